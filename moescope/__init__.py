@@ -1,0 +1,37 @@
+"""moescope: cheap proxy models of Mixture-of-Experts LLMs for reproducing RL post-training failures.
+
+The package is a thin library over stock ``transformers`` classes. Heavy submodules are
+imported on first use, so ``import moescope`` stays fast and the command line starts quickly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from moescope.errors import MoescopeError
+
+__version__ = "0.1.0"
+
+# public name -> submodule that defines it (imported lazily: torch/transformers cost ~5 s)
+_LAZY = {
+    "ArchSpec": "moescope.arch",
+    "MoEModel": "moescope.arch",
+    "adapt": "moescope.arch",
+    "supported_architectures": "moescope.arch",
+    "load_model": "moescope.loading",
+    "resolve_model": "moescope.loading",
+    "summarize": "moescope.summary",
+    "ModelSummary": "moescope.summary",
+    "tiny": "moescope.zoo",
+    "toy_path": "moescope.toy",
+    "load_toy": "moescope.toy",
+}
+
+__all__ = ["MoescopeError", "__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'moescope' has no attribute {name!r}")

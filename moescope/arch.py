@@ -1,0 +1,609 @@
+"""Architecture adapters: one declarative table over stock ``transformers`` MoE classes.
+
+Every supported model type has one :class:`ArchSpec` row saying where a decoder layer keeps
+its MoE block, router, experts, biases and shared experts, which config keys hold the expert
+count and top-k, how its router scores (:mod:`moescope.routers`), and how its fused expert
+tensors are laid out. :func:`adapt` reads a loaded model through its row and gives a uniform
+view (:class:`MoEModel` → :class:`MoELayer` → :class:`ExpertWeights`), so routing statistics,
+clustering, export and replay never special-case an architecture.
+
+Facts behind the table (transformers 5.x): experts are fused 3-D parameters in memory —
+``gate_up_proj [E, 2I, H]`` (gate rows first) and ``down_proj [E, H, I]`` for most models;
+GPT-OSS stores them transposed with gate/up *interleaved* on the last axis plus per-expert
+biases; Llama 4 stores them transposed and concatenated.
+
+Examples
+--------
+>>> from moescope.zoo import tiny
+>>> moe = adapt(tiny("mixtral"))
+>>> moe.num_experts, moe.top_k, [layer.index for layer in moe.layers]
+(8, 2, [0, 1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import nn
+
+from moescope.errors import UnsupportedArchitectureError
+from moescope.routers import RoutingRule, route
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+Layout = Literal["fused", "fused_transposed", "fused_transposed_interleaved"]
+
+# Keys that hold a routed-expert count in some config: a model whose config has one of these
+# but no row in the table is an MoE we do not support yet (rather than a dense model).
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Where one transformers MoE architecture keeps routing and experts.
+
+    Paths are dotted attribute paths: ``block`` from a decoder layer; ``router``,
+    ``experts``, ``shared_experts``, ``shared_gate`` and ``correction_bias`` from the block
+    (a leading ``^`` means from the decoder layer instead); ``router_weight`` and
+    ``router_bias`` from the router.
+    """
+
+    model_type: str
+    name: str
+    count_key: str  # config.json field of the routed-expert count (what export rewrites)
+    intermediate_key: str  # config field of one routed expert's FFN width
+    rule: Callable[[PretrainedConfig], RoutingRule]
+    topk_key: str = "num_experts_per_tok"
+    block: str = "mlp"
+    router: str = "gate"
+    router_weight: str = "weight"
+    router_bias: str | None = None
+    router_fp32: bool = False  # the router upcasts weights and inputs to float32 (DeepSeek, Ernie)
+    correction_bias: str | None = None
+    experts: str = "experts"
+    layout: Layout = "fused"
+    activation: Literal["glu", "clamped_swiglu"] = "glu"
+    combine: Literal["output", "input"] = "output"  # Llama 4 scales the expert *input*
+    shared_experts: str | None = None
+    shared_gate: str | None = None
+    shared_count_key: str | None = None  # config field: how many experts the shared module fuses
+    shared_intermediate_key: str | None = None
+    notes: str = ""
+
+    def num_experts(self, config: PretrainedConfig) -> int:
+        """Routed experts per MoE layer, read under this architecture's own key."""
+        return int(getattr(config, self.count_key))
+
+    def top_k(self, config: PretrainedConfig) -> int:
+        """Routed experts chosen per token."""
+        return int(getattr(config, self.topk_key))
+
+
+# --- routing rules, built from a config --------------------------------------------------------
+
+
+def _softmax(normalize: bool | str) -> Callable[[Any], RoutingRule]:
+    """Softmax → top-k; ``normalize`` is a constant or the config key that decides it."""
+
+    def rule(c: Any) -> RoutingRule:
+        norm = getattr(c, normalize, False) if isinstance(normalize, str) else normalize
+        return RoutingRule(top_k=c.num_experts_per_tok, normalize=bool(norm))
+
+    return rule
+
+
+def _sigmoid_grouped(c: Any) -> RoutingRule:
+    """DeepSeek-V3 family: sigmoid, correction bias for selection, group-limited top-k."""
+    return RoutingRule(
+        top_k=c.num_experts_per_tok,
+        scoring="sigmoid",
+        normalize=bool(c.norm_topk_prob),
+        norm_eps=1e-20,
+        scale=float(c.routed_scaling_factor),
+        n_group=int(c.n_group or 1),
+        topk_group=int(c.topk_group or 1),
+        bias_for_selection=True,
+    )
+
+
+def _deepseek_v2(c: Any) -> RoutingRule:
+    grouped = c.topk_method == "group_limited_greedy"
+    return RoutingRule(
+        top_k=c.num_experts_per_tok,
+        scale=float(c.routed_scaling_factor),
+        n_group=int(c.n_group or 1) if grouped else 1,
+        topk_group=int(c.topk_group or 1) if grouped else 1,
+        group_score="max",
+        mask_fill=0.0,
+    )
+
+
+def _logits_softmax(c: Any) -> RoutingRule:
+    return RoutingRule(top_k=c.num_experts_per_tok, scoring="logits", weights="softmax_selected")
+
+
+def _logits_sigmoid(c: Any) -> RoutingRule:
+    return RoutingRule(top_k=c.num_experts_per_tok, scoring="logits", weights="sigmoid_selected")
+
+
+def _sigmoid_bias(c: Any) -> RoutingRule:
+    """MiniMax-M2: sigmoid, correction bias for selection, always renormalized."""
+    return RoutingRule(
+        top_k=c.num_experts_per_tok, scoring="sigmoid", normalize=True, bias_for_selection=True
+    )
+
+
+def _lfm2(c: Any) -> RoutingRule:
+    return RoutingRule(
+        top_k=c.num_experts_per_tok,
+        scoring="sigmoid",
+        normalize=bool(c.norm_topk_prob),
+        norm_eps=1e-6,
+        scale=float(c.routed_scaling_factor),
+        bias_for_selection=bool(c.use_expert_bias),
+    )
+
+
+def _ernie(c: Any) -> RoutingRule:
+    return RoutingRule(top_k=c.moe_k, normalize=True, norm_min=float(c.moe_norm_min), bias_for_selection=True)
+
+
+def _phimoe(c: Any) -> RoutingRule:
+    return RoutingRule(top_k=2, scoring="sparsemixer", jitter_eps=float(c.router_jitter_noise))
+
+
+def _hunyuan(c: Any) -> RoutingRule:
+    return RoutingRule(top_k=c.moe_topk, normalize=True)
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+_DEEPSEEK_STYLE = dict(
+    count_key="n_routed_experts",
+    intermediate_key="moe_intermediate_size",
+    rule=_sigmoid_grouped,
+    router_fp32=True,
+    correction_bias="gate.e_score_correction_bias",
+    shared_experts="shared_experts",
+    shared_count_key="n_shared_experts",
+)
+_QWEN_SHARED = dict(
+    shared_experts="shared_expert",
+    shared_gate="shared_expert_gate",
+    shared_intermediate_key="shared_expert_intermediate_size",
+)
+
+_SPECS = [
+    ArchSpec("mixtral", "Mixtral", "num_local_experts", "intermediate_size", _softmax(True)),
+    ArchSpec("minimax", "MiniMax-Text", "num_local_experts", "intermediate_size", _softmax(True)),
+    ArchSpec(
+        "qwen2_moe",
+        "Qwen2-MoE",
+        "num_experts",
+        "moe_intermediate_size",
+        _softmax("norm_topk_prob"),
+        **_QWEN_SHARED,
+    ),
+    ArchSpec(
+        "qwen3_moe", "Qwen3-MoE", "num_local_experts", "moe_intermediate_size", _softmax("norm_topk_prob")
+    ),
+    ArchSpec(
+        "qwen3_next",
+        "Qwen3-Next",
+        "num_experts",
+        "moe_intermediate_size",
+        _softmax("norm_topk_prob"),
+        notes="hybrid linear attention (Gated DeltaNet) layers",
+        **_QWEN_SHARED,
+    ),
+    ArchSpec(
+        "qwen3_5_moe_text",
+        "Qwen3.5-MoE (text)",
+        "num_experts",
+        "moe_intermediate_size",
+        _softmax(True),
+        notes="hybrid linear attention (Gated DeltaNet) layers",
+        **_QWEN_SHARED,
+    ),
+    ArchSpec("olmoe", "OLMoE", "num_experts", "intermediate_size", _softmax("norm_topk_prob")),
+    ArchSpec("flex_olmo", "FlexOlmo", "num_experts", "intermediate_size", _softmax("norm_topk_prob")),
+    ArchSpec(
+        "hunyuan_v1_moe",
+        "HunYuan-MoE-V1",
+        "num_experts",
+        "intermediate_size",
+        _hunyuan,
+        topk_key="moe_topk",
+        router_weight="wg.weight",
+        shared_experts="shared_mlp",
+    ),
+    ArchSpec(
+        "jamba",
+        "Jamba",
+        "num_experts",
+        "intermediate_size",
+        _softmax(False),
+        block="feed_forward",
+        router="router",
+        notes="hybrid Mamba layers; MoE every expert_layer_period layers",
+    ),
+    ArchSpec(
+        "phimoe",
+        "PhiMoE",
+        "num_local_experts",
+        "intermediate_size",
+        _phimoe,
+        router="router",
+        notes="sparsemixer top-2 is hard-wired; routes are sampled in train mode",
+    ),
+    ArchSpec(
+        "granitemoe",
+        "GraniteMoE",
+        "num_local_experts",
+        "intermediate_size",
+        _logits_softmax,
+        block="block_sparse_moe",
+        router="router",
+    ),
+    ArchSpec(
+        "granitemoeshared",
+        "GraniteMoE-Shared",
+        "num_local_experts",
+        "intermediate_size",
+        _logits_softmax,
+        block="block_sparse_moe",
+        router="router",
+        shared_experts="^shared_mlp",
+        shared_intermediate_key="shared_intermediate_size",
+    ),
+    ArchSpec(
+        "granitemoehybrid",
+        "GraniteMoE-Hybrid",
+        "num_local_experts",
+        "intermediate_size",
+        _logits_softmax,
+        block="block_sparse_moe",
+        router="router",
+        shared_experts="^shared_mlp",
+        shared_intermediate_key="shared_intermediate_size",
+        notes="hybrid Mamba-2 layers",
+    ),
+    ArchSpec(
+        "gpt_oss",
+        "GPT-OSS",
+        "num_local_experts",
+        "intermediate_size",
+        _logits_softmax,
+        router="router",
+        router_bias="bias",
+        layout="fused_transposed_interleaved",
+        activation="clamped_swiglu",
+        notes="router bias; per-expert biases; gate/up interleaved, transposed",
+    ),
+    ArchSpec(
+        "deepseek_v2",
+        "DeepSeek-V2",
+        "n_routed_experts",
+        "moe_intermediate_size",
+        _deepseek_v2,
+        router_fp32=True,
+        shared_experts="shared_experts",
+        shared_count_key="n_shared_experts",
+    ),
+    ArchSpec("deepseek_v3", "DeepSeek-V3", **_DEEPSEEK_STYLE),
+    ArchSpec("glm4_moe", "GLM-4-MoE", **_DEEPSEEK_STYLE),
+    ArchSpec("glm4_moe_lite", "GLM-4-MoE-Lite", **_DEEPSEEK_STYLE),
+    ArchSpec("dots1", "dots.llm1", **_DEEPSEEK_STYLE),
+    ArchSpec("solar_open", "Solar-Open", **_DEEPSEEK_STYLE),
+    ArchSpec(
+        "exaone_moe",
+        "EXAONE-MoE",
+        **{**_DEEPSEEK_STYLE, "count_key": "num_experts", "shared_count_key": "num_shared_experts"},
+    ),
+    ArchSpec(
+        "ernie4_5_moe",
+        "ERNIE-4.5-MoE",
+        "moe_num_experts",
+        "moe_intermediate_size",
+        _ernie,
+        topk_key="moe_k",
+        router_fp32=True,
+        correction_bias="gate.moe_statics.e_score_correction_bias",
+        shared_experts="shared_experts",
+        shared_count_key="moe_num_shared_experts",
+    ),
+    ArchSpec(
+        "minimax_m2",
+        "MiniMax-M2",
+        "num_local_experts",
+        "intermediate_size",
+        _sigmoid_bias,
+        correction_bias="e_score_correction_bias",
+    ),
+    ArchSpec(
+        "lfm2_moe",
+        "LFM2-MoE",
+        "num_experts",
+        "moe_intermediate_size",
+        _lfm2,
+        block="feed_forward",
+        correction_bias="expert_bias",
+        notes="hybrid short-convolution layers",
+    ),
+    ArchSpec(
+        "llama4_text",
+        "Llama 4 (text)",
+        "num_local_experts",
+        "intermediate_size",
+        _logits_sigmoid,
+        block="feed_forward",
+        router="router",
+        layout="fused_transposed",
+        combine="input",
+        shared_experts="shared_expert",
+        notes="every expert runs on every token (dense compute); the router score scales the input",
+    ),
+]
+
+ARCHITECTURES: dict[str, ArchSpec] = {spec.model_type: spec for spec in _SPECS}
+
+
+def supported_architectures() -> list[str]:
+    """Model types moescope supports, in table order."""
+    return list(ARCHITECTURES)
+
+
+def spec_for(config: PretrainedConfig | str) -> ArchSpec:
+    """The table row for a config (or a ``model_type``); a clear error for anything else."""
+    model_type = config if isinstance(config, str) else getattr(config, "model_type", "")
+    if model_type in ARCHITECTURES:
+        return ARCHITECTURES[model_type]
+    supported = ", ".join(supported_architectures())
+    if not isinstance(config, str) and not is_moe_config(config):
+        raise UnsupportedArchitectureError(
+            f"'{model_type}' is a dense model with no routed experts; moescope needs a "
+            f"Mixture-of-Experts model, one of: {supported}."
+        )
+    raise UnsupportedArchitectureError(
+        f"model type '{model_type}' is not supported; use a checkpoint of one of: {supported}."
+    )
+
+
+def is_moe_config(config: PretrainedConfig) -> bool:
+    """True when a config declares routed experts under any known key."""
+    sub = getattr(config, "get_text_config", lambda: config)()
+    return any(int(getattr(sub, key, 0) or 0) > 1 for key in EXPERT_COUNT_KEYS)
+
+
+# --- the uniform view --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One routed expert in the Linear convention (``out × in``), whatever the storage.
+
+    ``gate`` and ``up`` are ``(I, H)``, ``down`` is ``(H, I)``; biases are ``None`` unless the
+    architecture has them. Tensors are views of the model's parameters (no copy).
+    """
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    gate_bias: torch.Tensor | None = None
+    up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+
+    def flat(self) -> torch.Tensor:
+        """All weights of the expert as one vector (gate, up, down, then biases)."""
+        parts = [self.gate, self.up, self.down, self.gate_bias, self.up_bias, self.down_bias]
+        return torch.cat([p.reshape(-1) for p in parts if p is not None])
+
+
+def _get(root: nn.Module, path: str) -> Any:
+    obj: Any = root
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _find(layer: nn.Module, block: nn.Module, path: str | None) -> Any:
+    if path is None:
+        return None
+    return _get(layer, path[1:]) if path.startswith("^") else _get(block, path)
+
+
+@dataclass(frozen=True)
+class MoELayer:
+    """One MoE decoder layer of a loaded model, read through its :class:`ArchSpec`."""
+
+    index: int  # position of the decoder layer in the model
+    layer: nn.Module
+    block: nn.Module
+    spec: ArchSpec
+    rule: RoutingRule
+    activation_fn: Callable[[torch.Tensor], torch.Tensor] = field(repr=False)
+
+    @property
+    def router(self) -> nn.Module:
+        return _get(self.block, self.spec.router)
+
+    @property
+    def experts(self) -> nn.Module:
+        return _get(self.block, self.spec.experts)
+
+    @property
+    def router_weight(self) -> torch.Tensor:
+        """``(E, H)`` router matrix."""
+        return _get(self.router, self.spec.router_weight)
+
+    @property
+    def router_bias(self) -> torch.Tensor | None:
+        """``(E,)`` bias added to the router logits (GPT-OSS), else ``None``."""
+        return _find(self.layer, self.router, self.spec.router_bias)
+
+    @property
+    def correction_bias(self) -> torch.Tensor | None:
+        """``(E,)`` selection-only bias (DeepSeek-V3 ``e_score_correction_bias``), else ``None``."""
+        bias = _find(self.layer, self.block, self.spec.correction_bias)
+        return None if bias is None else bias.reshape(-1)
+
+    @property
+    def shared_experts(self) -> nn.Module | None:
+        return _find(self.layer, self.block, self.spec.shared_experts)
+
+    @property
+    def shared_gate(self) -> nn.Module | None:
+        return _find(self.layer, self.block, self.spec.shared_gate)
+
+    @property
+    def num_experts(self) -> int:
+        return self.router_weight.shape[0]
+
+    @property
+    def top_k(self) -> int:
+        return self.rule.top_k
+
+    def router_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(T, E)`` raw logits for ``(T, H)`` hidden states, as the router computes them."""
+        weight = self.router_weight
+        if self.spec.router_fp32:
+            weight = weight.float()
+        return nn.functional.linear(hidden.to(weight.dtype), weight, self.router_bias)
+
+    def route(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(logits [T, E], weights [T, k], index [T, k])`` for ``(T, H)`` hidden states."""
+        logits = self.router_logits(hidden)
+        weights, index = route(logits, self.rule, self.correction_bias)
+        return logits, weights, index
+
+    def expert(self, i: int) -> ExpertWeights:
+        """Expert ``i`` in the uniform ``(gate, up, down)`` view."""
+        ex = self.experts
+        gate_up, down = ex.gate_up_proj[i], ex.down_proj[i]
+        bias = getattr(ex, "gate_up_proj_bias", None)
+        down_bias = getattr(ex, "down_proj_bias", None)
+        layout = self.spec.layout
+        if layout == "fused":  # [2I, H]: gate rows, then up rows
+            gate, up = gate_up.chunk(2, dim=0)
+            gate_b, up_b = bias[i].chunk(2) if bias is not None else (None, None)
+        elif layout == "fused_transposed":  # [H, 2I]: gate columns, then up columns
+            gate, up = (t.T for t in gate_up.chunk(2, dim=1))
+            gate_b, up_b = bias[i].chunk(2) if bias is not None else (None, None)
+            down = down.T
+        else:  # [H, 2I] with gate/up interleaved column by column
+            gate, up = gate_up[:, 0::2].T, gate_up[:, 1::2].T
+            gate_b, up_b = (bias[i][0::2], bias[i][1::2]) if bias is not None else (None, None)
+            down = down.T
+        return ExpertWeights(gate, up, down, gate_b, up_b, None if down_bias is None else down_bias[i])
+
+    def expert_forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Output of expert ``i`` on ``(T, H)`` inputs, before any routing weight."""
+        w = self.expert(i)
+        gate = nn.functional.linear(x, w.gate, w.gate_bias)
+        up = nn.functional.linear(x, w.up, w.up_bias)
+        return nn.functional.linear(self._glu(gate, up), w.down, w.down_bias)
+
+    def _glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if self.spec.activation == "clamped_swiglu":  # GPT-OSS
+            ex = self.experts
+            gate = gate.clamp(max=ex.limit)
+            up = up.clamp(min=-ex.limit, max=ex.limit)
+            return (up + 1) * gate * torch.sigmoid(gate * ex.alpha)
+        return self.activation_fn(gate) * up
+
+    def named_expert_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor with one slice per routed expert on some axis, by attribute path.
+
+        Router rows, router bias, correction bias and the fused expert tensors: the tensors
+        expert pruning must slice.
+        """
+        experts = self.experts
+        for name, param in experts.named_parameters(recurse=False):
+            yield f"{self.spec.experts}.{name}", param
+        yield f"{self.spec.router}.{self.spec.router_weight}", self.router_weight
+        if self.spec.router_bias:
+            yield f"{self.spec.router}.{self.spec.router_bias}", self.router_bias
+        if self.spec.correction_bias:
+            yield self.spec.correction_bias, _find(self.layer, self.block, self.spec.correction_bias)
+
+
+@dataclass(frozen=True)
+class MoEModel:
+    """A loaded causal LM seen through its architecture row."""
+
+    model: PreTrainedModel
+    spec: ArchSpec
+    layers: tuple[MoELayer, ...]
+    dense_layers: tuple[int, ...]
+
+    @property
+    def config(self) -> PretrainedConfig:
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers) + len(self.dense_layers)
+
+    @property
+    def num_experts(self) -> int:
+        return self.spec.num_experts(self.config)
+
+    @property
+    def top_k(self) -> int:
+        return self.layers[0].rule.top_k if self.layers else self.spec.top_k(self.config)
+
+    @cached_property
+    def rule(self) -> RoutingRule:
+        return self.spec.rule(self.config)
+
+    def layer(self, index: int) -> MoELayer:
+        """The MoE layer at decoder position ``index``."""
+        for moe_layer in self.layers:
+            if moe_layer.index == index:
+                return moe_layer
+        raise KeyError(f"decoder layer {index} is not an MoE layer; MoE layers: {self.moe_indices}")
+
+    @property
+    def moe_indices(self) -> list[int]:
+        return [moe_layer.index for moe_layer in self.layers]
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder stack of a causal LM (``model.model.layers`` for every supported type)."""
+    base = getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} has no decoder layer stack at .model.layers; load the model "
+            "with AutoModelForCausalLM."
+        )
+    return layers
+
+
+def adapt(model: PreTrainedModel) -> MoEModel:
+    """Read a loaded causal LM through its architecture row.
+
+    Raises :class:`~moescope.errors.UnsupportedArchitectureError` for dense or unknown models.
+    """
+    spec = spec_for(model.config)
+    rule = spec.rule(model.config)
+    moe, dense = [], []
+    for index, layer in enumerate(decoder_layers(model)):
+        block = getattr(layer, spec.block, None)
+        experts = getattr(block, spec.experts, None) if block is not None else None
+        if experts is None or not hasattr(experts, "gate_up_proj"):
+            dense.append(index)
+            continue
+        act = getattr(experts, "act_fn", None) or nn.SiLU()
+        moe.append(MoELayer(index, layer, block, spec, rule, act))
+    if not moe:
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} has no MoE layers in this configuration; check the config's "
+            "dense-layer settings (e.g. first_k_dense_replace, mlp_only_layers)."
+        )
+    return MoEModel(model, spec, tuple(moe), tuple(dense))

@@ -1,0 +1,1 @@
+"""The embedded toy model (placeholder)."""

@@ -1,0 +1,130 @@
+"""Tiny random models of every supported architecture, built from config with no download.
+
+They are real ``transformers`` classes at toy width (hidden 64, 8 experts, top-2, a few
+layers), so tests and notebook defaults exercise the same code paths as full-size
+checkpoints in well under a second each.
+
+Examples
+--------
+>>> model = tiny("deepseek_v3")
+>>> type(model).__name__
+'DeepseekV3ForCausalLM'
+>>> tiny_config("qwen2_moe", num_experts=16).num_experts
+16
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from moescope.arch import ARCHITECTURES, spec_for
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+# Applied when the architecture's config has the field.
+_COMMON: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48,
+    "shared_intermediate_size": 48,
+    "vocab_size": 128,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+# Small Multi-head Latent Attention for the DeepSeek family.
+_MLA = {
+    "head_dim": 8,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+}
+
+# Per-architecture settings: leading dense layers and grouped routing are exercised on purpose.
+_TINY: dict[str, dict[str, Any]] = {
+    "deepseek_v3": {
+        **_MLA,
+        "num_hidden_layers": 3,
+        "first_k_dense_replace": 1,
+        "n_group": 4,
+        "topk_group": 2,
+        "n_shared_experts": 1,
+        "routed_scaling_factor": 2.5,
+    },
+    "deepseek_v2": {**_MLA, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 1},
+    "glm4_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1},
+    "glm4_moe_lite": {**_MLA, "num_hidden_layers": 3, "first_k_dense_replace": 1},
+    "dots1": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_shared_experts": 1},
+    "exaone_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1},
+    "ernie4_5_moe": {"num_hidden_layers": 3, "moe_layer_start_index": 1},
+    "lfm2_moe": {
+        "num_hidden_layers": 3,
+        "num_dense_layers": 1,
+        "layer_types": ["conv", "full_attention", "conv"],
+    },
+    "jamba": {
+        "num_hidden_layers": 4,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 0,
+    },
+    # hybrid stacks: one linear-attention / Mamba layer and one attention layer
+    "qwen3_next": {"layer_types": ["linear_attention", "full_attention"]},
+    "qwen3_5_moe_text": {"layer_types": ["linear_attention", "full_attention"]},
+    "granitemoehybrid": {"layer_types": ["mamba", "attention"]},
+    "qwen2_moe": {"norm_topk_prob": False},
+    "qwen3_moe": {"norm_topk_prob": True},
+}
+
+
+def tiny_config(arch: str, **overrides: Any) -> PretrainedConfig:
+    """Config of a tiny model of ``arch`` (a supported ``model_type``); ``overrides`` win."""
+    from transformers import AutoConfig
+
+    spec = spec_for(arch)
+    defaults = AutoConfig.for_model(arch).to_dict()
+    values = {key: value for key, value in _COMMON.items() if key in defaults}
+    values.update({spec.count_key: 8, spec.topk_key: 2, spec.intermediate_key: 32})
+    if spec.intermediate_key != "intermediate_size" and "intermediate_size" in defaults:
+        values["intermediate_size"] = 64  # dense layers
+    values.update(_TINY.get(arch, {}))
+    values.update(overrides)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoConfig.for_model(arch, **values)
+
+
+def tiny(arch: str, *, seed: int = 0, **overrides: Any) -> PreTrainedModel:
+    """A tiny random model of ``arch`` in eval mode, float32, seeded without touching global RNG.
+
+    Parameters
+    ----------
+    arch : a supported ``model_type`` (see :func:`moescope.arch.supported_architectures`).
+    seed : weight initialization seed.
+    overrides : config fields, e.g. ``num_experts=16`` under the architecture's own key.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(arch, **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+TINY_ARCHS: tuple[str, ...] = tuple(ARCHITECTURES)

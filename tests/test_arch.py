@@ -1,0 +1,181 @@
+"""Adapters against the stock modules: expert views and routing of every architecture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moescope.arch import ARCHITECTURES, adapt, spec_for, supported_architectures
+from moescope.errors import UnsupportedArchitectureError
+from moescope.zoo import TINY_ARCHS, tiny, tiny_config
+
+
+def _with_random_biases(model: torch.nn.Module) -> torch.nn.Module:
+    """Sharpen the routers and give every per-expert bias of the stock model (router bias,
+    correction bias: any parameter or buffer named *bias with one value per expert) non-zero
+    values. Biases are found without the adapter, so one the table forgets still changes the
+    model's routing; their scale is that of the score spread, so they change some choices."""
+    generator = torch.Generator().manual_seed(1)
+    moe = adapt(model)
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    with torch.no_grad():
+        for layer in moe.layers:
+            layer.router_weight.mul_(10.0)
+        for name, tensor in tensors:
+            if name.endswith("bias") and tensor.numel() == moe.num_experts:
+                tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.2)
+    return model
+
+
+def _assert_inputs_exercise(layer, logits: torch.Tensor) -> None:
+    """Guard the test's power: on these tokens, dropping the groups or the bias must change
+    the routing, so a table row that forgot either could not pass."""
+    import dataclasses
+
+    from moescope.routers import route
+
+    _, index = route(logits, layer.rule, layer.correction_bias)
+    if layer.rule.grouped:
+        _, ungrouped = route(logits, dataclasses.replace(layer.rule, n_group=1), layer.correction_bias)
+        assert not torch.equal(index.sort(-1).values, ungrouped.sort(-1).values)
+    if layer.correction_bias is not None and layer.rule.bias_for_selection:
+        _, unbiased = route(logits, layer.rule, None)
+        assert not torch.equal(index.sort(-1).values, unbiased.sort(-1).values)
+
+
+def _stock_expert_outputs(layer, x: torch.Tensor) -> torch.Tensor:
+    """``(E, T, H)``: each expert of the stock experts module on ``x``, routing weight 1."""
+    experts, n = layer.experts, layer.num_experts
+    if layer.spec.combine == "input":  # Llama 4: every expert on a pre-scaled copy of the input
+        return experts(x.repeat(n, 1)).view(n, *x.shape)
+    ones = torch.ones(x.shape[0], 1)
+    return torch.stack([experts(x, torch.full((x.shape[0], 1), i), ones) for i in range(n)])
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_expert_view_reproduces_stock_experts(arch: str) -> None:
+    moe = adapt(tiny(arch))
+    x = torch.randn(5, moe.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for layer in moe.layers:
+            stock = _stock_expert_outputs(layer, x)
+            for i in range(layer.num_experts):
+                torch.testing.assert_close(layer.expert_forward(i, x), stock[i], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_routing_equals_the_model_router(arch: str) -> None:
+    """Hook every router during a real forward; the adapter recomputes the same routing."""
+    model = _with_random_biases(tiny(arch))
+    moe = adapt(model)
+    seen: dict[int, tuple] = {}
+
+    def record(index: int):
+        def hook(module, args, out) -> None:
+            seen.setdefault(index, (args[0].detach(), out))
+
+        return hook
+
+    handles = [layer.router.register_forward_hook(record(layer.index)) for layer in moe.layers]
+    ids = torch.randint(3, model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(ids)
+    for handle in handles:
+        handle.remove()
+    assert sorted(seen) == moe.moe_indices
+    for layer in moe.layers:
+        hidden, out = seen[layer.index]
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        logits, weights, index = layer.route(hidden)
+        _assert_inputs_exercise(layer, logits)
+        if layer.spec.combine == "input":  # Llama 4 returns (scores [T, E], logits)
+            stock_scores, stock_logits = out
+            torch.testing.assert_close(logits, stock_logits.float())
+            dense = torch.zeros_like(stock_scores).scatter(1, index, weights.to(stock_scores.dtype))
+            torch.testing.assert_close(dense, stock_scores)
+            continue
+        stock_logits, stock_weights, stock_index = out
+        torch.testing.assert_close(logits, stock_logits.float())
+        order, stock_order = index.argsort(-1), stock_index.argsort(-1)
+        assert torch.equal(index.gather(1, order), stock_index.gather(1, stock_order))
+        torch.testing.assert_close(
+            weights.gather(1, order), stock_weights.float().gather(1, stock_order), rtol=1e-5, atol=1e-6
+        )
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_table_keys_match_the_config(arch: str) -> None:
+    spec = ARCHITECTURES[arch]
+    config = tiny_config(arch)
+    saved = config.to_dict()
+    assert saved[spec.count_key] == 8, "the count key must be the field config.json stores"
+    assert spec.num_experts(config) == 8 and spec.top_k(config) == 2
+    moe = adapt(tiny(arch))
+    assert all(layer.num_experts == 8 for layer in moe.layers)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_layout_agrees_with_module_flags(arch: str) -> None:
+    layer = adapt(tiny(arch)).layers[0]
+    experts = layer.experts
+    if not hasattr(experts, "is_transposed"):  # Llama 4's experts are not decorated
+        assert layer.spec.layout == "fused_transposed"
+        return
+    expected = "fused"
+    if experts.is_transposed:
+        expected = "fused_transposed" if experts.is_concatenated else "fused_transposed_interleaved"
+    assert layer.spec.layout == expected
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_every_expert_tensor_has_one_slice_per_expert(arch: str) -> None:
+    layer = adapt(tiny(arch)).layers[0]
+    names = dict(layer.named_expert_tensors())
+    assert any(name.endswith("gate_up_proj") for name in names)
+    for name, tensor in names.items():
+        assert 8 in (tensor.shape[0], tensor.shape[-1]), name
+
+
+@pytest.mark.parametrize(
+    "arch", [a for a in TINY_ARCHS if (tiny_config(a).to_dict().get("n_group") or 1) > 1]
+)
+def test_grouped_configs_route_by_group(arch: str) -> None:
+    config = tiny_config(arch)
+    rule = adapt(tiny(arch)).layers[0].rule
+    assert (rule.n_group, rule.topk_group) == (config.n_group, config.topk_group)
+    assert rule.grouped
+
+
+def test_deepseek_v3_structure() -> None:
+    moe = adapt(tiny("deepseek_v3"))
+    assert moe.dense_layers == (0,) and moe.moe_indices == [1, 2]
+    rule = moe.layers[0].rule
+    assert (rule.scoring, rule.n_group, rule.topk_group, rule.scale) == ("sigmoid", 4, 2, 2.5)
+    assert moe.layers[0].correction_bias.shape == (8,)
+    assert moe.layers[0].shared_experts is not None
+
+
+def test_gpt_oss_interleaved_view() -> None:
+    layer = adapt(tiny("gpt_oss")).layers[0]
+    fused = layer.experts.gate_up_proj[3]  # [H, 2I], gate and up interleaved by column
+    view = layer.expert(3)
+    assert torch.equal(view.gate, fused[:, 0::2].T) and torch.equal(view.up, fused[:, 1::2].T)
+    assert view.gate_bias is not None and view.down_bias is not None
+    assert layer.router_bias is not None
+
+
+def test_unsupported_and_dense_models_name_the_supported_ones() -> None:
+    from transformers import AutoConfig
+
+    with pytest.raises(UnsupportedArchitectureError, match="dense model") as dense:
+        spec_for(AutoConfig.for_model("llama"))
+    assert "mixtral" in str(dense.value)
+    with pytest.raises(UnsupportedArchitectureError, match="not supported") as moe:
+        spec_for(AutoConfig.for_model("jetmoe"))
+    assert "deepseek_v3" in str(moe.value)
+
+
+def test_table_covers_the_required_architectures() -> None:
+    required = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss"}
+    assert required <= set(supported_architectures())
+    assert {"phimoe", "granitemoe", "glm4_moe"} <= set(supported_architectures())
