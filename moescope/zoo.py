@@ -44,8 +44,9 @@ _COMMON: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
-# Small Multi-head Latent Attention for the DeepSeek family.
+# Small Multi-head Latent Attention for the DeepSeek family (MLA expects as many KV heads as heads).
 _MLA = {
+    "num_key_value_heads": 4,
     "head_dim": 8,
     "q_lora_rank": 32,
     "kv_lora_rank": 16,
