@@ -26,6 +26,20 @@ _LAZY = {
     "tiny": "moescope.zoo",
     "toy_path": "moescope.toy",
     "load_toy": "moescope.toy",
+    "toy_card": "moescope.toy",
+    "write_toy": "moescope.toy",
+    "evaluate_tasks": "moescope.evaluation",
+    "RoutingStats": "moescope.routing",
+    "collect_routing": "moescope.routing",
+    "observe_routing": "moescope.routing",
+    "ExpertEmbeddings": "moescope.embeddings",
+    "embed_experts": "moescope.embeddings",
+    "ExpertClusterer": "moescope.clustering",
+    "Selection": "moescope.clustering",
+    "select_experts": "moescope.clustering",
+    "parse_keep": "moescope.clustering",
+    "run_report": "moescope.report",
+    "setup_notebook": "moescope._notebook",
 }
 
 __all__ = ["MoescopeError", "__version__", *sorted(_LAZY)]

@@ -33,3 +33,16 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
         return cache[key]
 
     return make
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium, driven by Playwright (never a downloaded browser)."""
+    from pathlib import Path
+
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"browser tests need {CHROMIUM}: apt-get install chromium (.ci/run does)")
+    return CHROMIUM
