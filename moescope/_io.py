@@ -7,6 +7,7 @@ half-written one. An existing output is replaced only when the caller says so.
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 import shutil
@@ -45,15 +46,38 @@ def check_output_dir(out: str | Path, *, overwrite: bool = False) -> Path:
 
 
 def fresh_sibling(out: Path, prefix: str) -> Path:
-    """A new empty directory beside ``out`` (same file system, so renames are atomic)."""
+    """A new empty directory beside ``out`` (same file system, so renames are atomic).
+
+    Its name carries this process's id, so the leftovers of a killed run (a ``kill -9`` cannot
+    clean up) are recognised and removed by the next run that writes the same output.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out.parent, prefix)
     while True:
-        candidate = out.parent / f"{prefix}{secrets.token_hex(4)}"
+        candidate = out.parent / f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
         try:
             candidate.mkdir()
         except FileExistsError:
             continue
         return candidate
+
+
+def _remove_stale(parent: Path, prefix: str) -> None:
+    """Remove ``prefix<pid>-*`` directories whose process is gone."""
+    for path in parent.glob(f"{glob.escape(prefix)}*"):
+        pid = path.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            remove(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def swap_into_place(work: Path, out: Path) -> None:
@@ -84,6 +108,14 @@ def replace_dir(out: str | Path, fill: Callable[[Path], object], *, overwrite: b
         remove(work)
         raise
     return out
+
+
+def readable(directory: Path) -> None:
+    """Give the files of a finished output ordinary permissions (some writers create them private)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in directory.rglob("*"):
+        path.chmod((0o755 if path.is_dir() else 0o644) & ~mask)
 
 
 def remove(path: Path) -> None:

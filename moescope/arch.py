@@ -516,6 +516,22 @@ class MoELayer:
             return (up + 1) * gate * torch.sigmoid(gate * ex.alpha)
         return self.activation_fn(gate) * up
 
+    def shared_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``(T, H)`` output of the shared experts *inside the block* (gated where the architecture
+        gates them), or ``None``; GraniteMoE-Shared keeps its shared MLP on the decoder layer."""
+        if self.shared_experts is None or (self.spec.shared_experts or "").startswith("^"):
+            return None
+        out = self.shared_experts(x)
+        gate = self.shared_gate
+        return out if gate is None else torch.sigmoid(gate(x)) * out
+
+    def block_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The stock MoE block on ``(T, H)`` inputs, as ``(T, H)`` (blocks that also return
+        router outputs, GPT-OSS and Llama 4, are unwrapped)."""
+        out = self.block(x.unsqueeze(0))
+        out = out[0] if isinstance(out, tuple) else out
+        return out.reshape(x.shape)
+
     def named_expert_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor with one slice per routed expert on some axis, by attribute path.
 

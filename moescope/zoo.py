@@ -57,8 +57,10 @@ _MLA = {
 
 # Per-architecture settings: leading dense layers and grouped routing are exercised on purpose.
 _TINY: dict[str, dict[str, Any]] = {
+    # 16 experts in 4 groups: a proxy can keep 2 per group and stay group-limited
     "deepseek_v3": {
         **_MLA,
+        "n_routed_experts": 16,
         "num_hidden_layers": 3,
         "first_k_dense_replace": 1,
         "n_group": 4,
@@ -66,7 +68,13 @@ _TINY: dict[str, dict[str, Any]] = {
         "n_shared_experts": 1,
         "routed_scaling_factor": 2.5,
     },
-    "deepseek_v2": {**_MLA, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 1},
+    "deepseek_v2": {
+        **_MLA,
+        "n_routed_experts": 16,
+        "topk_method": "group_limited_greedy",
+        "n_group": 4,
+        "topk_group": 1,
+    },
     "glm4_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1},
     "glm4_moe_lite": {**_MLA, "num_hidden_layers": 3, "first_k_dense_replace": 1},
     "dots1": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_shared_experts": 1},

@@ -106,12 +106,11 @@ def test_routing_equals_the_model_router(arch: str) -> None:
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_table_keys_match_the_config(arch: str) -> None:
     spec = ARCHITECTURES[arch]
-    config = tiny_config(arch)
-    saved = config.to_dict()
-    assert saved[spec.count_key] == 8, "the count key must be the field config.json stores"
-    assert spec.num_experts(config) == 8 and spec.top_k(config) == 2
+    config = tiny_config(arch, **{spec.count_key: 12})
+    assert config.to_dict()[spec.count_key] == 12, "the count key must be the field config.json stores"
+    assert spec.num_experts(config) == 12 and spec.top_k(config) == 2
     moe = adapt(tiny(arch))
-    assert all(layer.num_experts == 8 for layer in moe.layers)
+    assert all(layer.num_experts == moe.num_experts for layer in moe.layers)
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -133,7 +132,7 @@ def test_every_expert_tensor_has_one_slice_per_expert(arch: str) -> None:
     names = dict(layer.named_expert_tensors())
     assert any(name.endswith("gate_up_proj") for name in names)
     for name, tensor in names.items():
-        assert 8 in (tensor.shape[0], tensor.shape[-1]), name
+        assert layer.num_experts in (tensor.shape[0], tensor.shape[-1]), name
 
 
 @pytest.mark.parametrize(
@@ -151,7 +150,7 @@ def test_deepseek_v3_structure() -> None:
     assert moe.dense_layers == (0,) and moe.moe_indices == [1, 2]
     rule = moe.layers[0].rule
     assert (rule.scoring, rule.n_group, rule.topk_group, rule.scale) == ("sigmoid", 4, 2, 2.5)
-    assert moe.layers[0].correction_bias.shape == (8,)
+    assert moe.layers[0].correction_bias.shape == (16,)
     assert moe.layers[0].shared_experts is not None
 
 

@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 
 from moescope.cli import main
-from moescope.zoo import TINY_ARCHS
+from moescope.arch import ARCHITECTURES
+from moescope.zoo import TINY_ARCHS, tiny_config
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_inspect_every_architecture_as_saved_by_transformers(arch: str, tiny_checkpoint, capsys) -> None:
     assert main(["inspect", str(tiny_checkpoint(arch))]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"routed experts\s+8 per MoE layer", out) and re.search(r"top-k\s+2 ", out), out
+    experts = ARCHITECTURES[arch].num_experts(tiny_config(arch))
+    assert re.search(rf"routed experts\s+{experts} per MoE layer", out) and re.search(r"top-k\s+2 ", out), out
 
 
 def test_inspect_json(tiny_checkpoint, capsys) -> None:

@@ -46,7 +46,7 @@ def _coactivation_stats(model, blocks: int) -> SimpleNamespace:
 def test_single_views_give_one_vector_per_expert_and_layer(view: str) -> None:
     model = tiny("deepseek_v3")  # a leading dense layer: rows follow the MoE layers only
     emb = embed_experts(model, view, dim=32, progress=False)
-    assert emb.vectors.shape == (2, 8, 32) and emb.vectors.dtype == np.float32
+    assert emb.vectors.shape == (2, 16, 32) and emb.vectors.dtype == np.float32  # 16 experts
     assert emb.layers == (1, 2) and emb.view == view and emb.coords is None
     assert np.isfinite(emb.vectors).all() and np.abs(emb.vectors).sum(axis=2).min() > 0
     assert (emb.model_type, emb.top_k, emb.n_group, emb.topk_group) == ("deepseek_v3", 2, 4, 2)

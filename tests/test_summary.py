@@ -19,7 +19,7 @@ def test_param_split_adds_up(arch: str) -> None:
     moe = adapt(model)
     per_expert = sum(t.numel() for t in moe.layers[0].expert(0).__dict__.values() if t is not None)
     assert p.routed_experts == len(moe.layers) * moe.num_experts * per_expert
-    assert p.active_per_token == p.backbone + p.shared_experts + p.routed_experts * 2 // 8
+    assert p.active_per_token == p.backbone + p.shared_experts + p.routed_experts * 2 // moe.num_experts
     assert p.router == sum(layer.router_weight.numel() for layer in moe.layers) + (
         sum(layer.router_bias.numel() for layer in moe.layers) if moe.layers[0].router_bias is not None else 0
     )

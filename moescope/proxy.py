@@ -1,0 +1,331 @@
+"""Proxy export: keep the selected routed experts of every MoE layer, leave the rest bit-identical.
+
+A proxy is the source checkpoint with, in every MoE layer, only the kept routed experts: their
+expert tensors, their router rows, router-bias entries and correction-bias entries. Attention,
+norms, embeddings, shared experts, dense layers and the LM head are copied unchanged; the
+config's expert count is rewritten under the architecture's own key; top-k and grouped
+routing are left as they are (the selection guarantees they stay valid). The result is a
+plain Hugging Face directory that ``AutoModelForCausalLM.from_pretrained`` loads with no
+moescope code, plus ``moescope.json``, the manifest that says how it was made.
+
+Expert ``j`` of a proxy layer is the ``j``-th kept original expert (kept ids are sorted, so the
+original order is kept); the manifest maps proxy experts back to original indices.
+
+Routing on the proxy (what "exact" means)
+-----------------------------------------
+For a token whose original top-k experts were all kept (and, under grouped routing, whose
+chosen groups stay chosen), the proxy chooses the same experts. Their weights are:
+
+* **identical** when the weights depend only on the chosen experts: renormalized softmax
+  (Mixtral, Qwen3 with ``norm_topk_prob``, HunYuan, ERNIE), sigmoid scores (DeepSeek-V3,
+  GLM-4-MoE, MiniMax-M2, LFM2, with or without renormalization), softmax over the chosen
+  logits (GPT-OSS, Granite), sigmoid of the chosen logits (Llama 4);
+* **scaled by 1 / P_kept** when the weights are softmax probabilities over all experts without
+  renormalization (Qwen2-MoE, OLMoE, Jamba, DeepSeek-V2, Qwen3 without ``norm_topk_prob``):
+  the softmax runs over the kept experts only, so each chosen weight is divided by the
+  probability mass ``P_kept`` the kept experts had in the original;
+* **changed** for PhiMoE's sparsemixer, whose weights are a softmax over the experts near the
+  best one, some of which may be gone.
+
+ERNIE adds its correction bias to the softmax probabilities to choose, so a choice can also
+change when the kept probabilities grow; :func:`weight_semantics` names each case.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from moescope import __version__
+from moescope._io import check_output_dir, readable, replace_dir
+from moescope.arch import MoEModel, adapt
+from moescope.clustering import Selection, parse_keep, select_experts
+from moescope.errors import MoescopeError
+from moescope.provenance import config_hash, library_versions
+from moescope.routers import RoutingRule
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+MANIFEST = "moescope.json"
+MANIFEST_KIND = "moescope.proxy"
+SCHEMA_VERSION = 1
+# Files of a checkpoint that are not weights and that a proxy carries over unchanged.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
+# Rewritten for the proxy, or describing the source only (the toy's card holds its accuracy).
+_NOT_COPIED = {"config.json", "model.safetensors.index.json", MANIFEST, "toy_card.json"}
+
+WeightSemantics = Literal["identical", "scaled", "changed"]
+
+
+def weight_semantics(rule: RoutingRule) -> WeightSemantics:
+    """How the proxy's routing weights relate to the original's for an unchanged choice."""
+    if rule.scoring == "sparsemixer":
+        return "changed"
+    if rule.scoring == "softmax" and not rule.normalize:
+        return "scaled"
+    return "identical"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_proxy` wrote."""
+
+    path: Path
+    manifest: dict[str, Any]
+    selection: Selection
+
+
+# --- the surgery ---------------------------------------------------------------------------------
+
+
+def _expert_axis(tensor: torch.Tensor, num_experts: int) -> int:
+    """The axis holding one slice per expert: the first (fused weights, router rows) or the
+    last (correction biases stored ``[E]`` or ``[1, E]``)."""
+    if tensor.shape[0] == num_experts:
+        return 0
+    if tensor.shape[-1] == num_experts:
+        return tensor.dim() - 1
+    raise MoescopeError(f"a tensor of shape {tuple(tensor.shape)} has no axis of {num_experts} experts.")
+
+
+def expert_state_keys(moe: MoEModel) -> dict[str, tuple[int, torch.Tensor]]:
+    """State-dict key → (decoder layer, tensor) of every tensor with one slice per routed expert."""
+    model = moe.model
+    state_keys = set(model.state_dict())
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    key_of = {id(tensor): name for name, tensor in named if name in state_keys}
+    keys = {}
+    for layer in moe.layers:
+        for name, tensor in layer.named_expert_tensors():
+            if id(tensor) not in key_of:
+                raise MoescopeError(f"layer {layer.index}: {name} is not in the model's state dict.")
+            keys[key_of[id(tensor)]] = (layer.index, tensor)
+    return keys
+
+
+def pruned_state_dict(moe: MoEModel, selection: Selection) -> dict[str, torch.Tensor]:
+    """The source state dict with every per-expert tensor sliced to the kept experts.
+
+    Tensors that are not sliced are the source's own (no copy), so the backbone stays
+    bit-identical and memory grows only by the kept expert tensors.
+    """
+    state = moe.model.state_dict()
+    for key, (layer, tensor) in expert_state_keys(moe).items():
+        kept = torch.tensor(selection.kept(layer), dtype=torch.long, device=tensor.device)
+        state[key] = tensor.detach().index_select(_expert_axis(tensor, moe.num_experts), kept).clone()
+    return state
+
+
+def proxy_config(config: PretrainedConfig, moe: MoEModel, keep: int) -> PretrainedConfig:
+    """A copy of ``config`` with the routed-expert count set to ``keep`` under its own key."""
+    new = config.__class__.from_dict(config.to_dict())
+    setattr(new, moe.spec.count_key, keep)
+    return new
+
+
+def build_proxy(model: PreTrainedModel, selection: Selection) -> PreTrainedModel:
+    """The proxy as a fresh model of the same class, from the pruned state dict.
+
+    Built from its config rather than edited in place, so no cached expert count survives
+    (``*ForCausalLM.num_experts`` feeds the aux loss); tensors keep their source dtypes.
+    """
+    from transformers import AutoModelForCausalLM
+
+    moe = adapt(model)
+    selection.check_model(model.config)
+    config = proxy_config(model.config, moe, selection.keep)
+    state = pruned_state_dict(moe, selection)
+    dtype = next(iter(state.values())).dtype
+    with torch.device("meta"):
+        proxy = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    proxy.load_state_dict(state, strict=True, assign=True)
+    _materialize_buffers(proxy, model)
+    proxy.tie_weights()
+    return proxy.eval()
+
+
+def _materialize_buffers(proxy: torch.nn.Module, source: torch.nn.Module) -> None:
+    """Non-persistent buffers (rotary frequencies) are not in a state dict: copy the source's."""
+    source_buffers = dict(source.named_buffers())
+    for name, buffer in list(proxy.named_buffers()):
+        if buffer.is_meta:
+            owner_name, _, attr = name.rpartition(".")
+            owner = proxy.get_submodule(owner_name) if owner_name else proxy
+            owner.register_buffer(attr, source_buffers[name].clone(), persistent=False)
+    for module, source_module in zip(proxy.modules(), source.modules(), strict=True):
+        for attr in ("original_inv_freq",):  # plain tensor attributes some rotary classes keep
+            value = getattr(source_module, attr, None)
+            if isinstance(value, torch.Tensor):
+                setattr(module, attr, value.clone())
+
+
+# --- the whole export ----------------------------------------------------------------------------
+
+
+def export_proxy(
+    model: str | Path,
+    out: str | Path,
+    *,
+    keep: str | float | int | None = None,
+    selection: Selection | str | Path | None = None,
+    method: str = "cluster",
+    seed: int = 0,
+    calibration: Any = "tasks",
+    n_tokens: int = 20_000,
+    allow_top_k: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExportResult:
+    """Write a proxy of ``model`` to ``out`` (a temporary sibling, renamed at the end).
+
+    Parameters
+    ----------
+    model : ``"toy"`` or a checkpoint directory.
+    out : the proxy directory.
+    keep : fraction, ratio or count of routed experts kept per layer; optional with a selection.
+    selection : a :class:`~moescope.clustering.Selection` or its ``selection.json``; computed with
+        ``method`` (after a calibration pass over ``calibration``) when not given.
+    method : ``cluster`` (default), ``frequency``, ``reap`` or ``random``.
+    allow_top_k : accept keeping exactly top-k experts (no routing choice left).
+    overwrite : replace an existing ``out``.
+    """
+    from moescope.loading import load_model, resolve_model
+
+    source = resolve_model(model)
+    check_output_dir(out, overwrite=overwrite)  # fail in seconds, before loading anything
+    lm, tokenizer = load_model(model, dtype="auto")
+    chosen = _resolve_selection(
+        lm, tokenizer, selection, keep, method, seed, calibration, n_tokens, allow_top_k, progress
+    )
+    proxy = build_proxy(lm, chosen)
+    manifest = make_manifest(source, lm, proxy, chosen)
+
+    def fill(work: Path) -> None:
+        proxy.save_pretrained(work)
+        copy_side_files(source, work)
+        write_manifest(work, manifest)
+        readable(work)
+
+    path = replace_dir(out, fill, overwrite=overwrite)
+    return ExportResult(path=path, manifest=manifest, selection=chosen)
+
+
+def _resolve_selection(
+    lm: PreTrainedModel,
+    tokenizer: Any,
+    selection: Selection | str | Path | None,
+    keep: str | float | int | None,
+    method: str,
+    seed: int,
+    calibration: Any,
+    n_tokens: int,
+    allow_top_k: bool,
+    progress: bool,
+) -> Selection:
+    moe = adapt(lm)
+    if selection is not None:
+        chosen = selection if isinstance(selection, Selection) else Selection.load(selection)
+        chosen.check_model(lm.config)
+        if keep is not None:
+            wanted = parse_keep(keep, moe.num_experts, moe.top_k, chosen.n_group, allow_top_k=True)
+            if wanted != chosen.keep:
+                raise MoescopeError(
+                    f"--keep asks for {wanted} experts per layer but the selection keeps {chosen.keep}; "
+                    "drop --keep or make a new selection."
+                )
+        return chosen
+    if keep is None:
+        raise MoescopeError("say how many experts to keep: --keep 0.25, --keep 1/4 or --keep 8.")
+    parse_keep(
+        keep,
+        moe.num_experts,
+        moe.top_k,
+        moe.rule.n_group,
+        allow_top_k=allow_top_k,
+        topk_group=moe.rule.topk_group,
+    )  # refuse an impossible keep before the calibration pass
+    stats = None
+    if method != "random":
+        from moescope.routing import collect_routing
+
+        stats = collect_routing(
+            lm, calibration, tokenizer=tokenizer, n_tokens=n_tokens, seed=seed, progress=progress
+        )
+    return select_experts(lm, keep, method=method, stats=stats, seed=seed, allow_top_k=allow_top_k)
+
+
+def copy_side_files(source: Path, out: Path) -> list[str]:
+    """Copy tokenizer, chat-template and other non-weight files the proxy needs unchanged."""
+    copied = []
+    for file in sorted(source.iterdir()):
+        wanted = file.is_file() and file.name not in _NOT_COPIED and not file.name.endswith(_WEIGHT_SUFFIXES)
+        if wanted and not (out / file.name).exists():  # save_pretrained already wrote generation_config
+            shutil.copy2(file, out / file.name)
+            copied.append(file.name)
+    return copied
+
+
+def make_manifest(
+    source: Path, model: PreTrainedModel, proxy: PreTrainedModel, selection: Selection
+) -> dict[str, Any]:
+    """``moescope.json``: how the proxy was made, in original expert indices."""
+    moe = adapt(model)
+    return {
+        "kind": MANIFEST_KIND,
+        "schema_version": SCHEMA_VERSION,
+        "moescope_version": __version__,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "source": {
+            "path": str(source),
+            "model_type": model.config.model_type,
+            "config_hash": config_hash(model.config),
+            "num_experts": moe.num_experts,
+        },
+        "proxy": {
+            "config_hash": config_hash(proxy.config),
+            "num_experts": selection.keep,
+            "count_key": moe.spec.count_key,
+            "top_k": moe.top_k,
+            "n_group": moe.rule.n_group,
+            "topk_group": moe.rule.topk_group,
+            "weight_semantics": weight_semantics(moe.rule),
+        },
+        "method": selection.method,
+        "view": selection.view,
+        "keep": selection.keep,
+        "keep_ratio": selection.keep_ratio,
+        "seed": selection.seed,
+        "layers": [
+            {"layer": entry.layer, "kept": list(entry.kept), "labels": list(entry.labels)}
+            for entry in selection.layers
+        ],
+        "selection": json.loads(selection.to_json()),
+        "versions": library_versions(),
+    }
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
+    path = directory / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any] | None:
+    """The proxy manifest of a checkpoint directory, or ``None`` for a model that is no proxy."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise MoescopeError(f"{path} is not valid JSON ({err}); export the proxy again.") from None
+    if data.get("kind") != MANIFEST_KIND:
+        raise MoescopeError(f"{path} is not a moescope proxy manifest; export the proxy again.")
+    return data

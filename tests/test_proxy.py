@@ -1,0 +1,156 @@
+"""Proxy export: stock-loadable checkpoints, a bit-identical backbone, and exact routing semantics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from moescope.arch import ARCHITECTURES, adapt
+from moescope.clustering import parse_keep, select_experts
+from moescope.errors import MoescopeError
+from moescope.proxy import (
+    MANIFEST,
+    build_proxy,
+    expert_state_keys,
+    export_proxy,
+    read_manifest,
+    weight_semantics,
+)
+from moescope.zoo import TINY_ARCHS, tiny
+
+
+def _half(model) -> int:
+    moe = adapt(model)
+    rule = moe.layers[0].rule
+    return parse_keep(0.5, moe.num_experts, moe.top_k, rule.n_group, topk_group=rule.topk_group)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_export_loads_with_stock_transformers_and_keeps_the_backbone(
+    arch: str, tiny_checkpoint, tmp_path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    source = tiny_checkpoint(arch)
+    original = AutoModelForCausalLM.from_pretrained(source).eval()
+    result = export_proxy(source, tmp_path / "proxy", keep=_half(original), method="random", progress=False)
+    proxy = AutoModelForCausalLM.from_pretrained(result.path).eval()  # no moescope code involved
+    spec = ARCHITECTURES[arch]
+    kept = result.selection.keep
+    assert getattr(proxy.config, spec.count_key) == kept
+    assert spec.top_k(proxy.config) == spec.top_k(original.config)
+    assert type(proxy) is type(original)
+
+    moe, pmoe = adapt(original), adapt(proxy)
+    for layer, player in zip(moe.layers, pmoe.layers, strict=True):
+        ids = torch.tensor(result.selection.kept(layer.index))
+        torch.testing.assert_close(player.router_weight, layer.router_weight[ids], rtol=0, atol=0)
+        for j, i in enumerate(ids.tolist()):
+            a, b = player.expert(j), layer.expert(i)
+            assert torch.equal(a.gate, b.gate) and torch.equal(a.up, b.up) and torch.equal(a.down, b.down)
+        if layer.correction_bias is not None:
+            assert torch.equal(player.correction_bias, layer.correction_bias[ids])
+        if layer.router_bias is not None:
+            assert torch.equal(player.router_bias, layer.router_bias[ids])
+    source_state, expert_keys = original.state_dict(), expert_state_keys(pmoe)
+    backbone = {key: value for key, value in proxy.state_dict().items() if key not in expert_keys}
+    assert backbone.keys() == source_state.keys() - expert_keys.keys()
+    for key, value in backbone.items():
+        assert value.dtype == source_state[key].dtype and torch.equal(value, source_state[key]), key
+
+    ids = torch.randint(3, 100, (1, 5), generator=torch.Generator().manual_seed(0))
+    out = proxy.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 8)
+
+
+def _per_token_choices(layer, hidden):
+    _, weights, index = layer.route(hidden)
+    return weights, index.sort(-1).values
+
+
+EXACT_ARCHS = [a for a in TINY_ARCHS if a != "phimoe"]  # PhiMoE's sparsemixer weights change (documented)
+
+
+@pytest.mark.parametrize("arch", EXACT_ARCHS)
+def test_tokens_routed_inside_the_kept_set_get_the_same_output(arch: str) -> None:
+    """The documented semantics: identical weights, or weights scaled by 1 / P_kept."""
+    model = tiny(arch)
+    moe = adapt(model)
+    selection = select_experts(model, _half(model), method="random", seed=1)
+    pmoe = adapt(build_proxy(model, selection))
+    hidden = torch.randn(256, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    checked = 0
+    with torch.no_grad():
+        for layer, player in zip(moe.layers, pmoe.layers, strict=True):
+            kept = torch.tensor(selection.kept(layer.index))
+            logits, _, index = layer.route(hidden)
+            inside = torch.isin(index, kept).all(-1)
+            _, pindex = player.route(hidden)[1:]
+            mapped = kept[pindex].sort(-1).values
+            unchanged = (mapped == index.sort(-1).values).all(-1)
+            if not layer.rule.grouped and ARCHITECTURES[arch].model_type != "ernie4_5_moe":
+                assert torch.equal(unchanged[inside], torch.ones_like(unchanged[inside])), "choice changed"
+            tokens = inside & unchanged
+            checked += int(tokens.sum())
+            x = hidden[tokens]
+            routed = layer.block_forward(x) - _shared(layer, x)
+            proxy_routed = player.block_forward(x) - _shared(player, x)
+            if weight_semantics(layer.rule) == "scaled":
+                p_kept = torch.softmax(logits[tokens].float(), -1)[:, kept].sum(-1, keepdim=True)
+                routed = routed / p_kept
+            torch.testing.assert_close(proxy_routed, routed, rtol=1e-4, atol=1e-5)
+    assert checked >= 8, "too few tokens routed inside the kept set to test anything"
+
+
+def _shared(layer, x):
+    out = layer.shared_forward(x)
+    return torch.zeros_like(x) if out is None else out
+
+
+def test_export_of_the_toy_by_clustering_writes_the_manifest(tmp_path: Path) -> None:
+    result = export_proxy("toy", tmp_path / "proxy", keep="1/4", n_tokens=2000, progress=False)
+    manifest = read_manifest(result.path)
+    assert manifest == result.manifest
+    assert manifest["keep"] == 8 and manifest["source"]["num_experts"] == 32
+    assert manifest["method"] == "cluster" and manifest["view"] == "multiview"
+    assert [entry["layer"] for entry in manifest["layers"]] == [0, 1, 2, 3]
+    assert all(len(entry["kept"]) == 8 and len(entry["labels"]) == 32 for entry in manifest["layers"])
+    assert manifest["proxy"]["weight_semantics"] == "identical"  # Qwen3-MoE with norm_topk_prob
+    assert {"tokenizer.json", "tokenizer_config.json", "generation_config.json", MANIFEST} <= {
+        p.name for p in result.path.iterdir()
+    }
+    assert not (result.path / "toy_card.json").exists(), "the toy's card describes the toy, not the proxy"
+    assert json.loads((result.path / "config.json").read_text())["num_local_experts"] == 8
+
+
+def test_a_selection_file_is_reused_and_checked(tmp_path: Path, tiny_checkpoint) -> None:
+    source = tiny_checkpoint("mixtral")
+    model = tiny("mixtral")
+    selection = select_experts(model, 4, method="random", seed=3)
+    selection.save(tmp_path / "selection.json")
+    result = export_proxy(source, tmp_path / "p", selection=tmp_path / "selection.json", progress=False)
+    assert result.selection.layers == selection.layers
+    other = select_experts(tiny("qwen3_moe"), 4, method="random")
+    other.save(tmp_path / "other.json")
+    with pytest.raises(MoescopeError, match="config hash"):
+        export_proxy(source, tmp_path / "q", selection=tmp_path / "other.json", progress=False)
+    with pytest.raises(MoescopeError, match="selection keeps 4"):
+        export_proxy(source, tmp_path / "q", selection=selection, keep=6, progress=False)
+    assert not (tmp_path / "q").exists()
+
+
+def test_bad_input_writes_nothing(tmp_path: Path, tiny_checkpoint) -> None:
+    source = tiny_checkpoint("mixtral")
+    with pytest.raises(MoescopeError, match="say how many experts to keep"):
+        export_proxy(source, tmp_path / "a", progress=False)
+    with pytest.raises(MoescopeError, match="top-k"):
+        export_proxy(source, tmp_path / "a", keep=1, method="random", progress=False)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "precious.txt").write_text("keep me")
+    with pytest.raises(MoescopeError, match="--overwrite"):
+        export_proxy(source, tmp_path / "b", keep=4, method="random", progress=False)
+    assert (tmp_path / "b" / "precious.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
