@@ -37,8 +37,16 @@ _LAZY = {
     "ExpertClusterer": "moescope.clustering",
     "Selection": "moescope.clustering",
     "select_experts": "moescope.clustering",
-    "parse_keep": "moescope.clustering",
+    "parse_keep": "moescope.keep",
     "run_report": "moescope.report",
+    "export_proxy": "moescope.proxy",
+    "build_proxy": "moescope.proxy",
+    "cost_table": "moescope.cost",
+    "ModelShape": "moescope.cost",
+    "TrainingMemory": "moescope.cost",
+    "reference_models": "moescope.cost",
+    "ExpertMap": "moescope.widgets",
+    "RoutingHistogram": "moescope.widgets",
     "setup_notebook": "moescope._notebook",
 }
 

@@ -37,10 +37,56 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cost(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from moescope.cost import DEFAULT_KEEPS, TrainingMemory, cost_json, cost_table, cost_text, reference_table
+
+    if args.model is None and not args.reference:
+        raise MoescopeError("give a MODEL (checkpoint directory, config.json or 'toy'), or --reference.")
+    given = {"device_memory_gb": args.device_memory, "usable_fraction": args.usable_fraction}
+    memory = TrainingMemory(**{key: value for key, value in given.items() if value is not None})
+    options = {"memory": memory, "step_time_s": args.step_time, "rounding": args.round}
+    keeps = args.keep or DEFAULT_KEEPS
+    tables = [cost_table(args.model, keeps, strict=bool(args.keep), **options)] if args.model else []
+    if args.reference:
+        tables.append(reference_table(keeps, **options))
+    table = pd.concat(tables, ignore_index=True)
+    if args.json:
+        print(json.dumps(cost_json(table, memory, args.round), indent=2))
+    else:
+        print(cost_text(table, memory, args.round))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from moescope.proxy import export_proxy
+
+    result = export_proxy(
+        args.model,
+        args.out,
+        keep=args.keep,
+        selection=args.selection,
+        method=args.method,
+        seed=args.seed,
+        calibration=args.calibration,
+        n_tokens=args.n_tokens,
+        allow_top_k=args.allow_top_k,
+        overwrite=args.overwrite,
+        progress=sys.stderr.isatty(),
+    )
+    m = result.manifest
+    print(
+        f"proxy: {result.path} ({m['keep']} of {m['source']['num_experts']} routed experts per layer, "
+        f"{m['keep_ratio']:.1%}, method {m['method']})"
+    )
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from moescope.report import run_report
 
-    report = run_report(args.model, args.out, overwrite=args.overwrite)
+    report = run_report(args.model, args.out, overwrite=args.overwrite, progress=sys.stderr.isatty())
     print(f"report: {report.index_html}")
     return 0
 
@@ -48,7 +94,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from moescope.report import run_report
 
-    report = run_report("toy", args.out, overwrite=True)
+    report = run_report("toy", args.out, overwrite=True, progress=sys.stderr.isatty())
     print(f"demo report: {report.index_html.resolve()}")
     return 0
 
@@ -75,6 +121,47 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = add("inspect", cmd_inspect, "architecture summary: layers, experts, top-k, router, params")
     inspect.add_argument("model", metavar="MODEL", help=model_help)
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    from moescope.cost import ROUNDINGS
+
+    cost = add("cost", cmd_cost, "accelerators to RL-train the full model vs its proxies, and the reduction")
+    cost.add_argument("model", nargs="?", metavar="MODEL|CONFIG.json", help=model_help + ", or a config.json")
+    cost.add_argument(
+        "--keep",
+        action="append",
+        metavar="K",
+        help="routed experts kept: 0.25, 1/4 or a count; repeat for several (default: 1/2, 1/4, 1/8)",
+    )
+    cost.add_argument("--device-memory", type=float, metavar="GB", help="accelerator memory (default 80)")
+    cost.add_argument("--usable-fraction", type=float, metavar="F", help="usable share (default 0.9)")
+    cost.add_argument("--step-time", type=float, metavar="S", help="seconds per RL step: adds device-hours")
+    cost.add_argument("--round", choices=ROUNDINGS, default="device", help="round device counts up to this")
+    cost.add_argument("--reference", action="store_true", help="also cost the published MoE models")
+    cost.add_argument("--json", action="store_true", help="print the table as JSON")
+
+    export = add("export", cmd_export, "build a proxy: keep the selected routed experts of every MoE layer")
+    export.add_argument("model", metavar="MODEL", help=model_help)
+    export.add_argument("--keep", metavar="K", help="experts kept per layer: 0.25, 1/4 or a count like 8")
+    export.add_argument("--out", type=Path, required=True, metavar="DIR", help="proxy directory")
+    export.add_argument(
+        "--method",
+        default="cluster",
+        choices=("cluster", "frequency", "reap", "random"),
+        help="selection method",
+    )
+    export.add_argument(
+        "--selection", type=Path, metavar="FILE", help="a selection.json (e.g. notebook 01's)"
+    )
+    export.add_argument("--seed", type=int, default=0, help="seed of the selection (default 0)")
+    export.add_argument(
+        "--calibration",
+        default="tasks",
+        metavar="SRC",
+        help="'tasks' or a .txt/.jsonl file for routing statistics",
+    )
+    export.add_argument("--n-tokens", type=int, default=20_000, metavar="N", help="calibration tokens")
+    export.add_argument("--allow-top-k", action="store_true", help="allow keeping exactly top-k experts")
+    export.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
 
     report = add("report", cmd_report, "run the notebooks with papermill; write notebooks + offline HTML")
     report.add_argument("--model", default="toy", metavar="MODEL", help=model_help + " (default: toy)")
@@ -107,6 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("moescope: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

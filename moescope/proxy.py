@@ -45,8 +45,9 @@ import torch
 from moescope import __version__
 from moescope._io import check_output_dir, readable, replace_dir
 from moescope.arch import MoEModel, adapt
-from moescope.clustering import Selection, parse_keep, select_experts
+from moescope.clustering import Selection, select_experts
 from moescope.errors import MoescopeError
+from moescope.keep import parse_keep
 from moescope.provenance import config_hash, library_versions
 from moescope.routers import RoutingRule
 

@@ -166,8 +166,12 @@ def count_params(moe: MoEModel) -> ParamCounts:
     )
 
 
-def summarize(model: PreTrainedModel | str | Path) -> ModelSummary:
-    """Summarize a loaded model, ``"toy"``, or a checkpoint directory (read without weights)."""
+def summarize(model: PreTrainedModel | PretrainedConfig | str | Path) -> ModelSummary:
+    """Summarize a loaded model, a config, ``"toy"``, or a checkpoint directory (read without weights)."""
+    from transformers import PretrainedConfig
+
+    if isinstance(model, PretrainedConfig):
+        return _summary(adapt(_meta_model(model)), source=model.model_type, dtype=_checkpoint_dtype(model))
     if isinstance(model, str | Path):
         from moescope.loading import check_weights, load_config, resolve_model
 

@@ -46,3 +46,101 @@ def chromium() -> str:
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"browser tests need {CHROMIUM}: apt-get install chromium (.ci/run does)")
     return CHROMIUM
+
+
+# --- exploring clusters: results of a tiny model, and JupyterLab in a browser ------------------------
+
+
+@pytest.fixture(scope="session")
+def explore_results():
+    """Routing stats, projected multiview embeddings and a 1/4 cluster selection of a tiny
+    16-expert Qwen3-MoE, plus ``proxy``: the stats a faithful proxy of that selection would give
+    (each kept expert takes its cluster's tokens, give or take 30 %)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from moescope.clustering import select_experts
+    from moescope.embeddings import embed_experts
+    from moescope.routing import collect_routing
+    from moescope.zoo import tiny
+
+    model = tiny("qwen3_moe", num_local_experts=16)
+    ids = torch.randint(3, 128, (8, 32), generator=torch.Generator().manual_seed(0))
+    stats = collect_routing(model, ids, n_tokens=256, progress=False)
+    embeddings = embed_experts(model, "multiview", stats=stats, progress=False).project("pca")
+    selection = select_experts(embeddings, "1/4", stats=stats)
+    rng = np.random.default_rng(0)
+    proxy_counts = []
+    for row, entry in enumerate(selection.layers):
+        labels = np.asarray(entry.labels)
+        cluster = np.array([stats.counts[row, labels == labels[e]].sum() for e in entry.kept])
+        noisy = cluster * rng.uniform(0.7, 1.3, len(cluster))
+        counts = np.floor(noisy / noisy.sum() * stats.n_tokens * stats.top_k).astype(np.int64)
+        counts[0] += stats.n_tokens * stats.top_k - counts.sum()
+        proxy_counts.append(counts)
+    proxy = _routing_stats_from_counts(np.stack(proxy_counts), stats.layers, stats.top_k)
+    return SimpleNamespace(stats=stats, embeddings=embeddings, selection=selection, proxy=proxy)
+
+
+@pytest.fixture(scope="session")
+def make_routing_stats():
+    """``make(counts, layers=None, top_k=2)``: a ``RoutingStats`` with the given ``(L, E)`` counts."""
+    return _routing_stats_from_counts
+
+
+def _routing_stats_from_counts(counts, layers=None, top_k: int = 2):
+    """A ``RoutingStats`` whose ``(L, E)`` routed-slot ``counts`` are given (other sums made up)."""
+    import numpy as np
+
+    from moescope.routing import RoutingStats
+
+    counts = np.asarray(counts, dtype=np.int64)
+    n_layers, n_experts = counts.shape
+    n_tokens = int(counts[0].sum()) // top_k
+    return RoutingStats(
+        model_type="synthetic",
+        config_hash="synthetic",
+        source="synthetic",
+        layers=tuple(range(n_layers)) if layers is None else tuple(layers),
+        num_experts=n_experts,
+        top_k=top_k,
+        n_tokens=n_tokens,
+        counts=counts,
+        prob_mass=counts / top_k,
+        coactivation=np.zeros((n_layers, n_experts, n_experts), np.int64),
+        saliency_sum=counts * 0.5,
+        entropy_sum=np.zeros(n_layers),
+        entropy_sq_sum=np.zeros(n_layers),
+        entropy_hist=np.zeros((n_layers, 8), np.int64),
+        entropy_edges=np.linspace(0.0, np.log(n_experts), 9),
+        max_logit=np.zeros(n_layers),
+        expert_max_logit=np.zeros((n_layers, n_experts)),
+    )
+
+
+@pytest.fixture(scope="module")
+def jupyter_lab(tmp_path_factory: pytest.TempPathFactory, chromium: str):
+    """A JupyterLab server for this test module, serving a copy of the repository's notebooks.
+
+    Its Jupyter directories and IPYTHONDIR are in a temporary directory; see tests/browser.py.
+    """
+    import shutil
+    from pathlib import Path
+
+    from browser import JupyterLab
+
+    root = tmp_path_factory.mktemp("lab-root")
+    for notebook in (Path(__file__).parents[1] / "notebooks").glob("*.ipynb"):
+        shutil.copy(notebook, root / notebook.name)
+    with JupyterLab.serve(root, tmp_path_factory.mktemp("lab-home")) as lab:
+        yield lab
+
+
+@pytest.fixture
+def lab_page(jupyter_lab, chromium: str):
+    """A fresh chromium page on the module's JupyterLab; requests off 127.0.0.1 are blocked."""
+    from browser import LabPage, chromium_page
+
+    with chromium_page(chromium) as page:
+        yield LabPage(jupyter_lab, page)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from moescope.cli import main
 from moescope.arch import ARCHITECTURES
+from moescope.cli import main
 from moescope.zoo import TINY_ARCHS, tiny_config
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from moescope.arch import ARCHITECTURES, adapt
-from moescope.clustering import parse_keep, select_experts
+from moescope.clustering import select_experts
 from moescope.errors import MoescopeError
+from moescope.keep import parse_keep
 from moescope.proxy import (
     MANIFEST,
     build_proxy,
@@ -154,3 +155,71 @@ def test_bad_input_writes_nothing(tmp_path: Path, tiny_checkpoint) -> None:
         export_proxy(source, tmp_path / "b", keep=4, method="random", progress=False)
     assert (tmp_path / "b" / "precious.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+def _moescope(*args: str, **kwargs):
+    import os
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).with_name("moescope")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen(
+        [str(script), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+    )
+
+
+@pytest.mark.slow
+def test_cli_export_reloads_and_bad_input_exits_2(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run = _moescope(
+        "export",
+        "toy",
+        "--keep",
+        "1/4",
+        "--method",
+        "frequency",
+        "--n-tokens",
+        "2000",
+        "--out",
+        str(tmp_path / "proxy"),
+    )
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err
+    assert "8 of 32 routed experts" in out
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "proxy")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "proxy")
+    answer = model.generate(**tok("12+34=", return_tensors="pt"), max_new_tokens=4, do_sample=False)
+    assert answer.shape[1] > 7
+    again = _moescope("export", "toy", "--keep", "1/4", "--out", str(tmp_path / "proxy"))
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 2 and "--overwrite" in err and "Traceback" not in err
+    too_few = _moescope("export", "toy", "--keep", "1", "--out", str(tmp_path / "p1"))
+    _, err = too_few.communicate(timeout=300)
+    assert too_few.returncode == 2 and "top-k" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p1").exists()
+
+
+@pytest.mark.slow
+def test_an_export_killed_midway_leaves_nothing_at_the_output_path(tmp_path: Path) -> None:
+    """SIGKILL while the proxy is being written: the output path never holds a partial proxy,
+    and the next export cleans the killed run's temporary directory."""
+    import signal
+    import time
+
+    out = tmp_path / "proxy"
+    run = _moescope("export", "toy", "--keep", "1/4", "--method", "random", "--out", str(out))
+    deadline = time.monotonic() + 240
+    while not list(tmp_path.glob(".proxy.partial-*")) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert run.poll() is None, "the export ended before it was seen writing; nothing was tested"
+    run.send_signal(signal.SIGKILL)
+    run.wait(timeout=60)
+    assert not out.exists()
+    assert list(tmp_path.glob(".proxy.partial-*")), "the killed run's work directory is the evidence"
+    finish = _moescope("export", "toy", "--keep", "1/4", "--method", "random", "--out", str(out))
+    _, err = finish.communicate(timeout=300)
+    assert finish.returncode == 0, err
+    assert read_manifest(out)["keep"] == 8
+    assert not list(tmp_path.glob(".proxy.partial-*")), "the stale work directory was removed"

@@ -1,0 +1,381 @@
+"""The cost model: parameter counts against published figures and exact counts, devices, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from moescope.cli import main
+from moescope.cost import (
+    GB,
+    PROXY_NOTE,
+    STATES,
+    ModelShape,
+    TrainingMemory,
+    analytic_params,
+    cost_table,
+    devices_needed,
+    entry_from_config,
+    memory_breakdown,
+    reference_entries,
+    reference_models,
+    reference_table,
+)
+from moescope.errors import MoescopeError
+from moescope.zoo import tiny_config
+
+REFERENCE = {shape.name: shape for shape in reference_models()}
+PARAM_FIELDS = ("params_total", "params_routed", "params_shared", "params_backbone", "params_router")
+
+# Why a computed total may differ from the published one (all within 3 %):
+WHY = {
+    "Llama-4-Scout-17B-16E (text)": "the published 109 B includes the vision tower; the entry is text only",
+    "Kimi-K2": "published as a rounded '1T'; the formula gives 1.026 T",
+    "GLM-4.5": "published as a rounded 355 B",
+}
+
+
+# --- parameter counts ----------------------------------------------------------------------------
+
+
+def test_the_package_ships_all_twelve_reference_models() -> None:
+    assert len(REFERENCE) == 12
+    assert all(shape.counted == "analytic" and shape.published_total for shape in REFERENCE.values())
+
+
+@pytest.mark.parametrize("name", list(REFERENCE))
+def test_computed_total_is_within_3_percent_of_the_published_figure(name: str) -> None:
+    """DeepSeek-V3's 671 B excludes its multi-token-prediction module, as the formula does."""
+    shape = REFERENCE[name]
+    error = shape.params_total / shape.published_total - 1
+    assert abs(error) < 0.03, (name, f"{error:+.2%}", WHY.get(name, ""))
+    assert shape.params_total == shape.params_backbone + shape.params_routed + shape.params_shared
+
+
+# (architecture, config overrides): default tiny configs plus the switches the formulas read
+TINY_CASES = [
+    ("mixtral", {}),
+    ("qwen2_moe", {}),
+    ("qwen2_moe", {"qkv_bias": False, "mlp_only_layers": [0]}),
+    ("qwen3_moe", {}),
+    ("qwen3_moe", {"attention_bias": True, "decoder_sparse_step": 2, "num_hidden_layers": 4}),
+    ("qwen3_moe", {"tie_word_embeddings": True}),
+    ("olmoe", {}),
+    ("deepseek_v3", {}),
+    ("deepseek_v3", {"q_lora_rank": None, "attention_bias": True}),
+    ("glm4_moe", {}),
+    ("glm4_moe", {"attention_bias": True, "use_qk_norm": True}),
+    ("gpt_oss", {}),
+    ("llama4_text", {}),
+    ("llama4_text", {"moe_layers": [1], "intermediate_size_mlp": 48}),
+]
+
+
+@pytest.mark.parametrize(("arch", "overrides"), TINY_CASES, ids=lambda v: str(v) if v else "default")
+def test_analytic_count_equals_the_exact_meta_device_count(
+    arch: str, overrides: dict, tmp_path: Path
+) -> None:
+    tiny_config(arch, **overrides).save_pretrained(tmp_path)
+    exact = ModelShape.from_config(tmp_path)
+    analytic = ModelShape.from_config(tmp_path, exact=False)
+    assert (exact.counted, analytic.counted) == ("exact", "analytic")
+    for field in (*PARAM_FIELDS, "params_active", "num_moe_layers", "routed_experts", "shared_experts"):
+        assert getattr(analytic, field) == getattr(exact, field), field
+
+
+def _full_size(model_type: str, **values) -> object:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **values)
+
+
+def test_full_size_qwen3_counts_like_its_reference_entry() -> None:
+    """The formula at full width, checked against transformers' Qwen3-MoE class on the meta device.
+
+    The reference entry does not record Qwen3's per-head q/k norms (2 × 128 per layer);
+    given that, the counts are equal."""
+    config = _full_size(
+        "qwen3_moe",
+        hidden_size=2048,
+        num_hidden_layers=48,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        vocab_size=151936,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        tie_word_embeddings=False,
+    )
+    entry = next(e for e in reference_entries() if e["name"] == "Qwen3-30B-A3B")
+    assert ModelShape.from_config(config).params_total == analytic_params(entry | {"qk_norm": "head"}).total
+    assert REFERENCE["Qwen3-30B-A3B"].params_total == analytic_params(entry).total
+
+
+def test_full_size_deepseek_v3_counts_like_its_reference_entry() -> None:
+    """MLA, dense leading layers, a shared expert and grouped routing at 671 B: exactly equal."""
+    config = _full_size(
+        "deepseek_v3",
+        hidden_size=7168,
+        num_hidden_layers=61,
+        first_k_dense_replace=3,
+        n_routed_experts=256,
+        n_shared_experts=1,
+        num_experts_per_tok=8,
+        moe_intermediate_size=2048,
+        intermediate_size=18432,
+        vocab_size=129280,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        n_group=8,
+        topk_group=4,
+    )
+    exact, reference = ModelShape.from_config(config), REFERENCE["DeepSeek-V3"]
+    for field in (*PARAM_FIELDS, "params_active"):
+        assert getattr(exact, field) == getattr(reference, field), field
+
+
+def test_entry_from_config_refuses_an_architecture_without_formula() -> None:
+    with pytest.raises(MoescopeError, match="no analytic formula"):
+        entry_from_config(tiny_config("jamba"))
+
+
+def test_a_multimodal_config_is_costed_by_its_text_model() -> None:
+    from transformers import AutoConfig
+
+    text = tiny_config("llama4_text")
+    full = AutoConfig.for_model("llama4", text_config=text.to_dict())
+    shape = ModelShape.from_config(full)
+    assert shape.params_total == ModelShape.from_config(text).params_total
+    assert "vision tower is not counted" in shape.note
+
+
+# --- proxies -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arch", "count_key", "experts", "kept"),
+    [
+        ("qwen2_moe", "num_experts", 8, 4),
+        ("gpt_oss", "num_local_experts", 8, 3),
+        ("deepseek_v3", "n_routed_experts", 16, 8),
+        ("llama4_text", "num_local_experts", 8, 4),
+    ],
+)
+def test_with_keep_removes_exactly_the_cut_experts(
+    arch: str, count_key: str, experts: int, kept: int
+) -> None:
+    """A proxy's shape equals the exact count of the same model built with ``kept`` experts."""
+    shape = ModelShape.from_config(tiny_config(arch, **{count_key: experts}))
+    proxy = shape.with_keep(kept)
+    built = ModelShape.from_config(tiny_config(arch, **{count_key: kept}))
+    for field in (*PARAM_FIELDS, "params_active", "routed_experts"):
+        assert getattr(proxy, field) == getattr(built, field), field
+    per_expert = (shape.params_routed + shape.params_router) // experts
+    assert shape.params_total - proxy.params_total == (experts - kept) * per_expert
+    assert proxy.top_k == shape.top_k and proxy.params_shared == shape.params_shared
+    assert proxy.source_experts == experts
+
+
+def test_with_keep_speaks_moescope_keep_grammar_and_refuses_impossible_keeps() -> None:
+    shape = REFERENCE["DeepSeek-V3"]
+    assert shape.with_keep("1/4") == shape.with_keep(0.25) == shape.with_keep(64)
+    with pytest.raises(MoescopeError, match="expert groups"):
+        shape.with_keep(36)  # not a multiple of DeepSeek-V3's 8 routing groups
+    with pytest.raises(MoescopeError, match="top-k"):
+        REFERENCE["Mixtral-8x7B"].with_keep("1/8")
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "Qwen3-30B-A3B", "Llama-4-Scout-17B-16E (text)"])
+@pytest.mark.parametrize("rounding", ["device", "node", "pow2"])
+def test_devices_grow_with_the_experts_kept(name: str, rounding: str) -> None:
+    shape = REFERENCE[name]
+    step = shape.n_group
+    counts = range(max(shape.top_k + 1, 2 * step), shape.routed_experts + 1, step)
+    devices = [devices_needed(shape.with_keep(k), rounding=rounding) for k in counts]
+    assert devices == sorted(devices) and devices[-1] == devices_needed(shape, rounding=rounding)
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "Kimi-K2", "Qwen3-235B-A22B"])
+def test_reduction_of_a_large_model_is_near_the_expert_fraction_cut(name: str) -> None:
+    """Memory is ~97 % routed experts, so cutting 1/2, 3/4, 7/8 of them saves about 50/75/87.5 %."""
+    shape = REFERENCE[name]
+    table = cost_table(shape).set_index("keep")
+    full = table.loc["full", "devices"]
+    per_device = 80 * 0.9 * (1 - 0.2 - 0.1) * GB / 20  # parameters one device holds
+    assert full == math.ceil(shape.params_total / per_device)
+    cut_share = (shape.params_routed + shape.params_router) / shape.params_total
+    assert cut_share > 0.96  # memory dominated by routed experts
+    for keep, fraction in (("1/2", 1 / 2), ("1/4", 1 / 4), ("1/8", 1 / 8)):
+        params = shape.params_total - (1 - fraction) * (shape.params_routed + shape.params_router)
+        assert table.loc[keep, "devices"] == math.ceil(params / per_device)
+        paper = 100 * (1 - fraction)  # the paper's 50 / 75 / 87.5 %
+        continuous = paper * cut_share  # before rounding to whole devices
+        assert abs(table.loc[keep, "reduction_pct"] - continuous) <= 100 / full
+        assert abs(table.loc[keep, "reduction_pct"] - paper) <= paper * (1 - cut_share) + 100 / full
+        assert table.loc[keep, "params_active"] >= 0.99 * table.loc["full", "params_active"]
+
+
+# --- memory, rounding, step time -----------------------------------------------------------------
+
+
+def test_memory_breakdown_adds_up_and_every_byte_count_is_a_parameter() -> None:
+    shape = REFERENCE["Mixtral-8x7B"]
+    breakdown = memory_breakdown(shape)
+    assert sum(breakdown[key] for key in STATES) == pytest.approx(breakdown["state_total"])
+    assert breakdown["state_total"] == pytest.approx(shape.params_total * 20 / GB)
+    assert breakdown["adam_states"] == pytest.approx(shape.params_total * 8 / GB)
+    assert breakdown["device_state"] == pytest.approx(80 * 0.9 * 0.7)
+    lean = TrainingMemory(adam_states=0, master_weights=0, reference_model=0)
+    assert devices_needed(shape, lean) < devices_needed(shape)
+    assert devices_needed(shape, TrainingMemory(device_memory_gb=141)) < devices_needed(shape)
+
+
+def test_rounding_to_nodes_and_powers_of_two() -> None:
+    shape = REFERENCE["Mixtral-8x7B"]
+    plain = devices_needed(shape)
+    assert devices_needed(shape, rounding="node") == math.ceil(plain / 8) * 8
+    pow2 = devices_needed(shape, rounding="pow2")
+    assert pow2 >= plain and pow2 & (pow2 - 1) == 0 and pow2 < 2 * plain
+    with pytest.raises(MoescopeError, match="rounding"):
+        devices_needed(shape, rounding="rack")
+
+
+def test_device_hours_are_devices_times_step_time() -> None:
+    shape = REFERENCE["Qwen3-235B-A22B"]
+    equal = cost_table(shape, step_time_s=3600.0)
+    assert (equal["device_hours"] == equal["devices"]).all()
+    measured = cost_table(shape, ["1/2"], step_time_s={"full": 600.0, "1/2": 900.0})
+    devices = measured["devices"].tolist()
+    assert measured["device_hours"].tolist() == [devices[0] * 600 / 3600, devices[1] * 900 / 3600]
+    assert cost_table(shape)["device_hours"].isna().all()
+    with pytest.raises(MoescopeError, match="step time"):
+        cost_table(shape, step_time_s=0.0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"device_memory_gb": 0}, "positive number of GB"),
+        ({"device_memory_gb": -80}, "positive number of GB"),
+        ({"usable_fraction": 1.5}, "usable fraction"),
+        ({"activation_fraction": 0.6, "kv_cache_fraction": 0.5}, "leave room"),
+        ({"adam_states": -1}, "negative"),
+    ],
+)
+def test_memory_rejects_impossible_settings(fields: dict, message: str) -> None:
+    with pytest.raises(MoescopeError, match=message):
+        TrainingMemory(**fields)
+
+
+def test_reference_table_notes_keeps_a_model_cannot_take() -> None:
+    table = reference_table()
+    assert len(table) == 12 * 4
+    mixtral = table[table["model"] == "Mixtral-8x7B"].set_index("keep")
+    assert mixtral.loc["1/2", "devices"] > 0 and mixtral.loc["1/2", "note"] == ""
+    assert "top-k" in mixtral.loc["1/8", "note"] and mixtral["devices"].isna().sum() == 2
+    scout = table[table["model"] == "Llama-4-Scout-17B-16E (text)"].set_index("keep")
+    assert "vision tower" in scout.loc["full", "note"] and scout.loc["1/2", "note"] == ""
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def test_cli_prints_the_table_for_a_bare_config_json(tmp_path: Path, capsys) -> None:
+    tiny_config("qwen3_moe", num_local_experts=32).save_pretrained(tmp_path)  # config.json only
+    assert main(["cost", str(tmp_path / "config.json"), "--step-time", "60"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{tmp_path.name}: ") and "32 routed experts per MoE layer, top-2" in lines[0]
+    assert lines[1].split() == [
+        "keep",
+        "experts",
+        "params",
+        "active",
+        "state",
+        "GB",
+        "devices",
+        "reduction",
+        "device-h/step",
+    ]
+    assert [line.split()[:2] for line in lines[2:6]] == [
+        ["full", "32"],
+        ["1/2", "16"],
+        ["1/4", "8"],
+        ["1/8", "4"],
+    ]
+    assert "20 B/param" in out and PROXY_NOTE in out
+
+
+def test_cli_json_equals_the_library_table(tiny_checkpoint, capsys) -> None:
+    path = tiny_checkpoint("deepseek_v3")
+    args = ["cost", str(path), "--keep", "1/2", "--keep", "8", "--device-memory", "64", "--json"]
+    assert main(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    memory = TrainingMemory(device_memory_gb=64)
+    expected = cost_table(path, ["1/2", "8"], memory=memory)
+    assert data["memory"]["device_memory_gb"] == 64 and data["rounding"] == "device"
+    assert [row["keep"] for row in data["rows"]] == ["full", "1/2", "8"]
+    assert [row["params_total"] for row in data["rows"]] == expected["params_total"].tolist()
+    assert all(row["device_hours"] is None for row in data["rows"])
+
+
+def test_cli_reference_covers_every_published_model(capsys) -> None:
+    assert main(["cost", "--reference", "--json", "--usable-fraction", "0.85", "--round", "node"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {row["model"] for row in data["rows"]} == set(REFERENCE)
+    assert all(row["devices"] % 8 == 0 for row in data["rows"] if row["devices"] is not None)
+
+
+def test_cli_toy_with_reference(capsys) -> None:
+    assert main(["cost", "toy", "--reference", "--keep", "1/2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("toy: ") and "DeepSeek-V3: 671B parameters" in out
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, list[str]]:
+    from transformers import AutoConfig
+
+    dense = tmp_path / "dense"
+    AutoConfig.for_model("llama", hidden_size=32, num_hidden_layers=1).save_pretrained(dense)
+    not_config = tmp_path / "not_config.json"
+    not_config.write_text(json.dumps({"learning_rate": 1e-6}))
+    not_json = tmp_path / "broken.json"
+    not_json.write_text("{'model_type': ")
+    listing = tmp_path / "moe_configs.json"
+    listing.write_text(json.dumps({"models": []}))
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"model_type": "no_such_arch"}))
+    return {
+        "dense model": ["cost", str(dense)],
+        "dense model ": ["cost", str(dense / "config.json")],
+        "not a model config": ["cost", str(not_config)],
+        "not valid JSON": ["cost", str(not_json)],
+        "lists several models": ["cost", str(listing)],
+        "not a transformers architecture": ["cost", str(unknown)],
+        "no such file or directory": ["cost", str(tmp_path / "missing.json")],
+        "fewer than the top-k=2": ["cost", "toy", "--keep", "1"],
+        "is neither a fraction": ["cost", "toy", "--keep", "3/2"],
+        "positive number of GB": ["cost", "toy", "--device-memory", "0"],
+        "positive number of GB ": ["cost", "toy", "--device-memory", "-16"],
+        "usable fraction": ["cost", "toy", "--usable-fraction", "0"],
+        "step time": ["cost", "toy", "--step-time", "-1"],
+        "or --reference": ["cost"],
+    }
+
+
+def test_bad_input_is_one_sentence_with_exit_2(tmp_path: Path, capsys) -> None:
+    for expected, argv in _bad_inputs(tmp_path).items():
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert captured.out == "" and len(lines) == 1, (argv, captured.err)
+        assert expected.strip() in lines[0] and "Traceback" not in captured.err, (argv, lines[0])
