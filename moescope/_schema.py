@@ -14,3 +14,45 @@ TOKEN = "token"
 TASK = "task"
 
 SCHEMA_VERSION = 1
+
+# Canonical trace metrics (readers map other frameworks' keys onto these).
+ACTOR_LOSS = "actor/loss"
+PG_LOSS = "actor/pg_loss"
+GRAD_NORM = "actor/grad_norm"
+ENTROPY = "actor/entropy"
+KL = "actor/kl"
+CLIPFRAC = "actor/clipfrac"
+REWARD_MEAN = "reward/mean"
+REWARD_STD = "reward/std"
+LENGTH_MEAN = "response/length_mean"
+LR = "optim/lr"
+LOSS_SCALE = "optim/loss_scale"
+SKIPPED = "optim/skipped"
+NONFINITE = "health/nonfinite"
+LOAD_CV = "moe/load_cv"
+MAX_LOAD_SHARE = "moe/max_load_share"
+DEAD_EXPERTS = "moe/dead_experts"
+ROUTER_ENTROPY = "moe/router_entropy"
+EXPERT_LOAD = "moe/expert_load"  # [layer][expert] token shares
+TOKEN_ENTROPY = "actor/token_entropy"  # per-position-bucket summary and histogram
+GRAD_NORM_GROUP = "actor/grad_norm/"  # prefix: actor/grad_norm/<group>
+
+CANONICAL_METRICS = (
+    ACTOR_LOSS,
+    PG_LOSS,
+    GRAD_NORM,
+    ENTROPY,
+    KL,
+    CLIPFRAC,
+    REWARD_MEAN,
+    REWARD_STD,
+    LENGTH_MEAN,
+    LR,
+    LOSS_SCALE,
+    SKIPPED,
+    NONFINITE,
+    LOAD_CV,
+    MAX_LOAD_SHARE,
+    DEAD_EXPERTS,
+    ROUTER_ENTROPY,
+)

@@ -74,12 +74,27 @@ def cmd_export(args: argparse.Namespace) -> int:
         allow_top_k=args.allow_top_k,
         overwrite=args.overwrite,
         progress=sys.stderr.isatty(),
+        streaming=args.streaming,
+        heal_steps=args.heal_steps,
+        heal_lr=args.heal_lr,
+        fidelity=not args.no_fidelity,
     )
     m = result.manifest
     print(
         f"proxy: {result.path} ({m['keep']} of {m['source']['num_experts']} routed experts per layer, "
         f"{m['keep_ratio']:.1%}, method {m['method']})"
     )
+    if result.healing is not None:
+        h = result.healing
+        print(f"healing: {h.steps} steps, held-out KL {h.kl_before:.4f} -> {h.kl_after:.4f}")
+    if result.fidelity is not None:
+        f = result.fidelity
+        print(
+            f"fidelity: KL {f.kl:.4f} nats, top-1 agreement {f.top1_agreement:.3f}, "
+            f"perplexity ratio {f.perplexity_ratio:.3f}"
+        )
+    for check in result.checklist or ():
+        print(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.figure}")
     return 0
 
 
@@ -161,6 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--n-tokens", type=int, default=20_000, metavar="N", help="calibration tokens")
     export.add_argument("--allow-top-k", action="store_true", help="allow keeping exactly top-k experts")
+    export.add_argument(
+        "--streaming",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="cut the safetensors shards without loading the model (default: when it would not fit)",
+    )
+    export.add_argument("--heal-steps", type=int, default=0, metavar="N", help="distil the proxy N steps")
+    export.add_argument("--heal-lr", type=float, default=1e-3, metavar="LR", help="healing learning rate")
+    export.add_argument("--no-fidelity", action="store_true", help="skip fidelity and the validity checklist")
     export.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
 
     report = add("report", cmd_report, "run the notebooks with papermill; write notebooks + offline HTML")

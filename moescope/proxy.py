@@ -54,6 +54,11 @@ from moescope.routers import RoutingRule
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
+    from moescope._validity import Check
+    from moescope.embeddings import ExpertEmbeddings
+    from moescope.fidelity import Fidelity
+    from moescope.healing import HealingReport
+
 MANIFEST = "moescope.json"
 MANIFEST_KIND = "moescope.proxy"
 SCHEMA_VERSION = 1
@@ -76,11 +81,19 @@ def weight_semantics(rule: RoutingRule) -> WeightSemantics:
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What :func:`export_proxy` wrote."""
+    """What :func:`export_proxy` wrote, and what it measured on the way.
+
+    ``embeddings`` are the weight-view vectors a streaming export clustered (when it did);
+    ``fidelity``, ``checklist`` and ``healing`` are ``None`` when not measured or not done.
+    """
 
     path: Path
     manifest: dict[str, Any]
     selection: Selection
+    embeddings: ExpertEmbeddings | None = None
+    fidelity: Fidelity | None = None
+    checklist: list[Check] | None = None
+    healing: HealingReport | None = None
 
 
 # --- the surgery ---------------------------------------------------------------------------------
@@ -183,6 +196,10 @@ def export_proxy(
     allow_top_k: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    streaming: bool | None = None,
+    heal_steps: int = 0,
+    heal_lr: float = 1e-3,
+    fidelity: bool | dict[str, Any] = True,
 ) -> ExportResult:
     """Write a proxy of ``model`` to ``out`` (a temporary sibling, renamed at the end).
 
@@ -196,17 +213,46 @@ def export_proxy(
     method : ``cluster`` (default), ``frequency``, ``reap`` or ``random``.
     allow_top_k : accept keeping exactly top-k experts (no routing choice left).
     overwrite : replace an existing ``out``.
+    streaming : cut the safetensors shards without loading the model
+        (:func:`~moescope.streaming.export_streaming`: ``cluster`` clusters the weights view,
+        ``frequency`` and ``reap`` need a selection); ``None`` streams when the in-memory
+        export would not fit in the memory available now.
+    heal_steps, heal_lr : distil the proxy toward the original for this many steps first
+        (:func:`moescope.healing.heal`: only router rows and kept experts train).
+    fidelity : measure fidelity and run the validity checklist on the proxy (``True``, or the
+        options of :func:`moescope.fidelity.measure_fidelity`), recorded in the manifest.
+        A streaming export never holds the models in memory, so it measures nothing.
     """
     from moescope.loading import load_model, resolve_model
 
     source = resolve_model(model)
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before loading anything
+    if heal_steps < 0:
+        raise MoescopeError(f"heal_steps={heal_steps} must be 0 (no healing) or a positive number of steps.")
+    if streaming is None:
+        from moescope.streaming import needs_streaming
+
+        streaming = needs_streaming(source, keep=keep, selection=selection)
+    if streaming:
+        from moescope.streaming import export_streaming
+
+        if heal_steps:
+            raise MoescopeError(
+                "healing needs the model in memory, which a streaming export avoids; export without "
+                "--streaming, or heal the streamed proxy later with moescope.healing.heal_proxy_dir."
+            )
+        options = dict(method=method, seed=seed, allow_top_k=allow_top_k, overwrite=overwrite)
+        return export_streaming(source, out, keep=keep, selection=selection, progress=progress, **options)
     lm, tokenizer = load_model(model, dtype="auto")
     chosen = _resolve_selection(
         lm, tokenizer, selection, keep, method, seed, calibration, n_tokens, allow_top_k, progress
     )
     proxy = build_proxy(lm, chosen)
+    assessed = _heal_and_assess(
+        lm, proxy, tokenizer, chosen, heal_steps, heal_lr, fidelity, seed, calibration
+    )
     manifest = make_manifest(source, lm, proxy, chosen)
+    manifest.update(_manifest_sections(**assessed))
 
     def fill(work: Path) -> None:
         proxy.save_pretrained(work)
@@ -215,7 +261,50 @@ def export_proxy(
         readable(work)
 
     path = replace_dir(out, fill, overwrite=overwrite)
-    return ExportResult(path=path, manifest=manifest, selection=chosen)
+    return ExportResult(path=path, manifest=manifest, selection=chosen, **assessed)
+
+
+def _heal_and_assess(
+    lm: PreTrainedModel,
+    proxy: PreTrainedModel,
+    tokenizer: Any,
+    chosen: Selection,
+    heal_steps: int,
+    heal_lr: float,
+    fidelity: bool | dict[str, Any],
+    seed: int,
+    calibration: Any,
+) -> dict[str, Any]:
+    """Healing (in place), then fidelity and the validity checklist of the proxy as it will be saved."""
+    data = _data_for(lm, tokenizer, calibration, seed)
+    healing = None
+    if heal_steps:
+        from moescope.healing import heal
+
+        healing = heal(lm, proxy, data, tokenizer=tokenizer, steps=heal_steps, lr=heal_lr, seed=seed)
+    if not fidelity:
+        return {"fidelity": None, "checklist": None, "healing": healing}
+    from moescope.fidelity import measure_fidelity, validity_checklist
+
+    options = {"seed": seed, **(fidelity if isinstance(fidelity, dict) else {})}
+    held_out = "tasks" if tokenizer is not None else _data_for(lm, None, "tasks", seed + 1)
+    measured = measure_fidelity(lm, proxy, held_out, tokenizer=tokenizer, selection=chosen, **options)
+    checks = validity_checklist(lm, proxy, measured, selection=chosen)
+    return {"fidelity": measured, "checklist": checks, "healing": healing}
+
+
+def _data_for(lm: PreTrainedModel, tokenizer: Any, data: Any, seed: int) -> Any:
+    """Text data needs a tokenizer; a checkpoint without one (a test model) gets seeded random ids."""
+    if tokenizer is not None or not isinstance(data, str):
+        return data
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, lm.config.vocab_size, (64, 64), generator=generator)
+
+
+def _manifest_sections(**assessed: Any) -> dict[str, Any]:
+    from moescope.fidelity import manifest_sections
+
+    return manifest_sections(assessed["fidelity"], assessed["checklist"], assessed["healing"])
 
 
 def _resolve_selection(
@@ -232,34 +321,47 @@ def _resolve_selection(
 ) -> Selection:
     moe = adapt(lm)
     if selection is not None:
-        chosen = selection if isinstance(selection, Selection) else Selection.load(selection)
-        chosen.check_model(lm.config)
-        if keep is not None:
-            wanted = parse_keep(keep, moe.num_experts, moe.top_k, chosen.n_group, allow_top_k=True)
-            if wanted != chosen.keep:
-                raise MoescopeError(
-                    f"--keep asks for {wanted} experts per layer but the selection keeps {chosen.keep}; "
-                    "drop --keep or make a new selection."
-                )
-        return chosen
-    if keep is None:
-        raise MoescopeError("say how many experts to keep: --keep 0.25, --keep 1/4 or --keep 8.")
-    parse_keep(
-        keep,
-        moe.num_experts,
-        moe.top_k,
-        moe.rule.n_group,
-        allow_top_k=allow_top_k,
-        topk_group=moe.rule.topk_group,
-    )  # refuse an impossible keep before the calibration pass
-    stats = None
+        return given_selection(moe, selection, keep)
+    kept_count(moe, keep, allow_top_k)  # refuse an impossible keep before the calibration pass
+    stats, embeddings = None, None
     if method != "random":
         from moescope.routing import collect_routing
 
+        data = _data_for(lm, tokenizer, calibration, seed)
         stats = collect_routing(
-            lm, calibration, tokenizer=tokenizer, n_tokens=n_tokens, seed=seed, progress=progress
+            lm, data, tokenizer=tokenizer, n_tokens=n_tokens, seed=seed, progress=progress
         )
-    return select_experts(lm, keep, method=method, stats=stats, seed=seed, allow_top_k=allow_top_k)
+    if method == "cluster":
+        from moescope.embeddings import embed_experts
+
+        embeddings = embed_experts(lm, "multiview", stats=stats, seed=seed, progress=progress)
+    return select_experts(
+        lm, keep, method=method, embeddings=embeddings, stats=stats, seed=seed, allow_top_k=allow_top_k
+    )
+
+
+def given_selection(moe: MoEModel, selection: Selection | str | Path, keep: Any = None) -> Selection:
+    """A selection (or its file) checked to belong to this model and to agree with ``keep``."""
+    chosen = selection if isinstance(selection, Selection) else Selection.load(selection)
+    chosen.check_model(moe.config)
+    if keep is not None:
+        wanted = parse_keep(keep, moe.num_experts, moe.top_k, chosen.n_group, allow_top_k=True)
+        if wanted != chosen.keep:
+            raise MoescopeError(
+                f"--keep asks for {wanted} experts per layer but the selection keeps {chosen.keep}; "
+                "drop --keep or make a new selection."
+            )
+    return chosen
+
+
+def kept_count(moe: MoEModel, keep: str | float | int | None, allow_top_k: bool = False) -> int:
+    """Experts kept per layer, refused early when the model's routing does not allow it."""
+    if keep is None:
+        raise MoescopeError("say how many experts to keep: --keep 0.25, --keep 1/4 or --keep 8.")
+    rule = moe.rule
+    return parse_keep(
+        keep, moe.num_experts, moe.top_k, rule.n_group, allow_top_k=allow_top_k, topk_group=rule.topk_group
+    )
 
 
 def copy_side_files(source: Path, out: Path) -> list[str]:
@@ -274,10 +376,15 @@ def copy_side_files(source: Path, out: Path) -> list[str]:
 
 
 def make_manifest(
-    source: Path, model: PreTrainedModel, proxy: PreTrainedModel, selection: Selection
+    source: Path,
+    model: PreTrainedModel,
+    proxy: PreTrainedModel | PretrainedConfig,
+    selection: Selection,
 ) -> dict[str, Any]:
-    """``moescope.json``: how the proxy was made, in original expert indices."""
+    """``moescope.json``: how the proxy was made, in original expert indices (``proxy``: the
+    proxy model or its config)."""
     moe = adapt(model)
+    cut_config = getattr(proxy, "config", proxy)
     return {
         "kind": MANIFEST_KIND,
         "schema_version": SCHEMA_VERSION,
@@ -290,7 +397,7 @@ def make_manifest(
             "num_experts": moe.num_experts,
         },
         "proxy": {
-            "config_hash": config_hash(proxy.config),
+            "config_hash": config_hash(cut_config),
             "num_experts": selection.keep,
             "count_key": moe.spec.count_key,
             "top_k": moe.top_k,

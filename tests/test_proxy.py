@@ -37,7 +37,9 @@ def test_export_loads_with_stock_transformers_and_keeps_the_backbone(
 
     source = tiny_checkpoint(arch)
     original = AutoModelForCausalLM.from_pretrained(source).eval()
-    result = export_proxy(source, tmp_path / "proxy", keep=_half(original), method="random", progress=False)
+    result = export_proxy(
+        source, tmp_path / "proxy", keep=_half(original), method="random", fidelity=False, progress=False
+    )
     proxy = AutoModelForCausalLM.from_pretrained(result.path).eval()  # no moescope code involved
     spec = ARCHITECTURES[arch]
     kept = result.selection.keep
@@ -112,8 +114,14 @@ def _shared(layer, x):
 
 
 def test_export_of_the_toy_by_clustering_writes_the_manifest(tmp_path: Path) -> None:
-    result = export_proxy("toy", tmp_path / "proxy", keep="1/4", n_tokens=2000, progress=False)
+    fidelity = {"n_tokens": 1024, "n_prompts": 16, "samples": 2}
+    result = export_proxy(
+        "toy", tmp_path / "proxy", keep="1/4", n_tokens=2000, fidelity=fidelity, progress=False
+    )
     manifest = read_manifest(result.path)
+    assert manifest["fidelity"]["kl"] == pytest.approx(result.fidelity.kl) and result.fidelity.kl > 0
+    checks = {c["name"]: c["passed"] for c in manifest["checklist"]}
+    assert checks["backbone identical"] and checks["routing mechanism identical"]
     assert manifest == result.manifest
     assert manifest["keep"] == 8 and manifest["source"]["num_experts"] == 32
     assert manifest["method"] == "cluster" and manifest["view"] == "multiview"
@@ -132,7 +140,9 @@ def test_a_selection_file_is_reused_and_checked(tmp_path: Path, tiny_checkpoint)
     model = tiny("mixtral")
     selection = select_experts(model, 4, method="random", seed=3)
     selection.save(tmp_path / "selection.json")
-    result = export_proxy(source, tmp_path / "p", selection=tmp_path / "selection.json", progress=False)
+    result = export_proxy(
+        source, tmp_path / "p", selection=tmp_path / "selection.json", fidelity=False, progress=False
+    )
     assert result.selection.layers == selection.layers
     other = select_experts(tiny("qwen3_moe"), 4, method="random")
     other.save(tmp_path / "other.json")
@@ -209,7 +219,9 @@ def test_an_export_killed_midway_leaves_nothing_at_the_output_path(tmp_path: Pat
     import time
 
     out = tmp_path / "proxy"
-    run = _moescope("export", "toy", "--keep", "1/4", "--method", "random", "--out", str(out))
+    run = _moescope(
+        "export", "toy", "--keep", "1/4", "--method", "random", "--no-fidelity", "--out", str(out)
+    )
     deadline = time.monotonic() + 240
     while not list(tmp_path.glob(".proxy.partial-*")) and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -218,7 +230,9 @@ def test_an_export_killed_midway_leaves_nothing_at_the_output_path(tmp_path: Pat
     run.wait(timeout=60)
     assert not out.exists()
     assert list(tmp_path.glob(".proxy.partial-*")), "the killed run's work directory is the evidence"
-    finish = _moescope("export", "toy", "--keep", "1/4", "--method", "random", "--out", str(out))
+    finish = _moescope(
+        "export", "toy", "--keep", "1/4", "--method", "random", "--no-fidelity", "--out", str(out)
+    )
     _, err = finish.communicate(timeout=300)
     assert finish.returncode == 0, err
     assert read_manifest(out)["keep"] == 8

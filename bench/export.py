@@ -1,0 +1,264 @@
+"""Streaming export against the in-memory export and the I/O floor, on a synthetic checkpoint.
+
+Writes a Qwen3-MoE-shaped checkpoint of random bf16 weights (about 4.8 GB by default, per-expert
+keys like the Hub's, 1 GB shards with an index; one shard in memory at a time), then runs, each in
+a fresh process so that its peak resident memory is its own:
+
+* ``floor``: read every byte of the shards once, nothing else (the I/O floor);
+* ``streaming``: :func:`moescope.streaming.export_streaming` with a given selection;
+* ``streaming+cluster``: the same, choosing the experts by clustering the weight view in the pass;
+* ``in-memory``: the naive path, :func:`moescope.proxy.export_proxy` with ``streaming=False``
+  (load the whole model, prune, ``save_pretrained``), with the same selection.
+
+The page cache of the shards is dropped before every run (``posix_fadvise(DONTNEED)`` after a
+``sync``), and ``fincore`` says how much of them was still cached. Wall time counts the work, not
+the interpreter's start-up and imports; peak RSS is the process's ``VmHWM``. Outputs are not
+fsynced (``save_pretrained`` does not either). It prints the figures and the two ratios against
+the goals; it does not pass or fail. Files are removed at the end.
+
+    .venv/bin/python bench/export.py [--gb 4.8] [--dir /tmp] [--keep 1/4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+TIME_GOAL = 1.5  # streaming wall time, at most this many times the floor
+MEMORY_GOAL = 1 / 8  # streaming peak RSS, at most this share of the in-memory export's
+SHARD_BYTES = 1 << 30
+RUNS = ("floor", "streaming", "streaming+cluster", "in-memory")
+
+
+# --- the synthetic checkpoint --------------------------------------------------------------------
+
+
+def shape_for(gigabytes: float) -> dict[str, Any]:
+    """Qwen3-MoE config fields: Qwen3-30B-A3B's expert width, 32 experts, layers to reach the size."""
+    per_layer = 32 * 3 * 2048 * 768 * 2 + 2 * 2048 * (2048 + 512) * 2  # experts + attention, bf16
+    layers = max(2, round((gigabytes * 1e9 - 2 * 32000 * 2048 * 2) / per_layer))
+    return dict(
+        hidden_size=2048,
+        moe_intermediate_size=768,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=32000,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    )
+
+
+def per_expert_keys(config: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """(key, shape) of every tensor in the Hub's per-expert layout, in save order."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    out = []
+    for key, tensor in model.state_dict().items():
+        if key.endswith("mlp.experts.gate_up_proj"):
+            experts, rows, hidden = tensor.shape
+            prefix = key.removesuffix("gate_up_proj")
+            for i in range(experts):
+                out += [(f"{prefix}{i}.{p}_proj.weight", (rows // 2, hidden)) for p in ("gate", "up")]
+        elif key.endswith("mlp.experts.down_proj"):
+            prefix = key.removesuffix("down_proj")
+            out += [
+                (f"{prefix}{i}.down_proj.weight", tuple(tensor.shape[1:])) for i in range(tensor.shape[0])
+            ]
+        else:
+            out.append((key, tuple(tensor.shape)))
+    return out
+
+
+def write_checkpoint(path: Path, gigabytes: float) -> int:
+    """Random bf16 weights written a shard at a time with safetensors; returns the bytes written."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("qwen3_moe", **shape_for(gigabytes))
+    config.dtype = torch.bfloat16
+    path.mkdir(parents=True)
+    config.save_pretrained(path)
+    keys, shards, filled = per_expert_keys(config), [[]], 0
+    for key, shape in keys:
+        size = 2 * torch.Size(shape).numel()
+        if shards[-1] and filled + size > SHARD_BYTES:
+            shards, filled = [*shards, []], 0
+        shards[-1].append((key, shape))
+        filled += size
+    generator, weight_map = torch.Generator().manual_seed(0), {}
+    for n, shard in enumerate(shards, 1):
+        name = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {
+            k: torch.empty(s, dtype=torch.bfloat16).normal_(0, 0.02, generator=generator) for k, s in shard
+        }
+        save_file(tensors, path / name, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+        del tensors
+    total = sum(2 * torch.Size(s).numel() for _, s in keys)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+def drop_cache(path: Path) -> str:
+    """Flush dirty pages, evict the shards from the page cache, and say how much stayed."""
+    os.sync()
+    for file in path.glob("*.safetensors"):
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if not shutil.which("fincore"):
+        return "unknown (no fincore)"
+    files = [str(file) for file in path.glob("*.safetensors")]
+    out = subprocess.run(["fincore", "-b", "-n", "-o", "RES", *files], capture_output=True, text=True).stdout
+    return f"{sum(int(x) for x in out.split()) / 2**20:.0f} MiB"
+
+
+# --- the timed runs (each in its own process) ----------------------------------------------------
+
+
+def child(run: str, source: Path, out: Path, selection: Path, keep: str) -> None:
+    """One measured run; prints ``{"wall": s, "cpu": s, "peak": bytes}`` as its last line."""
+    if run != "floor":  # import outside the timed part: every path pays it alike
+        from moescope.proxy import export_proxy
+        from moescope.streaming import export_streaming, open_checkpoint
+
+        open_checkpoint(source)
+    start, cpu = time.perf_counter(), time.process_time()
+    if run == "floor":
+        read_all(source)
+    elif run == "streaming":
+        export_streaming(source, out, selection=selection, progress=False)
+    elif run == "streaming+cluster":
+        export_streaming(source, out, keep=keep, method="cluster", progress=False)
+    else:
+        export_proxy(source, out, selection=selection, streaming=False, progress=False)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    print(json.dumps({"wall": wall, "cpu": cpu, "peak": vm_hwm()}))
+
+
+def read_all(source: Path) -> None:
+    buffer = memoryview(bytearray(16 << 20))
+    for file in sorted(source.glob("*.safetensors")):
+        with open(file, "rb", buffering=0) as handle:
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            while handle.readinto(buffer):
+                pass
+
+
+def vm_hwm() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def measure(run: str, source: Path, work: Path, selection: Path, keep: str) -> dict[str, Any]:
+    cached = drop_cache(source)
+    out = work / f"out-{run}"
+    command = [sys.executable, __file__, "--child", run, str(source), str(out), str(selection), keep]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{run} failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    written = sum(f.stat().st_size for f in out.glob("*.safetensors")) if out.exists() else 0
+    shutil.rmtree(out, ignore_errors=True)
+    return {**result, "cached": cached, "written": written}
+
+
+def make_selection(source: Path, path: Path, keep: str) -> None:
+    """A random selection of the synthetic model, drawn from its config (no weight is read)."""
+    from moescope.clustering import select_experts
+    from moescope.streaming import open_checkpoint
+
+    select_experts(open_checkpoint(source).moe, keep, method="random").save(path)
+
+
+def report(results: dict[str, list[dict[str, Any]]], model_bytes: int, shape: dict[str, Any]) -> None:
+    """Median wall time (and its range) and the largest peak RSS of each run, then the ratios."""
+    gib = 2**30
+    print(
+        f"\ncheckpoint: {model_bytes / 1e9:.2f} GB, {shape['num_hidden_layers']} layers x "
+        f"{shape['num_local_experts']} experts of {shape['hidden_size']}x{shape['moe_intermediate_size']}, "
+        "bf16, per-expert keys, 1 GB shards; keep 1/4"
+    )
+    head = f"{'run':>18} | {'wall s (median, range)':>24} | {'CPU s':>6} | {'peak RSS GiB':>12} | written GB"
+    print(head + "\n" + "-" * len(head))
+    summary = {}
+    for run, runs in results.items():
+        walls = sorted(r["wall"] for r in runs)
+        wall, peak = statistics.median(walls), max(r["peak"] for r in runs)
+        cpu = statistics.median(r["cpu"] for r in runs)
+        summary[run] = (wall, peak)
+        spread = f"{wall:6.1f} ({walls[0]:.1f}-{walls[-1]:.1f}, n={len(walls)})"
+        print(f"{run:>18} | {spread:>24} | {cpu:6.1f} | {peak / gib:12.2f} | {runs[0]['written'] / 1e9:.2f}")
+    print(
+        "page cache of the shards at each start: "
+        + ", ".join(sorted({r["cached"] for rs in results.values() for r in rs}))
+    )
+    floor, naive = summary["floor"], summary["in-memory"]
+    for run in ("streaming", "streaming+cluster"):
+        time_ratio, memory_ratio = summary[run][0] / floor[0], summary[run][1] / naive[1]
+        print(
+            f"{run}: wall {time_ratio:.2f}x the floor (goal <= {TIME_GOAL}x: "
+            f"{'met' if time_ratio <= TIME_GOAL else 'missed'}); peak RSS {memory_ratio:.3f} of in-memory "
+            f"= 1/{1 / memory_ratio:.1f} (goal <= 1/8: {'met' if memory_ratio <= MEMORY_GOAL else 'missed'})"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gb", type=float, default=4.8, help="checkpoint size (at least 4)")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to write (needs ~3x --gb free)")
+    parser.add_argument("--keep", default="1/4")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds of the cheap runs (in-memory runs once)"
+    )
+    parser.add_argument("--child", nargs=5, metavar=("RUN", "SOURCE", "OUT", "SELECTION", "KEEP"))
+    args = parser.parse_args()
+    if args.child:
+        run, source, out, selection, keep = args.child
+        child(run, Path(source), Path(out), Path(selection), keep)
+        return
+    work = Path(tempfile.mkdtemp(prefix="moescope-bench-", dir=args.dir))
+    try:
+        started = time.perf_counter()
+        source = work / "source"
+        model_bytes = write_checkpoint(source, args.gb)
+        took = time.perf_counter() - started
+        print(f"wrote {model_bytes / 1e9:.2f} GB in {took:.0f} s; load average {os.getloadavg()}")
+        make_selection(source, work / "selection.json", args.keep)
+        results: dict[str, list[dict[str, Any]]] = {run: [] for run in RUNS}
+        for round_ in range(args.repeats):  # interleaved, so the machine's other load hits all alike
+            for run in RUNS if round_ == 0 else RUNS[:-1]:
+                results[run].append(measure(run, source, work, work / "selection.json", args.keep))
+        report(results, model_bytes, shape_for(args.gb))
+        print(f"total {time.perf_counter() - started:.0f} s; load average now {os.getloadavg()}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

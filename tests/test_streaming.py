@@ -1,0 +1,378 @@
+"""Streaming export: the in-memory proxy tensor for tensor, from shards, in bounded memory."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from moescope.arch import adapt, spec_for
+from moescope.clustering import select_experts
+from moescope.embeddings import embed_experts
+from moescope.errors import MoescopeError
+from moescope.keep import parse_keep
+from moescope.loading import INDEX_FILE
+from moescope.provenance import config_hash
+from moescope.proxy import export_proxy
+from moescope.streaming import embed_checkpoint, export_streaming, needs_streaming
+from moescope.zoo import tiny
+
+# Mixtral's block_sparse_moe names, Qwen3's gate/up/down, DeepSeek-V3's correction bias, dense
+# first layer and grouped routing, GPT-OSS's transposed interleaved experts with biases, ERNIE's
+# [1, E] bias, MiniMax-M2's bias on the block, Granite's legacy fused names.
+ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "ernie4_5_moe", "minimax_m2", "granitemoe")
+LAYOUTS = ("per-expert", "fused")
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory):
+    """``make(arch, layout)``: a tiny checkpoint saved in ~40 KB shards (with an index)."""
+    cache: dict[tuple[str, str], Path] = {}
+
+    def make(arch: str, layout: str = "per-expert") -> Path:
+        if (arch, layout) not in cache:
+            path = tmp_path_factory.mktemp(f"{arch}-{layout}")
+            tiny(arch).save_pretrained(
+                path, save_original_format=layout == "per-expert", max_shard_size="40KB"
+            )
+            cache[arch, layout] = path
+        return cache[arch, layout]
+
+    return make
+
+
+def _half(source: Path) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        moe = adapt(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source)))
+    rule = moe.rule
+    return parse_keep(0.5, moe.num_experts, moe.top_k, rule.n_group, topk_group=rule.topk_group)
+
+
+def _state(path: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path).state_dict()  # stock transformers, no moescope
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    sa, sb = _state(a), _state(b)
+    assert sa.keys() == sb.keys()
+    for key, value in sa.items():
+        assert value.dtype == sb[key].dtype and torch.equal(value, sb[key]), key
+
+
+def _stored(path: Path) -> dict[str, str]:
+    """Key → shard file of every tensor in a checkpoint directory."""
+    where = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            where.update(dict.fromkeys(handle.keys(), file.name))
+    return where
+
+
+def _assert_index_is_right(path: Path) -> None:
+    index = json.loads((path / INDEX_FILE).read_text())
+    assert index["weight_map"] == _stored(path)
+    tensors = [t for file in set(index["weight_map"].values()) for t in load_file(path / file).values()]
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in tensors)
+    assert index["metadata"]["total_parameters"] == sum(t.numel() for t in tensors)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_streaming_writes_the_in_memory_proxy(arch: str, layout: str, sharded, tmp_path: Path) -> None:
+    source = sharded(arch, layout)
+    keep = _half(source)
+    memory = export_proxy(
+        source, tmp_path / "mem", keep=keep, method="random", seed=3, streaming=False, progress=False
+    )
+    streamed = export_streaming(
+        source, tmp_path / "str", keep=keep, method="random", seed=3, progress=False, max_shard_size="30KB"
+    )
+    assert streamed.selection == memory.selection
+    _assert_same_weights(memory.path, streamed.path)
+    _assert_index_is_right(streamed.path)
+
+    keys = _stored(streamed.path)
+    per_expert = [key for key in keys if re.search(r"\.experts\.\d+\.", key)]
+    assert bool(per_expert) == (layout == "per-expert" and arch not in ("gpt_oss", "granitemoe"))
+    assert {int(re.search(r"\.experts\.(\d+)\.", k).group(1)) for k in per_expert} <= set(range(keep))
+    for entry in ("source", "proxy"):
+        assert streamed.manifest[entry]["config_hash"] == memory.manifest[entry]["config_hash"]
+    written = json.loads((streamed.path / "config.json").read_text())
+    assert written == {**json.loads((source / "config.json").read_text()), _count_key(source): keep}
+    with safe_open(str(next(streamed.path.glob("*.safetensors"))), "pt") as handle:
+        assert handle.metadata() == {"format": "pt"}
+
+
+def _count_key(source: Path) -> str:
+    return spec_for(json.loads((source / "config.json").read_text())["model_type"]).count_key
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "gpt_oss"])
+def test_weight_embeddings_from_shards_equal_the_loaded_models(
+    arch: str, layout: str, sharded, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    source = sharded(arch, layout)
+    loaded = embed_experts(AutoModelForCausalLM.from_pretrained(source), "weights", seed=5, progress=False)
+    streamed = embed_checkpoint(source, seed=5, progress=False)
+    assert streamed.layers == loaded.layers and streamed.config_hash == loaded.config_hash
+    np.testing.assert_array_equal(streamed.vectors, loaded.vectors)
+
+    keep = _half(source)
+    result = export_streaming(source, tmp_path / "p", keep=keep, seed=5, progress=False)
+    np.testing.assert_array_equal(result.embeddings.vectors, loaded.vectors)  # computed in the same pass
+    assert result.selection == select_experts(loaded, keep, method="cluster", seed=5)
+    assert result.manifest["view"] == "weights" and result.manifest["method"] == "cluster"
+    memory = export_proxy(source, tmp_path / "m", selection=result.selection, streaming=False, progress=False)
+    _assert_same_weights(memory.path, result.path)
+
+
+def test_a_single_file_source_and_a_selection_file(tiny_checkpoint, tmp_path: Path) -> None:
+    source = tiny_checkpoint("qwen3_moe")
+    assert not (source / INDEX_FILE).exists()
+    selection = select_experts(tiny("qwen3_moe"), 4, method="random", seed=7)
+    selection.save(tmp_path / "selection.json")
+    result = export_streaming(source, tmp_path / "p", selection=tmp_path / "selection.json", progress=False)
+    assert sorted(p.name for p in result.path.glob("*.safetensors")) == ["model.safetensors"]
+    assert not (result.path / INDEX_FILE).exists() and result.embeddings is None
+    memory = export_proxy(source, tmp_path / "m", selection=selection, streaming=False, progress=False)
+    _assert_same_weights(memory.path, result.path)
+
+
+def test_experts_interleaved_across_shards_are_clustered_one_layer_at_a_time(sharded, tmp_path: Path) -> None:
+    """Even experts of every layer in one shard, odd ones in the next: layers interleave."""
+    source = tmp_path / "parity"
+    shutil.copytree(sharded("mixtral"), source)
+    state = {}
+    for file in source.glob("*.safetensors"):
+        state.update(load_file(file))
+        file.unlink()
+    expert = re.compile(r"\.experts\.(\d+)\.")
+    shards = {"even": {}, "odd": {}, "rest": {}}
+    for key, value in state.items():
+        found = expert.search(key)
+        shards["rest" if not found else ("odd" if int(found.group(1)) % 2 else "even")][key] = value
+    names = {part: f"model-0000{i}-of-00003.safetensors" for i, part in enumerate(shards, 1)}
+    for part, tensors in shards.items():
+        save_file(tensors, source / names[part], metadata={"format": "pt"})
+    weight_map = {key: names[part] for part, tensors in shards.items() for key in tensors}
+    (source / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+    result = export_streaming(source, tmp_path / "p", keep=4, progress=False)
+    memory = export_proxy(source, tmp_path / "m", selection=result.selection, streaming=False, progress=False)
+    _assert_same_weights(memory.path, result.path)
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def _copy(source: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(source, tmp_path / "src"))
+
+
+def _truncate(path: Path) -> None:
+    shard = sorted(path.glob("*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[:-10])
+
+
+def _contradict_shape(path: Path) -> None:
+    config = json.loads((path / "config.json").read_text())
+    config["intermediate_size"] *= 2
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def _contradict_dtype(path: Path) -> None:
+    config = json.loads((path / "config.json").read_text())
+    config["dtype"] = "bfloat16"
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def _index_names_missing_file(path: Path) -> None:
+    index = json.loads((path / INDEX_FILE).read_text())
+    index["weight_map"]["lm_head.weight"] = "model-00099-of-00099.safetensors"
+    (path / INDEX_FILE).write_text(json.dumps(index))
+
+
+def _index_names_wrong_file(path: Path) -> None:
+    index = json.loads((path / INDEX_FILE).read_text())
+    files = sorted(set(index["weight_map"].values()))
+    key = next(k for k, f in index["weight_map"].items() if f != files[0])
+    index["weight_map"][key] = files[0]
+    (path / INDEX_FILE).write_text(json.dumps(index))
+
+
+def _drop_an_expert(path: Path) -> None:
+    index = json.loads((path / INDEX_FILE).read_text())
+    key = "model.layers.1.block_sparse_moe.experts.5.w3.weight"
+    shard = path / index["weight_map"].pop(key)
+    tensors = load_file(shard)
+    del tensors[key]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    (path / INDEX_FILE).write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (_truncate, "is corrupted or truncated"),
+        (_contradict_shape, "but config.json implies"),
+        (_contradict_dtype, "but config.json says the weights are torch.bfloat16"),
+        (_index_names_missing_file, "which is missing"),
+        (_index_names_wrong_file, "which does not hold it"),
+        (_drop_an_expert, "experts.5.w3.weight is missing from the checkpoint"),
+    ],
+)
+def test_a_damaged_checkpoint_is_refused_in_one_sentence(damage, says: str, sharded, tmp_path: Path) -> None:
+    source = _copy(sharded("mixtral"), tmp_path)
+    damage(source)
+    with pytest.raises(MoescopeError, match=re.escape(says)) as err:
+        export_streaming(source, tmp_path / "out", keep=4, method="random", progress=False)
+    _assert_one_sentence(str(err.value))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"], "nothing may be left at the output"
+
+
+def _assert_one_sentence(message: str) -> None:
+    assert "\n" not in message and message.endswith(".") and len(message) < 400, message
+
+
+def test_bad_requests_are_refused_before_anything_is_written(sharded, tmp_path: Path) -> None:
+    source = sharded("mixtral")
+    other = select_experts(tiny("qwen3_moe"), 4, method="random")
+    cases = [
+        (dict(selection=other), "config hash"),
+        (dict(keep=4, method="frequency"), "calibration pass"),
+        (dict(keep=1, method="random"), "top-k"),
+        (dict(), "say how many experts to keep"),
+    ]
+    for kwargs, says in cases:
+        with pytest.raises(MoescopeError, match=re.escape(says)) as err:
+            export_streaming(source, tmp_path / "out", progress=False, **kwargs)
+        _assert_one_sentence(str(err.value))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "precious.txt").write_text("keep me")
+    with pytest.raises(MoescopeError, match="--overwrite"):
+        export_streaming(source, tmp_path / "out", keep=4, method="random", progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert (tmp_path / "out" / "precious.txt").read_text() == "keep me"
+    result = export_streaming(
+        source, tmp_path / "out", keep=4, method="random", overwrite=True, progress=False
+    )
+    assert not (result.path / "precious.txt").exists() and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+# --- choosing to stream --------------------------------------------------------------------------
+
+
+def test_export_streams_when_the_model_would_not_fit(sharded, tmp_path: Path, monkeypatch) -> None:
+    from transformers import AutoConfig
+
+    import moescope.streaming as streaming
+
+    source = sharded("qwen3_moe")
+    weights = sum(f.stat().st_size for f in source.glob("*.safetensors"))
+    monkeypatch.setattr(streaming, "available_memory", lambda: int(weights * 1.6))
+    assert not needs_streaming(source, keep="1/2")  # model + half-size proxy: 1.5x the weights
+    assert needs_streaming(source, keep=8)  # keep all: 2x
+    assert needs_streaming(source)  # keep unknown: assume the proxy could be as large as the model
+    monkeypatch.setattr(streaming, "available_memory", lambda: 1)
+    result = export_proxy(source, tmp_path / "p", keep=4, progress=False)  # streaming=None: automatic
+    assert result.manifest["view"] == "weights" and result.embeddings is not None
+    written = AutoConfig.from_pretrained(result.path)
+    assert written.num_local_experts == 4
+    assert config_hash(written) == result.manifest["proxy"]["config_hash"]
+
+
+# --- memory --------------------------------------------------------------------------------------
+
+_MEASURE = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from moescope.streaming import export_streaming, open_checkpoint
+
+    def status(field):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+
+    source, out = sys.argv[1:]
+    open_checkpoint(source)  # imports and first-use costs, outside the measurement
+    peaks = {}
+    for method in ("random", "cluster"):
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # restart the peak (VmHWM) from here
+        except OSError:
+            break
+        before = status("VmRSS:")
+        export_streaming(source, f"{out}-{method}", keep=4, method=method, progress=False)
+        peaks[method] = status("VmHWM:") - before
+    print(json.dumps(peaks))
+    """
+)
+
+
+def _random_checkpoint(path: Path, arch: str, **shape) -> None:
+    """A checkpoint of random weights, written without the slow initialisation of a real model."""
+    from transformers import AutoModelForCausalLM
+
+    from moescope.zoo import tiny_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(tiny_config(arch, **shape))
+    model.to_empty(device="cpu")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.is_floating_point():
+                tensor.normal_(0.0, 0.02, generator=generator)
+    model.save_pretrained(path, max_shard_size="100MB")
+
+
+@pytest.mark.slow
+def test_peak_memory_is_one_layer_of_experts_not_the_model(tmp_path: Path) -> None:
+    """Peak resident memory of real exports in a fresh process, on a checkpoint of 16 layers
+    whose experts are 97% of the weights: a copy buffer, plus one layer's experts when clustering."""
+    from moescope._shards import COPY_CHUNK
+
+    source = tmp_path / "src"
+    _random_checkpoint(
+        source,
+        "qwen3_moe",
+        hidden_size=256,
+        moe_intermediate_size=512,
+        num_hidden_layers=16,
+        num_local_experts=16,
+    )
+    model_bytes = sum(f.stat().st_size for f in source.glob("*.safetensors"))
+    layer_bytes = 16 * 3 * 256 * 512 * 4
+    assert model_bytes > 15 * layer_bytes
+    run = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(source), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    peaks = json.loads(run.stdout.strip().splitlines()[-1])
+    if not peaks:
+        pytest.skip("this kernel does not let a process reset its peak RSS (/proc/self/clear_refs)")
+    slack = 32 << 20  # the interpreter's own allocations while it works
+    assert peaks["random"] < COPY_CHUNK + slack, peaks
+    assert peaks["cluster"] < layer_bytes + COPY_CHUNK + slack, peaks
+    assert peaks["cluster"] < model_bytes / 5, peaks
