@@ -48,6 +48,10 @@ _LAZY = {
     "ExpertMap": "moescope.widgets",
     "RoutingHistogram": "moescope.widgets",
     "setup_notebook": "moescope._notebook",
+    "replay": "moescope.replay",
+    "ReplayConfig": "moescope.replay",
+    "read_trace": "moescope.traces",
+    "Trace": "moescope.traces",
 }
 
 __all__ = ["MoescopeError", "__version__", *sorted(_LAZY)]

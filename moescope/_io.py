@@ -8,12 +8,14 @@ half-written one. An existing output is replaced only when the caller says so.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import secrets
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from moescope.errors import MoescopeError
 
@@ -124,3 +126,16 @@ def remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+def read_json_object(path: Path, fix: str) -> dict[str, Any]:
+    """A JSON file that must hold one object; anything else is one sentence ending in ``fix``."""
+    if not path.is_file():
+        raise MoescopeError(f"{path} does not exist; {fix}.")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MoescopeError(f"{path} is not valid JSON ({exc}); {fix}.") from None
+    if not isinstance(data, dict):
+        raise MoescopeError(f"{path} holds a JSON {type(data).__name__}, not an object; {fix}.")
+    return data

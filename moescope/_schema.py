@@ -36,6 +36,7 @@ ROUTER_ENTROPY = "moe/router_entropy"
 EXPERT_LOAD = "moe/expert_load"  # [layer][expert] token shares
 TOKEN_ENTROPY = "actor/token_entropy"  # per-position-bucket summary and histogram
 GRAD_NORM_GROUP = "actor/grad_norm/"  # prefix: actor/grad_norm/<group>
+FIRST_NONFINITE_MODULE = "health/first_nonfinite_module"  # first module whose output went NaN/Inf
 
 CANONICAL_METRICS = (
     ACTOR_LOSS,

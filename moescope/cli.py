@@ -98,6 +98,60 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from moescope.replay import replay
+    from moescope.replay.config import ReplayConfig
+
+    if args.out.exists() and not (args.resume or args.overwrite):
+        raise MoescopeError(f"{args.out} exists; pass --resume to continue it or --overwrite to replace it.")
+    options = _read_replay_config(args.config) if args.config else {}
+    flags = {
+        "steps": args.steps,
+        "seed": args.seed,
+        "algo": args.algo,
+        "pivot": args.pivot or None,
+        "precision": args.precision,
+        "rollout_precision": args.rollout_precision,
+        "prompts": str(args.prompts) if args.prompts else None,
+        "reward": args.reward,
+        "group_size": args.group_size,
+        "prompts_per_step": args.prompts_per_step,
+        "lr": args.lr,
+        "kl_beta": args.kl_beta,
+        "loop_times": args.loop_times,
+        "faults": tuple(args.fault) if args.fault else None,
+    }
+    if args.entropy_floor is not None:
+        flags["token_entropy_flow_control"], flags["min_entropy_floor"] = True, args.entropy_floor
+    options.update({k: v for k, v in flags.items() if v is not None})
+    config = ReplayConfig.from_dict(options)
+    trace = replay(
+        args.model,
+        config,
+        out=args.out,
+        resume=args.resume,
+        checkpoint_every=args.checkpoint_every,
+        progress=sys.stderr.isatty(),
+    )
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
+        return 0
+    last = trace.steps[-1] if trace.steps else {}
+    skipped = sum(int(s.get("optim/skipped", 0)) for s in trace.steps)
+    bad = sum(1 for s in trace.steps if s.get("health/nonfinite"))
+    print(
+        f"trace: {args.out} ({len(trace.steps)} steps; "
+        f"last reward {last.get('reward/mean', float('nan')):.3f}, "
+        f"{skipped} skipped updates, {bad} steps with non-finite values)"
+    )
+    return 0
+
+
+def _read_replay_config(path: Path) -> dict:
+    from moescope._io import read_json_object
+
+    return read_json_object(path, 'pass a JSON object of ReplayConfig fields, e.g. {"steps": 10}')
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from moescope.report import run_report
 
@@ -186,6 +240,39 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--heal-lr", type=float, default=1e-3, metavar="LR", help="healing learning rate")
     export.add_argument("--no-fidelity", action="store_true", help="skip fidelity and the validity checklist")
     export.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
+
+    rp = add("replay", cmd_replay, "replay short RL post-training (GRPO/GEPO) with faults; write a trace")
+    rp.add_argument("model", metavar="MODEL", help=model_help)
+    rp.add_argument("--out", type=Path, required=True, metavar="TRACE", help="trace file (JSON Lines)")
+    rp.add_argument("--steps", type=int, metavar="N", help="RL steps (default 20)")
+    rp.add_argument("--algo", choices=("grpo", "gepo"), help="advantages (default grpo)")
+    rp.add_argument("--pivot", action="store_true", help="PivotRL: learn from pivots of reference answers")
+    rp.add_argument(
+        "--entropy-floor", type=float, metavar="X", help="OPEFO entropy flow control with floor X"
+    )
+    rp.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="training precision (default fp32)")
+    rp.add_argument("--rollout-precision", choices=("fp32", "bf16", "fp16"), help="rollout engine precision")
+    rp.add_argument(
+        "--fault", action="append", metavar="NAME[@STEP][:ARG]", help="inject a fault (repeatable; see docs)"
+    )
+    rp.add_argument(
+        "--prompts", type=Path, metavar="FILE", help='.jsonl of {"prompt", "answer"} (default: toy tasks)'
+    )
+    rp.add_argument("--reward", choices=("exact", "numeric", "regex"), help="reward function (default exact)")
+    rp.add_argument("--group-size", type=int, metavar="G", help="samples per prompt (default 8)")
+    rp.add_argument("--prompts-per-step", type=int, metavar="P", help="prompts per step (default 8)")
+    rp.add_argument("--lr", type=float, help="learning rate (default 1e-5)")
+    rp.add_argument("--kl-beta", type=float, metavar="B", help="KL-to-reference weight (default 0.01)")
+    rp.add_argument(
+        "--loop-times", type=int, metavar="N", help="apply the decoder stack N times (looped MoE)"
+    )
+    rp.add_argument(
+        "--config", type=Path, metavar="JSON", help="ReplayConfig fields as JSON (flags override)"
+    )
+    rp.add_argument("--seed", type=int, help="seed (default 0)")
+    rp.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps")
+    rp.add_argument("--resume", action="store_true", help="continue --out from its last checkpoint")
+    rp.add_argument("--overwrite", action="store_true", help="replace an existing trace")
 
     report = add("report", cmd_report, "run the notebooks with papermill; write notebooks + offline HTML")
     report.add_argument("--model", default="toy", metavar="MODEL", help=model_help + " (default: toy)")

@@ -53,6 +53,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moescope._io import read_json_object
 from moescope._param_formulas import analytic_params, entry_from_config, field_of
 from moescope.errors import MoescopeError
 
@@ -261,12 +262,7 @@ def _not_a_config(what: str) -> MoescopeError:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MoescopeError(f"{path} is not valid JSON ({exc}); pass a model's config.json.") from None
-    if not isinstance(data, dict):
-        raise MoescopeError(f"{path} holds a JSON {type(data).__name__}, not a config; pass a config.json.")
+    data = read_json_object(path, "pass a model's config.json")
     if "models" in data and "model_type" not in data:
         raise MoescopeError(
             f"{path} lists several models; pass one model's config.json, or --reference for moescope's list."

@@ -48,6 +48,7 @@ from moescope.arch import MoEModel, adapt
 from moescope.clustering import Selection, select_experts
 from moescope.errors import MoescopeError
 from moescope.keep import parse_keep
+from moescope.looping import loop_times_of
 from moescope.provenance import config_hash, library_versions
 from moescope.routers import RoutingRule
 
@@ -410,6 +411,7 @@ def make_manifest(
         "keep": selection.keep,
         "keep_ratio": selection.keep_ratio,
         "seed": selection.seed,
+        "loop_times": loop_times_of(model.config),
         "layers": [
             {"layer": entry.layer, "kept": list(entry.kept), "labels": list(entry.labels)}
             for entry in selection.layers

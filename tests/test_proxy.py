@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_process import moescope_process
 
 from moescope.arch import ARCHITECTURES, adapt
 from moescope.clustering import select_experts
@@ -167,23 +168,11 @@ def test_bad_input_writes_nothing(tmp_path: Path, tiny_checkpoint) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
 
 
-def _moescope(*args: str, **kwargs):
-    import os
-    import subprocess
-    import sys
-
-    script = Path(sys.executable).with_name("moescope")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen(
-        [str(script), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
-    )
-
-
 @pytest.mark.slow
 def test_cli_export_reloads_and_bad_input_exits_2(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    run = _moescope(
+    run = moescope_process(
         "export",
         "toy",
         "--keep",
@@ -202,10 +191,10 @@ def test_cli_export_reloads_and_bad_input_exits_2(tmp_path: Path) -> None:
     tok = AutoTokenizer.from_pretrained(tmp_path / "proxy")
     answer = model.generate(**tok("12+34=", return_tensors="pt"), max_new_tokens=4, do_sample=False)
     assert answer.shape[1] > 7
-    again = _moescope("export", "toy", "--keep", "1/4", "--out", str(tmp_path / "proxy"))
+    again = moescope_process("export", "toy", "--keep", "1/4", "--out", str(tmp_path / "proxy"))
     _, err = again.communicate(timeout=300)
     assert again.returncode == 2 and "--overwrite" in err and "Traceback" not in err
-    too_few = _moescope("export", "toy", "--keep", "1", "--out", str(tmp_path / "p1"))
+    too_few = moescope_process("export", "toy", "--keep", "1", "--out", str(tmp_path / "p1"))
     _, err = too_few.communicate(timeout=300)
     assert too_few.returncode == 2 and "top-k" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "p1").exists()
@@ -219,7 +208,7 @@ def test_an_export_killed_midway_leaves_nothing_at_the_output_path(tmp_path: Pat
     import time
 
     out = tmp_path / "proxy"
-    run = _moescope(
+    run = moescope_process(
         "export", "toy", "--keep", "1/4", "--method", "random", "--no-fidelity", "--out", str(out)
     )
     deadline = time.monotonic() + 240
@@ -230,7 +219,7 @@ def test_an_export_killed_midway_leaves_nothing_at_the_output_path(tmp_path: Pat
     run.wait(timeout=60)
     assert not out.exists()
     assert list(tmp_path.glob(".proxy.partial-*")), "the killed run's work directory is the evidence"
-    finish = _moescope(
+    finish = moescope_process(
         "export", "toy", "--keep", "1/4", "--method", "random", "--no-fidelity", "--out", str(out)
     )
     _, err = finish.communicate(timeout=300)

@@ -1,0 +1,77 @@
+"""Data parallelism for a replay: one process, or ``torchrun`` with gloo (CPU) / NCCL (GPU).
+
+Each RL step's groups are split across ranks; gradients are summed with ``all_reduce`` (the
+loss is already normalised by the global token count, so the sum is the single-process
+gradient), and every metric is reduced as sums and counts, so rank 0 writes the trace of the
+whole global batch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+
+class Comm:
+    """Rank, world size and the few collectives a replay needs (no-ops in one process)."""
+
+    def __init__(self) -> None:
+        self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.rank = dist.get_rank() if self.world > 1 else 0
+
+    @classmethod
+    def from_env(cls) -> Comm:
+        """Join the process group ``torchrun`` describes in the environment, if any."""
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend)
+        return cls()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mine(self, items: list) -> list:
+        """This rank's share of ``items`` (round robin, so shares differ by at most one)."""
+        return items[self.rank :: self.world]
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def max_(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor
+
+    def sum_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Sum gradients over ranks (one flat buffer, one collective)."""
+        if self.world == 1:
+            return
+        params = [p for p in params if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+            offset += n
+
+    def first_text(self, text: str | None) -> str | None:
+        """The first non-empty value over ranks, in rank order."""
+        if self.world == 1:
+            return text
+        values: list[str | None] = [None] * self.world
+        dist.all_gather_object(values, text)
+        return next((v for v in values if v), None)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()

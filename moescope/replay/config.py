@@ -1,0 +1,205 @@
+"""``ReplayConfig``: every knob of a replay in one dataclass, saved whole in the trace header.
+
+Defaults follow the deployment guide where it gives one (``difficulty_threshold=0.6``,
+``min_entropy_floor=0.3``, ``sample_steps=50``, ``variance_threshold=0.15``,
+``max_grad_norm=1.0``) and common GRPO practice elsewhere. ``digest()`` identifies a config for
+``--resume``: a checkpoint written under one config never continues under another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+from moescope.errors import MoescopeError
+
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS = ("fp32", "bf16", "fp16")
+ALGOS = ("grpo", "gepo")
+REWARDS = ("exact", "numeric", "regex")
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """A short RL post-training run, the same on an original model and its proxies.
+
+    Data and rewards
+        ``prompts``: ``"toy"`` (the task suite) or a ``.jsonl`` path of ``{"prompt", "answer"}``
+        lines; ``tasks`` limits the toy families; ``reward``: ``exact`` (stripped completion equals
+        the answer), ``numeric`` (first number equals the answer's), ``regex`` (the answer is a
+        pattern the completion must fully match).
+    Rollout
+        ``prompts_per_step`` prompts, ``group_size`` samples each (G), ``temperature``, ``top_p``,
+        ``max_new_tokens`` (``None``: the longest answer of the toy tasks + 1, else 32).
+    Objective
+        PPO-clip with ``clip_low`` / ``clip_high``; ``kl_beta`` times the k3 estimate of KL to the
+        frozen reference (``ref_model_path``, default the policy at step 0); router
+        load-balancing (``aux_loss_coef``) and z-loss (``z_loss_coef``); ``minibatches`` optimizer
+        steps per RL step over the rollout batch (at most one per prompt).
+    Optimiser
+        AdamW (``lr``, ``weight_decay``, ``betas``), ``lr_schedule`` with ``warmup_steps``,
+        gradient clipping at ``max_grad_norm``; a step whose gradient norm is not finite is
+        skipped and recorded (``skip_nonfinite``), as verl and Megatron do.
+    Mechanisms
+        ``algo="gepo"`` (or ``use_gepo``) with ``difficulty_threshold``; PivotRL (``pivot``,
+        ``sample_steps``, ``variance_threshold``, ``pivot_keep``); OPEFO
+        (``token_entropy_flow_control``, ``min_entropy_floor``, ``entropy_coef_max``,
+        ``low_entropy_damping``).
+    Precision
+        ``precision`` for training, ``rollout_precision`` for the rollout engine (``None``: the
+        same); fp16 uses dynamic loss scaling from ``initial_loss_scale``.
+    Faults
+        ``faults``: ``NAME[@STEP][:ARG]`` strings (see :mod:`moescope.replay.faults`).
+    Instruments
+        ``instruments=False`` drops per-layer routing, per-group gradient norms, the non-finite
+        watch and token-entropy summaries (the bare step the bench compares against).
+    Looped MoE
+        ``loop_times``: apply the decoder stack this many times with shared weights (``None``:
+        the model's own ``loop_times`` config field, else 1).
+    """
+
+    steps: int = 20
+    seed: int = 0
+    # data and rewards
+    prompts: str = "toy"
+    tasks: tuple[str, ...] | None = None
+    reward: str = "exact"
+    # rollout
+    prompts_per_step: int = 8
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int | None = None
+    # objective
+    algo: str = "grpo"
+    use_gepo: bool = False
+    difficulty_threshold: float = 0.6
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_beta: float = 0.01
+    ref_model_path: str | None = None
+    aux_loss_coef: float = 0.0
+    z_loss_coef: float = 0.0
+    minibatches: int = 2
+    # optimiser
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    skip_nonfinite: bool = True
+    # PivotRL
+    pivot: bool = False
+    sample_steps: int = 50
+    variance_threshold: float = 0.15
+    pivot_keep: int | None = None
+    # OPEFO
+    token_entropy_flow_control: bool = False
+    min_entropy_floor: float = 0.3
+    entropy_coef_max: float = 0.1
+    low_entropy_damping: float = 0.5
+    # precision
+    precision: str = "fp32"
+    rollout_precision: str | None = None
+    initial_loss_scale: float = 2.0**16
+    # faults and looping
+    faults: tuple[str, ...] = field(default_factory=tuple)
+    loop_times: int | None = None
+    # instrumentation (off only to measure its cost: bench/replay.py)
+    instruments: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+    @property
+    def gepo(self) -> bool:
+        """True when GEPO advantages are on (``algo="gepo"`` or ``use_gepo``)."""
+        return self.use_gepo or self.algo == "gepo"
+
+    @property
+    def rollout_dtype_name(self) -> str:
+        return self.rollout_precision or self.precision
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tasks"] = list(self.tasks) if self.tasks is not None else None
+        d["betas"], d["faults"] = list(self.betas), list(self.faults)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ReplayConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise MoescopeError(
+                f"Unknown replay config field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}."
+            )
+        d = dict(d)
+        for key in ("tasks", "betas", "faults"):
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
+        try:
+            return cls(**d)
+        except TypeError as err:  # a string where a number belongs, and the like
+            raise MoescopeError(
+                f"Replay config has a field of the wrong type ({err}); see ReplayConfig's fields."
+            ) from None
+
+    def digest(self) -> str:
+        """Short hash of the config (order-independent), to match a checkpoint to its run."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _check(c: ReplayConfig) -> None:
+    """One sentence per impossible setting, naming the fix."""
+    problems = []
+    if c.steps < 1:
+        problems.append(f"steps must be at least 1, not {c.steps}")
+    if c.prompts_per_step < 1:
+        problems.append(f"prompts_per_step must be at least 1, not {c.prompts_per_step}")
+    if c.group_size < 2:
+        problems.append(
+            f"group_size {c.group_size} leaves GRPO no group to normalise against (its advantages "
+            "would all be 0); use group_size >= 2"
+        )
+    if c.algo not in ALGOS:
+        problems.append(f"algo {c.algo!r} is not one of {', '.join(ALGOS)}")
+    if c.precision not in PRECISIONS:
+        problems.append(f"precision {c.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if c.rollout_precision is not None and c.rollout_precision not in PRECISIONS:
+        problems.append(f"rollout_precision {c.rollout_precision!r} is not one of {', '.join(PRECISIONS)}")
+    if isinstance(c.reward, str) and c.reward not in REWARDS:
+        problems.append(f"reward {c.reward!r} is not one of {', '.join(REWARDS)}")
+    if c.lr_schedule not in SCHEDULES:
+        problems.append(f"lr_schedule {c.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if not 0 <= c.clip_low < 1 or c.clip_high < 0:
+        problems.append(
+            f"clip range ({c.clip_low}, {c.clip_high}) must satisfy 0 <= clip_low < 1 and clip_high >= 0"
+        )
+    if not 0 < c.difficulty_threshold < 1:
+        problems.append(f"difficulty_threshold must lie in (0, 1), not {c.difficulty_threshold}")
+    if c.minibatches < 1:
+        problems.append(f"minibatches must be at least 1, not {c.minibatches}")
+    if c.max_grad_norm <= 0:
+        problems.append(
+            f"max_grad_norm must be positive, not {c.max_grad_norm} "
+            "(the no_grad_clip fault disables clipping)"
+        )
+    if c.temperature <= 0:
+        problems.append(f"temperature must be positive, not {c.temperature}")
+    if not 0 < c.top_p <= 1:
+        problems.append(f"top_p must lie in (0, 1], not {c.top_p}")
+    if c.loop_times is not None and c.loop_times < 1:
+        problems.append(f"loop_times must be at least 1, not {c.loop_times}")
+    if c.sample_steps < 1:
+        problems.append(f"sample_steps must be at least 1, not {c.sample_steps}")
+    if problems:
+        raise MoescopeError("Invalid replay config: " + "; ".join(problems) + ".")
+    from moescope.replay.faults import check_faults  # faults are checked before any model loads
+
+    check_faults(c.faults, precision=c.precision, steps=c.steps)

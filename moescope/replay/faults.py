@@ -1,0 +1,178 @@
+"""Fault injection: ``NAME[@STEP][:ARG]``, composable, each with the signature it leaves.
+
+``@STEP`` is the first faulted step (default 5, or 0 for faults that model a setting rather than
+an event); *point* faults last that one step, *persistent* faults last to the end of the run.
+``ARG`` is the fault's one parameter (a factor, a module name, a precision).
+
+Each fault: kind and default ARG — what it simulates — the signature it leaves in the trace.
+
+``lr_spike`` (point, ×1000)
+    A scheduler or config bug multiplying the LR. ``optim/lr`` jumps; a grad-norm spike and a
+    KL jump follow.
+``fp16_overflow`` (point, ×2^24; needs fp16)
+    A loss spike under fp16: the loss scale becomes far too large. ``optim/skipped`` >= 1 and
+    ``optim/loss_scale`` halving step by step.
+``nan_op`` (point, ARG a module name; default the last MoE layer's experts)
+    An operator bug writing NaN into one module's output in the trainer's forward passes.
+    ``health/nonfinite`` at the step, ``health/first_nonfinite_module`` naming the module, the
+    step skipped.
+``router_precision`` (persistent, bf16)
+    The router scored in low precision (an engine or a kernel with a bf16 gate).
+    ``rollout/logprob_mismatch`` > 0 (absent from a clean fp32 run); routes flip near ties.
+``update_omission`` (persistent)
+    The actor update silently skipped. ``actor/update_applied`` = 0 while
+    ``actor/grad_norm`` > 0; the weights stay frozen.
+``rollout_logprob_precision`` (persistent, bf16)
+    Old log-probs taken from a lower-precision rollout engine. ``rollout/logprob_mismatch`` > 0;
+    the PPO ratio starts away from 1 (``actor/ppo_kl``).
+``reward_scale`` (persistent, ×100)
+    A reward function on another scale. ``reward/mean`` and ``reward/std`` jump by the factor;
+    GRPO advantages (and so the updates) are unchanged.
+``no_grad_clip`` (persistent)
+    Gradient clipping off. ``optim/clip_coef`` stays 1 while ``actor/grad_norm`` exceeds
+    ``max_grad_norm``.
+``aux_loss_off`` (persistent)
+    The router load-balancing loss dropped. ``moe/aux_loss`` = 0 from the step; load CV free
+    to grow.
+``entropy_control_off`` (persistent)
+    The OPEFO entropy floor not applied. ``opefo/active`` and ``opefo/entropy_coef`` = 0 from
+    the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from moescope.errors import MoescopeError
+
+DEFAULT_STEP = 5
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    name: str
+    persistent: bool
+    default_arg: Any
+    simulates: str
+    arg_type: type = float
+    default_step: int = DEFAULT_STEP
+
+
+KINDS: dict[str, FaultKind] = {
+    k.name: k
+    for k in (
+        FaultKind("lr_spike", False, 1000.0, "a learning-rate spike (LR × ARG for one step)"),
+        FaultKind("fp16_overflow", False, float(2**24), "a loss-scale blow-up under fp16 (scale × ARG)"),
+        FaultKind("nan_op", False, None, "NaN written into one module's output (ARG: module name)", str),
+        FaultKind(
+            "router_precision", True, "bf16", "router scoring in low precision (ARG: bf16|fp16)", str, 0
+        ),
+        FaultKind("update_omission", True, None, "the actor update silently skipped", str),
+        FaultKind(
+            "rollout_logprob_precision",
+            True,
+            "bf16",
+            "old log-probs from a low-precision rollout (ARG: bf16|fp16)",
+            str,
+            0,
+        ),
+        FaultKind("reward_scale", True, 100.0, "rewards multiplied by ARG"),
+        FaultKind("no_grad_clip", True, None, "gradient clipping off", str, 0),
+        FaultKind("aux_loss_off", True, None, "router load-balancing loss off", str),
+        FaultKind("entropy_control_off", True, None, "the OPEFO entropy floor off", str),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    step: int
+    arg: Any
+
+    @property
+    def name(self) -> str:
+        return self.kind.name
+
+    def active(self, step: int) -> bool:
+        return step >= self.step if self.kind.persistent else step == self.step
+
+    def __str__(self) -> str:
+        arg = "" if self.arg is None else f":{self.arg}"
+        return f"{self.name}@{self.step}{arg}"
+
+
+def parse_fault(text: str) -> Fault:
+    """``NAME[@STEP][:ARG]`` → :class:`Fault`; an unknown name or bad field is one sentence."""
+    head, _, arg_text = text.partition(":")
+    name, _, step_text = head.partition("@")
+    name = name.strip()
+    if name not in KINDS:
+        raise MoescopeError(
+            f"Unknown fault {name!r}; choose from {', '.join(KINDS)} (syntax NAME[@STEP][:ARG])."
+        )
+    kind = KINDS[name]
+    try:
+        step = int(step_text) if step_text else kind.default_step
+    except ValueError:
+        raise MoescopeError(
+            f"Fault {text!r} has step {step_text!r}, not an integer; write {name}@STEP."
+        ) from None
+    if step < 0:
+        raise MoescopeError(f"Fault {text!r} has a negative step; steps count from 0.")
+    if not arg_text:
+        return Fault(kind, step, kind.default_arg)
+    if kind.default_arg is None and kind.name != "nan_op":
+        raise MoescopeError(f"Fault {name} takes no argument, got {arg_text!r}; write {name}[@STEP].")
+    try:
+        arg = kind.arg_type(arg_text)
+    except ValueError:
+        raise MoescopeError(f"Fault {text!r} has argument {arg_text!r}, not a number.") from None
+    if name in ("router_precision", "rollout_logprob_precision") and arg not in ("bf16", "fp16"):
+        raise MoescopeError(f"Fault {name} takes bf16 or fp16, not {arg!r}.")
+    return Fault(kind, step, arg)
+
+
+def parse_faults(texts: tuple[str, ...] | list[str]) -> list[Fault]:
+    faults = [parse_fault(t) for t in texts]
+    names = [f.name for f in faults]
+    dup = sorted({n for n in names if names.count(n) > 1 and KINDS[n].persistent})
+    if dup:
+        raise MoescopeError(f"Persistent fault(s) {', '.join(dup)} given twice; give each once.")
+    return faults
+
+
+def check_faults(texts: tuple[str, ...] | list[str], *, precision: str, steps: int) -> list[Fault]:
+    """Parse the faults of a run and check they fit it (precision, step range)."""
+    faults = parse_faults(texts)
+    for f in faults:
+        if f.name == "fp16_overflow" and precision != "fp16":
+            raise MoescopeError(
+                "Fault fp16_overflow needs fp16 training with loss scaling; add --precision fp16."
+            )
+        if f.step >= steps:
+            raise MoescopeError(
+                f"Fault {f} starts at step {f.step}, after the run's last step {steps - 1}; "
+                "use an earlier @STEP or more --steps."
+            )
+    return faults
+
+
+class FaultPlan:
+    """The faults of a run, queried per step by the trainer."""
+
+    def __init__(self, texts: tuple[str, ...] | list[str], *, precision: str, steps: int) -> None:
+        self.faults = check_faults(texts, precision=precision, steps=steps)
+
+    def get(self, name: str, step: int) -> Fault | None:
+        for f in self.faults:
+            if f.name == name and f.active(step):
+                return f
+        return None
+
+    def active_names(self, step: int) -> list[str]:
+        return [f.name for f in self.faults if f.active(step)]
+
+    def describe(self) -> list[str]:
+        return [str(f) for f in self.faults]

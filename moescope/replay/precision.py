@@ -1,0 +1,108 @@
+"""Training and rollout precision: fp32, bf16 autocast, fp16 autocast with dynamic loss scaling.
+
+Weights and optimizer states stay fp32 (the "master copy"); ``bf16`` and ``fp16`` run the forward
+under ``torch.autocast``, so matmuls happen in the low precision as on an accelerator. fp16 adds
+a :class:`torch.amp.GradScaler`: the loss is multiplied by the scale before backward, and a step
+whose gradients hold an Inf or NaN is skipped while the scale halves — both go into the trace
+(``optim/skipped``, ``optim/loss_scale``). The rollout engine has its own precision, so a
+rollout/training log-prob mismatch can be reproduced on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The forward context of ``precision`` on ``device`` (a no-op for fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[precision])
+
+
+class LossScaler:
+    """Dynamic loss scaling for fp16 (a thin wrapper over GradScaler); identity otherwise."""
+
+    def __init__(self, precision: str, device: torch.device, init_scale: float) -> None:
+        self.enabled = precision == "fp16"
+        self._scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, enabled=self.enabled)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return self._scaler.scale(loss)
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.enabled:
+            self._scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step unless the gradients overflowed; returns True when the step was skipped."""
+        if not self.enabled:
+            optimizer.step()
+            return False
+        before = self._scaler.get_scale()
+        self._scaler.step(optimizer)
+        self._scaler.update()
+        return self._scaler.get_scale() < before
+
+    @property
+    def value(self) -> float:
+        """The current loss scale (1.0 when scaling is off)."""
+        return float(self._scaler.get_scale()) if self.enabled else 1.0
+
+    def multiply(self, factor: float) -> None:
+        """Multiply the scale (the ``fp16_overflow`` fault's lever)."""
+        if self.enabled:
+            self._scaler.update(self._scaler.get_scale() * factor)
+
+    def state_dict(self) -> dict:
+        return self._scaler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.enabled and state:
+            self._scaler.load_state_dict(state)
+
+
+@contextlib.contextmanager
+def rounded_router(routers: list[tuple[torch.nn.Module, torch.Tensor]], precision: str) -> Iterator[None]:
+    """Compute router logits in ``precision``: inputs and weight rounded to it for each call.
+
+    ``routers`` pairs each router module with its weight. Simulates a router scored in bf16 /
+    fp16 by an inference engine or a fused kernel: the top-k choice flips wherever two experts'
+    scores are closer than the rounding error. The fp32 weight is restored bit for bit after
+    every call, so the optimizer keeps updating the master copy.
+    """
+    dtype = DTYPES[precision]
+    saved = []
+    for router, weight in routers:
+        original, own = router.forward, "forward" in router.__dict__
+
+        def low_precision(*args, _orig=original, _weight=weight, **kwargs):
+            master = _weight.data.clone()
+            _weight.data.copy_(master.to(dtype))
+            args = tuple(_round(a, dtype) for a in args)
+            try:
+                return _orig(*args, **kwargs)
+            finally:
+                _weight.data.copy_(master)
+
+        router.forward = low_precision
+        saved.append((router, original, own))
+    try:
+        yield
+    finally:
+        for router, original, own in saved:
+            if own:
+                router.forward = original
+            else:
+                del router.forward
+
+
+def _round(value: object, dtype: torch.dtype) -> object:
+    if torch.is_tensor(value) and value.is_floating_point():
+        return value.to(dtype).to(value.dtype)
+    return value

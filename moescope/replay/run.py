@@ -1,0 +1,176 @@
+"""``replay(model, config)``: run a replay end to end and return its trace.
+
+Loads the model (a checkpoint directory, ``"toy"``, or a model already in memory), the frozen
+reference, the prompt schedule and the reward; writes the trace header; runs the steps, flushing
+one line each; checkpoints every ``checkpoint_every`` steps; and with ``resume=True`` continues
+from the last checkpoint of the same config (its trace truncated to that step), so the finished
+trace equals an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moescope import __version__
+from moescope.errors import MoescopeError
+from moescope.loading import load_model, resolve_model
+from moescope.provenance import config_hash, library_versions
+from moescope.proxy import read_manifest
+from moescope.replay.checkpoint import checkpoint_dir, load_checkpoint, read_state, save_checkpoint
+from moescope.replay.comm import Comm
+from moescope.replay.config import ReplayConfig
+from moescope.replay.data import max_new_tokens, prompt_schedule
+from moescope.replay.rewards import RewardFn, reward_function
+from moescope.replay.trainer import Trainer, model_loop_times, prepare_models, reference_copy
+from moescope.traces import Trace, TraceWriter, read_trace
+
+
+def replay(
+    model: Any,
+    config: ReplayConfig | None = None,
+    *,
+    out: str | Path | None = None,
+    tokenizer: Any = None,
+    reward: str | RewardFn | None = None,
+    resume: bool = False,
+    checkpoint_every: int = 0,
+    progress: bool = False,
+) -> Trace:
+    """Replay a short RL post-training run on ``model`` and return the trace.
+
+    Parameters
+    ----------
+    model : ``"toy"``, a checkpoint directory (an original or an exported proxy), or a loaded
+        ``PreTrainedModel`` (then pass ``tokenizer``; it is trained in place).
+    config : the run; :class:`ReplayConfig` defaults when omitted.
+    out : the trace path (JSON Lines); a temporary file when omitted.
+    reward : overrides ``config.reward`` with a name or a function ``(example, completion) -> float``.
+    resume : continue from ``out``'s checkpoint (written with ``checkpoint_every``).
+    checkpoint_every : write a checkpoint every N steps (0: never).
+    """
+    config = config or ReplayConfig()
+    comm = Comm.from_env()
+    path = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="moescope-replay-")) / "trace.jsonl"
+    reward_fn = reward_function(reward if reward is not None else config.reward)
+    schedule = prompt_schedule(config)
+    if resume:
+        _check_resumable(path, config)  # before the (slow) model load
+    source, policy, reference, tokenizer = _load(model, config, tokenizer)
+    models = prepare_models(policy, reference, tokenizer, model_loop_times(config, policy.config))
+    trainer = Trainer(models, config, schedule, reward_fn, max_new_tokens(config, schedule), comm)
+    start = _resume_point(path, config, trainer) if resume else 0
+    if not resume and comm.is_main:
+        shutil.rmtree(checkpoint_dir(path), ignore_errors=True)  # a new run never resumes an old one
+    header = _header(source, policy, config, trainer, comm, reward_fn)
+    writer = (
+        TraceWriter(path, header, resume=resume and start > 0, resume_from=start) if comm.is_main else None
+    )
+    try:
+        for step in range(start, config.steps):
+            record = trainer.step(step)
+            if writer is not None:
+                writer.write_step(step, record)
+            if progress and comm.is_main:
+                _progress(step, config.steps, record)
+            if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < config.steps:
+                if comm.is_main:
+                    save_checkpoint(path, policy, trainer.optimizer, trainer.state(step + 1))
+                comm.barrier()
+    finally:
+        if writer is not None:
+            writer.close()
+    comm.barrier()
+    return read_trace(path)
+
+
+def _load(model: Any, config: ReplayConfig, tokenizer: Any) -> tuple[Path | None, Any, Any, Any]:
+    """(checkpoint path or None, policy, frozen reference or None, tokenizer)."""
+    if isinstance(model, torch.nn.Module):
+        reference = None
+        if config.kl_beta > 0:
+            reference = _load_reference(config) or reference_copy(model)
+        source = Path(model.name_or_path) if getattr(model, "name_or_path", "") else None
+        return source, model, reference, tokenizer
+    path = resolve_model(model)
+    policy, tok = load_model(path)
+    reference = None
+    if config.kl_beta > 0:
+        reference = _load_reference(config) or load_model(path, with_tokenizer=False)[0]
+    return path, policy, reference, tokenizer or tok
+
+
+def _load_reference(config: ReplayConfig) -> Any:
+    if config.ref_model_path is None:
+        return None
+    return load_model(config.ref_model_path, with_tokenizer=False)[0]
+
+
+def _check_resumable(path: Path, config: ReplayConfig) -> None:
+    """Refuse a trace or checkpoint written under another config."""
+    recorded = []
+    if path.exists():
+        with contextlib.suppress(MoescopeError):  # an unreadable trace is replaced, not compared
+            recorded.append(read_trace(path).header.get("config_digest"))
+    state = read_state(path)
+    if state is not None:
+        recorded.append(state.get("config_digest"))
+    if any(d is not None and d != config.digest() for d in recorded):
+        raise MoescopeError(
+            f"Cannot resume {path}: it was written with a different replay config; rerun with the same "
+            "options, or drop --resume to start a new trace."
+        )
+
+
+def _resume_point(path: Path, config: ReplayConfig, trainer: Trainer) -> int:
+    """The step to continue from (0 without a checkpoint), with the checkpoint's state loaded."""
+    state = read_state(path)
+    if state is None:
+        return 0
+    load_checkpoint(path, trainer.m.policy, trainer.optimizer)
+    trainer.load_state(state)
+    return int(state["next_step"])
+
+
+def _header(
+    source: Path | None, policy: Any, config: ReplayConfig, trainer: Trainer, comm: Comm, reward_fn: RewardFn
+) -> dict[str, Any]:
+    manifest = _manifest(source)
+    return {
+        "model": str(source) if source is not None else type(policy).__name__,
+        "model_type": policy.config.model_type,
+        "config_hash": config_hash(policy.config),
+        "proxy": manifest,
+        "replay_config": config.to_dict(),
+        "config_digest": config.digest(),
+        "seed": config.seed,
+        "faults": trainer.faults.describe(),
+        "reward_function": getattr(reward_fn, "__name__", repr(reward_fn)),
+        "loop_times": trainer.m.loop_times,
+        "world_size": comm.world,
+        "num_experts": trainer.m.moe.num_experts,
+        "moe_layers": [layer.index for layer in trainer.m.moe.layers],
+        "parameters": sum(p.numel() for p in trainer.params),
+        "moescope_version": __version__,
+        "versions": library_versions(),
+        "timing_keys": ["time/rollout_s", "time/update_s", "time/step_s"],
+    }
+
+
+def _manifest(source: Path | None) -> dict[str, Any] | None:
+    return read_manifest(source) if source is not None else None
+
+
+def _progress(step: int, steps: int, record: dict[str, Any]) -> None:
+    print(
+        f"step {step + 1}/{steps}  reward {record['reward/mean']:.3f}  loss {record['actor/loss']:.4g}  "
+        f"grad_norm {record['actor/grad_norm']:.3g}  entropy {record['actor/entropy']:.3f}",
+        file=sys.stderr,
+        flush=True,
+    )
