@@ -57,3 +57,16 @@ CANONICAL_METRICS = (
     DEAD_EXPERTS,
     ROUTER_ENTROPY,
 )
+
+# replay extras read by the diagnosis
+NO_SIGNAL_FRAC = "reward/no_signal_frac"  # share of groups whose rewards were all equal
+TRUNCATED_FRAC = "response/truncated_frac"  # share of responses that hit the token budget
+
+# further canonical keys that other frameworks' logs carry (moescope.readers maps onto them)
+PPO_KL = "actor/ppo_kl"  # KL between the behaviour and the updated policy (the PPO ratio's)
+VF_LOSS = "critic/vf_loss"
+CRITIC_GRAD_NORM = "critic/grad_norm"
+REWARD_MAX = "reward/max"
+REWARD_MIN = "reward/min"
+AUX_LOSS = "moe/aux_loss"  # router load-balancing loss, as the framework logs it
+Z_LOSS = "moe/z_loss"

@@ -1,18 +1,27 @@
-"""Charts of routing statistics, expert embeddings and selections: pure ``result → altair.Chart``.
+"""Charts of routing, expert embeddings, selections and replay traces: pure ``result → altair.Chart``.
 
 Every function reads results (:class:`~moescope.routing.RoutingStats`,
-:class:`~moescope.embeddings.ExpertEmbeddings`, :class:`~moescope.clustering.Selection`), never a
-model, and returns a chart of data already aggregated to one value per (layer, expert). The
-data travel packed, one row per layer holding a list per column (``expert``, ``load_share``,
-...), floats rounded to three significant digits; the chart's first transform, a Vega-Lite
-``flatten``, turns them into long form, one row per (layer, expert). That keeps a 58-layer ×
-256-expert heatmap near 150 kB of spec instead of 800 kB of repeated keys.
+:class:`~moescope.embeddings.ExpertEmbeddings`, :class:`~moescope.clustering.Selection`,
+:class:`~moescope.traces.Trace`, :class:`~moescope.findings.Finding`), never a model, and
+returns a chart of data already aggregated to one value per (layer, expert). The data travel
+packed, one row per layer holding a list per column (``expert``, ``load_share``, ...), floats
+rounded to three significant digits; the chart's first transform, a Vega-Lite ``flatten``,
+turns them into long form, one row per (layer, expert). That keeps a 58-layer × 256-expert
+heatmap near 150 kB of spec instead of 800 kB of repeated keys.
 
 - :func:`expert_map`: the 2-D projection of a layer's experts; colour = cluster, kept experts
   filled diamonds, dropped ones hollow circles, size = token share.
 - :func:`routing_histogram`: one layer's load share per expert, optionally beside a second
   model's (a proxy), aligned on original expert ids.
 - :func:`routing_heatmap`: layers × experts overview of the load relative to a uniform router.
+- :func:`trace_board`: small multiples of a replay's loss, gradient norm, entropy, reward, KL
+  and load CV, a proxy's overlaid, findings marked; one step zoom for all panels.
+- :func:`entropy_flow`: token entropy by response position × step over the mean entropy line
+  and the OPEFO floor.
+
+Traces travel packed the same way, one row per (trace, metric) holding ``step`` and ``value``
+lists; a series longer than ``max_points`` keeps each bucket's minimum and maximum, so a
+100,000-step trace stays a few hundred kB and spikes survive.
 
 With ``layer=None`` the first two carry every layer and a slider (a Vega-Lite parameter bound
 to an input) that picks the layer inside the chart, so they stay interactive in the static
@@ -30,11 +39,25 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moescope._schema import CLUSTER, EXPERT, LAYER
+from moescope._schema import (
+    ACTOR_LOSS,
+    CLUSTER,
+    ENTROPY,
+    EXPERT,
+    GRAD_NORM,
+    KL,
+    LAYER,
+    LOAD_CV,
+    REWARD_MEAN,
+    STEP,
+    TOKEN_ENTROPY,
+)
 from moescope.errors import MoescopeError
 
 try:
@@ -47,9 +70,21 @@ except ImportError:  # pragma: no cover - the notebook extra is missing
 if TYPE_CHECKING:
     from moescope.clustering import Selection
     from moescope.embeddings import ExpertEmbeddings
+    from moescope.findings import Finding
     from moescope.routing import RoutingStats
+    from moescope.traces import Trace
 
-__all__ = ["BRUSH", "PICK", "expert_map", "routing_heatmap", "routing_histogram"]
+__all__ = [
+    "BRUSH",
+    "DEFAULT_METRICS",
+    "PICK",
+    "ZOOM",
+    "entropy_flow",
+    "expert_map",
+    "routing_heatmap",
+    "routing_histogram",
+    "trace_board",
+]
 
 # Names of the expert map's selection parameters; ``moescope.widgets`` reads them back.
 PICK = "pick"
@@ -113,7 +148,7 @@ def expert_map(
         )
     layers = _layers_to_show(embeddings.layers, layer)
     rows = _map_rows(embeddings, layers, selection, stats)
-    chart = _per_expert(rows)
+    chart = _unpacked(rows)
     if selection is not None:
         chart = chart.transform_calculate(role="datum.kept ? 'kept' : 'dropped'")
     chart = chart.mark_point(filled=True, strokeWidth=1.5).encode(
@@ -295,7 +330,7 @@ def routing_histogram(
         sort=alt.EncodingSortField("sort_key", op="max", order="descending") if sort_by_load else "ascending",
         axis=_id_axis(stats.num_experts, sorted_=sort_by_load),
     )
-    bars = _per_expert(rows).mark_bar(color=MODEL_COLOURS[0])
+    bars = _unpacked(rows).mark_bar(color=MODEL_COLOURS[0])
     if sort_by_load:
         first = (
             f"datum.model === {json.dumps(names[0])} ? datum.load_share : 0" if other else "datum.load_share"
@@ -486,7 +521,7 @@ def routing_heatmap(
     if other is not None:
         experts = f"(datum.model === {json.dumps(names[0])} ? {stats.num_experts} : {other.num_experts})"
     chart = (
-        _per_expert(rows)
+        _unpacked(rows)
         .transform_calculate(relative=f"datum.load_share * {experts}")
         .mark_rect()
         .encode(
@@ -598,7 +633,595 @@ def _packed(layer: int, experts: Iterable[int], columns: dict[str, Iterable[Any]
     return {LAYER: layer, EXPERT: [int(e) for e in experts], **{k: list(v) for k, v in columns.items()}}
 
 
-def _per_expert(rows: list[dict[str, Any]]) -> alt.Chart:
-    """A chart of packed rows, flattened back to one datum per (layer, expert)."""
+def _unpacked(rows: list[dict[str, Any]], name: str | None = None, *, as_text: bool = False) -> alt.Chart:
+    """A chart of packed rows (a list per column), flattened back to one datum per list item:
+    per (layer, expert), or per (trace, step). ``name`` names the view (for a parameter's ``views``).
+
+    ``as_text`` ships the rows as one JSON string that Vega parses: altair then neither copies nor
+    walks the lists item by item, which for the thousands of points of a long trace is most of
+    the time it takes to build the chart.
+    """
     lists = [key for key, value in rows[0].items() if isinstance(value, list)]
-    return alt.Chart(alt.InlineData(values=rows)).transform_flatten(lists)
+    data = alt.InlineData(values=rows)
+    if as_text:
+        text = json.dumps(rows, separators=(",", ":"), allow_nan=False)
+        data = alt.InlineData(values=text, format=alt.DataFormat(type="json"))
+    return alt.Chart(data, **({"name": name} if name else {})).transform_flatten(lists)
+
+
+# ------------------------------------------------------------------------------------ traces
+
+DEFAULT_METRICS = (ACTOR_LOSS, GRAD_NORM, ENTROPY, REWARD_MEAN, KL, LOAD_CV)
+# A gradient norm spans orders of magnitude (a spike is 1e3× the baseline): drawn on a log scale.
+LOG_METRICS = frozenset({GRAD_NORM})
+METRIC_TITLES = {
+    ACTOR_LOSS: "loss",
+    GRAD_NORM: "gradient norm",
+    ENTROPY: "mean token entropy",
+    REWARD_MEAN: "mean reward",
+    KL: "KL to the reference",
+    LOAD_CV: "expert load CV",
+}
+# The panel each finding type is marked on; a type not listed here (``nonfinite``) marks them all.
+FINDING_PANELS = {
+    "grad_spike": GRAD_NORM,
+    "zero_grad": GRAD_NORM,
+    "overflow": GRAD_NORM,
+    "loss_divergence": ACTOR_LOSS,
+    "entropy_collapse": ENTROPY,
+    "entropy_surge": ENTROPY,
+    "reward_collapse": REWARD_MEAN,
+    "no_signal": REWARD_MEAN,
+    "degenerate_output": REWARD_MEAN,
+    "load_collapse": LOAD_CV,
+    "kl_blowup": KL,
+}
+ENTROPY_FINDINGS = ("entropy_collapse", "entropy_surge")
+SEVERITY_COLOURS = {"info": "#8c8c8c", "warning": "#e0a030", "error": "#d62728"}
+NONFINITE_COLOUR = "#d62728"
+# Values a scale cannot place, drawn as markers on the panel's edge instead of being dropped.
+OFF_SCALE = ("NaN", "+Inf", "-Inf", "≤ 0")
+OFF_SCALE_SHAPES = ("diamond", "triangle-up", "triangle-down", "circle")
+_TOP_EDGE = ("NaN", "+Inf")
+# The step-axis zoom (drag to pan, wheel to zoom) that every panel of a trace chart shares.
+ZOOM = "zoom"
+MAX_POINTS = 2000
+# Below this many drawn points per line, each point is drawn too (a lone finite step shows).
+POINTS_SHOWN = 200
+TRACE_DIGITS = 4
+BOARD_COLUMNS = 3
+PANEL_SIZE = (230, 120)
+FLOW_WIDTH = 560
+FLOW_ROW_HEIGHT = 20
+_EDGE_INSET = 5  # px between an off-scale marker and the panel's edge, so it is not clipped
+
+
+def trace_board(
+    original: Trace,
+    proxy: Trace | None = None,
+    *,
+    findings: Sequence[Finding] = (),
+    proxy_findings: Sequence[Finding] = (),
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    max_points: int = MAX_POINTS,
+    step_range: tuple[int, int] | None = None,
+    labels: tuple[str, str] | None = None,
+) -> alt.ConcatChart:
+    """Small multiples of a replay's health metrics, the proxy's overlaid: did the failure reproduce?
+
+    Parameters
+    ----------
+    original, proxy : replay traces; the proxy's curves are drawn over the original's in a
+        second colour, on the same step axis.
+    findings, proxy_findings : diagnosis findings of each trace, drawn as vertical rules
+        (colour = severity, dashed for the proxy's; tooltip = type, severity, message) on the
+        panel of the metric they concern (:data:`FINDING_PANELS`; ``nonfinite`` on every panel).
+    metrics : trace keys, one panel each; :data:`LOG_METRICS` get a log scale.
+    max_points : above this many steps a series is reduced to the minimum and maximum of
+        ``max_points / 2`` buckets of steps, so spikes survive and a 100,000-step trace stays
+        quick to draw; NaN / ±Inf steps are kept (one per kind and bucket).
+    step_range : ``(first, last)`` steps to draw (inclusive); default all.
+    labels : names of the two traces; default from their headers (``original`` / ``proxy``).
+
+    Values no scale can place are not dropped: NaN and +Inf are drawn as markers on the
+    panel's top edge, -Inf (and zero or negative values on a log scale) on its bottom edge,
+    and the line breaks there. A step without the metric, or with ``null``, has no point.
+    Dragging a panel pans every panel's steps, the mouse wheel zooms them, a double-click resets.
+
+    Examples
+    --------
+    >>> trace_board(read_trace("toy.jsonl"), read_trace("proxy.jsonl")).save("board.html")  # doctest: +SKIP
+    """
+    if not metrics:
+        raise MoescopeError("trace_board needs at least one metric; pass e.g. metrics=DEFAULT_METRICS.")
+    if proxy is None and proxy_findings:
+        raise MoescopeError("proxy_findings were given without a proxy trace; pass proxy= as well.")
+    traces = [original] + ([proxy] if proxy is not None else [])
+    names = list(labels[: len(traces)]) if labels else _trace_labels(traces)
+    marks = _finding_rows(names[0], findings, step_range)
+    if proxy is not None:
+        marks += _finding_rows(names[1], proxy_findings, step_range)
+    panels, reduced = [], False
+    for i, metric in enumerate(metrics):
+        curves = [
+            _curve(t, metric, name, max_points, step_range) for t, name in zip(traces, names, strict=True)
+        ]
+        reduced |= any(c.reduced for c in curves)
+        shown = [m for m in marks if m["panel"] in (None, metric)]
+        panels.append(_trace_panel(f"panel_{i}", metric, curves, shown, names, PANEL_SIZE))
+    chart = alt.concat(*panels, columns=BOARD_COLUMNS).resolve_scale(x="shared")
+    chart.params = [_zoom(chart.concat)]
+    subtitle = _trace_subtitle(reduced, max_points)
+    if marks:
+        subtitle.append("vertical rules: findings, coloured by severity (the proxy's dashed)")
+    title = f"Replay trace{' · ' + names[0] if proxy is None else _versus(names)}"
+    # Legends below the panels: three columns of panels fill a notebook's width.
+    chart = chart.properties(title=alt.Title(title, subtitle=subtitle, anchor="start"))
+    return chart.configure_legend(orient="bottom", direction="horizontal")
+
+
+def entropy_flow(
+    trace: Trace,
+    *,
+    floor: float | None = None,
+    findings: Sequence[Finding] = (),
+    max_points: int = MAX_POINTS,
+    step_range: tuple[int, int] | None = None,
+) -> alt.VConcatChart:
+    """Where in the response entropy collapses, and when: position buckets × steps over the mean line.
+
+    Parameters
+    ----------
+    trace : a replay trace with ``actor/token_entropy`` summaries (mean entropy per bucket of
+        response positions) and ``actor/entropy``.
+    floor : the OPEFO entropy floor, drawn as a dashed rule under the mean; default the trace's
+        ``min_entropy_floor`` when its replay ran with ``token_entropy_flow_control``, else none.
+    findings : findings of the trace; the ``entropy_collapse`` / ``entropy_surge`` ones are
+        drawn as vertical rules on both panels.
+    max_points, step_range : as in :func:`trace_board`. The heatmap has at most one column per
+        pixel; a column over many steps shows their token-weighted mean.
+
+    Heatmap cells whose steps include a NaN or ±Inf are outlined in red (filled red when no
+    step of the cell is finite); empty buckets (no response that long) have no cell.
+
+    Examples
+    --------
+    >>> entropy_flow(read_trace("toy.jsonl"), floor=0.3).save("entropy.png")  # doctest: +SKIP
+    """
+    (name,) = _trace_labels([trace])
+    floor = _entropy_floor(trace) if floor is None else floor
+    marks = [m for m in _finding_rows(name, findings, step_range) if m["type"] in ENTROPY_FINDINGS]
+    heat = _entropy_heatmap(trace, marks, step_range, min(max_points, FLOW_WIDTH))
+    curve = _curve(trace, ENTROPY, name, max_points, step_range)
+    extra = [] if floor is None else [_floor_rule(floor)]
+    line = _trace_panel("entropy_line", ENTROPY, [curve], marks, [name], (FLOW_WIDTH, 150), extra)
+    chart = alt.vconcat(heat, line).resolve_scale(x="shared", color="independent")
+    chart.params = [_zoom(chart.vconcat)]
+    subtitle = _trace_subtitle(curve.reduced, max_points)
+    if floor is not None:
+        subtitle.append(f"dashed: the OPEFO entropy floor ({floor:g})")
+    title = alt.Title(f"Token entropy over steps · {name}", subtitle=subtitle, anchor="start")
+    return chart.properties(title=title)
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """One trace's metric ready to draw: packed line data, and its off-scale markers."""
+
+    line: dict[str, Any]
+    markers: list[dict[str, Any]]
+    reduced: bool  # downsampled
+
+
+def _curve(
+    trace: Trace, metric: str, name: str, max_points: int, step_range: tuple[int, int] | None
+) -> _Curve:
+    """``metric`` of ``trace`` over ``step_range``, reduced to about ``max_points`` points."""
+    steps, values = _scalar_series(trace, metric, step_range)
+    codes = _off_scale_codes(values, log=metric in LOG_METRICS)
+    kept = _downsample(codes, values, max_points)
+    reduced = len(kept) < len(values)
+    steps, values, codes = steps[kept], values[kept], codes[kept]
+    drawn = np.where(codes == 0, values, np.nan)  # off-scale points break the line
+    line = {"model": name, STEP: steps.tolist(), "value": _sig(drawn, TRACE_DIGITS)}
+    markers = [
+        {"model": name, STEP: int(steps[i]), "flag": OFF_SCALE[codes[i] - 1], "raw": f"{values[i]:g}"}
+        for i in np.flatnonzero(codes)
+    ]
+    return _Curve(line, markers, reduced)
+
+
+def _scalar_series(
+    trace: Trace, key: str, step_range: tuple[int, int] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, values)`` where ``key`` is a number, in step order; absent and null steps left out."""
+    n = len(trace.steps)
+    raw = np.fromiter((s.get(key) for s in trace.steps), object, n)  # (n,): lists stay items
+    steps = np.fromiter((s.get(STEP, i) for i, s in enumerate(trace.steps)), np.int64, n)
+    try:  # vectorised: 100,000 steps in about 30 ms
+        logged = raw != None  # noqa: E711 (elementwise)
+        values = raw[logged].astype(np.float64)
+    except (TypeError, ValueError):  # something other than numbers under the key: keep the numbers
+        logged = np.fromiter((isinstance(v, int | float) for v in raw), bool, len(raw))
+        values = raw[logged].astype(np.float64)
+    steps = steps[logged]
+    order = np.argsort(steps, kind="stable")
+    steps, values = steps[order], values[order]
+    if step_range is not None:
+        inside = (steps >= step_range[0]) & (steps <= step_range[1])
+        steps, values = steps[inside], values[inside]
+    return steps, values
+
+
+def _off_scale_codes(values: np.ndarray, *, log: bool) -> np.ndarray:
+    """0 where the scale can place a value, else ``1 +`` its index in :data:`OFF_SCALE`."""
+    codes = np.zeros(len(values), np.int8)
+    codes[np.isnan(values)] = 1
+    codes[values == np.inf] = 2
+    codes[values == -np.inf] = 3
+    if log:
+        codes[np.isfinite(values) & (values <= 0)] = 4
+    return codes
+
+
+def _downsample(codes: np.ndarray, values: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices to draw: all when few, else per bucket the min, the max and the first of each off-scale kind.
+
+    ``max_points / 2`` buckets of consecutive steps give at most ``max_points`` finite points; a
+    spike is its bucket's max, so it survives, and so does every run of NaN / ±Inf.
+    """
+    n = len(values)
+    if n <= max_points:
+        return np.arange(n)
+    buckets = max(1, max_points // 2)
+    bucket = np.arange(n) * buckets // n
+    kept = []
+    finite = np.flatnonzero(codes == 0)
+    if finite.size:
+        b = bucket[finite]
+        order = np.lexsort((values[finite], b))  # by bucket, then value
+        edge = np.flatnonzero(np.diff(b[order])) + 1
+        kept += [finite[order[np.r_[0, edge]]], finite[order[np.r_[edge - 1, len(order) - 1]]]]
+    off = np.flatnonzero(codes)
+    if off.size:
+        _, first = np.unique(bucket[off] * len(OFF_SCALE) + codes[off], return_index=True)
+        kept.append(off[first])
+    return np.unique(np.concatenate(kept)) if kept else np.arange(0)
+
+
+def _trace_panel(
+    name: str,
+    metric: str,
+    curves: Sequence[_Curve],
+    marks: list[dict[str, Any]],
+    models: Sequence[str],
+    size: tuple[int, int],
+    extra: Sequence[alt.Chart] = (),
+) -> alt.LayerChart:
+    """One metric: a line per trace, off-scale markers on the edges, findings as rules.
+
+    ``name`` names the line layer: the shared :data:`ZOOM` parameter lists it among its views.
+    """
+    log = metric in LOG_METRICS
+    shown = sum(len(c.line[STEP]) for c in curves)
+    few = 0 < shown <= POINTS_SHOWN * len(curves)
+    point: Any = alt.OverlayMarkDef(size=18, filled=True) if few else False
+    scale, axis = (
+        (alt.Scale(type="log"), alt.Axis(format="~e", tickCount=4))
+        if log
+        else (alt.Scale(zero=False), alt.Axis())
+    )
+    y = alt.Y("value:Q", title=None, scale=scale, axis=axis)
+    line = (
+        _unpacked([c.line for c in curves], name=name, as_text=True)
+        .mark_line(point=point, strokeWidth=1.5, clip=True)
+        .encode(
+            x=_step_x(),
+            y=y,
+            tooltip=[alt.Tooltip("model:N"), alt.Tooltip(f"{STEP}:Q"), alt.Tooltip("value:Q", format=".4g")],
+            **_trace_style(models),
+        )
+    )
+    parts = [line, *extra]
+    markers = [m for c in curves for m in c.markers]
+    for top in (True, False):
+        edge = [m for m in markers if (m["flag"] in _TOP_EDGE) == top]
+        if edge:
+            parts.append(_off_scale_layer(edge, models, _EDGE_INSET if top else size[1] - _EDGE_INSET))
+    if marks:
+        parts.append(_finding_layer(marks, models))
+    if not shown and not markers:
+        parts.append(_note(f"no {metric} in {'this trace' if len(curves) == 1 else 'these traces'}", size))
+    subtitle = f"{metric}{' · log scale' if log else ''}"
+    title = alt.Title(METRIC_TITLES.get(metric, metric), subtitle=subtitle, anchor="start", fontSize=12)
+    return alt.layer(*parts).properties(title=title, width=size[0], height=size[1])
+
+
+def _step_x(field: str = STEP) -> Any:
+    """The step axis every trace panel shares (no zero, no fractional ticks; ``100k`` style labels)."""
+    return alt.X(
+        f"{field}:Q",
+        title=STEP,
+        scale=alt.Scale(zero=False, nice=False),
+        axis=alt.Axis(format="~s", tickMinStep=1),
+    )
+
+
+def _off_scale_layer(rows: list[dict[str, Any]], models: Sequence[str], y: int) -> alt.Chart:
+    """NaN / ±Inf / non-positive-on-log points at pixel height ``y`` (an edge of the panel)."""
+    shape = alt.Shape(
+        "flag:N", title="off the scale", scale=alt.Scale(domain=list(OFF_SCALE), range=list(OFF_SCALE_SHAPES))
+    )
+    return (
+        alt.Chart(alt.InlineData(values=rows))
+        .mark_point(filled=True, size=70, opacity=0.9, clip=True)
+        .encode(
+            x=_step_x(),
+            y=alt.value(y),
+            shape=shape,
+            color=_trace_style(models)["color"],
+            tooltip=[
+                alt.Tooltip("model:N"),
+                alt.Tooltip(f"{STEP}:Q"),
+                alt.Tooltip("flag:N", title="value"),
+                alt.Tooltip("raw:N", title="logged"),
+            ],
+        )
+    )
+
+
+def _finding_rows(
+    model: str, findings: Sequence[Finding], step_range: tuple[int, int] | None
+) -> list[dict[str, Any]]:
+    """One row per finding with an onset step inside ``step_range`` (a finding with no step has no place)."""
+    return [
+        {
+            "model": model,
+            STEP: f.step,
+            "type": f.type,
+            "severity": f.severity,
+            "message": f.message,
+            "panel": FINDING_PANELS.get(f.type),
+        }
+        for f in findings
+        if f.step is not None and (step_range is None or step_range[0] <= f.step <= step_range[1])
+    ]
+
+
+def _finding_layer(rows: list[dict[str, Any]], models: Sequence[str]) -> alt.Chart:
+    """Findings as vertical rules: colour = severity, dashed for the second trace's."""
+    severity = alt.Scale(domain=list(SEVERITY_COLOURS), range=list(SEVERITY_COLOURS.values()))
+    encoding = {
+        "x": _step_x(),
+        "stroke": alt.Stroke("severity:N", title="finding", scale=severity),
+        "tooltip": [
+            alt.Tooltip("type:N", title="finding"),
+            alt.Tooltip("severity:N"),
+            alt.Tooltip(f"{STEP}:Q", title="onset step"),
+            alt.Tooltip("model:N", title="trace"),
+            alt.Tooltip("message:N"),
+        ],
+    }
+    if len(models) > 1:
+        encoding["strokeDash"] = _trace_style(models)["strokeDash"]
+    return (
+        alt.Chart(alt.InlineData(values=rows))
+        .mark_rule(strokeWidth=2, opacity=0.8, clip=True)
+        .encode(**encoding)
+    )
+
+
+def _trace_style(models: Sequence[str]) -> dict[str, Any]:
+    """Colour (those of :func:`routing_histogram`) and dash by trace: the second trace's lines and
+    findings are dashed, so a proxy curve lying exactly on the original's still shows.
+    A single trace gets no legend: the title names it."""
+    colour = _model_colour(models)
+    if len(models) == 1:
+        return {"color": colour.legend(None)}
+    dashes = alt.Scale(domain=list(models), range=[[1, 0], [5, 3]])
+    legend = alt.Legend(symbolType="stroke", symbolStrokeWidth=2)
+    return {
+        "color": colour.legend(legend),
+        "strokeDash": alt.StrokeDash("model:N", scale=dashes, legend=legend),
+    }
+
+
+def _floor_rule(floor: float) -> alt.Chart:
+    return (
+        alt.Chart(alt.InlineData(values=[{"floor": floor}]))
+        .mark_rule(strokeDash=[6, 3], strokeWidth=1.5, color=KEPT_STROKE)
+        .encode(y="floor:Q", tooltip=[alt.Tooltip("floor:Q", title="OPEFO entropy floor")])
+    )
+
+
+def _note(text: str, size: tuple[int, int]) -> alt.Chart:
+    """A grey line of text in the middle of an empty panel."""
+    return (
+        alt.Chart(alt.InlineData(values=[{"note": text}]))
+        .mark_text(color=UNCLUSTERED, fontSize=12)
+        .encode(text="note:N", x=alt.value(size[0] / 2), y=alt.value(size[1] / 2))
+    )
+
+
+def _zoom(panels: Sequence[Any]) -> Any:
+    """The step zoom, bound to the x scale every panel shares; listed on each panel's named layer.
+
+    Pass the panels of the concatenated chart: concatenating renames layers (``name_<position>``).
+    """
+    views = [_first_unit(panel).name for panel in panels]
+    return alt.TopLevelSelectionParameter(
+        name=ZOOM,
+        select=alt.IntervalSelectionConfig(type="interval", encodings=["x"]),
+        bind="scales",
+        views=[v for v in views if isinstance(v, str)],
+    )
+
+
+def _first_unit(chart: Any) -> alt.Chart:
+    while isinstance(chart, alt.LayerChart):
+        chart = chart.layer[0]
+    return chart
+
+
+def _trace_subtitle(reduced: bool, max_points: int) -> list[str]:
+    lines = [
+        "off the scale: NaN and +Inf on the top edge, -Inf (and ≤ 0 on a log scale) on the bottom",
+        "drag to pan the steps of every panel, scroll to zoom, double-click resets",
+    ]
+    if reduced:
+        lines.append(f"long series reduced to ≤ {max_points} points: min and max per bucket of steps")
+    return lines
+
+
+def _trace_labels(traces: Sequence[Trace]) -> list[str]:
+    """``original`` / ``proxy`` from the headers (a proxy's carries its manifest); model names
+    when both traces have the same role; else the two defaults."""
+    roles = ["proxy" if t.header.get("proxy") else "original" for t in traces]
+    if len(set(roles)) == len(roles):
+        return roles
+    names = [Path(str(t.header.get("model") or "")).name for t in traces]
+    if all(names) and len(set(names)) == len(names):
+        return names
+    return ["original", "proxy"][: len(traces)]
+
+
+def _entropy_floor(trace: Trace) -> float | None:
+    """The floor OPEFO held entropy to in this replay, if it ran with token-entropy flow control."""
+    config = trace.header.get("replay_config") or {}
+    if config.get("token_entropy_flow_control") and config.get("min_entropy_floor") is not None:
+        return float(config["min_entropy_floor"])
+    return None
+
+
+def _entropy_heatmap(
+    trace: Trace, marks: list[dict[str, Any]], step_range: tuple[int, int] | None, columns: int
+) -> alt.LayerChart:
+    """Mean token entropy per response-position bucket (rows) and column of steps."""
+    labels, steps, means, tokens = _token_entropy(trace, step_range)
+    size = (FLOW_WIDTH, FLOW_ROW_HEIGHT * max(len(labels), 3))
+    title = alt.Title("entropy by response position", subtitle=TOKEN_ENTROPY, anchor="start", fontSize=12)
+    if not len(steps):
+        note = _note("no token-entropy summaries in this trace", size)
+        return alt.layer(note).properties(title=title, width=size[0], height=size[1])
+    rows, broken = _entropy_cells(labels, steps, means, tokens, columns)
+    y = alt.Y("position:O", title="response position", sort=labels, axis=alt.Axis(labelAngle=0))
+    cells = [
+        alt.Tooltip("position:N", title="positions"),
+        alt.Tooltip("first:Q", title="from step"),
+        alt.Tooltip("last:Q", title="to step"),
+    ]
+    heat = (
+        _unpacked(rows, name="entropy_heatmap", as_text=True)
+        .mark_rect(clip=True)
+        .encode(
+            x=_step_x("start"),
+            x2="end:Q",
+            y=y,
+            color=alt.Color("entropy:Q", title=["mean entropy", "(nats)"], scale=alt.Scale(scheme="viridis")),
+            tooltip=[*cells, alt.Tooltip("entropy:Q", title="mean entropy", format=".3g"), "tokens:Q"],
+        )
+    )
+    parts = [heat]
+    if broken:
+        parts.append(
+            alt.Chart(alt.InlineData(values=broken))
+            .mark_rect(stroke=NONFINITE_COLOUR, strokeWidth=1.5, fill=NONFINITE_COLOUR, clip=True)
+            .encode(
+                x=_step_x("start"),
+                x2="end:Q",
+                y=y,
+                fillOpacity=alt.condition("datum.finite", alt.value(0), alt.value(1)),
+                tooltip=[*cells, alt.Tooltip("nonfinite:Q", title="steps with NaN/Inf")],
+            )
+        )
+    if marks:
+        parts.append(_finding_layer(marks, [marks[0]["model"]]))
+    return alt.layer(*parts).properties(title=title, width=size[0], height=size[1])
+
+
+def _token_entropy(
+    trace: Trace, step_range: tuple[int, int] | None
+) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """Bucket labels, and per step with a summary: ``(n,)`` steps, ``(n, B)`` means and token counts.
+
+    A bucket's mean is ``nan``/``±inf`` as logged, and ``nan`` with 0 tokens where it was ``null``
+    (no response reached it).
+    """
+    summaries = [
+        (s.get(STEP, i), s[TOKEN_ENTROPY])
+        for i, s in enumerate(trace.steps)
+        if isinstance(s.get(TOKEN_ENTROPY), dict)
+        and (step_range is None or step_range[0] <= s.get(STEP, i) <= step_range[1])
+    ]
+    if not summaries:
+        return [], np.zeros(0, np.int64), np.zeros((0, 0)), np.zeros((0, 0))
+    buckets = summaries[0][1].get("position_buckets") or []
+    width = len(buckets) or max(len(s.get("bucket_mean") or []) for _, s in summaries)
+    labels = [_position_label(b) for b in buckets] or [str(i) for i in range(width)]
+    means = np.full((len(summaries), width), np.nan)
+    tokens = np.zeros((len(summaries), width))
+    for row, (_, summary) in enumerate(summaries):
+        for col, (mean, count) in enumerate(
+            zip(summary.get("bucket_mean") or [], summary.get("bucket_tokens") or [1] * width, strict=False)
+        ):
+            if col < width and isinstance(mean, int | float):
+                means[row, col], tokens[row, col] = mean, max(count or 0, 1)
+    steps = np.array([step for step, _ in summaries], np.int64)
+    order = np.argsort(steps, kind="stable")
+    return labels, steps[order], means[order], tokens[order]
+
+
+def _position_label(bucket: Sequence[int | None]) -> str:
+    """``[2, 4]`` → ``"2–3"``; ``[16, None]`` → ``"16+"``; ``[0, 1]`` → ``"0"``."""
+    low, high = bucket
+    if high is None:
+        return f"{low}+"
+    return str(low) if high - low == 1 else f"{low}–{high - 1}"
+
+
+def _entropy_cells(
+    labels: Sequence[str], steps: np.ndarray, means: np.ndarray, tokens: np.ndarray, columns: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Packed heatmap cells per bucket over at most ``columns`` columns of consecutive steps, and
+    the cells holding a NaN / ±Inf step (with ``finite``: whether the cell also has a mean)."""
+    n = len(steps)
+    column = np.arange(n) * min(n, columns) // n
+    starts = np.flatnonzero(np.r_[True, np.diff(column) != 0])
+    gap = float(np.median(np.diff(steps))) if n > 1 else 1.0
+    lefts = steps[starts] - gap / 2
+    rights = np.r_[lefts[1:], steps[-1] + gap / 2]
+    firsts, lasts = steps[starts], steps[np.r_[starts[1:] - 1, n - 1]]
+    finite = np.isfinite(means)
+    weights = np.where(finite, tokens, 0.0)
+    weight = np.add.reduceat(weights, starts, axis=0)  # (columns, B)
+    total = np.add.reduceat(np.where(finite, means, 0.0) * weights, starts, axis=0)
+    bad = np.add.reduceat((tokens > 0) & ~finite, starts, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / weight
+    rows, broken = [], []
+    for b, label in enumerate(labels):
+        has = weight[:, b] > 0
+        rows.append(
+            {
+                "position": label,
+                "start": lefts[has].tolist(),
+                "end": rights[has].tolist(),
+                "first": firsts[has].tolist(),
+                "last": lasts[has].tolist(),
+                "entropy": _sig(mean[has, b]),
+                "tokens": weight[has, b].astype(int).tolist(),
+            }
+        )
+        broken += [
+            {
+                "position": label,
+                "start": float(lefts[c]),
+                "end": float(rights[c]),
+                "first": int(firsts[c]),
+                "last": int(lasts[c]),
+                "nonfinite": int(bad[c, b]),
+                "finite": bool(has[c]),
+            }
+            for c in np.flatnonzero(bad[:, b])
+        ]
+    return rows, broken

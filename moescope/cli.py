@@ -146,6 +146,47 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from moescope.diagnosis import diagnose
+    from moescope.readers import read_log
+    from moescope.verdict import compare
+
+    trace = read_log(args.trace, format=args.format)
+    findings = diagnose(trace)
+    result: dict = {
+        "format": trace.header.get("format"),
+        "steps": len(trace.steps),
+        "findings": [f.to_dict() for f in findings],
+        "notes": list(trace.notes),
+    }
+    comparison = None
+    if args.against:
+        other = read_log(args.against, format=args.format)
+        comparison = compare(trace, other, original_findings=findings)
+        result["comparison"] = comparison.to_dict()
+    if args.json:
+        print(json.dumps(result, indent=1, default=_json_safe))
+        return 0
+    print(f"{args.trace}: {result['format']}, {result['steps']} steps")
+    for note in trace.notes:
+        print(f"  note: {note}")
+    if not findings:
+        print("  no findings")
+    for f in findings:
+        where = f"step {f.step}" if f.step is not None else "step ?"
+        layer = f" layer {f.layer}" if f.layer is not None else ""
+        print(f"  [{f.severity}] {where}{layer} {f.type}: {f.message}")
+    if comparison is not None:
+        print(f"against {args.against}: {comparison.verdict}")
+        for reason in comparison.reasons:
+            print(f"  - {reason}")
+    return 0
+
+
+def _json_safe(value: object) -> object:
+    return repr(value)
+
+
 def _read_replay_config(path: Path) -> dict:
     from moescope._io import read_json_object
 
@@ -273,6 +314,18 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps")
     rp.add_argument("--resume", action="store_true", help="continue --out from its last checkpoint")
     rp.add_argument("--overwrite", action="store_true", help="replace an existing trace")
+
+    dg = add("diagnose", cmd_diagnose, "findings of a trace or training log, and the reproduction verdict")
+    dg.add_argument(
+        "trace", type=Path, metavar="TRACE", help="a moescope trace or a training log (verl, TRL, ...)"
+    )
+    dg.add_argument(
+        "--against", type=Path, metavar="TRACE", help="the proxy's trace: compare and give a verdict"
+    )
+    dg.add_argument("--format", metavar="NAME", help="the log format, when auto-detection guesses wrong")
+    dg.add_argument(
+        "--json", action="store_true", help='print one object: {"format", "steps", "findings", ...}'
+    )
 
     report = add("report", cmd_report, "run the notebooks with papermill; write notebooks + offline HTML")
     report.add_argument("--model", default="toy", metavar="MODEL", help=model_help + " (default: toy)")

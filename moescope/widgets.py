@@ -1,15 +1,16 @@
-"""Widgets for exploring clusters and routing: the charts of :mod:`moescope.charts` plus controls.
+"""Widgets for clusters, routing and replay traces: the charts of :mod:`moescope.charts` plus controls.
 
 They read results, never a model. State lives in Python traits (``layer``, ``view``,
-``sort_by_load``, ``compare``); the controls are linked to them, so setting a trait from Python
-moves the control and redraws the chart, and moving the control sets the trait. Charts are
+``sort_by_load``, ``compare``, ``step_range``, ``metrics``); the controls are linked to them, so
+setting a trait from Python moves the control and redraws the chart, and moving the control
+sets the trait. Charts are
 ``altair.JupyterChart`` widgets, so what a user picks in a chart comes back as Python values:
 :attr:`ExpertMap.selected` holds ``(layer, expert)`` pairs.
 
 Charts render without a network once :func:`moescope.setup_notebook` has run (it switches
 ``JupyterChart`` to its offline bundle). In a static HTML report there is no kernel to redraw a
 chart, so a widget shows the state it was saved in; the charts drawn with ``layer=None`` carry
-their own layer slider for that.
+their own layer slider for that, and the trace charts their own step zoom.
 
 Examples
 --------
@@ -19,6 +20,7 @@ Examples
 >>> explorer.selected  # after clicking two experts of layer 3  # doctest: +SKIP
 [(3, 5), (3, 12)]
 >>> RoutingHistogram(stats, proxy_stats, selection=selection)  # doctest: +SKIP
+>>> TraceBoard(trace, proxy_trace, findings, proxy_findings)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import traitlets
 
 from moescope import charts
-from moescope._schema import EXPERT, LAYER
+from moescope._schema import CANONICAL_METRICS, EXPERT, LAYER, STEP
 from moescope.errors import MoescopeError
 
 try:
@@ -44,12 +46,18 @@ except ImportError:  # pragma: no cover - the notebook extra is missing
 if TYPE_CHECKING:
     from moescope.clustering import Selection
     from moescope.embeddings import ExpertEmbeddings
+    from moescope.findings import Finding
     from moescope.routing import RoutingStats
+    from moescope.traces import Trace
 
-__all__ = ["ExpertMap", "RoutingHistogram"]
+__all__ = ["EntropyFlow", "ExpertMap", "RoutingHistogram", "TraceBoard"]
 
 # vega-embed options of every chart: SVG (crisp, and its marks are DOM nodes), no action menu.
 EMBED_OPTIONS = {"renderer": "svg", "actions": False}
+# The trace charts clip their marks to each panel (for the step zoom). In SVG a clip is a
+# ``<clipPath id="clip1">`` numbered by vega, and every JupyterChart in JupyterLab loads its own
+# copy of vega, so two charts on a page reuse ids and clip each other's marks: drawn on a canvas.
+TRACE_EMBED_OPTIONS = {"renderer": "canvas", "actions": False}
 
 
 class _LayerPanel(ipywidgets.VBox):
@@ -282,3 +290,162 @@ def _brushed(state: Mapping[str, Any] | None, chart: Any) -> list[int]:
     (layer_data,) = chart.data.values  # one layer, packed: expert, x, y lists
     points = zip(layer_data[EXPERT], layer_data["x"], layer_data["y"], strict=True)
     return [int(e) for e, x, y in points if x0 <= x <= x1 and y0 <= y <= y1]
+
+
+class _StepRangePanel(ipywidgets.VBox):
+    """A chart of replay traces over a range of steps, under a step-range slider.
+
+    The chart's own zoom only rescales the points it was given (a long trace arrives reduced to
+    ``max_points``); moving the slider redraws it from the traces, at full detail inside the range.
+    """
+
+    step_range = traitlets.Tuple(
+        traitlets.Int(), traitlets.Int(), help="First and last step drawn (inclusive); redraws on change."
+    )
+
+    def __init__(self, traces: Sequence[Trace], **kwargs: Any) -> None:
+        self._bounds = _step_bounds(traces)
+        self.step_range = self._bounds
+        super().__init__(**kwargs)
+        self.range_slider = ipywidgets.IntRangeSlider(
+            value=self.step_range,
+            min=self._bounds[0],
+            max=self._bounds[1],
+            description="steps",
+            continuous_update=False,
+            layout=ipywidgets.Layout(width="480px"),
+        )
+        traitlets.link((self.range_slider, "value"), (self, "step_range"))
+        self.chart = alt.JupyterChart(self._make_chart(), embed_options=TRACE_EMBED_OPTIONS)
+
+    @traitlets.validate("step_range")
+    def _check_step_range(self, proposal: dict[str, Any]) -> tuple[int, int]:
+        first, last = proposal["value"]
+        low, high = self._bounds
+        if not low <= first <= last <= high:
+            raise traitlets.TraitError(
+                f"step_range must be (first, last) with {low} <= first <= last <= {high}"
+            )
+        return first, last
+
+    def _redraw(self, change: dict[str, Any] | None = None) -> None:
+        self.chart.chart = self._make_chart()
+
+    def _chart_range(self) -> tuple[int, int] | None:
+        """The range to pass to a chart: ``None`` for the whole trace, so it draws as it would alone."""
+        return None if self.step_range == self._bounds else self.step_range
+
+    def _make_chart(self) -> alt.TopLevelMixin:
+        raise NotImplementedError
+
+
+class EntropyFlow(_StepRangePanel):
+    """The token-entropy flow of :func:`moescope.charts.entropy_flow` with a step-range slider.
+
+    Parameters
+    ----------
+    trace : a replay trace with ``actor/token_entropy`` summaries.
+    floor : the OPEFO entropy floor drawn under the mean; default the trace's own, when its
+        replay ran with token-entropy flow control.
+    findings : findings of the trace; entropy collapses and surges are marked.
+
+    The widget carries the CSS class ``moescope-entropy-flow``.
+
+    Examples
+    --------
+    >>> flow = EntropyFlow(read_trace("toy.jsonl"), findings=diagnose(trace))  # doctest: +SKIP
+    >>> flow.step_range = (100, 400)  # moves the slider and redraws  # doctest: +SKIP
+    """
+
+    floor = traitlets.Float(None, allow_none=True, help="OPEFO entropy floor drawn; None: the trace's own.")
+
+    def __init__(
+        self, trace: Trace, floor: float | None = None, findings: Sequence[Finding] = (), **kwargs: Any
+    ) -> None:
+        self._trace, self._findings = trace, tuple(findings)
+        self.floor = floor
+        super().__init__([trace], **kwargs)
+        self.children = (self.range_slider, self.chart)
+        self.add_class("moescope-entropy-flow")
+        self.observe(self._redraw, ["step_range", "floor"])
+
+    def _make_chart(self) -> alt.VConcatChart:
+        return charts.entropy_flow(
+            self._trace, floor=self.floor, findings=self._findings, step_range=self._chart_range()
+        )
+
+
+class TraceBoard(_StepRangePanel):
+    """The small multiples of :func:`moescope.charts.trace_board`, a metric picker and a step range.
+
+    Parameters
+    ----------
+    original, proxy : replay traces; the proxy's curves are overlaid in a second colour.
+    findings, proxy_findings : findings of each trace, marked on the panels they concern.
+    metrics : panels to show first; the picker offers every canonical metric the traces hold.
+    labels : names of the two traces; default from their headers.
+
+    The widget carries the CSS class ``moescope-trace-board``.
+
+    Examples
+    --------
+    >>> board = TraceBoard(trace, proxy_trace, diagnose(trace), diagnose(proxy_trace))  # doctest: +SKIP
+    >>> board.metrics = ("actor/loss", "actor/grad_norm")  # doctest: +SKIP
+    """
+
+    metrics = traitlets.Tuple(help="Metric keys drawn, one panel each, in this order.")
+
+    def __init__(
+        self,
+        original: Trace,
+        proxy: Trace | None = None,
+        findings: Sequence[Finding] = (),
+        proxy_findings: Sequence[Finding] = (),
+        *,
+        metrics: Sequence[str] = charts.DEFAULT_METRICS,
+        labels: tuple[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        traces = [original] + ([proxy] if proxy is not None else [])
+        self._original, self._proxy, self._labels = original, proxy, labels
+        self._findings, self._proxy_findings = tuple(findings), tuple(proxy_findings)
+        self._available = _metrics_in(traces, metrics)
+        self.metrics = tuple(metrics)
+        super().__init__(traces, **kwargs)
+        self.metric_picker = ipywidgets.SelectMultiple(
+            options=self._available, value=self.metrics, description="metrics", rows=4
+        )
+        traitlets.link((self.metric_picker, "value"), (self, "metrics"))
+        self.children = (ipywidgets.HBox([self.metric_picker, self.range_slider]), self.chart)
+        self.add_class("moescope-trace-board")
+        self.observe(self._redraw, ["step_range", "metrics"])
+
+    @traitlets.validate("metrics")
+    def _check_metrics(self, proposal: dict[str, Any]) -> tuple[str, ...]:
+        metrics = tuple(proposal["value"])
+        if not metrics:
+            raise traitlets.TraitError("pick at least one metric")
+        return metrics
+
+    def _make_chart(self) -> alt.ConcatChart:
+        return charts.trace_board(
+            self._original,
+            self._proxy,
+            findings=self._findings,
+            proxy_findings=self._proxy_findings,
+            metrics=self.metrics,
+            step_range=self._chart_range(),
+            labels=self._labels,
+        )
+
+
+def _step_bounds(traces: Sequence[Trace]) -> tuple[int, int]:
+    """First and last step over the traces; ``(0, 0)`` when they have none."""
+    steps = [int(s.get(STEP, i)) for t in traces for i, s in enumerate(t.steps)]
+    return (min(steps), max(steps)) if steps else (0, 0)
+
+
+def _metrics_in(traces: Sequence[Trace], shown: Sequence[str]) -> tuple[str, ...]:
+    """The picker's options: the metrics shown, then every other canonical metric a trace holds."""
+    held = set().union(*(s.keys() for t in traces for s in t.steps))
+    return (*shown, *(m for m in CANONICAL_METRICS if m in held and m not in shown))

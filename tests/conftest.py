@@ -144,3 +144,15 @@ def lab_page(jupyter_lab, chromium: str):
 
     with chromium_page(chromium) as page:
         yield LabPage(jupyter_lab, page)
+
+
+# --- replay traces ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def toy_trace(tmp_path_factory: pytest.TempPathFactory):
+    """A real 6-step GRPO replay of the toy with a NaN injected at step 3 (``nan_op@3``)."""
+    import moescope
+
+    config = moescope.ReplayConfig(steps=6, prompts_per_step=4, group_size=4, faults=("nan_op@3",))
+    return moescope.replay("toy", config, out=tmp_path_factory.mktemp("toy-trace") / "trace.jsonl")

@@ -67,3 +67,15 @@ def test_readme_lists_every_supported_architecture() -> None:
     readme = (ROOT / "README.md").read_text()
     missing = [arch for arch in supported_architectures() if f"`{arch}`" not in readme]
     assert not missing
+
+
+def test_every_subpackage_ships_in_a_wheel() -> None:
+    """The package list is explicit (notebooks/ ships as moescope.notebooks), so a new
+    subpackage must be added to it, or a wheel install would lack it."""
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in (ROOT / "moescope").rglob("__init__.py")
+        if "checkpoint" not in init.parts
+    }
+    assert found <= listed, sorted(found - listed)

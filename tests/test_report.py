@@ -21,6 +21,7 @@ from moescope._notebook import chart_mimebundle
 from moescope.cli import main
 from moescope.errors import MoescopeError
 from moescope.report import run_report
+from moescope.traces import read_trace
 
 # Loading anything from the network: a script or stylesheet with a remote URL, or a CDN host.
 REMOTE_LOAD = re.compile(r"<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=\s*[\"']?(https?:)?//", re.I)
@@ -325,4 +326,10 @@ def test_report_on_the_toy_end_to_end(tmp_path: Path) -> None:
     assert summary["routed_experts"] > summary["top_k"] > 0
     accuracy = (report.artifacts / "tour" / "accuracy.csv").read_text().splitlines()
     assert accuracy[0].startswith("task,mode,") and len(accuracy) > 1
+    # the journey ends with a replay of the original and of 02's proxy, and a verdict
+    assert [nb.name for nb in report.notebooks][-1] == "03_analyze_replay.ipynb"
+    original = read_trace(report.artifacts / "replay" / "original.jsonl")
+    proxy = read_trace(report.artifacts / "replay" / "proxy.jsonl")
+    assert len(original.steps) == len(proxy.steps) > 0 and proxy.header["proxy"]["keep"] == 8
+    assert "verdict: " in report.html[-1].read_text()
     assert no_partial_dirs(tmp_path)

@@ -1,0 +1,210 @@
+"""Diagnosis and verdict: faulted toy replays, negative controls, and synthetic traces per finding type."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from cli_process import moescope_process
+
+import moescope
+from moescope.diagnosis import diagnose
+from moescope.replay import ReplayConfig
+from moescope.traces import Trace
+from moescope.verdict import compare
+
+BASE = {"steps": 12, "prompts_per_step": 4, "group_size": 8, "tasks": ("add2", "add3")}
+
+
+@pytest.fixture(scope="module")
+def replays(tmp_path_factory):
+    """Traces of the toy, healthy and faulted, written once for the module."""
+    root = tmp_path_factory.mktemp("replays")
+    runs = {
+        "healthy": {},
+        "healthy_fp16": {"precision": "fp16"},
+        "healthy_opefo": {"token_entropy_flow_control": True},
+        "lr_spike": {"faults": ("lr_spike@6",)},
+        "fp16_overflow": {"precision": "fp16", "faults": ("fp16_overflow@6",)},
+        "nan_op": {"faults": ("nan_op@6",)},
+    }
+    return {
+        name: moescope.replay("toy", ReplayConfig(**{**BASE, **kw}), out=root / f"{name}.jsonl")
+        for name, kw in runs.items()
+    }
+
+
+def by_type(findings):
+    return {f.type: f for f in findings}
+
+
+def serious(findings):
+    return [f for f in findings if f.severity != "info"]
+
+
+@pytest.mark.parametrize("name", ["healthy", "healthy_fp16", "healthy_opefo"])
+def test_healthy_runs_raise_no_warning(replays, name):
+    assert serious(diagnose(replays[name])) == []
+
+
+def test_lr_spike_is_a_grad_spike_and_a_kl_blowup_at_the_step(replays):
+    found = by_type(diagnose(replays["lr_spike"]))
+    assert found["grad_spike"].step == 6 and found["grad_spike"].severity == "warning"
+    assert found["kl_blowup"].step in (6, 7) and found["kl_blowup"].severity == "error"
+
+
+def test_fp16_overflow_episode_is_dated_at_the_fault(replays):
+    overflow = by_type(diagnose(replays["fp16_overflow"]))["overflow"]
+    assert overflow.step == 6 and overflow.severity == "warning"
+    assert overflow.evidence["skipped"] > 3 and overflow.evidence["halvings"]
+    healthy = by_type(diagnose(replays["healthy_fp16"])).get("overflow")
+    assert healthy is None or healthy.severity == "info"  # the scaler settling at the start
+
+
+def test_nan_op_is_isolated_and_names_the_module(replays):
+    found = by_type(diagnose(replays["nan_op"]))
+    nf = found["nonfinite"]
+    assert nf.step == 6 and nf.severity == "error" and not nf.evidence["persistent"]
+    assert nf.evidence["module"] == "model.layers.3.mlp.experts"
+    assert nf.evidence["first_family"] == "log-prob/KL"  # the forward went bad before the gradients
+    assert "overflow" not in found  # fp32 skips are not fp16 overflow
+
+
+def test_compare_a_trace_with_itself_and_with_a_healthy_run(replays):
+    spike, healthy = replays["lr_spike"], replays["healthy"]
+    same = compare(spike, spike)
+    assert same.verdict == "reproduced" and all(m.offset_steps == 0 for m in same.findings)
+    assert all(c.spearman == pytest.approx(1.0) for c in same.curves if c.spearman is not None)
+    missed = compare(spike, healthy)
+    assert missed.verdict == "not reproduced"
+    assert {m.type for m in missed.findings if not m.reproduced} >= {"grad_spike", "kl_blowup"}
+    assert compare(healthy, healthy).verdict == "both healthy"
+    alarm = compare(healthy, spike)
+    assert alarm.verdict == "not reproduced" and all(m.false_alarm for m in alarm.findings)
+    json.dumps(same.to_dict())
+
+
+def test_a_proxy_reproduces_the_lr_spike(tmp_path, replays):
+    from moescope.proxy import export_proxy
+
+    proxy = export_proxy("toy", tmp_path / "p", keep="1/2", method="frequency", n_tokens=2000, progress=False,
+                         fidelity=False).path  # fmt: skip
+    config = ReplayConfig(**{**BASE, "faults": ("lr_spike@6",)})
+    proxy_trace = moescope.replay(proxy, config, out=tmp_path / "proxy.jsonl")
+    verdict = compare(replays["lr_spike"], proxy_trace)
+    matched = {m.type: m for m in verdict.findings}
+    assert matched["grad_spike"].reproduced and matched["grad_spike"].on_time
+    assert matched["kl_blowup"].reproduced and matched["kl_blowup"].on_time
+    assert verdict.verdict in ("reproduced", "partially reproduced")
+
+
+# --- synthetic traces: one rule each, with its negative control ---------------------------------
+
+
+def trace(rows, header=None):
+    return Trace(header=header or {}, steps=[{"step": i, **row} for i, row in enumerate(rows)])
+
+
+def test_null_counts_as_non_finite_only_for_numeric_keys():
+    t = trace([{"actor/kl": 0.1, "note": None}] * 4 + [{"actor/kl": None}])
+    nf = by_type(diagnose(t))["nonfinite"]
+    assert nf.step == 4 and nf.evidence["null_only"]
+    assert "nonfinite" not in by_type(diagnose(trace([{"actor/kl": 0.1, "note": None}] * 5)))
+
+
+def test_persistent_non_finite_and_family_order():
+    rows = [{"actor/pg_loss": 0.0, "actor/grad_norm": 1.0}] * 3
+    rows += [{"actor/pg_loss": math.nan, "actor/grad_norm": math.inf}] * 4
+    nf = by_type(diagnose(trace(rows)))["nonfinite"]
+    assert (
+        nf.step == 3 and nf.evidence["persistent"] and nf.evidence["families"] == ["policy loss", "gradients"]
+    )
+
+
+def test_a_vanished_loss_field_is_a_suspected_non_finite_loss():
+    rows = (
+        [{"actor/loss": 2.0, "actor/grad_norm": 1.0}] * 6
+        + [{"actor/grad_norm": 1.0}]
+        + [{"actor/loss": 2.0, "actor/grad_norm": 1.0}] * 3
+    )
+    nf = by_type(diagnose(trace(rows)))["nonfinite"]
+    assert nf.step == 6 and nf.severity == "warning" and nf.evidence["suspected"]
+
+
+def test_zero_grad_only_while_rewards_vary():
+    rows = [{"actor/grad_norm": 1.0, "reward/std": 0.4}] * 3 + [{"actor/grad_norm": 0.0, "reward/std": 0.4}]
+    assert by_type(diagnose(trace(rows)))["zero_grad"].step == 3
+    quiet = [{"actor/grad_norm": 0.0, "reward/std": 0.0}] * 4
+    assert "zero_grad" not in by_type(diagnose(trace(quiet)))
+
+
+def test_divergence_is_judged_on_level_losses_never_on_the_policy_loss():
+    rising = [{"critic/vf_loss": 1.0 + (30.0 if i > 8 else 0.0)} for i in range(14)]
+    assert by_type(diagnose(trace(rising)))["loss_divergence"].step == 9
+    grpo = [{"actor/pg_loss": 1e-4 * (100 if i > 8 else 1)} for i in range(14)]  # near 0 by construction
+    assert "loss_divergence" not in by_type(diagnose(trace(grpo)))
+    pretraining = [{"actor/loss": 2.0 if i < 9 else 40.0} for i in range(14)]  # Megatron's lm loss maps here
+    assert by_type(diagnose(trace(pretraining)))["loss_divergence"].step == 9
+    rl = [{**row, "reward/mean": 0.5} for row in pretraining]  # in an RL run actor/loss has no level
+    assert "loss_divergence" not in by_type(diagnose(trace(rl)))
+
+
+def test_entropy_collapse_respects_the_opefo_floor():
+    rows = [{"actor/entropy": 1.0 if i < 6 else 0.2} for i in range(12)]
+    assert by_type(diagnose(trace(rows)))["entropy_collapse"].step == 6
+    floor = {"replay_config": {"token_entropy_flow_control": True, "min_entropy_floor": 0.1}}
+    assert "entropy_collapse" not in by_type(diagnose(trace(rows, floor)))  # still above the floor
+    surge = [{"actor/entropy": 0.3 if i < 6 else 2.0} for i in range(12)]
+    assert by_type(diagnose(trace(surge)))["entropy_surge"].step == 6
+
+
+def test_reward_collapse_no_signal_and_degenerate_output():
+    rows = [
+        {"reward/mean": 0.6 if i < 5 else 0.0, "reward/no_signal_frac": 0.2 if i < 5 else 1.0}
+        for i in range(12)
+    ]
+    found = by_type(diagnose(trace(rows)))
+    assert found["reward_collapse"].step == 5 and found["no_signal"].step == 5
+    cut = [{"response/truncated_frac": 0.1 if i < 4 else 1.0} for i in range(10)]
+    assert by_type(diagnose(trace(cut)))["degenerate_output"].step == 4
+    same = [{"response_length/min": 7, "response_length/max": 7 if i > 3 else 9} for i in range(9)]
+    assert by_type(diagnose(trace(same)))["degenerate_output"].step == 4
+
+
+def test_load_collapse_per_layer_and_not_for_experts_never_used():
+    uniform = [1 / 8] * 8
+    hot = [0.65] + [0.05] * 7
+    rows = [{"moe/expert_load": [uniform, uniform if i < 8 else hot]} for i in range(16)]
+    lc = by_type(diagnose(trace(rows)))["load_collapse"]
+    assert lc.layer == 1 and 6 <= lc.step <= 8
+    cv = [{"moe/load_cv": 0.4 if i < 8 else 2.5} for i in range(16)]  # a log with only the scalar
+    assert by_type(diagnose(trace(cv)))["load_collapse"].step == 8
+    aux = [{"moe/aux_loss": 1.0 if i < 8 else 3.0} for i in range(16)]
+    assert by_type(diagnose(trace(aux)))["load_collapse"].step == 8
+    domain = [0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0]  # half the experts never routed to: not a collapse
+    assert "load_collapse" not in by_type(diagnose(trace([{"moe/expert_load": [domain]}] * 16)))
+
+
+def test_cli_diagnose_json_and_against(replays):
+    spike, healthy = replays["lr_spike"].path, replays["healthy"].path
+    p = moescope_process("diagnose", str(spike), "--against", str(healthy), "--json")
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    result = json.loads(out)
+    assert result["format"] == "moescope" and result["steps"] == 12
+    assert {"grad_spike", "kl_blowup"} <= {f["type"] for f in result["findings"]}
+    assert result["comparison"]["verdict"] == "not reproduced"
+    p = moescope_process("diagnose", str(healthy))
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0 and "no findings" in out
+
+
+def test_cli_diagnose_bad_input_exits_2(tmp_path):
+    empty, garbage = tmp_path / "empty.log", tmp_path / "garbage.bin"
+    empty.write_text("")
+    garbage.write_bytes(bytes(range(256)) * 8)
+    for path in (empty, garbage, tmp_path / "missing.log"):
+        p = moescope_process("diagnose", str(path))
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
