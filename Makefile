@@ -32,5 +32,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check moescope tests bench
 	$(BIN)/ruff format --check moescope tests bench
 
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
 clean:
 	rm -rf $(VENV) moescope-demo .pytest_cache

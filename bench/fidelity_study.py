@@ -1,0 +1,304 @@
+"""The fidelity study: do proxies of the toy reproduce what the toy does under RL faults?
+
+For keep in {1/2, 1/4, 1/8} x selection in {cluster (multi-view), frequency, REAP, random} x
+seed, a proxy of the toy is exported; then the toy and every proxy replay the same short GRPO
+run — healthy, and under each injected fault — with the same data, sampling seeds and
+precision. Each proxy trace is compared with the toy's trace of the same fault and seed
+(:func:`moescope.verdict.compare`): which findings it reproduces and how close their onsets are,
+and how well the loss, grad-norm, entropy, reward and KL curves agree. It also records each
+proxy's capability (held-out greedy accuracy relative to the toy) and measured step time.
+
+The hypothesis under test is the paper's: clustering-based proxies reproduce faults and preserve
+dynamics at least as well as the baselines. The script reports what the data shows.
+
+    .venv/bin/python bench/fidelity_study.py [--seeds 3] [--steps 12] [--workers 2] [--out docs]
+
+writes ``OUT/fidelity-study.json`` (every comparison) and ``OUT/fidelity-study.md`` (tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+KEEPS = ("1/2", "1/4", "1/8")
+METHODS = ("cluster", "frequency", "reap", "random")
+# name -> ReplayConfig overrides; point faults strike mid-run (MID), settings hold from step 0
+FAULTS: dict[str, dict[str, Any]] = {
+    "healthy": {},
+    "lr_spike": {"faults": ("lr_spike@MID",)},
+    "fp16_overflow": {"precision": "fp16", "faults": ("fp16_overflow@MID",)},
+    "nan_op": {"faults": ("nan_op@MID",)},
+    "update_omission": {"faults": ("update_omission@MID",)},
+    "router_precision": {"faults": ("router_precision@0",)},
+    "rollout_logprob_precision": {"faults": ("rollout_logprob_precision@0",)},
+    "reward_scale": {"faults": ("reward_scale@MID",)},
+    "no_grad_clip": {"faults": ("no_grad_clip@0",)},
+    "aux_loss_off": {"aux_loss_coef": 0.01, "faults": ("aux_loss_off@MID",)},
+    "entropy_control_off": {"token_entropy_flow_control": True, "faults": ("entropy_control_off@MID",)},
+}
+# the finding types a fault is expected to leave (faults without one are judged by their curves)
+SIGNATURES = {
+    "lr_spike": ("grad_spike", "kl_blowup"),
+    "fp16_overflow": ("overflow",),
+    "nan_op": ("nonfinite",),
+}
+CURVE_METRICS = ("actor/loss", "actor/grad_norm", "actor/entropy", "reward/mean", "actor/kl")
+
+
+def _config(fault: str, seed: int, steps: int):
+    from moescope.replay import ReplayConfig
+
+    base = {"steps": steps, "seed": seed, "prompts_per_step": 4, "group_size": 8, "tasks": ("add2", "add3")}
+    overrides = dict(FAULTS[fault])
+    overrides["faults"] = tuple(f.replace("MID", str(steps // 2)) for f in overrides.get("faults", ()))
+    return ReplayConfig(**{**base, **overrides})
+
+
+def _replay(job: tuple[str, str, str, int, int, str]) -> dict[str, Any]:
+    """Worker: replay one model under one fault and seed; return the trace path and step time."""
+    import torch
+
+    torch.set_num_threads(1)
+    import moescope
+
+    label, model, fault, seed, steps, out = job
+    trace = moescope.replay(model, _config(fault, seed, steps), out=Path(out))
+    times = [s["time/step_s"] for s in trace.steps[1:]]
+    return {"label": label, "fault": fault, "seed": seed, "trace": out, "step_s": statistics.median(times)}
+
+
+def _export(job: tuple[str, str, int, str]) -> dict[str, Any]:
+    """Worker: export one proxy of the toy and measure its greedy accuracy ratio."""
+    import torch
+
+    torch.set_num_threads(1)
+    from moescope._validity import CAPABILITY
+    from moescope.proxy import export_proxy
+
+    keep, method, seed, out = job
+    result = export_proxy(
+        "toy", out, keep=keep, method=method, seed=seed, n_tokens=4000, progress=False, overwrite=True,
+        fidelity={"n_tokens": 2048, "seed": seed, "n_prompts": 50, "samples": 2},
+    )  # fmt: skip
+    capability = next(c for c in result.checklist if c.name == CAPABILITY)
+    return {
+        "keep": keep,
+        "method": method,
+        "seed": seed,
+        "path": out,
+        "kl": result.fidelity.kl,
+        "capability": capability.figure,
+        "capability_ratio": capability.details.get("ratio"),
+    }
+
+
+def run(
+    seeds: int,
+    steps: int,
+    workers: int,
+    keeps: tuple[str, ...] = KEEPS,
+    methods: tuple[str, ...] = METHODS,
+    faults: tuple[str, ...] = tuple(FAULTS),
+) -> dict[str, Any]:
+    from moescope.traces import read_trace
+    from moescope.verdict import compare
+
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="moescope-study-"))
+    exports = [(k, m, s, str(work / f"proxy-{k.replace('/', 'of')}-{m}-{s}")) for k in keeps for m in methods
+               for s in range(seeds)]  # fmt: skip
+    with ProcessPoolExecutor(workers) as pool:
+        proxies = list(pool.map(_export, exports))
+        jobs = [
+            ("toy", "toy", f, s, steps, str(work / f"toy-{f}-{s}.jsonl"))
+            for f in faults
+            for s in range(seeds)
+        ]
+        for p in proxies:
+            tag = f"{p['keep'].replace('/', 'of')}-{p['method']}-{p['seed']}"
+            jobs += [(tag, p["path"], f, p["seed"], steps, str(work / f"{tag}-{f}.jsonl")) for f in faults]
+        runs = list(pool.map(_replay, jobs))
+    toy = {(r["fault"], r["seed"]): r for r in runs if r["label"] == "toy"}
+    rows = []
+    for p in proxies:
+        tag = f"{p['keep'].replace('/', 'of')}-{p['method']}-{p['seed']}"
+        for r in (r for r in runs if r["label"] == tag):
+            original = toy[(r["fault"], r["seed"])]
+            verdict = compare(read_trace(original["trace"]), read_trace(r["trace"]))
+            rows.append(
+                {
+                    "keep": p["keep"],
+                    "method": p["method"],
+                    "seed": p["seed"],
+                    "fault": r["fault"],
+                    "verdict": verdict.verdict,
+                    "findings": [vars(m) for m in verdict.findings],
+                    "curves": {c.metric: {**vars(c), "trend_agrees": c.trend_agrees} for c in verdict.curves},
+                    "step_ratio": r["step_s"] / original["step_s"],
+                    "capability": p["capability"],
+                    "kl": p["kl"],
+                }
+            )
+    return {
+        "command": f"python bench/fidelity_study.py --seeds {seeds} --steps {steps} --workers {workers}"
+        + ("" if (keeps, methods, faults) == (KEEPS, METHODS, tuple(FAULTS)) else " (a subset)"),
+        "steps": steps,
+        "seeds": seeds,
+        "faults": {f: FAULTS[f] for f in faults},
+        "keeps": keeps,
+        "methods": methods,
+        "proxies": proxies,
+        "rows": rows,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+# --- the tables ----------------------------------------------------------------------------------
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
+    return "–" if value is None else pattern.format(value)
+
+
+def reproduction(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (keep, method): share of original findings reproduced on time, false alarms per run."""
+    cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        cell = cells[(row["keep"], row["method"])]
+        originals = [f for f in row["findings"] if not f["false_alarm"]]
+        for f in originals:
+            cell["hit"].append(float(f["reproduced"] and f["on_time"]))
+        cell["alarms"].append(float(sum(f["false_alarm"] for f in row["findings"])))
+        for metric in CURVE_METRICS:
+            curve = row["curves"].get(metric)
+            if curve is not None:
+                cell["trend"].append(float(curve["trend_agrees"]))
+                if curve["spearman"] is not None:
+                    cell["rho"].append(curve["spearman"])
+        cell["step_ratio"].append(row["step_ratio"])
+    return {
+        key: {name: _mean(vals) for name, vals in cell.items()} | {"n": len(cell["hit"])}
+        for key, cell in cells.items()
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows, keeps, methods, faults = result["rows"], result["keeps"], result["methods"], result["faults"]
+    table = reproduction(rows)
+    lines = [
+        "# Fidelity study: proxies of the toy under RL faults",
+        "",
+        f"Regenerate with `{result['command']}` "
+        f"({result['wall_s'] / 60:.0f} min on the machine that wrote it).",
+        f"{len(result['proxies'])} proxies ({', '.join(keeps)} kept × {', '.join(methods)} × "
+        f"{result['seeds']} seeds), each replaying {len(faults)} runs (healthy and {len(faults) - 1} "
+        f"faults) of {result['steps']} GRPO steps, compared with the toy's run of the same fault and seed.",
+        "",
+        "## Reproduction of the toy's findings, and curve agreement",
+        "",
+        "*hit*: share of the toy's warnings and errors that the proxy raises too, with the onset within "
+        "10 % of the run (n = findings); *alarms*: findings only the proxy raises, per run; *trend*: share "
+        f"of ({', '.join(CURVE_METRICS)}) whose overall trend matches; *ρ*: mean Spearman correlation of "
+        "those curves; *step*: proxy step time / toy step time (measured).",
+        "",
+        "| keep | method | hit | n | alarms | trend | ρ | step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for keep in keeps:
+        for method in methods:
+            c = table.get((keep, method))
+            if c is None:
+                continue
+            lines.append(
+                f"| {keep} | {method} | {_fmt(c.get('hit'))} | {c['n']} | {_fmt(c.get('alarms'))} | "
+                f"{_fmt(c.get('trend'))} | {_fmt(c.get('rho'))} | {_fmt(c.get('step_ratio'))} |"
+            )
+    lines += ["", "## The faults' own signatures: share reproduced on time (all keeps and seeds)", ""]
+    lines += ["| fault | signature | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    for fault, types in SIGNATURES.items():
+        if fault not in faults:
+            continue
+        cells = []
+        for method in methods:
+            hits = [
+                float(f["reproduced"] and f["on_time"])
+                for r in rows
+                if r["fault"] == fault and r["method"] == method
+                for f in r["findings"]
+                if f["type"] in types and not f["false_alarm"]
+            ]
+            cells.append(_fmt(_mean(hits)))
+        lines.append(f"| {fault} | {', '.join(types)} | " + " | ".join(cells) + " |")
+    lines += ["", "## Per fault: share of proxy runs whose verdict is *reproduced* or *both healthy*", ""]
+    lines += ["| fault | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for fault in faults:
+        cells = []
+        for method in methods:
+            picked = [r for r in rows if r["fault"] == fault and r["method"] == method]
+            good = [r["verdict"] in ("reproduced", "both healthy") for r in picked]
+            cells.append(_fmt(_mean([float(g) for g in good])))
+        lines.append(f"| {fault} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Proxy capability: task accuracy ratio proxy / toy (mean over seeds), and next-token KL",
+        "",
+    ]
+    lines += ["| keep | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for keep in keeps:
+        cells = []
+        for method in methods:
+            picked = [p for p in result["proxies"] if p["keep"] == keep and p["method"] == method]
+            ratio = _mean([p["capability_ratio"] for p in picked])
+            kl = _mean([p["kl"] for p in picked])
+            cells.append(f"{_fmt(ratio)} (KL {_fmt(kl)})")
+        lines.append(f"| {keep} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--keeps", nargs="+", default=KEEPS, help="a subset, for a quick look")
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--faults", nargs="+", default=tuple(FAULTS), choices=tuple(FAULTS))
+    parser.add_argument("--tables-only", action="store_true", help="rewrite the .md from OUT's .json")
+    args = parser.parse_args()
+    if args.tables_only:
+        result = json.loads((args.out / "fidelity-study.json").read_text())
+        (args.out / "fidelity-study.md").write_text(markdown(result))
+        print(markdown(result))
+        return
+    result = run(
+        args.seeds, args.steps, args.workers, tuple(args.keeps), tuple(args.methods), tuple(args.faults)
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fidelity-study.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (args.out / "fidelity-study.md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"wrote {args.out / 'fidelity-study.md'} and .json", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
