@@ -25,7 +25,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+from moescope.study import CURVE_METRICS, study_frame, study_summary
 
 KEEPS = ("1/2", "1/4", "1/8")
 METHODS = ("cluster", "frequency", "reap", "random")
@@ -56,7 +57,6 @@ SIGNATURES = {
     "fp16_overflow": ("overflow",),
     "nan_op": ("nonfinite",),
 }
-CURVE_METRICS = ("actor/loss", "actor/grad_norm", "actor/entropy", "reward/mean", "actor/kl")
 
 
 def _config(fault: str, seed: int, steps: int):
@@ -176,34 +176,12 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
-    return "–" if value is None else pattern.format(value)
-
-
-def reproduction(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """Per (keep, method): share of original findings reproduced on time, false alarms per run."""
-    cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for row in rows:
-        cell = cells[(row["keep"], row["method"])]
-        originals = [f for f in row["findings"] if not f["false_alarm"]]
-        for f in originals:
-            cell["hit"].append(float(f["reproduced"] and f["on_time"]))
-        cell["alarms"].append(float(sum(f["false_alarm"] for f in row["findings"])))
-        for metric in CURVE_METRICS:
-            curve = row["curves"].get(metric)
-            if curve is not None:
-                cell["trend"].append(float(curve["trend_agrees"]))
-                if curve["spearman"] is not None:
-                    cell["rho"].append(curve["spearman"])
-        cell["step_ratio"].append(row["step_ratio"])
-    return {
-        key: {name: _mean(vals) for name, vals in cell.items()} | {"n": len(cell["hit"])}
-        for key, cell in cells.items()
-    }
+    return "–" if value is None or value != value else pattern.format(value)  # None or NaN
 
 
 def markdown(result: dict[str, Any]) -> str:
     rows, keeps, methods, faults = result["rows"], result["keeps"], result["methods"], result["faults"]
-    table = reproduction(rows)
+    table = study_summary(study_frame(result))
     lines = [
         "# Fidelity study: proxies of the toy under RL faults",
         "",
@@ -223,15 +201,12 @@ def markdown(result: dict[str, Any]) -> str:
         "| keep | method | hit | n | alarms | trend | ρ | step |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for keep in keeps:
-        for method in methods:
-            c = table.get((keep, method))
-            if c is None:
-                continue
-            lines.append(
-                f"| {keep} | {method} | {_fmt(c.get('hit'))} | {c['n']} | {_fmt(c.get('alarms'))} | "
-                f"{_fmt(c.get('trend'))} | {_fmt(c.get('rho'))} | {_fmt(c.get('step_ratio'))} |"
-            )
+    for row in table.itertuples():
+        lines.append(
+            f"| {row.keep} | {row.method} | {_fmt(row.hit)} | {row.findings} | {_fmt(row.alarms)} | "
+            f"{_fmt(row.trend)} | {_fmt(row.rho)} | {_fmt(row.step_ratio)} |"
+        )
+    lines += ["", *cost_lines(table, keeps)]
     lines += ["", "## The faults' own signatures: share reproduced on time (all keeps and seeds)", ""]
     lines += ["| fault | signature | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
     for fault, types in SIGNATURES.items():
@@ -274,6 +249,42 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cost_lines(table: Any, keeps: tuple[str, ...]) -> list[str]:
+    """What each keep ratio costs: devices from the cost model for published models, and the
+    proxies' measured step time on the toy (mean over methods)."""
+    from moescope.cost import reference_table
+
+    ref = reference_table()
+    models = ("DeepSeek-V3", "Kimi-K2", "Qwen3-235B-A22B")
+    lines = [
+        "## What each keep ratio costs",
+        "",
+        "Accelerators to RL-train the model from the cost model (`moescope cost --reference`: 80 GB devices, "
+        "90 % usable); step time measured on the toy's proxies, relative to the toy (the same top-k, so "
+        "per-token compute stays).",
+        "",
+        "| keep | " + " | ".join(f"{m} devices" for m in models) + " | proxy step time / toy |",
+        "|---|" + "---|" * (len(models) + 1),
+    ]
+    for keep in ("full", *keeps):
+        cells = []
+        for model in models:
+            row = ref[(ref["model"] == model) & (ref["keep"] == keep)]
+            cells.append("–" if row.empty else str(int(row["devices"].iloc[0])))
+        step = "1.00" if keep == "full" else _fmt(table[table["keep"] == keep]["step_ratio"].mean())
+        lines.append(f"| {keep} | " + " | ".join(cells) + f" | {step} |")
+    return lines
+
+
+def write_chart(result: dict[str, Any], path: Path) -> None:
+    """The study chart as a standalone SVG (vl-convert, offline)."""
+    import vl_convert
+
+    from moescope.charts import study_chart
+
+    path.write_text(vl_convert.vegalite_to_svg(study_chart(study_summary(study_frame(result))).to_dict()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -288,6 +299,7 @@ def main() -> None:
     if args.tables_only:
         result = json.loads((args.out / "fidelity-study.json").read_text())
         (args.out / "fidelity-study.md").write_text(markdown(result))
+        write_chart(result, args.out / "fidelity-study.svg")
         print(markdown(result))
         return
     result = run(
@@ -296,6 +308,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity-study.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     (args.out / "fidelity-study.md").write_text(markdown(result))
+    write_chart(result, args.out / "fidelity-study.svg")
     print(markdown(result))
     print(f"wrote {args.out / 'fidelity-study.md'} and .json", file=sys.stderr)
 

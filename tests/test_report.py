@@ -327,9 +327,10 @@ def test_report_on_the_toy_end_to_end(tmp_path: Path) -> None:
     accuracy = (report.artifacts / "tour" / "accuracy.csv").read_text().splitlines()
     assert accuracy[0].startswith("task,mode,") and len(accuracy) > 1
     # the journey ends with a replay of the original and of 02's proxy, and a verdict
-    assert [nb.name for nb in report.notebooks][-1] == "03_analyze_replay.ipynb"
+    assert [nb.name for nb in report.notebooks][-2:] == ["03_analyze_replay.ipynb", "04_fidelity_study.ipynb"]
     original = read_trace(report.artifacts / "replay" / "original.jsonl")
     proxy = read_trace(report.artifacts / "replay" / "proxy.jsonl")
     assert len(original.steps) == len(proxy.steps) > 0 and proxy.header["proxy"]["keep"] == 8
-    assert "verdict: " in report.html[-1].read_text()
+    assert "verdict: " in report.html[-2].read_text()
+    assert (report.artifacts / "study" / "summary.csv").read_text().startswith("keep,method,hit,")
     assert no_partial_dirs(tmp_path)

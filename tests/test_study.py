@@ -1,0 +1,74 @@
+"""The fidelity study's tables and chart, on a small hand-made result and on the committed one."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from moescope.charts import study_chart
+from moescope.errors import MoescopeError
+from moescope.study import read_study, study_frame, study_summary
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def finding(kind, reproduced, on_time=True, false_alarm=False):
+    return {"type": kind, "reproduced": reproduced, "on_time": on_time, "false_alarm": false_alarm}
+
+
+def curve(rho, agrees):
+    return {"spearman": rho, "trend_agrees": agrees}
+
+
+RESULT = {
+    "proxies": [
+        {"keep": "1/2", "method": "cluster", "seed": 0, "capability_ratio": 0.5},
+        {"keep": "1/2", "method": "random", "seed": 0, "capability_ratio": 0.1},
+    ],
+    "rows": [
+        {"keep": "1/2", "method": "cluster", "seed": 0, "fault": "lr_spike", "verdict": "reproduced",
+         "findings": [finding("grad_spike", True), finding("kl_blowup", True, on_time=False)],
+         "curves": {"actor/loss": curve(0.8, True), "reward/mean": curve(None, False)}, "step_ratio": 0.9},
+        {"keep": "1/2", "method": "cluster", "seed": 0, "fault": "healthy", "verdict": "both healthy",
+         "findings": [], "curves": {"actor/loss": curve(0.4, True)}, "step_ratio": 1.1},
+        {"keep": "1/2", "method": "random", "seed": 0, "fault": "lr_spike", "verdict": "not reproduced",
+         "findings": [finding("grad_spike", False), finding("no_signal", False, False, True)],
+         "curves": {}, "step_ratio": 1.0},
+    ],
+}  # fmt: skip
+
+
+def test_summary_pools_findings_and_averages_runs():
+    frame = study_frame(RESULT)
+    assert list(frame["hits"]) == [1, 0, 0] and list(frame["findings"]) == [2, 0, 1]
+    assert list(frame["alarms"]) == [0, 0, 1] and frame["capability"].tolist() == [0.5, 0.5, 0.1]
+    assert frame.loc[0, "trend"] == 0.5 and frame.loc[0, "rho"] == 0.8 and math.isnan(frame.loc[2, "rho"])
+    summary = study_summary(frame).set_index("method")
+    assert summary.loc["cluster", "hit"] == 0.5  # 1 of 2 findings, pooled over runs
+    assert summary.loc["cluster", "step_ratio"] == pytest.approx(1.0)
+    assert summary.loc["random", "hit"] == 0.0 and summary.loc["random", "alarms"] == 1.0
+
+
+def test_chart_has_both_measures():
+    spec = study_chart(study_summary(study_frame(RESULT))).to_dict()
+    titles = [panel["title"] for panel in spec["hconcat"]]
+    assert titles == ["findings reproduced on time", "task accuracy, proxy / original"]
+
+
+def test_bad_study_files(tmp_path):
+    with pytest.raises(MoescopeError, match="No study results"):
+        read_study(tmp_path)
+    (tmp_path / "fidelity-study.json").write_text(json.dumps({"rows": []}))
+    with pytest.raises(MoescopeError, match="not a fidelity-study result"):
+        read_study(tmp_path)
+
+
+def test_the_committed_study_matches_its_tables():
+    """docs/fidelity-study.md was written from docs/fidelity-study.json: the table rows agree."""
+    summary = study_summary(study_frame(read_study(DOCS)))
+    table = (DOCS / "fidelity-study.md").read_text()
+    for row in summary.itertuples():
+        assert f"| {row.keep} | {row.method} | {row.hit:.2f} | {row.findings} |" in table
