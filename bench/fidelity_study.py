@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from moescope.study import CURVE_METRICS, study_frame, study_summary
+from moescope.study import CURVE_METRICS, mean_of, study_frame, study_summary
 
 KEEPS = ("1/2", "1/4", "1/8")
 METHODS = ("cluster", "frequency", "reap", "random")
@@ -170,11 +170,6 @@ def run(
 # --- the tables ----------------------------------------------------------------------------------
 
 
-def _mean(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
-
-
 def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
     return "–" if value is None or value != value else pattern.format(value)  # None or NaN
 
@@ -221,7 +216,7 @@ def markdown(result: dict[str, Any]) -> str:
                 for f in r["findings"]
                 if f["type"] in types and not f["false_alarm"]
             ]
-            cells.append(_fmt(_mean(hits)))
+            cells.append(_fmt(mean_of(hits)))
         lines.append(f"| {fault} | {', '.join(types)} | " + " | ".join(cells) + " |")
     lines += ["", "## Per fault: share of proxy runs whose verdict is *reproduced* or *both healthy*", ""]
     lines += ["| fault | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
@@ -230,7 +225,7 @@ def markdown(result: dict[str, Any]) -> str:
         for method in methods:
             picked = [r for r in rows if r["fault"] == fault and r["method"] == method]
             good = [r["verdict"] in ("reproduced", "both healthy") for r in picked]
-            cells.append(_fmt(_mean([float(g) for g in good])))
+            cells.append(_fmt(mean_of([float(g) for g in good])))
         lines.append(f"| {fault} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -242,8 +237,8 @@ def markdown(result: dict[str, Any]) -> str:
         cells = []
         for method in methods:
             picked = [p for p in result["proxies"] if p["keep"] == keep and p["method"] == method]
-            ratio = _mean([p["capability_ratio"] for p in picked])
-            kl = _mean([p["kl"] for p in picked])
+            ratio = mean_of([p["capability_ratio"] for p in picked])
+            kl = mean_of([p["kl"] for p in picked])
             cells.append(f"{_fmt(ratio)} (KL {_fmt(kl)})")
         lines.append(f"| {keep} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -147,12 +147,11 @@ class RoutingObserver:
         def hook(module: Any, args: tuple, out: Any) -> None:
             if layer.index in self._pending:  # the layer ran again without the stack: a new pass
                 self._flush()
+            logits, index = layer.router_choice(out)
             if layer.spec.combine == "output":
-                logits, _, index = out
                 self._pending[layer.index] = _Pending(logits.detach(), index.detach())
                 return
-            scores, logits = out  # Llama 4: dense sigmoid scores (0 off the top-k) and logits
-            index = torch.topk(logits.detach(), layer.top_k, dim=1).indices  # the router's own call
+            scores = out[0]  # Llama 4: dense sigmoid scores (0 off the top-k)
             hidden = args[0].detach().reshape(-1, args[0].shape[-1])
             weights = scores.detach().gather(1, index).float()
             saliency = recomputed_norms(layer, hidden, index, self._valid) * weights

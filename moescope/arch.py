@@ -475,6 +475,18 @@ class MoELayer:
             weight = weight.float()
         return nn.functional.linear(hidden.to(weight.dtype), weight, self.router_bias)
 
+    def router_choice(self, out: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits [T, E], index [T, k])`` from what this layer's router module returned.
+
+        Most routers return ``(logits, weights, index)``; Llama 4's returns dense sigmoid scores
+        and the logits, and the top-k of the logits is its own choice.
+        """
+        if self.spec.combine == "output":
+            logits, _, index = out
+            return logits, index
+        _scores, logits = out
+        return logits, torch.topk(logits.detach(), self.top_k, dim=1).indices
+
     def route(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(logits [T, E], weights [T, k], index [T, k])`` for ``(T, H)`` hidden states."""
         logits = self.router_logits(hidden)

@@ -149,6 +149,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from moescope.diagnosis import diagnose
     from moescope.readers import read_log
+    from moescope.traces import json_value
     from moescope.verdict import compare
 
     trace = read_log(args.trace, format=args.format)
@@ -165,7 +166,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         comparison = compare(trace, other, original_findings=findings)
         result["comparison"] = comparison.to_dict()
     if args.json:
-        print(json.dumps(result, indent=1, default=_json_safe))
+        print(json.dumps(result, indent=1, default=json_value))
         return 0
     print(f"{args.trace}: {result['format']}, {result['steps']} steps")
     for note in trace.notes:
@@ -181,10 +182,6 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         for reason in comparison.reasons:
             print(f"  - {reason}")
     return 0
-
-
-def _json_safe(value: object) -> object:
-    return repr(value)
 
 
 def _read_replay_config(path: Path) -> dict:

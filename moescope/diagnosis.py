@@ -14,11 +14,12 @@ records; thresholds are module constants, chosen so a healthy toy replay raises 
   fewer than 3 earlier steps that had a gradient, ``GRAD_SPIKE_EXTREME`` times the median and
   ``GRAD_SPIKE_FACTOR`` times the largest. Steps with a norm of 0 (no signal) are left out.
 - ``zero_grad``: a gradient norm of exactly 0 while rewards still vary.
-- ``overflow``: fp16 steps skipped and loss-scale halvings; a few at the start are normal
-  (``info``), more is a ``warning``, a scale below 1 an ``error``.
-- ``loss_divergence``: only on loss families that have a level (critic value loss, LM loss,
-  KL loss), never on a GRPO policy loss, whose level is near 0 by construction: the running
-  median rises ``DIVERGENCE_FACTOR`` times above the early-run baseline and stays there.
+- ``overflow``: the largest episode of fp16 steps skipped by the loss scaler; a short one (the
+  scaler settling at the start) is ``info``, a longer one a ``warning``, a scale below 1 an
+  ``error``.
+- ``loss_divergence``: only on losses that have a level (critic value loss, the LM loss of a run
+  that is not RL), never on a GRPO policy loss, whose level is near 0 by construction: the
+  running median rises ``DIVERGENCE_FACTOR`` times above the early-run baseline and stays there.
 - ``kl_blowup``: KL to the reference jumps above ``KL_BLOWUP_MIN`` nats and ten times its running
   median.
 - ``entropy_collapse`` / ``entropy_surge``: the running mean of token entropy falls below half
@@ -108,7 +109,8 @@ def _first(trace: Trace, keys: Sequence[str]) -> str | None:
     return next((k for k in keys if any(k in rec for rec in trace.steps)), None)
 
 
-def _running(values: Sequence[float], width: int, fn: Callable[[Sequence[float]], float]) -> list[float]:
+def running(values: Sequence[float], width: int, fn: Callable[[Sequence[float]], float]) -> list[float]:
+    """``fn`` over the trailing window of ``width`` values at every position."""
     return [fn(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
 
 
@@ -164,11 +166,11 @@ def _shift(
     base = _baseline(values)
     if positive_base and base <= 0:
         return None
-    running = _running(values, SUSTAIN, stat)
-    start = _sustained([crossed(r, base) for r in running])
+    trail = running(values, SUSTAIN, stat)
+    start = _sustained([crossed(r, base) for r in trail])
     if start is None:
         return None
-    return _Shift(points[_backdate(values, start, lambda v: crossed(v, base))][0], base, running)
+    return _Shift(points[_backdate(values, start, lambda v: crossed(v, base))][0], base, trail)
 
 
 # --- non-finite values -------------------------------------------------------------------------

@@ -42,7 +42,8 @@ def read_study(path: str | Path) -> dict[str, Any]:
     return result
 
 
-def _mean(values: list[float]) -> float:
+def mean_of(values: list[float | None]) -> float:
+    """Mean of the values that are there (``None`` and NaN left out); NaN when none are."""
     values = [v for v in values if v is not None and not math.isnan(v)]
     return statistics.fmean(values) if values else math.nan
 
@@ -68,8 +69,8 @@ def study_frame(result: dict[str, Any]) -> pd.DataFrame:
                 "hits": sum(bool(f["reproduced"] and f["on_time"]) for f in originals),
                 "findings": len(originals),
                 "alarms": sum(bool(f["false_alarm"]) for f in r["findings"]),
-                "trend": _mean([float(c["trend_agrees"]) for c in curves]),
-                "rho": _mean([c["spearman"] for c in curves]),
+                "trend": mean_of([float(c["trend_agrees"]) for c in curves]),
+                "rho": mean_of([c["spearman"] for c in curves]),
                 "step_ratio": r["step_ratio"],
                 "capability": capability.get((r["keep"], r["method"], r["seed"])),
             }

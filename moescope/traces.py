@@ -42,10 +42,10 @@ TRACE_KIND = "moescope.trace"
 
 def dumps(record: dict[str, Any]) -> str:
     """One JSON line; NaN / ±Inf as ``NaN`` / ``Infinity`` tokens (exact round trip)."""
-    return json.dumps(record, allow_nan=True, separators=(",", ":"), default=_default)
+    return json.dumps(record, allow_nan=True, separators=(",", ":"), default=json_value)
 
 
-def _default(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     """numpy / torch scalars and arrays, written as plain JSON numbers and lists."""
     if hasattr(value, "tolist"):
         return value.tolist()

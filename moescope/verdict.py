@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from moescope import _schema as S
-from moescope.diagnosis import diagnose, series
+from moescope.diagnosis import diagnose, running, series
 from moescope.findings import Finding
 from moescope.traces import Trace
 
@@ -120,10 +120,6 @@ def _match(a: dict[str, int | None], b: dict[str, int | None], run_length: int) 
     return rows
 
 
-def _smooth(values: list[float], width: int = 3) -> list[float]:
-    return [statistics.fmean(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
-
-
 def _trend(values: list[float]) -> str:
     third = max(1, len(values) // 3)
     early, late = statistics.fmean(values[:third]), statistics.fmean(values[-third:])
@@ -139,8 +135,9 @@ def _curve(original: Trace, proxy: Trace, metric: str) -> CurveAgreement | None:
     if len(steps) < 3:
         return None
     x, y = [a[s] for s in steps], [b[s] for s in steps]
+    smooth_x, smooth_y = running(x, 3, statistics.fmean), running(y, 3, statistics.fmean)
     return CurveAgreement(
-        metric, len(steps), _spearman(x, y), _direction(_smooth(x), _smooth(y)), _trend(x), _trend(y)
+        metric, len(steps), _spearman(x, y), _direction(smooth_x, smooth_y), _trend(x), _trend(y)
     )
 
 

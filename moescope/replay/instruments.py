@@ -33,14 +33,6 @@ class RouterRecord:
     layer: list[int] = field(default_factory=list)  # row of the MoE layer in moe.layers
 
 
-def _logits_and_index(layer, out) -> tuple[torch.Tensor, torch.Tensor]:
-    if layer.spec.combine == "output":
-        logits, _, index = out
-        return logits, index
-    _scores, logits = out  # Llama 4: dense sigmoid scores and logits
-    return logits, torch.topk(logits.detach(), layer.top_k, dim=1).indices
-
-
 @contextmanager
 def record_routers(moe: MoEModel, *, enabled: bool = True) -> Iterator[RouterRecord]:
     """Collect router logits (graph kept) and top-k index of every MoE layer while active."""
@@ -49,7 +41,7 @@ def record_routers(moe: MoEModel, *, enabled: bool = True) -> Iterator[RouterRec
     for row, layer in enumerate(moe.layers if enabled else ()):
 
         def hook(module, args, out, _layer=layer, _row=row):
-            logits, index = _logits_and_index(_layer, out)
+            logits, index = _layer.router_choice(out)
             record.logits.append(logits.reshape(-1, logits.shape[-1]))
             record.index.append(index.reshape(-1, index.shape[-1]))
             record.layer.append(_row)

@@ -60,12 +60,11 @@ def replay(
     path = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="moescope-replay-")) / "trace.jsonl"
     reward_fn = reward_function(reward if reward is not None else config.reward)
     schedule = prompt_schedule(config)
-    if resume:
-        _check_resumable(path, config)  # before the (slow) model load
+    state = _resumable_state(path, config) if resume else None  # checked before the (slow) model load
     source, policy, reference, tokenizer = _load(model, config, tokenizer)
     models = prepare_models(policy, reference, tokenizer, model_loop_times(config, policy.config))
     trainer = Trainer(models, config, schedule, reward_fn, max_new_tokens(config, schedule), comm)
-    start = _resume_point(path, config, trainer) if resume else 0
+    start = _resume_from(path, state, trainer) if state is not None else 0
     if not resume and comm.is_main:
         shutil.rmtree(checkpoint_dir(path), ignore_errors=True)  # a new run never resumes an old one
     header = _header(source, policy, config, trainer, comm, reward_fn)
@@ -93,27 +92,22 @@ def replay(
 def _load(model: Any, config: ReplayConfig, tokenizer: Any) -> tuple[Path | None, Any, Any, Any]:
     """(checkpoint path or None, policy, frozen reference or None, tokenizer)."""
     if isinstance(model, torch.nn.Module):
-        reference = None
-        if config.kl_beta > 0:
-            reference = _load_reference(config) or reference_copy(model)
+        policy = model
         source = Path(model.name_or_path) if getattr(model, "name_or_path", "") else None
-        return source, model, reference, tokenizer
-    path = resolve_model(model)
-    policy, tok = load_model(path)
+    else:
+        source = resolve_model(model)
+        policy, loaded = load_model(source)
+        tokenizer = tokenizer or loaded
     reference = None
-    if config.kl_beta > 0:
-        reference = _load_reference(config) or load_model(path, with_tokenizer=False)[0]
-    return path, policy, reference, tokenizer or tok
+    if config.kl_beta > 0:  # the given reference, else the policy as it starts
+        ref_path = config.ref_model_path
+        reference = load_model(ref_path, with_tokenizer=False)[0] if ref_path else reference_copy(policy)
+    return source, policy, reference, tokenizer
 
 
-def _load_reference(config: ReplayConfig) -> Any:
-    if config.ref_model_path is None:
-        return None
-    return load_model(config.ref_model_path, with_tokenizer=False)[0]
-
-
-def _check_resumable(path: Path, config: ReplayConfig) -> None:
-    """Refuse a trace or checkpoint written under another config."""
+def _resumable_state(path: Path, config: ReplayConfig) -> dict[str, Any] | None:
+    """The checkpoint state to resume from (None: start at step 0); refuses a trace or a
+    checkpoint written under another config."""
     recorded = []
     if path.exists():
         with contextlib.suppress(MoescopeError):  # an unreadable trace is replaced, not compared
@@ -126,13 +120,11 @@ def _check_resumable(path: Path, config: ReplayConfig) -> None:
             f"Cannot resume {path}: it was written with a different replay config; rerun with the same "
             "options, or drop --resume to start a new trace."
         )
+    return state
 
 
-def _resume_point(path: Path, config: ReplayConfig, trainer: Trainer) -> int:
-    """The step to continue from (0 without a checkpoint), with the checkpoint's state loaded."""
-    state = read_state(path)
-    if state is None:
-        return 0
+def _resume_from(path: Path, state: dict[str, Any], trainer: Trainer) -> int:
+    """Load the checkpoint into the trainer; the step to continue from."""
     load_checkpoint(path, trainer.m.policy, trainer.optimizer)
     trainer.load_state(state)
     return int(state["next_step"])

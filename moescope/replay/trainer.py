@@ -394,7 +394,7 @@ class Trainer:
             S.GRAD_NORM: t["_grad_norm"] / n_mb,
             S.ENTROPY: t.get("entropy", 0.0) / n_mb,
             S.CLIPFRAC: t.get("clipped", 0.0) / tokens,
-            "actor/ppo_kl": t.get("ppo_kl", 0.0) / tokens,
+            S.PPO_KL: t.get("ppo_kl", 0.0) / tokens,
             S.REWARD_MEAN: mean,
             S.REWARD_STD: math.sqrt(var),
             S.LENGTH_MEAN: t.get("length_sum", 0.0) / n,
@@ -417,9 +417,9 @@ class Trainer:
         if "mismatch_tokens" in t:
             rec["rollout/logprob_mismatch"] = t["mismatch_sum"] / max(t["mismatch_tokens"], 1.0)
         if c.aux_loss_coef > 0:
-            rec["moe/aux_loss"] = t.get("aux", 0.0) / n_mb
+            rec[S.AUX_LOSS] = t.get("aux", 0.0) / n_mb
         if c.z_loss_coef > 0:
-            rec["moe/z_loss"] = t.get("z", 0.0) / n_mb
+            rec[S.Z_LOSS] = t.get("z", 0.0) / n_mb
         rec.update(self._routing_metrics(t, n_mb))
         if c.instruments:
             rec[S.TOKEN_ENTROPY] = _entropy_record(t, self.vocab)
