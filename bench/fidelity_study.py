@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from moescope.study import CURVE_METRICS, mean_of, study_frame, study_summary
+from moescope.study import CURVE_METRICS, healing_effect, mean_of, study_frame, study_summary
 
 KEEPS = ("1/2", "1/4", "1/8")
 METHODS = ("cluster", "frequency", "reap", "random")
@@ -81,17 +81,19 @@ def _replay(job: tuple[str, str, str, int, int, str]) -> dict[str, Any]:
     return {"label": label, "fault": fault, "seed": seed, "trace": out, "step_s": statistics.median(times)}
 
 
-def _export(job: tuple[str, str, int, str]) -> dict[str, Any]:
-    """Worker: export one proxy of the toy and measure its greedy accuracy ratio."""
+def _export(job: tuple[str, str, int, str, int]) -> dict[str, Any]:
+    """Worker: export one proxy of the toy (healed for ``heal_steps`` when not 0) and measure its
+    accuracy ratio."""
     import torch
 
     torch.set_num_threads(1)
     from moescope._validity import CAPABILITY
     from moescope.proxy import export_proxy
 
-    keep, method, seed, out = job
+    keep, method, seed, out, heal_steps = job
     result = export_proxy(
         "toy", out, keep=keep, method=method, seed=seed, n_tokens=4000, progress=False, overwrite=True,
+        heal_steps=heal_steps,
         fidelity={"n_tokens": 2048, "seed": seed, "n_prompts": 50, "samples": 2},
     )  # fmt: skip
     capability = next(c for c in result.checklist if c.name == CAPABILITY)
@@ -113,14 +115,15 @@ def run(
     keeps: tuple[str, ...] = KEEPS,
     methods: tuple[str, ...] = METHODS,
     faults: tuple[str, ...] = tuple(FAULTS),
+    heal_steps: int = 0,
 ) -> dict[str, Any]:
     from moescope.traces import read_trace
     from moescope.verdict import compare
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="moescope-study-"))
-    exports = [(k, m, s, str(work / f"proxy-{k.replace('/', 'of')}-{m}-{s}")) for k in keeps for m in methods
-               for s in range(seeds)]  # fmt: skip
+    exports = [(k, m, s, str(work / f"proxy-{k.replace('/', 'of')}-{m}-{s}"), heal_steps) for k in keeps
+               for m in methods for s in range(seeds)]  # fmt: skip
     with ProcessPoolExecutor(workers) as pool:
         proxies = list(pool.map(_export, exports))
         jobs = [
@@ -155,7 +158,9 @@ def run(
             )
     return {
         "command": f"python bench/fidelity_study.py --seeds {seeds} --steps {steps} --workers {workers}"
+        + (f" --heal-steps {heal_steps}" if heal_steps else "")
         + ("" if (keeps, methods, faults) == (KEEPS, METHODS, tuple(FAULTS)) else " (a subset)"),
+        "heal_steps": heal_steps,
         "steps": steps,
         "seeds": seeds,
         "faults": {f: FAULTS[f] for f in faults},
@@ -174,11 +179,12 @@ def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
     return "–" if value is None or value != value else pattern.format(value)  # None or NaN
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(result: dict[str, Any], unhealed: dict[str, Any] | None = None) -> str:
     rows, keeps, methods, faults = result["rows"], result["keeps"], result["methods"], result["faults"]
     table = study_summary(study_frame(result))
+    healed = f", every proxy healed for {result['heal_steps']} steps" if result.get("heal_steps") else ""
     lines = [
-        "# Fidelity study: proxies of the toy under RL faults",
+        f"# Fidelity study: proxies of the toy under RL faults{healed}",
         "",
         f"Regenerate with `{result['command']}` "
         f"({result['wall_s'] / 60:.0f} min on the machine that wrote it).",
@@ -241,7 +247,28 @@ def markdown(result: dict[str, Any]) -> str:
             kl = mean_of([p["kl"] for p in picked])
             cells.append(f"{_fmt(ratio)} (KL {_fmt(kl)})")
         lines.append(f"| {keep} | " + " | ".join(cells) + " |")
+    if unhealed is not None:
+        lines += ["", *healing_lines(unhealed, result)]
     return "\n".join(lines) + "\n"
+
+
+def healing_lines(unhealed: dict[str, Any], healed: dict[str, Any]) -> list[str]:
+    """What healing changes: hit share and capability of the same proxies without and with it."""
+    lines = [
+        f"## What healing changes ({healed['heal_steps']} steps of distillation toward the toy)",
+        "",
+        "The same exports without healing (`docs/fidelity-study.json`) and with it (this study): share of "
+        "the toy's findings reproduced on time, and task accuracy relative to the toy.",
+        "",
+        "| keep | method | hit, unhealed | hit, healed | capability, unhealed | capability, healed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in healing_effect(unhealed, healed).itertuples():
+        lines.append(
+            f"| {row.keep} | {row.method} | {_fmt(row.hit_unhealed)} | {_fmt(row.hit_healed)} | "
+            f"{_fmt(row.capability_unhealed)} | {_fmt(row.capability_healed)} |"
+        )
+    return lines
 
 
 def cost_lines(table: Any, keeps: tuple[str, ...]) -> list[str]:
@@ -289,23 +316,32 @@ def main() -> None:
     parser.add_argument("--keeps", nargs="+", default=KEEPS, help="a subset, for a quick look")
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--faults", nargs="+", default=tuple(FAULTS), choices=tuple(FAULTS))
+    parser.add_argument(
+        "--heal-steps", type=int, default=0, help="heal every proxy first; writes fidelity-study-healed.*"
+    )
     parser.add_argument("--tables-only", action="store_true", help="rewrite the .md from OUT's .json")
     args = parser.parse_args()
+    stem = args.out / ("fidelity-study-healed" if args.heal_steps else "fidelity-study")
     if args.tables_only:
-        result = json.loads((args.out / "fidelity-study.json").read_text())
-        (args.out / "fidelity-study.md").write_text(markdown(result))
-        write_chart(result, args.out / "fidelity-study.svg")
-        print(markdown(result))
-        return
-    result = run(
-        args.seeds, args.steps, args.workers, tuple(args.keeps), tuple(args.methods), tuple(args.faults)
-    )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fidelity-study.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    (args.out / "fidelity-study.md").write_text(markdown(result))
-    write_chart(result, args.out / "fidelity-study.svg")
-    print(markdown(result))
-    print(f"wrote {args.out / 'fidelity-study.md'} and .json", file=sys.stderr)
+        result = json.loads(stem.with_suffix(".json").read_text())
+    else:
+        result = run(
+            args.seeds, args.steps, args.workers, tuple(args.keeps), tuple(args.methods), tuple(args.faults),
+            args.heal_steps,
+        )  # fmt: skip
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    text = markdown(result, _unhealed(args.out) if args.heal_steps else None)
+    stem.with_suffix(".md").write_text(text)
+    write_chart(result, stem.with_suffix(".svg"))
+    print(text)
+    print(f"wrote {stem}.md, .json and .svg", file=sys.stderr)
+
+
+def _unhealed(out: Path) -> dict[str, Any] | None:
+    """The study without healing, when OUT holds it: the baseline healing is compared with."""
+    path = out / "fidelity-study.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 if __name__ == "__main__":

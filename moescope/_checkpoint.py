@@ -59,6 +59,12 @@ class Checkpoint:
                 keys[self.experts[tensor.key].layer].append(tensor.key)
         return keys
 
+    @cached_property
+    def layer_bytes(self) -> int:
+        """Bytes of the largest MoE layer's expert tensors: what a pass holding one layer holds."""
+        sizes = [sum(self.by_key[key].nbytes for key in keys) for keys in self.layer_keys.values()]
+        return max(sizes, default=0)
+
 
 def open_checkpoint(model: str | Path) -> Checkpoint:
     """Read the config and every shard header; check them against each other (no weight is read).

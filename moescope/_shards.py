@@ -28,6 +28,7 @@ from moescope.loading import INDEX_FILE
 
 SINGLE_FILE = "model.safetensors"
 COPY_CHUNK = 16 << 20  # bytes moved per read: enough for full disk speed, small beside any model
+PREFETCH_PIECE = 128 << 10  # bytes per readahead request: Linux's default readahead window
 
 # safetensors dtype code -> torch dtype name (the item size comes from torch)
 _DTYPES = {
@@ -148,10 +149,17 @@ class ShardReader:
             done += got
 
     def prefetch(self, tensor: StoredTensor, ranges: list[tuple[int, int]]) -> None:
-        """Ask the kernel to start reading these byte ranges into its page cache (no waiting)."""
+        """Ask the kernel to start reading these byte ranges into its page cache (no waiting).
+
+        Linux reads at most one readahead window per ``WILLNEED`` (``force_page_cache_ra`` caps
+        it; 128 KiB by default), so one call for a 300 MB layer fetches a few megabytes and the
+        rest is read later, on demand. The advice is therefore given a window at a time.
+        """
         fd = self._handle(tensor.file).fileno()
         for start, length in ranges:
-            os.posix_fadvise(fd, tensor.offset + start, length, os.POSIX_FADV_WILLNEED)
+            for piece in range(start, start + length, PREFETCH_PIECE):
+                size = min(PREFETCH_PIECE, start + length - piece)
+                os.posix_fadvise(fd, tensor.offset + piece, size, os.POSIX_FADV_WILLNEED)
 
     def _handle(self, file: Path) -> Any:
         handle = self._files.get(file)

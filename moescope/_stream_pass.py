@@ -1,16 +1,19 @@
 """The one read of a streaming export: planned outputs written in source order, shard by shard.
 
 :func:`plan_outputs` lists the proxy's tensors before any byte moves (so every shard header is
-known up front); :class:`Pass` then writes them in that order. When the selection is known,
-each output is a byte range copy. Under clustering, a layer is read (on a background thread),
-sketched and clustered the first time one of its outputs is due, and its kept experts are
-written from memory; its buffers are then refilled by the next layer's read, so the pass holds
-one layer of experts at a time. A :class:`~moescope._shards.Readahead` keeps the disk busy
-ahead of both.
+known up front); :class:`Pass` then hands them, in that order, to a writing thread. When the
+selection is known, each output is a byte range copy. Under clustering, a layer is read (on a
+background thread), sketched and clustered the first time one of its outputs is due, and its kept
+experts are written from memory. Its buffers come from a pool of one layer's size: a dropped
+expert's buffer takes the next layer's bytes at once, a kept one's once written, so the next
+layer is read and sketched while the last one is written, and the pass never holds more than one
+layer of experts. A :class:`~moescope._shards.Readahead` keeps the disk busy ahead of both.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ import numpy as np
 from moescope._checkpoint import Checkpoint
 from moescope._checkpoint_keys import ExpertKey
 from moescope._shards import OutTensor, Readahead, ShardReader, ShardWriter, StoredTensor
-from moescope._weight_view import LayerRead, layer_vectors
+from moescope._weight_view import BufferPool, LayerRead, layer_vectors
 from moescope.clustering import Selection, select_experts
 from moescope.embeddings import ExpertEmbeddings, _Projector, model_facts
 
@@ -80,6 +83,68 @@ def expert_ranges(tensor: StoredTensor, axis: int, kept: tuple[int, ...]) -> lis
     return ranges
 
 
+class _Writes:
+    """The pass's writes, in plan order, on a thread of their own.
+
+    The pass hands each output over (its stored source and byte ranges, and the buffer holding
+    them when a layer was read into memory) and goes on: it clusters the next layer while this
+    thread writes the last one's kept experts and copies the tensors in between. A buffer goes
+    back to the pool once written, which is what lets the next layer's read proceed.
+    """
+
+    def __init__(self, writer: ShardWriter, pool: BufferPool | None, bar: Any) -> None:
+        self.writer, self.pool, self.bar = writer, pool, bar
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="moescope-writes", daemon=True)
+        self._thread.start()
+
+    def put(
+        self, out: OutTensor, tensor: StoredTensor, ranges: list[tuple[int, int]], held: bytearray | None
+    ) -> None:
+        if self._error is not None:
+            raise self._error
+        self._jobs.put((out, tensor, ranges, held))
+
+    def finish(self) -> None:
+        """Wait for every write; raise the first failure."""
+        self._jobs.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def abort(self) -> None:
+        """Skip what is still queued (its buffers still go back) and stop."""
+        if self._error is None:
+            self._error = RuntimeError("the pass stopped")
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        with ShardReader() as reader:
+            while (job := self._jobs.get()) is not None:
+                out, tensor, ranges, held = job
+                try:
+                    if self._error is None:
+                        self._write(reader, out, tensor, ranges, held)
+                except BaseException as exc:  # raised in the pass at its next hand-over
+                    self._error = exc
+                finally:
+                    if held is not None:
+                        self.pool.give(held)
+
+    def _write(
+        self, reader: ShardReader, out: OutTensor, tensor: StoredTensor, ranges: list, held: Any
+    ) -> None:
+        with self.writer.tensor(out.key) as write:
+            if held is None:
+                reader.copy(tensor, ranges, write)
+            else:
+                for start, length in ranges:
+                    write(memoryview(held)[start : start + length])
+        self.bar.update(out.nbytes)
+
+
 class Pass:
     """Writes planned outputs in order, choosing each layer's experts when the selection is not
     given (``chosen=None``: clustering the weight view)."""
@@ -90,7 +155,8 @@ class Pass:
         self.checkpoint, self.keep, self.chosen = checkpoint, keep, chosen
         self.seed, self.allow_top_k = seed, allow_top_k
         self.kept = {} if chosen is None else {entry.layer: entry.kept for entry in chosen.layers}
-        self.held: dict[str, bytearray] = {}  # the expert tensors of the layer read last
+        self.held: dict[str, bytearray] = {}  # kept tensors of the layer read last, not yet handed over
+        self.pool = BufferPool(checkpoint.layer_bytes) if chosen is None else None
         self.clustered: dict[int, Selection] = {}
         self.vectors: dict[int, np.ndarray] = {}
         self.projector = _Projector(seed, EMBED_DIM)
@@ -102,16 +168,22 @@ class Pass:
         readahead = Readahead(reads, max(READ_AHEAD, 2 * layer_bytes))  # a whole layer ahead, at least
         metadata = self.checkpoint.metadata
         try:
-            with (
-                ShardReader() as reader,
-                ShardWriter(work, [o.out for o in outputs], shard_bytes, metadata) as writer,
-            ):
-                for step, output in enumerate(outputs):
-                    readahead.at(step)
-                    self._write(output, reader, writer)
-                    bar.update(output.out.nbytes)
+            with ShardWriter(work, [o.out for o in outputs], shard_bytes, metadata) as writer:
+                writes = _Writes(writer, self.pool, bar)
+                try:
+                    for step, output in enumerate(outputs):
+                        readahead.at(step)
+                        kept = self._kept(output.entry.layer) if output.entry is not None else ()
+                        tensor, ranges = self._source(output, kept)
+                        writes.put(output.out, tensor, ranges, self.held.pop(tensor.key, None))
+                except BaseException:
+                    writes.abort()
+                    raise
+                writes.finish()
                 writer.close()
         finally:
+            if self.pool is not None:
+                self.pool.close()
             readahead.close()
 
     def _source(self, output: Output, kept: tuple[int, ...]) -> tuple[StoredTensor, list[tuple[int, int]]]:
@@ -138,31 +210,29 @@ class Pass:
                 reads.append([])
         return reads
 
-    def _write(self, output: Output, reader: ShardReader, writer: ShardWriter) -> None:
-        kept = self._kept(output.entry.layer) if output.entry is not None else ()
-        tensor, ranges = self._source(output, kept)
-        with writer.tensor(output.out.key) as write:
-            held = self.held.get(tensor.key)
-            if held is None:
-                reader.copy(tensor, ranges, write)
-            else:
-                for start, length in ranges:
-                    write(memoryview(held)[start : start + length])
-
     def _kept(self, layer: int) -> tuple[int, ...]:
         if layer not in self.kept:
             self._cluster(layer)
         return self.kept[layer]
 
     def _cluster(self, layer: int) -> None:
-        read = LayerRead(self.checkpoint, layer, spare=self.held)  # refills the last layer's buffers
-        self.held = {}
+        """Read, sketch and cluster one layer; hold its kept tensors for their outputs."""
+        for buffer in self.held.values():  # a layer read earlier: its outputs still due come from disk
+            self.pool.give(buffer)
+        read = LayerRead(self.checkpoint, layer, self.pool)
         vectors = layer_vectors(self.checkpoint, layer, read, self.projector)
-        self.held = read.join()
+        buffers = read.join()
         facts = {**model_facts(self.checkpoint.moe), "layers": (layer,)}
         emb = ExpertEmbeddings(view="weights", seed=self.seed, vectors=vectors[None], **facts)
         one = select_experts(emb, self.keep, method="cluster", seed=self.seed, allow_top_k=self.allow_top_k)
         self.vectors[layer], self.clustered[layer], self.kept[layer] = vectors, one, one.layers[0].kept
+        self.held = {}
+        for key, buffer in buffers.items():
+            expert = self.checkpoint.experts[key].expert
+            if expert is None or expert in self.kept[layer]:
+                self.held[key] = buffer
+            else:  # a dropped expert: its buffer can take the next layer's bytes now
+                self.pool.give(buffer)
 
     def selection(self) -> Selection:
         """The selection written: the given one, or the layers clustered during the pass."""

@@ -1,11 +1,11 @@
 """The weight view of one MoE layer from its stored bytes, computed while the bytes arrive.
 
-:class:`LayerRead` reads a layer's expert tensors (router rows and biases included) into memory
-on a background thread, in file order; :func:`layer_vectors` sketches each expert as soon as its
-bytes are in, so the disk and the CPU work at the same time. The experts module is stood in for
-by the stored tensors — fused ones as they are, per-expert keys joined on access — so
-:meth:`~moescope.arch.MoELayer.expert` reads every layout (GPT-OSS's transposed, interleaved one
-included) exactly as on the loaded model, and the vectors equal
+:class:`LayerRead` reads a layer's expert tensors (router rows and biases included) into buffers
+of a :class:`BufferPool` on a background thread, in file order; :func:`layer_vectors` sketches
+each expert as soon as its bytes are in, so the disk and the CPU work at the same time. The
+experts module is stood in for by the stored tensors — fused ones as they are, per-expert keys
+joined on access — so :meth:`~moescope.arch.MoELayer.expert` reads every layout (GPT-OSS's
+transposed, interleaved one included) exactly as on the loaded model, and the vectors equal
 ``embed_experts(model, "weights")``.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from moescope._shards import COPY_CHUNK, ShardReader
+from moescope._shards import COPY_CHUNK, ShardReader, StoredTensor
 from moescope._threads import single_threaded
 from moescope.embeddings import _expert_sketch, _Projector
 
@@ -29,23 +28,60 @@ if TYPE_CHECKING:
     from moescope._checkpoint import Checkpoint
 
 
-class LayerRead:
-    """One MoE layer's expert tensors, read into memory on a background thread.
+class BufferPool:
+    """Byte buffers for expert tensors, at most ``limit`` bytes of them (one layer's worth).
 
-    ``spare`` buffers (the previous layer's, of the same sizes) are filled again rather than
-    allocated, so a pass holds one layer's worth of buffers however many layers it reads.
+    A layer's read takes its buffers here and blocks while the pool is spent; buffers come back
+    as soon as their bytes are no longer needed (a dropped expert at once, a kept one once
+    written), so the next layer's read overlaps the last one's writes without the process ever
+    holding more than one layer. Free buffers of another size are let go before a new one is
+    made. A larger single tensor is still given a buffer when the pool holds nothing else.
     """
 
-    def __init__(self, checkpoint: Checkpoint, layer: int, spare: dict[str, bytearray] | None = None) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit, self.total = limit, 0
+        self._free: dict[int, list[bytearray]] = defaultdict(list)
+        self._changed = threading.Condition()
+        self._closed = False
+
+    def take(self, size: int) -> bytearray:
+        with self._changed:
+            while True:
+                if self._closed:
+                    raise RuntimeError("the pass stopped")
+                if self._free[size]:
+                    return self._free[size].pop()
+                if self.total + size <= self.limit or self.total == 0:
+                    self.total += size
+                    return bytearray(size)
+                other = next((n for n, free in self._free.items() if free), None)
+                if other is not None:
+                    self._free[other].pop()
+                    self.total -= other
+                else:
+                    self._changed.wait()
+
+    def give(self, buffer: bytearray) -> None:
+        with self._changed:
+            self._free[len(buffer)].append(buffer)
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """Wake every waiting read with an error: the pass is over."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+
+class LayerRead:
+    """One MoE layer's expert tensors, read into buffers of ``pool`` on a background thread."""
+
+    def __init__(self, checkpoint: Checkpoint, layer: int, pool: BufferPool) -> None:
         self.tensors = [checkpoint.by_key[key] for key in checkpoint.layer_keys[layer]]
-        pool: dict[int, list[bytearray]] = defaultdict(list)
-        for buffer in (spare or {}).values():
-            pool[len(buffer)].append(buffer)
-        self.buffers = {
-            t.key: pool[t.nbytes].pop() if pool[t.nbytes] else bytearray(t.nbytes) for t in self.tensors
-        }
-        pool.clear()  # buffers of other sizes go now, before this layer is read
-        self._done = dict.fromkeys(self.buffers, 0)
+        self.stored = {t.key: t for t in self.tensors}
+        self.pool = pool
+        self.buffers: dict[str, bytearray] = {}
+        self._done = {t.key: -1 for t in self.tensors}  # bytes in; -1 until the buffer is taken
         self._error: BaseException | None = None
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._read, name="moescope-layer-read", daemon=True)
@@ -55,31 +91,44 @@ class LayerRead:
         try:
             with ShardReader() as reader:
                 for tensor in self.tensors:
-                    view = memoryview(self.buffers[tensor.key])
+                    buffer = self.pool.take(tensor.nbytes)
+                    self._progress(tensor.key, 0, buffer)
+                    view = memoryview(buffer)
                     for start in range(0, tensor.nbytes, COPY_CHUNK):
                         end = min(start + COPY_CHUNK, tensor.nbytes)
                         reader.read_into(tensor, start, view[start:end])
-                        with self._changed:
-                            self._done[tensor.key] = end
-                            self._changed.notify_all()
+                        self._progress(tensor.key, end)
         except BaseException as exc:  # handed to the waiting thread, which raises it
             with self._changed:
                 self._error = exc
                 self._changed.notify_all()
 
-    def wait(self, key: str, end: int | None = None) -> None:
-        """Block until the first ``end`` bytes of ``key`` (all by default) are in memory."""
-        end = len(self.buffers[key]) if end is None else end
+    def _progress(self, key: str, done: int, buffer: bytearray | None = None) -> None:
+        with self._changed:
+            if buffer is not None:
+                self.buffers[key] = buffer
+            self._done[key] = done
+            self._changed.notify_all()
+
+    def wait(self, key: str, end: int | None = None) -> bytearray:
+        """The buffer of ``key`` once its first ``end`` bytes (all by default) are in."""
+        end = self.stored[key].nbytes if end is None else end
         with self._changed:
             while self._done[key] < end and self._error is None:
                 self._changed.wait()
         if self._error is not None:
             raise self._error
+        return self.buffers[key]
+
+    def tensor(self, key: str, end: int | None = None) -> torch.Tensor:
+        """``key``'s stored tensor, viewing its buffer once the first ``end`` bytes are in."""
+        stored = self.stored[key]
+        return torch.frombuffer(self.wait(key, end), dtype=stored.torch_dtype).view(stored.shape)
 
     def join(self) -> dict[str, bytearray]:
         """Every buffer, once all are read."""
-        for key in self.buffers:
-            self.wait(key)
+        for tensor in self.tensors:
+            self.wait(tensor.key)
         self._thread.join()
         return self.buffers
 
@@ -97,44 +146,38 @@ def layer_vectors(checkpoint: Checkpoint, layer: int, read: LayerRead, projector
 def _expert_params(checkpoint: Checkpoint, layer: int, read: LayerRead) -> dict[str, Any]:
     """Experts-module parameter name → its rows by expert (:class:`_Rows` or :class:`_Stacked`)."""
     params: dict[str, Any] = {}
-    pieces: dict[str, dict[tuple[int, int], tuple[str, torch.Tensor]]] = defaultdict(dict)
+    pieces: dict[str, dict[tuple[int, int], str]] = defaultdict(dict)
     for tensor in read.tensors:
         entry = checkpoint.experts[tensor.key]
         if entry.param is None:
             continue
-        value = torch.frombuffer(read.buffers[tensor.key], dtype=tensor.torch_dtype).view(tensor.shape)
         if entry.expert is None:
-            params[entry.param] = _Rows(value, lambda end, key=tensor.key: read.wait(key, end))
+            params[entry.param] = _Rows(tensor, read)
         else:
-            pieces[entry.param][entry.expert, entry.part] = (tensor.key, value)
-    params.update({name: _Stacked(parts, read.wait) for name, parts in pieces.items()})
+            pieces[entry.param][entry.expert, entry.part] = tensor.key
+    params.update({name: _Stacked(parts, read) for name, parts in pieces.items()})
     return params
 
 
 class _Rows:
     """A fused tensor being read: ``rows[i]`` waits for expert ``i``'s row, then returns it."""
 
-    def __init__(self, tensor: torch.Tensor, wait: Callable[[int], None]) -> None:
-        self.tensor, self.wait = tensor, wait
-        self.row_bytes = tensor[0].numel() * tensor.element_size() if len(tensor) else 0
+    def __init__(self, stored: StoredTensor, read: LayerRead) -> None:
+        self.key, self.read = stored.key, read
+        self.row_bytes = stored.nbytes // stored.shape[0] if stored.shape and stored.shape[0] else 0
 
     def __getitem__(self, expert: int) -> torch.Tensor:
-        self.wait((expert + 1) * self.row_bytes)
-        return self.tensor[expert]
+        return self.read.tensor(self.key, (expert + 1) * self.row_bytes)[expert]
 
 
 class _Stacked:
     """Per-expert tensors read as the fused parameter: ``stacked[i]`` is expert ``i``'s parts
     concatenated, as transformers' ``MergeModulelist`` + ``Concatenate`` would store it."""
 
-    def __init__(self, parts: dict[tuple[int, int], tuple[str, torch.Tensor]], wait: Callable) -> None:
-        self.parts, self.wait = parts, wait
+    def __init__(self, parts: dict[tuple[int, int], str], read: LayerRead) -> None:
+        self.parts, self.read = parts, read
         self.count = 1 + max(part for _, part in parts)
 
     def __getitem__(self, expert: int) -> torch.Tensor:
-        pieces = []
-        for part in range(self.count):
-            key, tensor = self.parts[expert, part]
-            self.wait(key)
-            pieces.append(tensor)
+        pieces = [self.read.tensor(self.parts[expert, part]) for part in range(self.count)]
         return pieces[0] if self.count == 1 else torch.cat(pieces)

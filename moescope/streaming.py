@@ -42,7 +42,7 @@ import numpy as np
 from moescope._checkpoint import Checkpoint, open_checkpoint
 from moescope._io import check_output_dir, readable, replace_dir
 from moescope._stream_pass import EMBED_DIM, Pass, plan_outputs
-from moescope._weight_view import LayerRead, layer_vectors
+from moescope._weight_view import BufferPool, LayerRead, layer_vectors
 from moescope.arch import spec_for
 from moescope.clustering import METHODS, Selection, select_experts
 from moescope.embeddings import ExpertEmbeddings, _Projector, model_facts
@@ -73,11 +73,12 @@ def embed_checkpoint(model: str | Path, *, seed: int = 0, progress: bool = True)
     """
     checkpoint = open_checkpoint(model)
     projector = _Projector(seed, EMBED_DIM)
-    rows, spare = [], None
+    pool, rows = BufferPool(checkpoint.layer_bytes), []
     for layer in _progress(checkpoint.moe.moe_indices, progress, "weight embeddings", unit="layer"):
-        read = LayerRead(checkpoint, layer, spare)
+        read = LayerRead(checkpoint, layer, pool)
         rows.append(layer_vectors(checkpoint, layer, read, projector))
-        spare = read.join()
+        for buffer in read.join().values():
+            pool.give(buffer)
     facts = model_facts(checkpoint.moe)
     return ExpertEmbeddings(view="weights", seed=seed, vectors=np.stack(rows), **facts)
 

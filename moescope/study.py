@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 CURVE_METRICS = ("actor/loss", "actor/grad_norm", "actor/entropy", "reward/mean", "actor/kl")
 STUDY_FILE = "fidelity-study.json"
+HEALED_STUDY_FILE = "fidelity-study-healed.json"  # the same study with every proxy healed first
 
 
 def read_study(path: str | Path) -> dict[str, Any]:
@@ -93,3 +94,15 @@ def study_summary(frame: pd.DataFrame) -> pd.DataFrame:
     )
     summary.insert(0, "hit", summary["hits"] / summary["findings"].where(summary["findings"] > 0))
     return summary.reset_index()
+
+
+def healing_effect(unhealed: dict[str, Any], healed: dict[str, Any]) -> pd.DataFrame:
+    """Per keep ratio and method, ``hit`` and ``capability`` of the study without healing and
+    of the one whose proxies were healed first (the same exports otherwise), side by side."""
+    columns = ["hit", "capability"]
+    before, after = (
+        study_summary(study_frame(result)).set_index(["keep", "method"])[columns]
+        for result in (unhealed, healed)
+    )
+    joined = before.join(after, suffixes=("_unhealed", "_healed"), how="inner")
+    return joined[[f"{c}_{when}" for c in columns for when in ("unhealed", "healed")]].reset_index()

@@ -74,6 +74,15 @@ def test_weights_view_is_a_distance_preserving_projection_of_the_flat_weights() 
     assert abs(np.median(ratio) - 1) < 0.15 and ratio.min() > 0.5 and ratio.max() < 1.5
 
 
+def test_bfloat16_weights_are_sketched_within_their_own_precision() -> None:
+    """A bf16 model's weight view (its products run in bf16 where the CPU has them) stays
+    within bf16 rounding of the fp32 view of the very same numbers."""
+    model = tiny("qwen3_moe", num_local_experts=16).to(torch.bfloat16)
+    low = embed_experts(model, "weights", progress=False).vectors
+    high = embed_experts(model.float(), "weights", progress=False).vectors
+    assert np.linalg.norm(low - high) / np.linalg.norm(high) < 0.01
+
+
 def test_router_view_is_the_router_row_when_it_fits() -> None:
     moe = adapt(tiny("mixtral"))
     emb = embed_experts(moe, "router", dim=64, progress=False)  # hidden size 64: padded, not projected

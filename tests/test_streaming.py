@@ -155,6 +155,94 @@ def test_a_single_file_source_and_a_selection_file(tiny_checkpoint, tmp_path: Pa
     _assert_same_weights(memory.path, result.path)
 
 
+def test_bfloat16_weight_view_from_shards_equals_the_loaded_models(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    tiny("qwen3_moe").to(torch.bfloat16).save_pretrained(tmp_path, max_shard_size="40KB")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert model.dtype == torch.bfloat16
+    loaded = embed_experts(model, "weights", seed=2, progress=False)
+    np.testing.assert_array_equal(embed_checkpoint(tmp_path, seed=2, progress=False).vectors, loaded.vectors)
+
+
+def test_prefetch_asks_one_readahead_window_at_a_time(tmp_path: Path, monkeypatch) -> None:
+    """Linux reads at most one readahead window per WILLNEED; larger requests fetch only their
+    start. The advice covers every byte, in pieces no larger than a window."""
+    import os
+
+    from moescope._shards import PREFETCH_PIECE, ShardReader, StoredTensor
+
+    file = tmp_path / "blob"
+    file.write_bytes(bytes(8))
+    tensor = StoredTensor("t", file, "U8", (10 * PREFETCH_PIECE,), offset=8)
+    asked = []
+    monkeypatch.setattr(
+        os, "posix_fadvise", lambda fd, start, length, advice: asked.append((start, length, advice))
+    )
+    ranges = [(0, 3 * PREFETCH_PIECE + 5), (5 * PREFETCH_PIECE, PREFETCH_PIECE // 2)]
+    with ShardReader() as reader:
+        reader.prefetch(tensor, ranges)
+    willneed = [(start, length) for start, length, advice in asked if advice == os.POSIX_FADV_WILLNEED]
+    assert max(length for _, length in willneed) <= PREFETCH_PIECE
+    covered = {byte for start, length in willneed for byte in range(start, start + length)}
+    assert covered == {8 + byte for start, length in ranges for byte in range(start, start + length)}
+
+
+def test_the_buffer_pool_holds_one_layer_and_lends_buffers_back() -> None:
+    """A read waits while the pool is spent and goes on when a buffer is given back; buffers of
+    another size are let go first; closing wakes a waiting read with an error."""
+    import threading
+
+    from moescope._weight_view import BufferPool
+
+    pool = BufferPool(limit=300)
+    first, second = pool.take(100), pool.take(200)
+    taken: list[bytearray] = []
+    waiting = threading.Thread(target=lambda: taken.append(pool.take(100)))
+    waiting.start()
+    waiting.join(0.2)
+    assert waiting.is_alive() and not taken  # 100 more would pass the limit
+    pool.give(first)
+    waiting.join(5)
+    assert taken and taken[0] is first and pool.total == 300
+    pool.give(second)
+    assert len(pool.take(150)) == 150 and pool.total == 250  # the free 200-byte buffer went first
+    errors: list[BaseException] = []
+
+    def take_more() -> None:
+        try:
+            pool.take(100)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    blocked = threading.Thread(target=take_more)
+    blocked.start()
+    pool.close()
+    blocked.join(5)
+    assert errors and not blocked.is_alive()
+
+
+@pytest.mark.parametrize("method", ["cluster", "random"])
+def test_a_failed_write_stops_the_pass_and_leaves_nothing(
+    method: str, sharded, tmp_path: Path, monkeypatch
+) -> None:
+    import moescope._shards as shards
+
+    real, calls = shards._write_all, []
+
+    def full_disk(handle, data):
+        calls.append(len(data))
+        if len(calls) > 20:
+            raise OSError(28, "No space left on device")
+        real(handle, data)
+
+    monkeypatch.setattr(shards, "_write_all", full_disk)
+    source = sharded("qwen3_moe")
+    with pytest.raises(OSError, match="No space left"):
+        export_streaming(source, tmp_path / "out", keep=_half(source), method=method, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_experts_interleaved_across_shards_are_clustered_one_layer_at_a_time(sharded, tmp_path: Path) -> None:
     """Even experts of every layer in one shard, odd ones in the next: layers interleave."""
     source = tmp_path / "parity"

@@ -10,7 +10,7 @@ import pytest
 
 from moescope.charts import study_chart
 from moescope.errors import MoescopeError
-from moescope.study import read_study, study_frame, study_summary
+from moescope.study import HEALED_STUDY_FILE, healing_effect, read_study, study_frame, study_summary
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -52,6 +52,25 @@ def test_summary_pools_findings_and_averages_runs():
     assert summary.loc["random", "hit"] == 0.0 and summary.loc["random", "alarms"] == 1.0
 
 
+def test_healing_effect_sets_the_same_proxies_side_by_side():
+    healed = json.loads(json.dumps(RESULT))
+    healed["proxies"][0]["capability_ratio"] = 0.9
+    healed["rows"][2]["findings"][0]["reproduced"] = True  # the random proxy now reproduces its spike
+    effect = healing_effect(RESULT, healed).set_index("method")
+    assert list(effect.columns) == [
+        "keep",
+        "hit_unhealed",
+        "hit_healed",
+        "capability_unhealed",
+        "capability_healed",
+    ]
+    assert (
+        effect.loc["cluster", "capability_unhealed"] == 0.5
+        and effect.loc["cluster", "capability_healed"] == 0.9
+    )
+    assert effect.loc["random", "hit_unhealed"] == 0.0 and effect.loc["random", "hit_healed"] == 1.0
+
+
 def test_chart_has_both_measures():
     spec = study_chart(study_summary(study_frame(RESULT))).to_dict()
     titles = [panel["title"] for panel in spec["hconcat"]]
@@ -72,3 +91,14 @@ def test_the_committed_study_matches_its_tables():
     table = (DOCS / "fidelity-study.md").read_text()
     for row in summary.itertuples():
         assert f"| {row.keep} | {row.method} | {row.hit:.2f} | {row.findings} |" in table
+
+
+def test_the_committed_healed_study_matches_its_tables():
+    """docs/fidelity-study-healed.md was written from its JSON, next to the study without healing."""
+    healed = read_study(DOCS / HEALED_STUDY_FILE)
+    assert healed["heal_steps"] > 0
+    table = (DOCS / "fidelity-study-healed.md").read_text()
+    for row in study_summary(study_frame(healed)).itertuples():
+        assert f"| {row.keep} | {row.method} | {row.hit:.2f} | {row.findings} |" in table
+    for row in healing_effect(read_study(DOCS), healed).itertuples():
+        assert f"| {row.keep} | {row.method} | {row.hit_unhealed:.2f} | {row.hit_healed:.2f} |" in table
