@@ -33,7 +33,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from moescope.study import CURVE_METRICS, healing_effect, mean_of, study_frame, study_summary
+from moescope.study import (
+    CURVE_METRICS,
+    STUDY_FILE,
+    healing_effect,
+    mean_of,
+    read_study,
+    study_frame,
+    study_summary,
+)
 
 KEEPS = ("1/2", "1/4", "1/8")
 METHODS = ("cluster", "frequency", "reap", "random")
@@ -323,7 +331,7 @@ def main() -> None:
     args = parser.parse_args()
     stem = args.out / ("fidelity-study-healed" if args.heal_steps else "fidelity-study")
     if args.tables_only:
-        result = json.loads(stem.with_suffix(".json").read_text())
+        result = read_study(stem.with_suffix(".json"))
     else:
         result = run(
             args.seeds, args.steps, args.workers, tuple(args.keeps), tuple(args.methods), tuple(args.faults),
@@ -340,8 +348,7 @@ def main() -> None:
 
 def _unhealed(out: Path) -> dict[str, Any] | None:
     """The study without healing, when OUT holds it: the baseline healing is compared with."""
-    path = out / "fidelity-study.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_study(out) if (out / STUDY_FILE).is_file() else None
 
 
 if __name__ == "__main__":

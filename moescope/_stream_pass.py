@@ -134,7 +134,12 @@ class _Writes:
                         self.pool.give(held)
 
     def _write(
-        self, reader: ShardReader, out: OutTensor, tensor: StoredTensor, ranges: list, held: Any
+        self,
+        reader: ShardReader,
+        out: OutTensor,
+        tensor: StoredTensor,
+        ranges: list[tuple[int, int]],
+        held: bytearray | None,
     ) -> None:
         with self.writer.tensor(out.key) as write:
             if held is None:
@@ -163,9 +168,8 @@ class Pass:
 
     def run(self, outputs: list[Output], work: Path, shard_bytes: int, bar: Any) -> None:
         """Write every output into shards of ``work``, then the index."""
-        reads = self._disk_reads(outputs)
-        layer_bytes = max((sum(t.nbytes for t, _ in step) for step in reads), default=0)
-        readahead = Readahead(reads, max(READ_AHEAD, 2 * layer_bytes))  # a whole layer ahead, at least
+        ahead = max(READ_AHEAD, 2 * self.checkpoint.layer_bytes)  # a whole layer ahead, at least
+        readahead = Readahead(self._disk_reads(outputs), ahead)
         metadata = self.checkpoint.metadata
         try:
             with ShardWriter(work, [o.out for o in outputs], shard_bytes, metadata) as writer:

@@ -10,12 +10,12 @@ share of curve trends that agree, the mean rank correlation and the measured ste
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moescope._io import read_json_object
 from moescope.errors import MoescopeError
 
 if TYPE_CHECKING:
@@ -34,11 +34,8 @@ def read_study(path: str | Path) -> dict[str, Any]:
         raise MoescopeError(
             f"No study results at {path}; run `python bench/fidelity_study.py --out DIR` first."
         )
-    try:
-        result = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise MoescopeError(f"{path} is not valid JSON ({err}); run the study again.") from None
-    if not isinstance(result, dict) or "rows" not in result or "proxies" not in result:
+    result = read_json_object(path, "run the study again")
+    if "rows" not in result or "proxies" not in result:
         raise MoescopeError(f"{path} is not a fidelity-study result; run the study again.")
     return result
 
