@@ -1,7 +1,5 @@
 """``python -m moescope`` runs the command line."""
 
-import sys
+from moescope.cli import script
 
-from moescope.cli import main
-
-sys.exit(main())
+script()

@@ -140,7 +140,7 @@ def layer_vectors(checkpoint: Checkpoint, layer: int, read: LayerRead, projector
     view = replace(checkpoint.moe.layer(layer), block=SimpleNamespace(experts=experts))
     with torch.no_grad(), single_threaded():  # skinny products: threads only wait on a busy machine
         rows = [_expert_sketch(view, i, projector) for i in range(checkpoint.moe.num_experts)]
-    return projector.to_dim("weights", np.stack(rows))
+        return projector.to_dim("weights", np.stack(rows))  # a threaded BLAS call spins ~0.1 s after
 
 
 def _expert_params(checkpoint: Checkpoint, layer: int, read: LayerRead) -> dict[str, Any]:
@@ -172,12 +172,22 @@ class _Rows:
 
 class _Stacked:
     """Per-expert tensors read as the fused parameter: ``stacked[i]`` is expert ``i``'s parts
-    concatenated, as transformers' ``MergeModulelist`` + ``Concatenate`` would store it."""
+    concatenated, as transformers' ``MergeModulelist`` + ``Concatenate`` would store it.
+
+    The parts are joined into one buffer reused for every expert, so ``stacked[i]`` is valid
+    until ``stacked[i + 1]`` is asked for (sketching is done with an expert by then): a new
+    block per expert meant fresh memory, and its page faults, every time.
+    """
 
     def __init__(self, parts: dict[tuple[int, int], str], read: LayerRead) -> None:
         self.parts, self.read = parts, read
         self.count = 1 + max(part for _, part in parts)
+        self._joined: torch.Tensor | None = None
 
     def __getitem__(self, expert: int) -> torch.Tensor:
         pieces = [self.read.tensor(self.parts[expert, part]) for part in range(self.count)]
-        return pieces[0] if self.count == 1 else torch.cat(pieces)
+        if self.count == 1:
+            return pieces[0]
+        if self._joined is None:
+            self._joined = torch.empty(0, dtype=pieces[0].dtype)  # sized by the first cat
+        return torch.cat(pieces, out=self._joined)

@@ -14,6 +14,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from moescope import __version__
 from moescope.errors import MoescopeError
@@ -360,5 +361,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
 
 
+def script() -> NoReturn:
+    """Entry point of the ``moescope`` script and of ``python -m moescope``: exit with ``main``'s status.
+
+    A ``torchrun`` worker leaves through ``os._exit`` once its output is flushed. Its work is done
+    and written by then, and the interpreter's own teardown is where gloo aborts a finished worker
+    now and then ("terminate called without an active exception", SIGABRT), which fails the run.
+    """
+    status = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

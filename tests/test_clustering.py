@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from types import SimpleNamespace
 
 import numpy as np
@@ -322,3 +325,24 @@ def test_real_routing_statistics_drive_the_baselines() -> None:
         assert sel.keep == 4 and len(sel.layers) == len(stats.layers)
     top = np.argsort(-stats.counts[0], kind="stable")[:4]
     assert select_experts(model, 4, method="frequency", stats=stats).kept(0) == tuple(sorted(top))
+
+
+def test_one_thread_also_for_libraries_loaded_after_the_first_limit() -> None:
+    """scikit-learn and SciPy bring their own OpenMP and OpenBLAS on first import; a limit that
+    knew only the libraries loaded before them left those threads spinning on a busy machine."""
+    script = textwrap.dedent(
+        """
+        import json
+        from threadpoolctl import threadpool_info
+        from moescope._threads import single_threaded
+        with single_threaded():
+            pass
+        import scipy.linalg, sklearn.cluster  # new thread pools, loaded after the first limit
+        with single_threaded():
+            print(json.dumps([(pool["filepath"], pool["num_threads"]) for pool in threadpool_info()]))
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    pools = json.loads(run.stdout)
+    assert any("scikit_learn" in path or "scipy" in path for path, _ in pools), pools
+    assert all(threads == 1 for _, threads in pools), pools

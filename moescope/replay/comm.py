@@ -18,9 +18,10 @@ import torch.distributed as dist
 class Comm:
     """Rank, world size and the few collectives a replay needs (no-ops in one process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owns_group: bool = False) -> None:
         self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.rank = dist.get_rank() if self.world > 1 else 0
+        self.owns_group = owns_group
 
     @classmethod
     def from_env(cls) -> Comm:
@@ -28,7 +29,24 @@ class Comm:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             dist.init_process_group(backend)
+            return cls(owns_group=True)
         return cls()
+
+    def close(self) -> None:
+        """Destroy the process group this object created (one the caller made stays theirs).
+
+        Left to interpreter shutdown, gloo's worker threads can free tensors after Python is
+        gone and abort the process (SIGABRT) at exit, now and then, after a successful run.
+        """
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_group = False
+
+    def __enter__(self) -> Comm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def is_main(self) -> bool:

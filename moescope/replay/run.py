@@ -56,37 +56,36 @@ def replay(
     checkpoint_every : write a checkpoint every N steps (0: never).
     """
     config = config or ReplayConfig()
-    comm = Comm.from_env()
     path = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="moescope-replay-")) / "trace.jsonl"
-    reward_fn = reward_function(reward if reward is not None else config.reward)
-    schedule = prompt_schedule(config)
-    state = _resumable_state(path, config) if resume else None  # checked before the (slow) model load
-    source, policy, reference, tokenizer = _load(model, config, tokenizer)
-    models = prepare_models(policy, reference, tokenizer, model_loop_times(config, policy.config))
-    trainer = Trainer(models, config, schedule, reward_fn, max_new_tokens(config, schedule), comm)
-    start = _resume_from(path, state, trainer) if state is not None else 0
-    if not resume and comm.is_main:
-        shutil.rmtree(checkpoint_dir(path), ignore_errors=True)  # a new run never resumes an old one
-    header = _header(source, policy, config, trainer, comm, reward_fn)
-    writer = (
-        TraceWriter(path, header, resume=resume and start > 0, resume_from=start) if comm.is_main else None
-    )
-    try:
-        for step in range(start, config.steps):
-            record = trainer.step(step)
+    with Comm.from_env() as comm:  # the process group, if this call made it, is gone on return
+        reward_fn = reward_function(reward if reward is not None else config.reward)
+        schedule = prompt_schedule(config)
+        state = _resumable_state(path, config) if resume else None  # checked before the (slow) model load
+        source, policy, reference, tokenizer = _load(model, config, tokenizer)
+        models = prepare_models(policy, reference, tokenizer, model_loop_times(config, policy.config))
+        trainer = Trainer(models, config, schedule, reward_fn, max_new_tokens(config, schedule), comm)
+        start = _resume_from(path, state, trainer) if state is not None else 0
+        if not resume and comm.is_main:
+            shutil.rmtree(checkpoint_dir(path), ignore_errors=True)  # a new run never resumes an old one
+        header = _header(source, policy, config, trainer, comm, reward_fn)
+        resuming = resume and start > 0
+        writer = TraceWriter(path, header, resume=resuming, resume_from=start) if comm.is_main else None
+        try:
+            for step in range(start, config.steps):
+                record = trainer.step(step)
+                if writer is not None:
+                    writer.write_step(step, record)
+                if progress and comm.is_main:
+                    _progress(step, config.steps, record)
+                if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < config.steps:
+                    if comm.is_main:
+                        save_checkpoint(path, policy, trainer.optimizer, trainer.state(step + 1))
+                    comm.barrier()
+        finally:
             if writer is not None:
-                writer.write_step(step, record)
-            if progress and comm.is_main:
-                _progress(step, config.steps, record)
-            if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < config.steps:
-                if comm.is_main:
-                    save_checkpoint(path, policy, trainer.optimizer, trainer.state(step + 1))
-                comm.barrier()
-    finally:
-        if writer is not None:
-            writer.close()
-    comm.barrier()
-    return read_trace(path)
+                writer.close()
+        comm.barrier()
+        return read_trace(path)
 
 
 def _load(model: Any, config: ReplayConfig, tokenizer: Any) -> tuple[Path | None, Any, Any, Any]:
