@@ -32,21 +32,14 @@ class Comm:
             return cls(owns_group=True)
         return cls()
 
-    def close(self) -> None:
-        """Destroy the process group this object created (one the caller made stays theirs).
-
-        Left to interpreter shutdown, gloo's worker threads can free tensors after Python is
-        gone and abort the process (SIGABRT) at exit, now and then, after a successful run.
-        """
-        if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-            self.owns_group = False
-
     def __enter__(self) -> Comm:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Destroy the process group this object created (one the caller made stays theirs):
+        left to interpreter shutdown, gloo's teardown aborts a finished process now and then."""
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
 
     @property
     def is_main(self) -> bool:
