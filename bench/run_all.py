@@ -18,7 +18,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS: dict[str, list[str]] = {
-    "export": ["export.py", "--gb", "4.0"],
+    "export": ["export.py", "--gb", "4.0", "--repeats", "7"],
     "calibration": ["calibration.py", "--repeats", "5"],
     "replay": ["replay.py", "--steps", "8"],
     "clustering": ["clustering.py"],
