@@ -156,14 +156,14 @@ def child(run: str, source: Path, out: Path, selection: Path, keep: str, warm_gb
         from moescope.streaming import export_streaming, open_checkpoint
 
         open_checkpoint(source)
-    written = proxy_bytes(source, selection) if run == "floor+write" else 0
+    proxy_size = proxy_bytes(source, selection) if run == "floor+write" else 0
     warm_memory(warm_gb)
     start, cpu = time.perf_counter(), time.process_time()
     if run == "floor":
         read_all(source, ahead=True)
     elif run == "floor+write":
         out.mkdir(parents=True)
-        writing = threading.Thread(target=write_bytes, args=(out / "proxy-bytes", written))
+        writing = threading.Thread(target=write_bytes, args=(out / "proxy-bytes", proxy_size))
         writing.start()
         read_all(source, ahead=True)
         writing.join()
@@ -267,8 +267,7 @@ def measure(run: str, source: Path, work: Path, selection: Path, keep: str, warm
     if done.returncode:
         raise SystemExit(f"{run} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    written = sum(f.stat().st_size for f in out.glob("*.safetensors")) if out.exists() else 0
-    written += (out / "proxy-bytes").stat().st_size if (out / "proxy-bytes").exists() else 0
+    written = sum(f.stat().st_size for f in out.iterdir() if f.is_file()) if out.exists() else 0
     shutil.rmtree(out, ignore_errors=True)
     return {**result, "cached": cached, "written": written}
 
