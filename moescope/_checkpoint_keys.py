@@ -71,8 +71,10 @@ def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKe
             sidecar = _sidecar(tensor.key, target, moe_layers)
             if sidecar is not None:
                 found[tensor.key] = sidecar
-            elif target in state:
+            elif target in state and pattern is None:
                 _check_shape(tensor, tuple(state[target].shape))
+            elif target in state:
+                _check_joined(tensor, tuple(state[target].shape), _converter(converters, pattern))
             continue
         layer, param = targets[target]
         name = names.get(id(param))
@@ -161,6 +163,22 @@ def _check_shape(tensor: StoredTensor, expected: tuple[int, ...]) -> None:
     if tensor.shape != expected:
         raise ModelLoadError(
             f"{tensor.key} has shape {list(tensor.shape)} but config.json implies {list(expected)}; {_FIX}."
+        )
+
+
+def _check_joined(tensor: StoredTensor, target: tuple[int, ...], converter: Any) -> None:
+    """A tensor that loading joins with others or splits (Sarvam's fused ``query_key_value``,
+    Kimi-Linear's per-projection convolutions): every axis but the joined one must match."""
+    axes = {getattr(op, "dim", None) for op in converter.operations}
+    if len(axes) != 1 or None in axes:
+        return  # an operation without one axis: from_pretrained checks what it builds
+    axis = axes.pop() % max(len(target), 1)
+    if len(tensor.shape) != len(target) or any(
+        n != m for i, (n, m) in enumerate(zip(tensor.shape, target, strict=True)) if i != axis
+    ):
+        expected = ["*" if i == axis else n for i, n in enumerate(target)]
+        raise ModelLoadError(
+            f"{tensor.key} has shape {list(tensor.shape)} but config.json implies {expected}; {_FIX}."
         )
 
 

@@ -138,6 +138,31 @@ def _sigmoid_bias(c: Any) -> RoutingRule:
     )
 
 
+def _afmoe(c: Any) -> RoutingRule:
+    """AFMoE (Arcee Trinity): sigmoid, expert bias for selection, always renormalized, × route_scale."""
+    return RoutingRule(
+        top_k=c.num_experts_per_tok,
+        scoring="sigmoid",
+        normalize=True,
+        norm_eps=1e-20,
+        scale=float(c.route_scale),
+        bias_for_selection=True,
+    )
+
+
+def _cohere2(c: Any) -> RoutingRule:
+    """Cohere2-MoE: top-k of the logits, then softmax over them, or sigmoid of each (renormalized
+    if ``norm_topk_prob``), as ``expert_selection_fn`` says."""
+    if c.expert_selection_fn == "sigmoid":
+        return RoutingRule(
+            top_k=c.num_experts_per_tok,
+            scoring="logits",
+            weights="sigmoid_selected",
+            normalize=bool(c.norm_topk_prob),
+        )
+    return _logits_softmax(c)
+
+
 def _lfm2(c: Any) -> RoutingRule:
     return RoutingRule(
         top_k=c.num_experts_per_tok,
@@ -171,6 +196,16 @@ _DEEPSEEK_STYLE = dict(
     correction_bias="gate.e_score_correction_bias",
     shared_experts="shared_experts",
     shared_count_key="n_shared_experts",
+)
+_GRANITE = dict(
+    count_key="num_local_experts",
+    intermediate_key="intermediate_size",
+    rule=_logits_softmax,
+    block="block_sparse_moe",
+    router="router",
+)
+_GRANITE_SHARED = dict(
+    **_GRANITE, shared_experts="^shared_mlp", shared_intermediate_key="shared_intermediate_size"
 )
 _QWEN_SHARED = dict(
     shared_experts="shared_expert",
@@ -241,37 +276,31 @@ _SPECS = [
         router="router",
         notes="sparsemixer top-2 is hard-wired; routes are sampled in train mode",
     ),
+    ArchSpec("granitemoe", "GraniteMoE", **_GRANITE),
+    ArchSpec("granitemoeshared", "GraniteMoE-Shared", **_GRANITE_SHARED),
+    ArchSpec("granitemoehybrid", "GraniteMoE-Hybrid", **_GRANITE_SHARED, notes="hybrid Mamba-2 layers"),
+    ArchSpec("granitemoe_swa", "GraniteMoE-SWA", **_GRANITE_SHARED, notes="sliding-window attention layers"),
     ArchSpec(
-        "granitemoe",
-        "GraniteMoE",
-        "num_local_experts",
+        "cohere2_moe",
+        "Cohere2-MoE",
+        "num_experts",
         "intermediate_size",
-        _logits_softmax,
-        block="block_sparse_moe",
-        router="router",
+        _cohere2,
+        shared_experts="shared_experts",
+        shared_count_key="num_shared_experts",
+        notes="shared experts summed with, or averaged into, the routed output",
     ),
     ArchSpec(
-        "granitemoeshared",
-        "GraniteMoE-Shared",
-        "num_local_experts",
-        "intermediate_size",
-        _logits_softmax,
-        block="block_sparse_moe",
+        "afmoe",
+        "AFMoE",
+        "num_experts",
+        "moe_intermediate_size",
+        _afmoe,
         router="router",
-        shared_experts="^shared_mlp",
-        shared_intermediate_key="shared_intermediate_size",
-    ),
-    ArchSpec(
-        "granitemoehybrid",
-        "GraniteMoE-Hybrid",
-        "num_local_experts",
-        "intermediate_size",
-        _logits_softmax,
-        block="block_sparse_moe",
-        router="router",
-        shared_experts="^shared_mlp",
-        shared_intermediate_key="shared_intermediate_size",
-        notes="hybrid Mamba-2 layers",
+        router_weight="gate.weight",
+        correction_bias="expert_bias",
+        shared_experts="shared_experts",
+        shared_count_key="num_shared_experts",
     ),
     ArchSpec(
         "gpt_oss",
@@ -299,6 +328,19 @@ _SPECS = [
     ArchSpec("glm4_moe", "GLM-4-MoE", **_DEEPSEEK_STYLE),
     ArchSpec("glm4_moe_lite", "GLM-4-MoE-Lite", **_DEEPSEEK_STYLE),
     ArchSpec("dots1", "dots.llm1", **_DEEPSEEK_STYLE),
+    ArchSpec("sarvam_moe", "Sarvam-MoE", **_DEEPSEEK_STYLE),
+    ArchSpec(
+        "kimi_linear",
+        "Kimi-Linear",
+        **{**_DEEPSEEK_STYLE, "count_key": "num_experts", "shared_count_key": "num_shared_experts"},
+        notes="hybrid linear attention (Kimi Delta Attention) layers",
+    ),
+    ArchSpec(
+        "mimo_v2_flash",
+        "MiMo-V2-Flash",
+        **{**_DEEPSEEK_STYLE, "shared_experts": None, "shared_count_key": None},
+        notes="no shared experts; sliding-window attention layers",
+    ),
     ArchSpec("solar_open", "Solar-Open", **_DEEPSEEK_STYLE),
     ArchSpec(
         "exaone_moe",
@@ -411,10 +453,15 @@ def _get(root: nn.Module, path: str) -> Any:
     return obj
 
 
-def _find(layer: nn.Module, block: nn.Module, path: str | None) -> Any:
+def _find(layer: nn.Module, block: nn.Module, path: str | None, *, optional: bool = False) -> Any:
+    """The object at a table path; with ``optional``, ``None`` when the last attribute is absent
+    (Cohere2-MoE builds no ``shared_experts`` module when it has none)."""
     if path is None:
         return None
-    return _get(layer, path[1:]) if path.startswith("^") else _get(block, path)
+    root, path = (layer, path[1:]) if path.startswith("^") else (block, path)
+    parent, _, name = path.rpartition(".")
+    owner = _get(root, parent) if parent else root
+    return getattr(owner, name, None) if optional else getattr(owner, name)
 
 
 @dataclass(frozen=True)
@@ -454,11 +501,11 @@ class MoELayer:
 
     @property
     def shared_experts(self) -> nn.Module | None:
-        return _find(self.layer, self.block, self.spec.shared_experts)
+        return _find(self.layer, self.block, self.spec.shared_experts, optional=True)
 
     @property
     def shared_gate(self) -> nn.Module | None:
-        return _find(self.layer, self.block, self.spec.shared_gate)
+        return _find(self.layer, self.block, self.spec.shared_gate, optional=True)
 
     @property
     def num_experts(self) -> int:
@@ -529,12 +576,15 @@ class MoELayer:
         return self.activation_fn(gate) * up
 
     def shared_forward(self, x: torch.Tensor) -> torch.Tensor | None:
-        """``(T, H)`` output of the shared experts *inside the block* (gated where the architecture
-        gates them), or ``None``; GraniteMoE-Shared keeps its shared MLP on the decoder layer."""
+        """``(T, H)``: what the shared experts *inside the block* add to its output (gated where
+        the architecture gates them, halved where it averages them with the routed output), or
+        ``None``; GraniteMoE-Shared keeps its shared MLP on the decoder layer."""
         if self.shared_experts is None or (self.spec.shared_experts or "").startswith("^"):
             return None
         out = self.shared_experts(x)
         gate = self.shared_gate
+        if getattr(self.block, "shared_expert_combination_strategy", "sum") == "average":  # Cohere2
+            out = out / 2
         return out if gate is None else torch.sigmoid(gate(x)) * out
 
     def block_forward(self, x: torch.Tensor) -> torch.Tensor:

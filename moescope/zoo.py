@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from moescope.arch import ARCHITECTURES, spec_for
+from moescope.arch import ARCHITECTURES, adapt, spec_for
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -78,6 +78,9 @@ _TINY: dict[str, dict[str, Any]] = {
     "glm4_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1},
     "glm4_moe_lite": {**_MLA, "num_hidden_layers": 3, "first_k_dense_replace": 1},
     "dots1": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_shared_experts": 1},
+    "sarvam_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1},
+    "mimo_v2_flash": {"num_hidden_layers": 3, "n_group": 2, "topk_group": 1},
+    "afmoe": {"num_hidden_layers": 3, "num_dense_layers": 1, "num_shared_experts": 1, "route_scale": 2.0},
     "exaone_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1},
     "ernie4_5_moe": {"num_hidden_layers": 3, "moe_layer_start_index": 1},
     "lfm2_moe": {
@@ -96,6 +99,14 @@ _TINY: dict[str, dict[str, Any]] = {
     "qwen3_next": {"layer_types": ["linear_attention", "full_attention"]},
     "qwen3_5_moe_text": {"layer_types": ["linear_attention", "full_attention"]},
     "granitemoehybrid": {"layer_types": ["mamba", "attention"]},
+    "kimi_linear": {
+        **_MLA,
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "linear_num_heads": 4,
+        "linear_head_dim": 16,
+    },
+    "cohere2_moe": {"num_shared_experts": 1},
     "qwen2_moe": {"norm_topk_prob": False},
     "qwen3_moe": {"norm_topk_prob": True},
 }
@@ -133,7 +144,21 @@ def tiny(arch: str, *, seed: int = 0, **overrides: Any) -> PreTrainedModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _draw_zero_routers(model)
     return model.eval()
+
+
+def _draw_zero_routers(model: PreTrainedModel) -> None:
+    """Give routers that start at zero (AFMoE's) random rows, as for every other architecture.
+
+    A zero router scores every expert alike, so its top-k is decided by ties; a trained router
+    never is, and tests of routing need the choices to depend on the token.
+    """
+    std = float(getattr(model.config, "initializer_range", 0.02))
+    with torch.no_grad():
+        for layer in adapt(model).layers:
+            if not layer.router_weight.any():
+                layer.router_weight.normal_(0.0, std)
 
 
 TINY_ARCHS: tuple[str, ...] = tuple(ARCHITECTURES)

@@ -63,10 +63,20 @@ def test_expert_view_reproduces_stock_experts(arch: str) -> None:
                 torch.testing.assert_close(layer.expert_forward(i, x), stock[i], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_routing_equals_the_model_router(arch: str) -> None:
+# Variants the tiny defaults do not take: Cohere2-MoE's sigmoid of the chosen logits, with and
+# without renormalization.
+VARIANTS = [
+    pytest.param(
+        "cohere2_moe", {"expert_selection_fn": "sigmoid", "norm_topk_prob": b}, id=f"cohere2_moe-sigmoid-{b}"
+    )
+    for b in (True, False)
+]
+
+
+@pytest.mark.parametrize(("arch", "overrides"), [pytest.param(a, {}, id=a) for a in TINY_ARCHS] + VARIANTS)
+def test_routing_equals_the_model_router(arch: str, overrides: dict) -> None:
     """Hook every router during a real forward; the adapter recomputes the same routing."""
-    model = _with_random_biases(tiny(arch))
+    model = _with_random_biases(tiny(arch, **overrides))
     moe = adapt(model)
     seen: dict[int, tuple] = {}
 

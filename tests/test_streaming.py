@@ -29,8 +29,20 @@ from moescope.zoo import tiny
 
 # Mixtral's block_sparse_moe names, Qwen3's gate/up/down, DeepSeek-V3's correction bias, dense
 # first layer and grouped routing, GPT-OSS's transposed interleaved experts with biases, ERNIE's
-# [1, E] bias, MiniMax-M2's bias on the block, Granite's legacy fused names.
-ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "ernie4_5_moe", "minimax_m2", "granitemoe")
+# [1, E] bias, MiniMax-M2's bias on the block, Granite's legacy fused names, Sarvam's fused
+# query_key_value (split on loading) and Kimi-Linear's w1/w2/w3 experts and per-projection
+# convolutions (joined on loading).
+ARCHS = (
+    "mixtral",
+    "qwen3_moe",
+    "deepseek_v3",
+    "gpt_oss",
+    "ernie4_5_moe",
+    "minimax_m2",
+    "granitemoe",
+    "sarvam_moe",
+    "kimi_linear",
+)
 LAYOUTS = ("per-expert", "fused")
 
 
@@ -337,6 +349,28 @@ def test_a_damaged_checkpoint_is_refused_in_one_sentence(damage, says: str, shar
 
 def _assert_one_sentence(message: str) -> None:
     assert "\n" not in message and message.endswith(".") and len(message) < 400, message
+
+
+@pytest.mark.parametrize(
+    ("arch", "key"),
+    [
+        ("sarvam_moe", "model.layers.0.attention.query_key_value.weight"),  # split into q, k, v
+        ("kimi_linear", "model.layers.0.self_attn.k_conv1d.weight"),  # joined with q and v
+    ],
+)
+def test_a_tensor_loading_splits_or_joins_is_checked_against_the_config(
+    arch: str, key: str, sharded, tmp_path: Path
+) -> None:
+    source = _copy(sharded(arch), tmp_path)
+    index = json.loads((source / INDEX_FILE).read_text())
+    shard = source / index["weight_map"][key]
+    tensors = load_file(shard)
+    tensors[key] = torch.cat([tensors[key], tensors[key]], dim=-1)  # wrong on an axis loading keeps
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(MoescopeError, match=re.escape(f"{key} has shape")) as err:
+        export_streaming(source, tmp_path / "out", keep=4, method="random", progress=False)
+    _assert_one_sentence(str(err.value))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
 def test_bad_requests_are_refused_before_anything_is_written(sharded, tmp_path: Path) -> None:
