@@ -325,6 +325,10 @@ _SPECS = [
         shared_count_key="n_shared_experts",
     ),
     ArchSpec("deepseek_v3", "DeepSeek-V3", **_DEEPSEEK_STYLE),
+    ArchSpec(
+        "deepseek_v32", "DeepSeek-V3.2", **_DEEPSEEK_STYLE, notes="sparse attention (lightning indexer)"
+    ),
+    ArchSpec("glm_moe_dsa", "GLM-MoE-DSA", **_DEEPSEEK_STYLE, notes="sparse attention (lightning indexer)"),
     ArchSpec("glm4_moe", "GLM-4-MoE", **_DEEPSEEK_STYLE),
     ArchSpec("glm4_moe_lite", "GLM-4-MoE-Lite", **_DEEPSEEK_STYLE),
     ArchSpec("dots1", "dots.llm1", **_DEEPSEEK_STYLE),

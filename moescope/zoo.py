@@ -55,6 +55,18 @@ _MLA = {
     "v_head_dim": 16,
 }
 
+# DeepSeek-V3 routing with a small sparse-attention indexer (DeepSeek-V3.2, GLM-MoE-DSA).
+_DSA = {
+    "n_routed_experts": 16,
+    "num_hidden_layers": 3,
+    "first_k_dense_replace": 1,
+    "n_group": 4,
+    "topk_group": 2,
+    "index_n_heads": 2,
+    "index_head_dim": 16,
+    "index_topk": 4,
+}
+
 # Per-architecture settings: leading dense layers and grouped routing are exercised on purpose.
 _TINY: dict[str, dict[str, Any]] = {
     # 16 experts in 4 groups: a proxy can keep 2 per group and stay group-limited
@@ -68,6 +80,8 @@ _TINY: dict[str, dict[str, Any]] = {
         "n_shared_experts": 1,
         "routed_scaling_factor": 2.5,
     },
+    "deepseek_v32": {**_MLA, **_DSA},
+    "glm_moe_dsa": {**_MLA, **_DSA},
     "deepseek_v2": {
         **_MLA,
         "n_routed_experts": 16,
