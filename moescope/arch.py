@@ -138,16 +138,25 @@ def _sigmoid_bias(c: Any) -> RoutingRule:
     )
 
 
-def _afmoe(c: Any) -> RoutingRule:
-    """AFMoE (Arcee Trinity): sigmoid, expert bias for selection, always renormalized, × route_scale."""
-    return RoutingRule(
-        top_k=c.num_experts_per_tok,
-        scoring="sigmoid",
-        normalize=True,
-        norm_eps=1e-20,
-        scale=float(c.route_scale),
-        bias_for_selection=True,
-    )
+def _sigmoid_bias_scaled(scale_key: str) -> Callable[[Any], RoutingRule]:
+    """Sigmoid, bias for selection, always renormalized (ε 1e-20), × the config's ``scale_key``
+    (AFMoE's ``route_scale``, HY-V3's ``router_scaling_factor``)."""
+
+    def rule(c: Any) -> RoutingRule:
+        return RoutingRule(
+            top_k=c.num_experts_per_tok,
+            scoring="sigmoid",
+            normalize=True,
+            norm_eps=1e-20,
+            scale=float(getattr(c, scale_key)),
+            bias_for_selection=True,
+        )
+
+    return rule
+
+
+def _aria(c: Any) -> RoutingRule:
+    return RoutingRule(top_k=c.moe_topk, scoring="logits", weights="softmax_selected")
 
 
 def _cohere2(c: Any) -> RoutingRule:
@@ -245,6 +254,29 @@ _SPECS = [
         notes="hybrid linear attention (Gated DeltaNet) layers",
         **_QWEN_SHARED,
     ),
+    ArchSpec(
+        "lara_mini",
+        "Lara-Mini",
+        "num_experts",
+        "moe_intermediate_size",
+        _softmax("norm_topk_prob"),
+        router_fp32=True,
+        shared_experts="shared_expert",
+        shared_intermediate_key="shared_expert_intermediate_size",
+    ),
+    ArchSpec("mellum", "Mellum", "num_local_experts", "moe_intermediate_size", _softmax("norm_topk_prob")),
+    ArchSpec(
+        "aria_text",
+        "Aria (text)",
+        "moe_num_experts",
+        "intermediate_size",
+        _aria,
+        topk_key="moe_topk",
+        router="router",
+        layout="fused_transposed",
+        shared_experts="shared_experts",
+        shared_count_key="moe_num_shared_experts",
+    ),
     ArchSpec("olmoe", "OLMoE", "num_experts", "intermediate_size", _softmax("norm_topk_prob")),
     ArchSpec("flex_olmo", "FlexOlmo", "num_experts", "intermediate_size", _softmax("norm_topk_prob")),
     ArchSpec(
@@ -295,7 +327,7 @@ _SPECS = [
         "AFMoE",
         "num_experts",
         "moe_intermediate_size",
-        _afmoe,
+        _sigmoid_bias_scaled("route_scale"),
         router="router",
         router_weight="gate.weight",
         correction_bias="expert_bias",
@@ -325,6 +357,21 @@ _SPECS = [
         shared_count_key="n_shared_experts",
     ),
     ArchSpec("deepseek_v3", "DeepSeek-V3", **_DEEPSEEK_STYLE),
+    ArchSpec("sarvam_mla", "Sarvam-MLA", **_DEEPSEEK_STYLE),
+    ArchSpec("axk1", "A.X-K1", **_DEEPSEEK_STYLE, notes="a norm after the experts, inside the block"),
+    ArchSpec("axk2", "A.X-K2", **_DEEPSEEK_STYLE),
+    ArchSpec("hy_v4", "HY-V4", **_DEEPSEEK_STYLE),
+    ArchSpec(
+        "hy_v3",
+        "HY-V3",
+        "num_experts",
+        "moe_intermediate_size",
+        _sigmoid_bias_scaled("router_scaling_factor"),
+        router_fp32=True,
+        correction_bias="e_score_correction_bias",
+        shared_experts="shared_experts",
+        shared_count_key="num_shared_experts",
+    ),
     ArchSpec(
         "deepseek_v32", "DeepSeek-V3.2", **_DEEPSEEK_STYLE, notes="sparse attention (lightning indexer)"
     ),
