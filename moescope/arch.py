@@ -36,7 +36,7 @@ from moescope.routers import RoutingRule, route
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
-Layout = Literal["fused", "fused_transposed", "fused_transposed_interleaved"]
+Layout = Literal["fused", "fused_transposed", "fused_transposed_interleaved", "up_down"]
 
 # Keys that hold a routed-expert count in some config: a model whose config has one of these
 # but no row in the table is an MoE we do not support yet (rather than a dense model).
@@ -373,6 +373,15 @@ _SPECS = [
         shared_count_key="num_shared_experts",
     ),
     ArchSpec(
+        "nemotron_h",
+        "Nemotron-H",
+        **{**_DEEPSEEK_STYLE, "shared_count_key": None},
+        block="mixer",
+        layout="up_down",
+        shared_intermediate_key="moe_shared_expert_intermediate_size",
+        notes="hybrid Mamba-2 layers; experts down(relu²(up x)) with no gate, optionally in a latent space",
+    ),
+    ArchSpec(
         "deepseek_v32", "DeepSeek-V3.2", **_DEEPSEEK_STYLE, notes="sparse attention (lightning indexer)"
     ),
     ArchSpec("glm_moe_dsa", "GLM-MoE-DSA", **_DEEPSEEK_STYLE, notes="sparse attention (lightning indexer)"),
@@ -481,10 +490,11 @@ class ExpertWeights:
     """One routed expert in the Linear convention (``out × in``), whatever the storage.
 
     ``gate`` and ``up`` are ``(I, H)``, ``down`` is ``(H, I)``; biases are ``None`` unless the
-    architecture has them. Tensors are views of the model's parameters (no copy).
+    architecture has them, and ``gate`` is ``None`` for experts without one (Nemotron-H's
+    ``down(act(up x))``). Tensors are views of the model's parameters (no copy).
     """
 
-    gate: torch.Tensor
+    gate: torch.Tensor | None
     up: torch.Tensor
     down: torch.Tensor
     gate_bias: torch.Tensor | None = None
@@ -594,6 +604,8 @@ class MoELayer:
     def expert(self, i: int) -> ExpertWeights:
         """Expert ``i`` in the uniform ``(gate, up, down)`` view."""
         ex = self.experts
+        if self.spec.layout == "up_down":  # up [I, H], down [H, I]: no gate
+            return ExpertWeights(None, ex.up_proj[i], ex.down_proj[i])
         gate_up, down = ex.gate_up_proj[i], ex.down_proj[i]
         bias = getattr(ex, "gate_up_proj_bias", None)
         down_bias = getattr(ex, "down_proj_bias", None)
@@ -612,11 +624,22 @@ class MoELayer:
         return ExpertWeights(gate, up, down, gate_b, up_b, None if down_bias is None else down_bias[i])
 
     def expert_forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        """Output of expert ``i`` on ``(T, H)`` inputs, before any routing weight."""
+        """Output of expert ``i`` on ``(T, H)`` inputs, before any routing weight.
+
+        A latent MoE (Nemotron-H with ``moe_latent_size``) runs its experts in a smaller space
+        the block projects into and out of; the projections are applied here too, so the result
+        is the expert's contribution in the hidden space either way.
+        """
         w = self.expert(i)
-        gate = nn.functional.linear(x, w.gate, w.gate_bias)
+        into, out_of = (getattr(self.block, name, None) for name in ("fc1_latent_proj", "fc2_latent_proj"))
+        x = x if into is None else into(x)
         up = nn.functional.linear(x, w.up, w.up_bias)
-        return nn.functional.linear(self._glu(gate, up), w.down, w.down_bias)
+        if w.gate is None:
+            hidden = self.activation_fn(up)
+        else:
+            hidden = self._glu(nn.functional.linear(x, w.gate, w.gate_bias), up)
+        y = nn.functional.linear(hidden, w.down, w.down_bias)
+        return y if out_of is None else out_of(y)
 
     def _glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if self.spec.activation == "clamped_swiglu":  # GPT-OSS
@@ -725,7 +748,7 @@ def adapt(model: PreTrainedModel) -> MoEModel:
     for index, layer in enumerate(decoder_layers(model)):
         block = getattr(layer, spec.block, None)
         experts = getattr(block, spec.experts, None) if block is not None else None
-        if experts is None or not hasattr(experts, "gate_up_proj"):
+        if experts is None or not hasattr(experts, "up_proj" if spec.layout == "up_down" else "gate_up_proj"):
             dense.append(index)
             continue
         act = getattr(experts, "act_fn", None) or nn.SiLU()

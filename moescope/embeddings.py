@@ -371,7 +371,8 @@ def _signs(axes: np.ndarray) -> np.ndarray:
 def _expert_sketch(layer: MoELayer, i: int, projector: _Projector) -> np.ndarray:
     """Two-sided sketches of gate, up and down, then the biases through the left factors."""
     w = layer.expert(i)
-    pieces = [projector.sketch(name, m) for name, m in (("gate", w.gate), ("up", w.up), ("down", w.down))]
+    matrices = (("gate", w.gate), ("up", w.up), ("down", w.down))
+    pieces = [projector.sketch(name, m) for name, m in matrices if m is not None]
     for name, bias in (("gate", w.gate_bias), ("up", w.up_bias), ("down", w.down_bias)):
         if bias is not None:
             pieces.append(projector.left(name, bias))

@@ -18,9 +18,9 @@ chosen groups stay chosen), the proxy chooses the same experts. Their weights ar
 
 * **identical** when the weights depend only on the chosen experts: renormalized softmax
   (Mixtral, Qwen3 with ``norm_topk_prob``, HunYuan, ERNIE), sigmoid scores (DeepSeek-V3,
-  GLM-4-MoE, Kimi-Linear, MiMo-V2-Flash, A.X, HY-V3/V4, MiniMax-M2, LFM2, AFMoE, with or without
-  renormalization), softmax over the chosen logits (GPT-OSS, Granite, Cohere2-MoE, Aria), sigmoid
-  of the chosen logits (Llama 4, Cohere2-MoE's sigmoid selection);
+  GLM-4-MoE, Kimi-Linear, MiMo-V2-Flash, Nemotron-H, A.X, HY-V3/V4, MiniMax-M2, LFM2, AFMoE,
+  with or without renormalization), softmax over the chosen logits (GPT-OSS, Granite,
+  Cohere2-MoE, Aria), sigmoid of the chosen logits (Llama 4, Cohere2-MoE's sigmoid selection);
 * **scaled by 1 / P_kept** when the weights are softmax probabilities over all experts without
   renormalization (Qwen2-MoE, OLMoE, Jamba, DeepSeek-V2, Qwen3 without ``norm_topk_prob``):
   the softmax runs over the kept experts only, so each chosen weight is divided by the

@@ -126,6 +126,17 @@ _TINY: dict[str, dict[str, Any]] = {
         "linear_head_dim": 16,
     },
     "cohere2_moe": {"num_shared_experts": 1},
+    "nemotron_h": {
+        "layers_block_type": ["mamba", "moe", "attention", "moe"],
+        "n_groups": 1,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 16,
+        "ssm_state_size": 16,
+        "chunk_size": 16,
+        "moe_shared_expert_intermediate_size": 48,
+        "n_group": 2,
+        "topk_group": 1,
+    },
     "qwen2_moe": {"norm_topk_prob": False},
     "qwen3_moe": {"norm_topk_prob": True},
 }

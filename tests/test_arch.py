@@ -130,7 +130,7 @@ def test_layout_agrees_with_module_flags(arch: str) -> None:
     if not hasattr(experts, "is_transposed"):  # Llama 4's experts are not decorated
         assert layer.spec.layout == "fused_transposed"
         return
-    expected = "fused"
+    expected = "fused" if hasattr(experts, "gate_up_proj") else "up_down"  # Nemotron-H: no gate
     if experts.is_transposed:
         expected = "fused_transposed" if experts.is_concatenated else "fused_transposed_interleaved"
     assert layer.spec.layout == expected
@@ -140,9 +140,28 @@ def test_layout_agrees_with_module_flags(arch: str) -> None:
 def test_every_expert_tensor_has_one_slice_per_expert(arch: str) -> None:
     layer = adapt(tiny(arch)).layers[0]
     names = dict(layer.named_expert_tensors())
-    assert any(name.endswith("gate_up_proj") for name in names)
+    assert any(name.endswith(("gate_up_proj", "experts.up_proj")) for name in names)
     for name, tensor in names.items():
         assert layer.num_experts in (tensor.shape[0], tensor.shape[-1]), name
+
+
+@pytest.mark.parametrize("latent", [None, 16])
+def test_nemotron_block_is_its_routed_experts_plus_the_shared_one(latent: int | None) -> None:
+    """Experts with no gate, relu² on ``up``, and (with ``moe_latent_size``) a latent space the
+    block projects into and out of: the view's routed sum plus the shared MLP is the block."""
+    moe = adapt(tiny("nemotron_h", moe_latent_size=latent))
+    x = torch.randn(7, moe.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for layer in moe.layers:
+            assert layer.expert(0).gate is None
+            _, weights, index = layer.route(x)
+            routed = torch.zeros_like(x)
+            for slot in range(layer.top_k):
+                outputs = torch.stack([layer.expert_forward(i, x) for i in range(layer.num_experts)])
+                picked = outputs[index[:, slot], torch.arange(len(x))]
+                routed += weights[:, slot, None] * picked
+            expected = routed + layer.shared_forward(x)
+            torch.testing.assert_close(layer.block_forward(x), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from moescope.arch import ARCHITECTURES
 from moescope.cli import main
 from moescope.cost import (
     GB,
@@ -25,7 +26,7 @@ from moescope.cost import (
     reference_table,
 )
 from moescope.errors import MoescopeError
-from moescope.zoo import tiny_config
+from moescope.zoo import TINY_ARCHS, tiny_config
 
 REFERENCE = {shape.name: shape for shape in reference_models()}
 PARAM_FIELDS = ("params_total", "params_routed", "params_shared", "params_backbone", "params_router")
@@ -313,6 +314,17 @@ def test_cli_prints_the_table_for_a_bare_config_json(tmp_path: Path, capsys) -> 
         ["1/8", "4"],
     ]
     assert "20 B/param" in out and PROXY_NOTE in out
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_cli_costs_the_config_json_of_every_architecture(arch: str, tmp_path: Path, capsys) -> None:
+    """As save_pretrained writes it: Nemotron-H's ``time_step_limit`` holds an infinity, which
+    config.json spells ``{"__float__": "Infinity"}``."""
+    config = tiny_config(arch)
+    config.save_pretrained(tmp_path)
+    assert main(["cost", str(tmp_path / "config.json")]) == 0
+    experts = ARCHITECTURES[arch].num_experts(config)
+    assert f"{experts} routed experts per MoE layer" in capsys.readouterr().out.splitlines()[0]
 
 
 def test_cli_json_equals_the_library_table(tiny_checkpoint, capsys) -> None:

@@ -54,7 +54,7 @@ def test_export_loads_with_stock_transformers_and_keeps_the_backbone(
         torch.testing.assert_close(player.router_weight, layer.router_weight[ids], rtol=0, atol=0)
         for j, i in enumerate(ids.tolist()):
             a, b = player.expert(j), layer.expert(i)
-            assert torch.equal(a.gate, b.gate) and torch.equal(a.up, b.up) and torch.equal(a.down, b.down)
+            assert torch.equal(a.flat(), b.flat())  # gate (where there is one), up, down, biases
         if layer.correction_bias is not None:
             assert torch.equal(player.correction_bias, layer.correction_bias[ids])
         if layer.router_bias is not None:

@@ -31,7 +31,7 @@ from moescope.zoo import tiny
 # first layer and grouped routing, GPT-OSS's transposed interleaved experts with biases, ERNIE's
 # [1, E] bias, MiniMax-M2's bias on the block, Granite's legacy fused names, Sarvam's fused
 # query_key_value (split on loading) and Kimi-Linear's w1/w2/w3 experts and per-projection
-# convolutions (joined on loading).
+# convolutions (joined on loading), Nemotron-H's ungated experts under ``backbone.``.
 ARCHS = (
     "mixtral",
     "qwen3_moe",
@@ -42,6 +42,7 @@ ARCHS = (
     "granitemoe",
     "sarvam_moe",
     "kimi_linear",
+    "nemotron_h",
 )
 LAYOUTS = ("per-expert", "fused")
 
@@ -134,7 +135,7 @@ def _count_key(source: Path) -> str:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "gpt_oss", "nemotron_h"])
 def test_weight_embeddings_from_shards_equal_the_loaded_models(
     arch: str, layout: str, sharded, tmp_path: Path
 ) -> None:
