@@ -471,6 +471,14 @@ def spec_for(config: PretrainedConfig | str) -> ArchSpec:
             f"'{model_type}' is a dense model with no routed experts; moescope needs a "
             f"Mixture-of-Experts model, one of: {supported}."
         )
+    text = getattr(config, "get_text_config", lambda: None)() if not isinstance(config, str) else None
+    text_type = getattr(text, "model_type", None)
+    if text_type in ARCHITECTURES and text_type != model_type:
+        raise UnsupportedArchitectureError(
+            f"'{model_type}' is a multimodal model and moescope reads text-only checkpoints; load it "
+            "with transformers' AutoModelForCausalLM.from_pretrained and save_pretrained the result, "
+            f"which keeps its language model ('{text_type}') alone, and use that directory."
+        )
     raise UnsupportedArchitectureError(
         f"model type '{model_type}' is not supported; use a checkpoint of one of: {supported}."
     )
