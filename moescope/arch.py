@@ -73,6 +73,9 @@ class ArchSpec:
     shared_gate: str | None = None
     shared_count_key: str | None = None  # config field: how many experts the shared module fuses
     shared_intermediate_key: str | None = None
+    shared_combine: str | None = None  # block attribute: "sum" or "average" (Cohere2-MoE)
+    latent_in: str | None = None  # block module projecting into the experts' latent space
+    latent_out: str | None = None  # and back out (Nemotron-H; Identity without moe_latent_size)
     notes: str = ""
 
     def num_experts(self, config: PretrainedConfig) -> int:
@@ -131,24 +134,18 @@ def _logits_sigmoid(c: Any) -> RoutingRule:
     return RoutingRule(top_k=c.num_experts_per_tok, scoring="logits", weights="sigmoid_selected")
 
 
-def _sigmoid_bias(c: Any) -> RoutingRule:
-    """MiniMax-M2: sigmoid, correction bias for selection, always renormalized."""
-    return RoutingRule(
-        top_k=c.num_experts_per_tok, scoring="sigmoid", normalize=True, bias_for_selection=True
-    )
-
-
-def _sigmoid_bias_scaled(scale_key: str) -> Callable[[Any], RoutingRule]:
-    """Sigmoid, bias for selection, always renormalized (ε 1e-20), × the config's ``scale_key``
-    (AFMoE's ``route_scale``, HY-V3's ``router_scaling_factor``)."""
+def _sigmoid_bias(eps: float = 0.0, scale_key: str | None = None) -> Callable[[Any], RoutingRule]:
+    """Sigmoid, bias for selection, always renormalized (+ ``eps``), × the config's ``scale_key``
+    when given: MiniMax-M2 (no ε, no scale), AFMoE (``route_scale``), HY-V3
+    (``router_scaling_factor``)."""
 
     def rule(c: Any) -> RoutingRule:
         return RoutingRule(
             top_k=c.num_experts_per_tok,
             scoring="sigmoid",
             normalize=True,
-            norm_eps=1e-20,
-            scale=float(getattr(c, scale_key)),
+            norm_eps=eps,
+            scale=float(getattr(c, scale_key)) if scale_key else 1.0,
             bias_for_selection=True,
         )
 
@@ -206,6 +203,11 @@ _DEEPSEEK_STYLE = dict(
     shared_experts="shared_experts",
     shared_count_key="n_shared_experts",
 )
+_DEEPSEEK_STYLE_NUM = {
+    **_DEEPSEEK_STYLE,
+    "count_key": "num_experts",
+    "shared_count_key": "num_shared_experts",
+}
 _GRANITE = dict(
     count_key="num_local_experts",
     intermediate_key="intermediate_size",
@@ -320,6 +322,7 @@ _SPECS = [
         _cohere2,
         shared_experts="shared_experts",
         shared_count_key="num_shared_experts",
+        shared_combine="shared_expert_combination_strategy",
         notes="shared experts summed with, or averaged into, the routed output",
     ),
     ArchSpec(
@@ -327,7 +330,7 @@ _SPECS = [
         "AFMoE",
         "num_experts",
         "moe_intermediate_size",
-        _sigmoid_bias_scaled("route_scale"),
+        _sigmoid_bias(1e-20, "route_scale"),
         router="router",
         router_weight="gate.weight",
         correction_bias="expert_bias",
@@ -366,7 +369,7 @@ _SPECS = [
         "HY-V3",
         "num_experts",
         "moe_intermediate_size",
-        _sigmoid_bias_scaled("router_scaling_factor"),
+        _sigmoid_bias(1e-20, "router_scaling_factor"),
         router_fp32=True,
         correction_bias="e_score_correction_bias",
         shared_experts="shared_experts",
@@ -379,6 +382,8 @@ _SPECS = [
         block="mixer",
         layout="up_down",
         shared_intermediate_key="moe_shared_expert_intermediate_size",
+        latent_in="fc1_latent_proj",
+        latent_out="fc2_latent_proj",
         notes="hybrid Mamba-2 layers; experts down(relu²(up x)) with no gate, optionally in a latent space",
     ),
     ArchSpec(
@@ -392,7 +397,7 @@ _SPECS = [
     ArchSpec(
         "kimi_linear",
         "Kimi-Linear",
-        **{**_DEEPSEEK_STYLE, "count_key": "num_experts", "shared_count_key": "num_shared_experts"},
+        **_DEEPSEEK_STYLE_NUM,
         notes="hybrid linear attention (Kimi Delta Attention) layers",
     ),
     ArchSpec(
@@ -405,7 +410,7 @@ _SPECS = [
     ArchSpec(
         "exaone_moe",
         "EXAONE-MoE",
-        **{**_DEEPSEEK_STYLE, "count_key": "num_experts", "shared_count_key": "num_shared_experts"},
+        **_DEEPSEEK_STYLE_NUM,
     ),
     ArchSpec(
         "ernie4_5_moe",
@@ -424,7 +429,7 @@ _SPECS = [
         "MiniMax-M2",
         "num_local_experts",
         "intermediate_size",
-        _sigmoid_bias,
+        _sigmoid_bias(),
         correction_bias="e_score_correction_bias",
     ),
     ArchSpec(
@@ -639,7 +644,9 @@ class MoELayer:
         is the expert's contribution in the hidden space either way.
         """
         w = self.expert(i)
-        into, out_of = (getattr(self.block, name, None) for name in ("fc1_latent_proj", "fc2_latent_proj"))
+        into, out_of = (
+            _find(self.layer, self.block, path) for path in (self.spec.latent_in, self.spec.latent_out)
+        )
         x = x if into is None else into(x)
         up = nn.functional.linear(x, w.up, w.up_bias)
         if w.gate is None:
@@ -665,7 +672,7 @@ class MoELayer:
             return None
         out = self.shared_experts(x)
         gate = self.shared_gate
-        if getattr(self.block, "shared_expert_combination_strategy", "sum") == "average":  # Cohere2
+        if self.spec.shared_combine and _find(self.layer, self.block, self.spec.shared_combine) == "average":
             out = out / 2
         return out if gate is None else torch.sigmoid(gate(x)) * out
 

@@ -286,25 +286,12 @@ def _hf_config(data: Mapping[str, Any], name: str | None) -> PretrainedConfig:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return CONFIG_MAPPING[model_type].from_dict(_decode_floats(dict(data)))
+            config_class = CONFIG_MAPPING[model_type]
+            # config.json spells inf/nan as {"__float__": "Infinity"}; decode them as from_pretrained does
+            return config_class.from_dict(config_class._decode_special_floats(dict(data)))
     except (ValueError, TypeError, KeyError, StrictDataclassError) as exc:
         why = str(exc).splitlines()[0]
         raise MoescopeError(f"transformers cannot read the config of {name or model_type} ({why}).") from None
-
-
-_SPECIAL_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
-
-
-def _decode_floats(value: Any) -> Any:
-    """Undo how ``save_pretrained`` writes floats JSON has no word for: ``{"__float__": "Infinity"}``
-    (Nemotron-H's ``time_step_limit``), as ``from_pretrained`` does on reading."""
-    if isinstance(value, dict):
-        if set(value) == {"__float__"} and value["__float__"] in _SPECIAL_FLOATS:
-            return _SPECIAL_FLOATS[value["__float__"]]
-        return {key: _decode_floats(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_decode_floats(item) for item in value]
-    return value
 
 
 def _moe_text_config(config: PretrainedConfig) -> tuple[PretrainedConfig, str]:

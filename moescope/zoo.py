@@ -67,6 +67,9 @@ _DSA = {
     "index_topk": 4,
 }
 
+# A dense first layer, then MoE layers whose 8 experts route in 2 groups, the best 1 chosen.
+_DENSE_FIRST_GROUPED = {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1}
+
 # Per-architecture settings: leading dense layers and grouped routing are exercised on purpose.
 _TINY: dict[str, dict[str, Any]] = {
     # 16 experts in 4 groups: a proxy can keep 2 per group and stay group-limited
@@ -89,15 +92,15 @@ _TINY: dict[str, dict[str, Any]] = {
         "n_group": 4,
         "topk_group": 1,
     },
-    "glm4_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1},
+    "glm4_moe": _DENSE_FIRST_GROUPED,
     "glm4_moe_lite": {**_MLA, "num_hidden_layers": 3, "first_k_dense_replace": 1},
     "dots1": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_shared_experts": 1},
-    "sarvam_mla": {**_MLA, "num_hidden_layers": 3, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1},
-    "axk1": {**_MLA, "num_hidden_layers": 3, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1},
+    "sarvam_mla": {**_MLA, **_DENSE_FIRST_GROUPED},
+    "axk1": {**_MLA, **_DENSE_FIRST_GROUPED},
     "axk2": {**_MLA, "num_hidden_layers": 3, "first_k_dense_replace": 1},
     "hy_v4": {**_MLA, "num_hidden_layers": 3, "n_group": 2, "topk_group": 1, "index_topk": 4},
     "hy_v3": {"num_hidden_layers": 3},
-    "sarvam_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1},
+    "sarvam_moe": _DENSE_FIRST_GROUPED,
     "mimo_v2_flash": {"num_hidden_layers": 3, "n_group": 2, "topk_group": 1},
     "afmoe": {"num_hidden_layers": 3, "num_dense_layers": 1, "num_shared_experts": 1, "route_scale": 2.0},
     "exaone_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1},
