@@ -145,6 +145,14 @@ def test_every_expert_tensor_has_one_slice_per_expert(arch: str) -> None:
         assert layer.num_experts in (tensor.shape[0], tensor.shape[-1]), name
 
 
+def _routed_sum(layer, x: torch.Tensor) -> torch.Tensor:
+    """``(T, H)``: the view's experts on ``x``, weighted by the view's routing."""
+    _, weights, index = layer.route(x)
+    outputs = torch.stack([layer.expert_forward(i, x) for i in range(layer.num_experts)])
+    rows = torch.arange(len(x))
+    return sum(weights[:, slot, None] * outputs[index[:, slot], rows] for slot in range(layer.top_k))
+
+
 @pytest.mark.parametrize("latent", [None, 16])
 def test_nemotron_block_is_its_routed_experts_plus_the_shared_one(latent: int | None) -> None:
     """Experts with no gate, relu² on ``up``, and (with ``moe_latent_size``) a latent space the
@@ -154,12 +162,19 @@ def test_nemotron_block_is_its_routed_experts_plus_the_shared_one(latent: int | 
     with torch.no_grad():
         for layer in moe.layers:
             assert layer.expert(0).gate is None
-            _, weights, index = layer.route(x)
-            routed = torch.zeros_like(x)
-            for slot in range(layer.top_k):
-                outputs = torch.stack([layer.expert_forward(i, x) for i in range(layer.num_experts)])
-                picked = outputs[index[:, slot], torch.arange(len(x))]
-                routed += weights[:, slot, None] * picked
+            expected = _routed_sum(layer, x) + layer.shared_forward(x)
+            torch.testing.assert_close(layer.block_forward(x), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["sum", "average"])
+def test_cohere2_shared_experts_are_summed_or_averaged_in(strategy: str) -> None:
+    """``shared_forward`` is the shared experts' share of the block's output: all of it when
+    summed, half when averaged (the routed output is halved too)."""
+    moe = adapt(tiny("cohere2_moe", shared_expert_combination_strategy=strategy))
+    x = torch.randn(7, moe.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for layer in moe.layers:
+            routed = _routed_sum(layer, x) * (0.5 if strategy == "average" else 1.0)
             expected = routed + layer.shared_forward(x)
             torch.testing.assert_close(layer.block_forward(x), expected, rtol=1e-5, atol=1e-6)
 
