@@ -476,22 +476,56 @@ def spec_for(config: PretrainedConfig | str) -> ArchSpec:
             f"'{model_type}' is a dense model with no routed experts; moescope needs a "
             f"Mixture-of-Experts model, one of: {supported}."
         )
-    text = getattr(config, "get_text_config", lambda: None)() if not isinstance(config, str) else None
-    text_type = getattr(text, "model_type", None)
-    if text_type in ARCHITECTURES and text_type != model_type:
+    text = None if isinstance(config, str) else _text_config(config)
+    if text is not None and text.model_type in ARCHITECTURES:
         raise UnsupportedArchitectureError(
-            f"'{model_type}' is a multimodal model and moescope reads text-only checkpoints; load it "
-            "with transformers' AutoModelForCausalLM.from_pretrained and save_pretrained the result, "
-            f"which keeps its language model ('{text_type}') alone, and use that directory."
+            f"'{model_type}' is a multimodal config; its language model ('{text.model_type}') is read "
+            "through moescope.arch.language_config(config)."
         )
     raise UnsupportedArchitectureError(
         f"model type '{model_type}' is not supported; use a checkpoint of one of: {supported}."
     )
 
 
+def language_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config of the language model moescope reads: ``config`` itself, or, for a multimodal
+    checkpoint (Llama 4, Qwen3.5-MoE), its text model's when that is a supported MoE and
+    transformers' ``AutoModelForCausalLM`` loads exactly that language model from the checkpoint.
+    A proxy keeps everything else (vision tower, projector) as it is."""
+    model_type = getattr(config, "model_type", "")
+    if model_type not in ARCHITECTURES:
+        text = _text_config(config)
+        if text is not None and text.model_type in ARCHITECTURES:
+            if _causal_lm_loads(model_type):
+                return text
+            raise UnsupportedArchitectureError(
+                f"'{model_type}' is a multimodal checkpoint whose language model ('{text.model_type}') "
+                "transformers' AutoModelForCausalLM does not load from it; use a text-only checkpoint of "
+                "that language model."
+            )
+    spec_for(config)  # the one-sentence error for anything else
+    return config
+
+
+def _causal_lm_loads(model_type: str) -> bool:
+    """Whether ``AutoModelForCausalLM`` maps this (multimodal) model type to its language model."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def _text_config(config: PretrainedConfig) -> PretrainedConfig | None:
+    """A multimodal config's text model (``None`` for a text-only or an ambiguous config)."""
+    try:
+        text = config.get_text_config()
+    except (AttributeError, ValueError):  # several text models (encoder-decoder speech models)
+        return None
+    return text if text is not config and getattr(text, "model_type", None) else None
+
+
 def is_moe_config(config: PretrainedConfig) -> bool:
     """True when a config declares routed experts under any known key."""
-    sub = getattr(config, "get_text_config", lambda: config)()
+    sub = _text_config(config) or config
     return any(int(getattr(sub, key, 0) or 0) > 1 for key in EXPERT_COUNT_KEYS)
 
 

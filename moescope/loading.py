@@ -68,7 +68,7 @@ def load_config(model: str | Path) -> PretrainedConfig:
     """The model's config, with moescope's architecture checks applied (no weights read)."""
     from transformers import AutoConfig
 
-    from moescope.arch import spec_for
+    from moescope.arch import language_config
 
     path = resolve_model(model)
     try:
@@ -81,7 +81,7 @@ def load_config(model: str | Path) -> PretrainedConfig:
             f"transformers cannot read {path}/config.json (model_type '{model_type}': {_first_line(exc)}); "
             "moescope loads stock transformers architectures only and never runs remote code."
         ) from None
-    spec_for(config)  # dense or unknown architectures fail here, before any weight is read
+    language_config(config)  # dense or unknown architectures fail here, before any weight is read
     return config
 
 

@@ -6,7 +6,10 @@ norms, embeddings, shared experts, dense layers and the LM head are copied uncha
 config's expert count is rewritten under the architecture's own key; top-k and grouped
 routing are left as they are (the selection guarantees they stay valid). The result is a
 plain Hugging Face directory that ``AutoModelForCausalLM.from_pretrained`` loads with no
-moescope code, plus ``moescope.json``, the manifest that says how it was made.
+moescope code, plus ``moescope.json``, the manifest that says how it was made. A multimodal
+checkpoint (Llama 4, Qwen3.5-MoE) is read through its language model; its proxy is the whole
+checkpoint, written by cutting the shards (:func:`moescope.streaming.write_selected`), so the
+vision tower and projector, which the loaded language model does not hold, are copied too.
 
 Expert ``j`` of a proxy layer is the ``j``-th kept original expert (kept ids are sorted, so the
 original order is kept); the manifest maps proxy experts back to original indices.
@@ -45,7 +48,7 @@ import torch
 
 from moescope import __version__
 from moescope._io import check_output_dir, readable, replace_dir
-from moescope.arch import MoEModel, adapt
+from moescope.arch import MoEModel, adapt, language_config
 from moescope.clustering import Selection, select_experts
 from moescope.errors import MoescopeError
 from moescope.keep import parse_keep
@@ -245,6 +248,13 @@ def export_proxy(
             )
         options = dict(method=method, seed=seed, allow_top_k=allow_top_k, overwrite=overwrite)
         return export_streaming(source, out, keep=keep, selection=selection, progress=progress, **options)
+    multimodal = _is_multimodal(source)
+    if multimodal and heal_steps:
+        raise MoescopeError(
+            "healing a multimodal checkpoint's language model is not supported; export without "
+            "--heal-steps, or export its language model alone (AutoModelForCausalLM.from_pretrained, then "
+            "save_pretrained) and heal that."
+        )
     lm, tokenizer = load_model(model, dtype="auto")
     chosen = _resolve_selection(
         lm, tokenizer, selection, keep, method, seed, calibration, n_tokens, allow_top_k, progress
@@ -257,13 +267,26 @@ def export_proxy(
     manifest.update(_manifest_sections(**assessed))
 
     def fill(work: Path) -> None:
-        proxy.save_pretrained(work)
-        copy_side_files(source, work)
+        if multimodal:  # the loaded language model lacks the vision tower: cut the shards instead
+            from moescope.streaming import write_selected
+
+            write_selected(source, work, chosen, progress=progress)
+        else:
+            proxy.save_pretrained(work)
+            copy_side_files(source, work)
         write_manifest(work, manifest)
         readable(work)
 
     path = replace_dir(out, fill, overwrite=overwrite)
     return ExportResult(path=path, manifest=manifest, selection=chosen, **assessed)
+
+
+def _is_multimodal(source: Path) -> bool:
+    """Whether the checkpoint holds more than the language model moescope reads (a vision tower)."""
+    from moescope.loading import load_config
+
+    config = load_config(source)
+    return language_config(config) is not config
 
 
 def _heal_and_assess(

@@ -10,7 +10,8 @@ shards as it goes:
   model as the in-memory proxy;
 * fused expert tensors, router rows, router biases and correction biases are sliced on their
   expert axis (tensors are told apart by :mod:`moescope._checkpoint_keys`);
-* every other tensor is copied byte for byte, in the source's order, layout and dtype.
+* every other tensor is copied byte for byte, in the source's order, layout and dtype (a
+  multimodal checkpoint's vision tower included; its ``text_config`` gets the expert count).
 
 Memory. With the selection known before the pass (``selection=``, or ``method="random"``) the
 pass holds one copy buffer. With ``method="cluster"`` it holds one MoE layer's expert tensors at
@@ -43,7 +44,7 @@ from moescope._checkpoint import Checkpoint, open_checkpoint
 from moescope._io import check_output_dir, readable, replace_dir
 from moescope._stream_pass import EMBED_DIM, Pass, plan_outputs
 from moescope._weight_view import BufferPool, LayerRead, layer_vectors
-from moescope.arch import spec_for
+from moescope.arch import language_config, spec_for
 from moescope.clustering import METHODS, Selection, select_experts
 from moescope.embeddings import ExpertEmbeddings, _Projector, model_facts
 from moescope.errors import MoescopeError
@@ -109,17 +110,13 @@ def export_streaming(
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before reading anything
     checkpoint = open_checkpoint(model)
     keep_n, chosen = _selection_before_pass(checkpoint, keep, selection, method, seed, allow_top_k)
-    outputs = plan_outputs(checkpoint, keep_n, chosen)
     run = Pass(checkpoint, keep_n, chosen, seed, allow_top_k)
-    shard_bytes, total = _shard_bytes(max_shard_size), sum(o.out.nbytes for o in outputs)
+    shard_bytes = _shard_bytes(max_shard_size)
     done: dict[str, Any] = {}
 
     def fill(work: Path) -> None:
-        with _progress(None, progress, "streaming export", total=total, unit="B") as bar:
-            run.run(outputs, work, shard_bytes, bar)
+        cut_checkpoint(checkpoint, run, work, shard_bytes, progress)
         done["selection"] = run.selection()
-        _write_config(checkpoint, work, keep_n)
-        copy_side_files(checkpoint.path, work)
         config = proxy_config(checkpoint.moe.config, checkpoint.moe, keep_n)
         done["manifest"] = make_manifest(checkpoint.path, checkpoint.moe.model, config, done["selection"])
         write_manifest(work, done["manifest"])
@@ -127,6 +124,26 @@ def export_streaming(
 
     path = replace_dir(out, fill, overwrite=overwrite)
     return ExportResult(path, done["manifest"], done["selection"], embeddings=run.embeddings())
+
+
+def cut_checkpoint(checkpoint: Checkpoint, run: Pass, work: Path, shard_bytes: int, progress: bool) -> None:
+    """Write the proxy's shards, index, config.json and side files into ``work`` (no manifest)."""
+    outputs = plan_outputs(checkpoint, run.keep, run.chosen)
+    total = sum(o.out.nbytes for o in outputs)
+    with _progress(None, progress, "streaming export", total=total, unit="B") as bar:
+        run.run(outputs, work, shard_bytes, bar)
+    _write_config(checkpoint, work, run.keep)
+    copy_side_files(checkpoint.path, work)
+
+
+def write_selected(model: str | Path, work: Path, selection: Selection, progress: bool = True) -> None:
+    """The proxy of a given selection, cut from ``model``'s shards into ``work`` (no manifest):
+    how the in-memory export writes a multimodal checkpoint, whose vision tower and projector
+    the loaded language model does not hold."""
+    checkpoint = open_checkpoint(model)
+    chosen = given_selection(checkpoint.moe, selection, None)
+    run = Pass(checkpoint, chosen.keep, chosen, chosen.seed, allow_top_k=True)
+    cut_checkpoint(checkpoint, run, work, _shard_bytes(DEFAULT_SHARD_SIZE), progress)
 
 
 def _selection_before_pass(
@@ -158,13 +175,29 @@ def _selection_before_pass(
 
 
 def _write_config(checkpoint: Checkpoint, work: Path, keep: int) -> None:
-    """config.json as the source wrote it, with the expert count (and any alias of its key) set."""
+    """config.json as the source wrote it, with the expert count (and any alias of its key) set:
+    at the top level, or in the language model's section of a multimodal config."""
     data = json.loads((checkpoint.path / "config.json").read_text())
     config, key = checkpoint.moe.config, checkpoint.moe.spec.count_key
+    section = language_section(data, config.model_type)
     names = {key} | {alias for alias, name in config.attribute_map.items() if name == key}
-    for name in names & data.keys() or {key}:
-        data[name] = keep
+    for name in names & section.keys() or {key}:
+        section[name] = keep
     (work / "config.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+def language_section(data: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """The part of a config.json's dict that configures the language model of ``model_type``:
+    the sub-config (``text_config``) of a multimodal one that has that type, else the dict itself."""
+    if data.get("model_type") != model_type:
+        nested = [
+            value
+            for value in data.values()
+            if isinstance(value, dict) and value.get("model_type") == model_type
+        ]
+        if len(nested) == 1:
+            return nested[0]
+    return data
 
 
 def _shard_bytes(size: int | str) -> int:
@@ -204,7 +237,7 @@ def _keep_ratio(source: Path, keep: Any, selection: Selection | str | Path | Non
         return (selection if isinstance(selection, Selection) else Selection.load(selection)).keep_ratio
     if keep is None:
         return 1.0
-    config = load_config(source)
+    config = language_config(load_config(source))
     experts = spec_for(config).num_experts(config)
     try:
         return parse_keep(keep, experts, 0, allow_top_k=True) / experts

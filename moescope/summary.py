@@ -17,11 +17,11 @@ from __future__ import annotations
 import itertools
 import json
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moescope.arch import MoEModel, adapt
+from moescope.arch import MoEModel, adapt, language_config
 from moescope.routers import describe
 
 if TYPE_CHECKING:
@@ -177,7 +177,11 @@ def summarize(model: PreTrainedModel | PretrainedConfig | str | Path) -> ModelSu
 
         config = load_config(model)
         check_weights(resolve_model(model))
-        return _summary(adapt(_meta_model(config)), source=str(model), dtype=_checkpoint_dtype(config))
+        summary = _summary(adapt(_meta_model(config)), source=str(model), dtype=_checkpoint_dtype(config))
+        if language_config(config) is not config:
+            note = f"the language model of a {config.model_type} checkpoint; its other parts are not counted"
+            summary = replace(summary, notes="; ".join(filter(None, (note, summary.notes))))
+        return summary
     return _summary(
         adapt(model),
         source=getattr(model, "name_or_path", "") or type(model).__name__,

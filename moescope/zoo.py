@@ -181,6 +181,50 @@ def tiny(arch: str, *, seed: int = 0, **overrides: Any) -> PreTrainedModel:
     return model.eval()
 
 
+# tiny vision towers of multimodal checkpoints whose language model is supported
+_TINY_VISION: dict[str, dict[str, Any]] = {
+    "llama4": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "image_size": 28,
+        "patch_size": 14,
+        "projector_input_dim": 32,
+        "projector_output_dim": 32,
+        "vision_output_dim": 32,
+    },
+    "qwen3_5_moe": {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": _COMMON["hidden_size"],
+    },
+}
+TINY_MULTIMODAL: tuple[str, ...] = tuple(_TINY_VISION)
+
+
+def tiny_multimodal(wrapper: str, *, seed: int = 0) -> PreTrainedModel:
+    """A tiny random multimodal model (``llama4``, ``qwen3_5_moe``) whose language model is
+    ``tiny(<its text type>)``'s config, with a one-layer vision tower, in eval mode, float32."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    if wrapper not in _TINY_VISION:
+        raise ValueError(
+            f"no tiny multimodal model of {wrapper!r}; choose one of {', '.join(TINY_MULTIMODAL)}."
+        )
+    text_type = AutoConfig.for_model(wrapper).get_text_config().model_type
+    text = tiny_config(text_type).to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = AutoConfig.for_model(wrapper, text_config=text, vision_config=_TINY_VISION[wrapper])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
 def _draw_zero_routers(model: PreTrainedModel) -> None:
     """Give routers that start at zero (AFMoE's) random rows, as for every other architecture.
 

@@ -218,18 +218,6 @@ def test_unsupported_and_dense_models_name_the_supported_ones() -> None:
     assert "deepseek_v3" in str(moe.value)
 
 
-@pytest.mark.parametrize(
-    ("wrapper", "text"), [("llama4", "llama4_text"), ("qwen3_5_moe", "qwen3_5_moe_text")]
-)
-def test_a_multimodal_model_is_refused_with_the_way_to_its_language_model(wrapper: str, text: str) -> None:
-    from transformers import AutoConfig
-
-    with pytest.raises(UnsupportedArchitectureError, match="multimodal") as err:
-        spec_for(AutoConfig.for_model(wrapper))
-    assert f"'{text}'" in str(err.value) and "AutoModelForCausalLM.from_pretrained" in str(err.value)
-    assert "\n" not in str(err.value) and str(err.value).endswith(".")
-
-
 def test_table_covers_the_required_architectures() -> None:
     required = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss"}
     assert required <= set(supported_architectures())
