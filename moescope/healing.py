@@ -48,6 +48,7 @@ from moescope._accuracy import TaskSpec, model_accuracy, resolve_tasks
 from moescope._agreement import Batch, heldout_batches, kl_loss, next_token_agreement, task_batches
 from moescope._calibration import TASKS, calibration_batches, describe_source
 from moescope._io import readable, replace_dir
+from moescope._multimodal import is_multimodal, save_with_language_model
 from moescope._records import check_kind, jsonable, read_record, write_record
 from moescope._validity import model_tensors, tensor_bytes
 from moescope.arch import MoEModel, adapt
@@ -372,7 +373,10 @@ def heal_proxy_dir(
     manifest.update(manifest_sections(healing=report))
 
     def fill(work: Path) -> None:
-        proxy.save_pretrained(work)
+        if is_multimodal(proxy_dir):  # the loaded language model lacks the vision tower
+            save_with_language_model(proxy_dir, proxy, work)
+        else:
+            proxy.save_pretrained(work)
         copy_side_files(proxy_dir, work)
         write_manifest(work, manifest)
         readable(work)

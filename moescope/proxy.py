@@ -48,7 +48,8 @@ import torch
 
 from moescope import __version__
 from moescope._io import check_output_dir, readable, replace_dir
-from moescope.arch import MoEModel, adapt, language_config
+from moescope._multimodal import is_multimodal, save_with_language_model
+from moescope.arch import MoEModel, adapt
 from moescope.clustering import Selection, select_experts
 from moescope.errors import MoescopeError
 from moescope.keep import parse_keep
@@ -248,13 +249,7 @@ def export_proxy(
             )
         options = dict(method=method, seed=seed, allow_top_k=allow_top_k, overwrite=overwrite)
         return export_streaming(source, out, keep=keep, selection=selection, progress=progress, **options)
-    multimodal = _is_multimodal(source)
-    if multimodal and heal_steps:
-        raise MoescopeError(
-            "healing a multimodal checkpoint's language model is not supported; export without "
-            "--heal-steps, or export its language model alone (AutoModelForCausalLM.from_pretrained, then "
-            "save_pretrained) and heal that."
-        )
+    multimodal = is_multimodal(source)
     lm, tokenizer = load_model(model, dtype="auto")
     chosen = _resolve_selection(
         lm, tokenizer, selection, keep, method, seed, calibration, n_tokens, allow_top_k, progress
@@ -268,9 +263,7 @@ def export_proxy(
 
     def fill(work: Path) -> None:
         if multimodal:  # the loaded language model lacks the vision tower: cut the shards instead
-            from moescope.streaming import write_selected
-
-            write_selected(source, work, chosen, progress=progress)
+            _write_multimodal(source, work, proxy, chosen, healed=bool(heal_steps), progress=progress)
         else:
             proxy.save_pretrained(work)
             copy_side_files(source, work)
@@ -281,12 +274,22 @@ def export_proxy(
     return ExportResult(path=path, manifest=manifest, selection=chosen, **assessed)
 
 
-def _is_multimodal(source: Path) -> bool:
-    """Whether the checkpoint holds more than the language model moescope reads (a vision tower)."""
-    from moescope.loading import load_config
+def _write_multimodal(
+    source: Path, work: Path, proxy: PreTrainedModel, chosen: Selection, healed: bool, progress: bool
+) -> None:
+    """A multimodal proxy: the source's shards cut to the selection, then, when healing changed
+    the language model, that model's weights put in."""
+    from moescope.streaming import write_selected
 
-    config = load_config(source)
-    return language_config(config) is not config
+    if not healed:
+        write_selected(source, work, chosen, progress=progress)
+        return
+    cut = work / ".cut"
+    cut.mkdir()
+    write_selected(source, cut, chosen, progress=progress)
+    save_with_language_model(cut, proxy, work)
+    copy_side_files(cut, work)
+    shutil.rmtree(cut)
 
 
 def _heal_and_assess(

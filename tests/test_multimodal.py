@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 
 from moescope._checkpoint import open_checkpoint
 from moescope.arch import language_config, spec_for
-from moescope.errors import MoescopeError, UnsupportedArchitectureError
+from moescope.errors import UnsupportedArchitectureError
 from moescope.loading import load_model
 from moescope.proxy import build_proxy, export_proxy
 from moescope.streaming import language_section
@@ -78,13 +78,36 @@ def test_the_in_memory_export_of_a_multimodal_checkpoint_assesses_its_language_m
     assert manifest["checklist"] and manifest["fidelity"]
 
 
-def test_healing_a_multimodal_checkpoint_is_refused_before_anything_is_written(
-    source: Path, tmp_path: Path
-) -> None:
-    with pytest.raises(MoescopeError, match="multimodal") as err:
-        export_proxy(source, tmp_path / "proxy", keep="1/2", streaming=False, heal_steps=1, progress=False)
-    assert "\n" not in str(err.value) and "AutoModelForCausalLM" in str(err.value)
-    assert not (tmp_path / "proxy").exists()
+def _assert_healed_whole(source: Path, proxy_dir: Path, unhealed: dict[str, torch.Tensor]) -> None:
+    """The multimodal class loads ``proxy_dir`` whole; everything but router rows and kept experts
+    is the source's, byte for byte; the language model's experts are not the unhealed ones."""
+    _, info = AutoModelForImageTextToText.from_pretrained(proxy_dir, output_loading_info=True)
+    assert not any(info.values()), info
+    before, after = _stored(source), _stored(proxy_dir)
+    untouched = set(before) - set(open_checkpoint(source).experts)
+    assert any("vision" in key or "visual" in key for key in untouched)
+    assert all(torch.equal(before[key], after[key]) for key in untouched)
+    healed = AutoModelForCausalLM.from_pretrained(proxy_dir).state_dict()
+    assert healed.keys() == unhealed.keys()
+    assert any("experts" in key and not torch.equal(healed[key], unhealed[key]) for key in unhealed)
+
+
+def test_healing_a_multimodal_proxy_keeps_its_vision_tower(source: Path, tmp_path: Path) -> None:
+    from moescope.healing import heal_proxy_dir
+
+    options = dict(keep="1/2", fidelity=False, progress=False)
+    healed = export_proxy(source, tmp_path / "healed", streaming=False, heal_steps=3, **options)
+    assert healed.healing is not None
+    lm, _ = load_model(source, dtype="auto")
+    unhealed = build_proxy(lm, healed.selection).state_dict()
+    _assert_healed_whole(source, healed.path, unhealed)
+    # a streamed proxy healed afterwards, in its directory
+    streamed = export_proxy(
+        source, tmp_path / "streamed", streaming=True, selection=healed.selection, **options
+    )
+    ids = torch.randint(3, 128, (16, 32), generator=torch.Generator().manual_seed(0))  # no tokenizer
+    heal_proxy_dir(streamed.path, data=ids, heldout=ids, tasks=(), steps=3, measure=False)
+    _assert_healed_whole(source, streamed.path, unhealed)
 
 
 @pytest.mark.parametrize(
