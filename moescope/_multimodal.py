@@ -41,15 +41,11 @@ def save_with_language_model(whole: Path, language_model: PreTrainedModel, out: 
 
 
 def _load_whole(path: Path) -> Any:
-    """The multimodal model with the class its config names, else transformers' image-text one."""
-    import transformers
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    """The multimodal model, with transformers' image-text class for its config."""
+    from transformers import AutoModelForImageTextToText
 
-    config = AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
-    names = getattr(config, "architectures", None) or []
-    cls = getattr(transformers, names[0], None) if names else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return (cls or AutoModelForImageTextToText).from_pretrained(
+        return AutoModelForImageTextToText.from_pretrained(
             path, dtype="auto", trust_remote_code=False, local_files_only=True
         )

@@ -487,16 +487,17 @@ def spec_for(config: PretrainedConfig | str) -> ArchSpec:
     )
 
 
-def language_config(config: PretrainedConfig) -> PretrainedConfig:
+def language_config(config: PretrainedConfig, *, loadable: bool = True) -> PretrainedConfig:
     """The config of the language model moescope reads: ``config`` itself, or, for a multimodal
     checkpoint (Llama 4, Qwen3.5-MoE), its text model's when that is a supported MoE and
     transformers' ``AutoModelForCausalLM`` loads exactly that language model from the checkpoint.
-    A proxy keeps everything else (vision tower, projector) as it is."""
+    A proxy keeps everything else (vision tower, projector) as it is. ``loadable=False`` drops
+    the last condition: the text model's config is enough to cost it, not to load it."""
     model_type = getattr(config, "model_type", "")
     if model_type not in ARCHITECTURES:
         text = _text_config(config)
         if text is not None and text.model_type in ARCHITECTURES:
-            if _causal_lm_loads(model_type):
+            if not loadable or _causal_lm_loads(model_type):
                 return text
             raise UnsupportedArchitectureError(
                 f"'{model_type}' is a multimodal checkpoint whose language model ('{text.model_type}') "

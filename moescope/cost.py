@@ -296,13 +296,12 @@ def _hf_config(data: Mapping[str, Any], name: str | None) -> PretrainedConfig:
 
 def _moe_text_config(config: PretrainedConfig) -> tuple[PretrainedConfig, str]:
     """The config itself, or the text model of a multimodal one; checked to be a supported MoE."""
-    from moescope.arch import ARCHITECTURES, spec_for
+    from moescope.arch import language_config
 
-    text = config.get_text_config()
-    if config.model_type not in ARCHITECTURES and getattr(text, "model_type", None) in ARCHITECTURES:
-        return text, f"text model of {config.model_type} only; the vision tower is not counted"
-    spec_for(config)  # a dense or unknown model fails here, in one sentence
-    return config, ""
+    text = language_config(config, loadable=False)  # a dense or unknown model fails here, in one sentence
+    if text is config:
+        return config, ""
+    return text, f"text model of {config.model_type} only; the vision tower is not counted"
 
 
 def _meta_summary(config: PretrainedConfig, name: str) -> ModelSummary:
