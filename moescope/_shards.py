@@ -4,7 +4,9 @@ The format (``huggingface/safetensors``): an 8-byte little-endian header length,
 ``{key: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}`` padded with spaces to a
 multiple of 8 bytes, then the tensor bytes. safetensors' own reader maps whole files, and every
 page it touches counts toward the process's resident memory until the file is closed; plain
-``readinto`` into a buffer the caller owns keeps the resident set at that buffer's size.
+``readinto`` into a buffer the caller owns keeps the resident set at that buffer's size (the
+clustering pass maps one tensor at a time instead, and drops its pages once used:
+:class:`moescope._weight_view.MappedTensor`).
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ class ShardReader:
         it; 128 KiB by default), so one call for a 300 MB layer fetches a few megabytes and the
         rest is read later, on demand. The advice is therefore given a window at a time.
         """
+        if not hasattr(os, "posix_fadvise"):
+            return
         fd = self._handle(tensor.file).fileno()
         for start, length in ranges:
             for piece in range(start, start + length, PREFETCH_PIECE):
@@ -165,7 +169,8 @@ class ShardReader:
         handle = self._files.get(file)
         if handle is None:
             handle = self._files[file] = open(file, "rb", buffering=0)  # noqa: SIM115
-            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            if hasattr(os, "posix_fadvise"):  # Linux; elsewhere the kernel's own readahead serves
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         return handle
 
     def copy(

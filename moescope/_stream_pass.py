@@ -2,12 +2,13 @@
 
 :func:`plan_outputs` lists the proxy's tensors before any byte moves (so every shard header is
 known up front); :class:`Pass` then hands them, in that order, to a writing thread. When the
-selection is known, each output is a byte range copy. Under clustering, a layer is read (on a
-background thread), sketched and clustered the first time one of its outputs is due, and its kept
-experts are written from memory. Its buffers come from a pool of one layer's size: a dropped
-expert's buffer takes the next layer's bytes at once, a kept one's once written, so the next
-layer is read and sketched while the last one is written, and the pass never holds more than one
-layer of experts. A :class:`~moescope._shards.Readahead` keeps the disk busy ahead of both.
+selection is known, each output is a byte range copy. Under clustering, a layer is mapped,
+sketched and clustered the first time one of its outputs is due, and its kept experts are
+written from the mapping. The mapped tensors hold a budget of one layer's size: a dropped
+expert's share goes to the next layer at once, a kept one's once written, so the next layer is
+sketched while the last one is written, and the pass never holds more than one layer of experts
+resident. A :class:`~moescope._shards.Readahead` keeps the disk busy ahead of both, so the
+mapped bytes are read from the page cache.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from moescope._checkpoint import Checkpoint
 from moescope._checkpoint_keys import ExpertKey
 from moescope._shards import OutTensor, Readahead, ShardReader, ShardWriter, StoredTensor
-from moescope._weight_view import BufferPool, LayerRead, layer_vectors
+from moescope._weight_view import LayerRead, MappedTensor, MemoryBudget, layer_vectors
 from moescope.clustering import Selection, select_experts
 from moescope.embeddings import ExpertEmbeddings, _Projector, model_facts
 
@@ -86,21 +87,21 @@ def expert_ranges(tensor: StoredTensor, axis: int, kept: tuple[int, ...]) -> lis
 class _Writes:
     """The pass's writes, in plan order, on a thread of their own.
 
-    The pass hands each output over (its stored source and byte ranges, and the buffer holding
-    them when a layer was read into memory) and goes on: it clusters the next layer while this
-    thread writes the last one's kept experts and copies the tensors in between. A buffer goes
-    back to the pool once written, which is what lets the next layer's read proceed.
+    The pass hands each output over (its stored source and byte ranges, and the mapping holding
+    them when its layer was clustered) and goes on: it clusters the next layer while this thread
+    writes the last one's kept experts and copies the tensors in between. A mapping is released
+    once written, which is what lets the next layer's sketching proceed.
     """
 
-    def __init__(self, writer: ShardWriter, pool: BufferPool | None, bar: Any) -> None:
-        self.writer, self.pool, self.bar = writer, pool, bar
+    def __init__(self, writer: ShardWriter, bar: Any) -> None:
+        self.writer, self.bar = writer, bar
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="moescope-writes", daemon=True)
         self._thread.start()
 
     def put(
-        self, out: OutTensor, tensor: StoredTensor, ranges: list[tuple[int, int]], held: bytearray | None
+        self, out: OutTensor, tensor: StoredTensor, ranges: list[tuple[int, int]], held: MappedTensor | None
     ) -> None:
         if self._error is not None:
             raise self._error
@@ -114,7 +115,7 @@ class _Writes:
             raise self._error
 
     def abort(self) -> None:
-        """Skip what is still queued (its buffers still go back) and stop."""
+        """Skip what is still queued (its mappings are still released) and stop."""
         if self._error is None:
             self._error = RuntimeError("the pass stopped")
         self._jobs.put(None)
@@ -131,7 +132,7 @@ class _Writes:
                     self._error = exc
                 finally:
                     if held is not None:
-                        self.pool.give(held)
+                        held.release()
 
     def _write(
         self,
@@ -139,14 +140,14 @@ class _Writes:
         out: OutTensor,
         tensor: StoredTensor,
         ranges: list[tuple[int, int]],
-        held: bytearray | None,
+        held: MappedTensor | None,
     ) -> None:
         with self.writer.tensor(out.key) as write:
             if held is None:
                 reader.copy(tensor, ranges, write)
             else:
                 for start, length in ranges:
-                    write(memoryview(held)[start : start + length])
+                    write(held.view[start : start + length])
         self.bar.update(out.nbytes)
 
 
@@ -160,8 +161,8 @@ class Pass:
         self.checkpoint, self.keep, self.chosen = checkpoint, keep, chosen
         self.seed, self.allow_top_k = seed, allow_top_k
         self.kept = {} if chosen is None else {entry.layer: entry.kept for entry in chosen.layers}
-        self.held: dict[str, bytearray] = {}  # kept tensors of the layer read last, not yet handed over
-        self.pool = BufferPool(checkpoint.layer_bytes) if chosen is None else None
+        self.held: dict[str, MappedTensor] = {}  # kept tensors of the layer mapped last, not yet handed over
+        self.budget = MemoryBudget(checkpoint.layer_bytes)
         self.clustered: dict[int, Selection] = {}
         self.vectors: dict[int, np.ndarray] = {}
         self.projector = _Projector(seed, EMBED_DIM)
@@ -173,7 +174,7 @@ class Pass:
         metadata = self.checkpoint.metadata
         try:
             with ShardWriter(work, [o.out for o in outputs], shard_bytes, metadata) as writer:
-                writes = _Writes(writer, self.pool, bar)
+                writes = _Writes(writer, bar)
                 try:
                     for step, output in enumerate(outputs):
                         readahead.at(step)
@@ -186,8 +187,9 @@ class Pass:
                 writes.finish()
                 writer.close()
         finally:
-            if self.pool is not None:
-                self.pool.close()
+            self.budget.close()
+            for mapped in self.held.values():
+                mapped.release()
             readahead.close()
 
     def _source(self, output: Output, kept: tuple[int, ...]) -> tuple[StoredTensor, list[tuple[int, int]]]:
@@ -220,23 +222,21 @@ class Pass:
         return self.kept[layer]
 
     def _cluster(self, layer: int) -> None:
-        """Read, sketch and cluster one layer; hold its kept tensors for their outputs."""
-        for buffer in self.held.values():  # a layer read earlier: its outputs still due come from disk
-            self.pool.give(buffer)
-        read = LayerRead(self.checkpoint, layer, self.pool)
+        """Map, sketch and cluster one layer; hold its kept tensors for their outputs."""
+        for mapped in self.held.values():  # a layer mapped earlier: its outputs still due are copied
+            mapped.release()
+        read = LayerRead(self.checkpoint, layer, self.budget)
+        self.held = read.mapped  # every tensor mapped so far, released by run() should the pass fail
         vectors = layer_vectors(self.checkpoint, layer, read, self.projector)
-        buffers = read.join()
+        read.join()
         facts = {**model_facts(self.checkpoint.moe), "layers": (layer,)}
         emb = ExpertEmbeddings(view="weights", seed=self.seed, vectors=vectors[None], **facts)
         one = select_experts(emb, self.keep, method="cluster", seed=self.seed, allow_top_k=self.allow_top_k)
         self.vectors[layer], self.clustered[layer], self.kept[layer] = vectors, one, one.layers[0].kept
-        self.held = {}
-        for key, buffer in buffers.items():
+        for key in list(self.held):
             expert = self.checkpoint.experts[key].expert
-            if expert is None or expert in self.kept[layer]:
-                self.held[key] = buffer
-            else:  # a dropped expert: its buffer can take the next layer's bytes now
-                self.pool.give(buffer)
+            if expert is not None and expert not in self.kept[layer]:
+                self.held.pop(key).release()  # a dropped expert: its share goes to the next layer now
 
     def selection(self) -> Selection:
         """The selection written: the given one, or the layers clustered during the pass."""

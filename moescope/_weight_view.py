@@ -1,26 +1,31 @@
-"""The weight view of one MoE layer from its stored bytes, computed while the bytes arrive.
+"""The weight view of one MoE layer from its stored bytes, sketched where the bytes lie.
 
-:class:`LayerRead` reads a layer's expert tensors (router rows and biases included) into buffers
-of a :class:`BufferPool` on a background thread, in file order; :func:`layer_vectors` sketches
-each expert as soon as its bytes are in, so the disk and the CPU work at the same time. The
-experts module is stood in for by the stored tensors — fused ones as they are, per-expert keys
-joined on access — so :meth:`~moescope.arch.MoELayer.expert` reads every layout (GPT-OSS's
-transposed, interleaved one included) exactly as on the loaded model, and the vectors equal
-``embed_experts(model, "weights")``.
+:class:`LayerRead` maps a layer's expert tensors (router rows and biases included) from their
+shards: sketching reads them straight from the kernel's page cache, which a readahead keeps
+filled ahead of the pass, so no byte is copied into the process first. Each mapped tensor takes
+its size from a :class:`MemoryBudget` of one layer, and gives it back when released, which drops
+its pages from the process's resident memory. The experts module is stood in for by the stored
+tensors — fused ones as they are, per-expert keys joined on access — so
+:meth:`~moescope.arch.MoELayer.expert` reads every layout (GPT-OSS's transposed, interleaved one
+included) exactly as on the loaded model, and the vectors equal ``embed_experts(model, "weights")``.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from moescope._shards import COPY_CHUNK, ShardReader, StoredTensor
+from moescope._shards import StoredTensor, _corrupt
 from moescope._threads import single_threaded
 from moescope.embeddings import _expert_sketch, _Projector
 
@@ -28,114 +33,149 @@ if TYPE_CHECKING:
     from moescope._checkpoint import Checkpoint
 
 
-class BufferPool:
-    """Byte buffers for expert tensors, at most ``limit`` bytes of them (one layer's worth).
+class MemoryBudget:
+    """Bytes of mapped expert tensors the pass may hold resident at once (one layer's worth).
 
-    A layer's read takes its buffers here and blocks while the pool is spent; buffers come back
-    as soon as their bytes are no longer needed (a dropped expert at once, a kept one once
-    written), so the next layer's read overlaps the last one's writes without the process ever
-    holding more than one layer. Free buffers of another size are let go before a new one is
-    made. A larger single tensor is still given a buffer when the pool holds nothing else.
+    A layer's tensors take their size here as they are mapped, waiting while the budget is
+    spent; they give it back when released (a dropped expert at once, a kept one once written),
+    so the next layer is sketched while the last one is written without the process ever holding
+    more than one layer. A single tensor larger than the budget is still let in when nothing
+    else is held.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit, self.total = limit, 0
-        self._free: dict[int, list[bytearray]] = defaultdict(list)
         self._changed = threading.Condition()
         self._closed = False
 
-    def take(self, size: int) -> bytearray:
+    def take(self, size: int) -> None:
         with self._changed:
-            while True:
+            while not (self.total + size <= self.limit or self.total == 0):
                 if self._closed:
-                    raise RuntimeError("the pass stopped")
-                if self._free[size]:
-                    return self._free[size].pop()
-                if self.total + size <= self.limit or self.total == 0:
-                    self.total += size
-                    return bytearray(size)
-                other = next((n for n, free in self._free.items() if free), None)
-                if other is not None:
-                    self._free[other].pop()
-                    self.total -= other
-                else:
-                    self._changed.wait()
+                    break
+                self._changed.wait()
+            if self._closed:
+                raise RuntimeError("the pass stopped")
+            self.total += size
 
-    def give(self, buffer: bytearray) -> None:
+    def give(self, size: int) -> None:
         with self._changed:
-            self._free[len(buffer)].append(buffer)
+            self.total -= size
             self._changed.notify_all()
 
     def close(self) -> None:
-        """Wake every waiting read with an error: the pass is over."""
+        """Wake every waiting take with an error: the pass is over."""
         with self._changed:
             self._closed = True
             self._changed.notify_all()
 
 
-class LayerRead:
-    """One MoE layer's expert tensors, read into buffers of ``pool`` on a background thread."""
+class ShardSpan:
+    """A byte span of one shard, mapped read-only: a layer's tensors in that file.
 
-    def __init__(self, checkpoint: Checkpoint, layer: int, pool: BufferPool) -> None:
+    One mapping per layer and shard, not per tensor: each mapping holds a file descriptor
+    until it goes, and a layer can have thousands of per-expert tensors (more than the usual
+    limit of 1,024 open files). The shard's size is checked first: reading past the end of a
+    mapped file kills the process instead of raising. The mapping goes when the last view of it
+    does.
+    """
+
+    def __init__(self, file: Path, start: int, end: int, name: str) -> None:
+        self.base = start - start % mmap.ALLOCATIONGRANULARITY
+        with open(file, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size < end:
+                raise _corrupt(file, f"it ended inside {name}")
+            # a private mapping is writable, so torch views it without a warning; nothing writes
+            self._map = mmap.mmap(handle.fileno(), end - self.base, offset=self.base, access=mmap.ACCESS_COPY)
+        _advise(self._map, "MADV_SEQUENTIAL")
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        """The bytes at ``offset`` (a position in the file), where they lie."""
+        return memoryview(self._map)[offset - self.base : offset - self.base + nbytes]
+
+    def drop(self, offset: int, nbytes: int) -> None:
+        """Take these bytes' pages out of the process (the kernel keeps its cache). Pages shared
+        with a neighbour still in use go too; nothing is written here, so touching them again
+        only maps them back in from the file."""
+        first = (offset - self.base) // mmap.PAGESIZE * mmap.PAGESIZE
+        if nbytes:
+            _advise(self._map, "MADV_DONTNEED", first, offset - self.base + nbytes - first)
+
+
+class MappedTensor:
+    """A stored tensor's bytes in a :class:`ShardSpan`, holding its size of the budget.
+
+    ``view`` reads them from the page cache where they lie; :meth:`release` drops their pages
+    from the process and returns their size to the budget.
+    """
+
+    def __init__(self, tensor: StoredTensor, span: ShardSpan, budget: MemoryBudget) -> None:
+        self.stored, self.span, self._budget = tensor, span, budget
+        budget.take(tensor.nbytes)
+        self.view = span.view(tensor.offset, tensor.nbytes)
+        self._released = False
+
+    def tensor(self) -> torch.Tensor:
+        return torch.frombuffer(self.view, dtype=self.stored.torch_dtype).view(self.stored.shape)
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.span.drop(self.stored.offset, self.stored.nbytes)
+            self._budget.give(self.stored.nbytes)
+
+
+def _advise(mapped: mmap.mmap, advice: str, *where: int) -> None:
+    """``madvise`` where the platform has it (Linux, macOS). Without ``MADV_DONTNEED`` a
+    released tensor's pages stay resident until its mapping goes, with the layer."""
+    if hasattr(mmap, advice) and hasattr(mapped, "madvise"):
+        mapped.madvise(getattr(mmap, advice), *where)
+
+
+class LayerRead:
+    """One MoE layer's expert tensors, each mapped on first use (:class:`MappedTensor`)."""
+
+    def __init__(self, checkpoint: Checkpoint, layer: int, budget: MemoryBudget) -> None:
         self.tensors = [checkpoint.by_key[key] for key in checkpoint.layer_keys[layer]]
         self.stored = {t.key: t for t in self.tensors}
-        self.pool = pool
-        self.buffers: dict[str, bytearray] = {}
-        self._done = {t.key: -1 for t in self.tensors}  # bytes in; -1 until the buffer is taken
-        self._error: BaseException | None = None
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._read, name="moescope-layer-read", daemon=True)
-        self._thread.start()
+        self.budget = budget
+        self.mapped: dict[str, MappedTensor] = {}
+        self._spans: dict[Path, ShardSpan] = {}
 
-    def _read(self) -> None:
-        try:
-            with ShardReader() as reader:
-                for tensor in self.tensors:
-                    buffer = self.pool.take(tensor.nbytes)
-                    self._progress(tensor.key, 0, buffer)
-                    view = memoryview(buffer)
-                    for start in range(0, tensor.nbytes, COPY_CHUNK):
-                        end = min(start + COPY_CHUNK, tensor.nbytes)
-                        reader.read_into(tensor, start, view[start:end])
-                        self._progress(tensor.key, end)
-        except BaseException as exc:  # handed to the waiting thread, which raises it
-            with self._changed:
-                self._error = exc
-                self._changed.notify_all()
+    def tensor(self, key: str) -> torch.Tensor:
+        """``key``'s stored tensor, viewed where its bytes lie."""
+        return self._map(key).tensor()
 
-    def _progress(self, key: str, done: int, buffer: bytearray | None = None) -> None:
-        with self._changed:
-            if buffer is not None:
-                self.buffers[key] = buffer
-            self._done[key] = done
-            self._changed.notify_all()
+    def _map(self, key: str) -> MappedTensor:
+        if key not in self.mapped:
+            stored = self.stored[key]
+            self.mapped[key] = MappedTensor(stored, self._span(stored.file), self.budget)
+        return self.mapped[key]
 
-    def wait(self, key: str, end: int | None = None) -> bytearray:
-        """The buffer of ``key`` once its first ``end`` bytes (all by default) are in."""
-        end = self.stored[key].nbytes if end is None else end
-        with self._changed:
-            while self._done[key] < end and self._error is None:
-                self._changed.wait()
-        if self._error is not None:
-            raise self._error
-        return self.buffers[key]
+    def _span(self, file: Path) -> ShardSpan:
+        """The mapping of this layer's tensors in ``file``, made on first use."""
+        if file not in self._spans:
+            tensors = [t for t in self.tensors if t.file == file]
+            last = max(tensors, key=lambda t: t.offset + t.nbytes)
+            start = min(t.offset for t in tensors)
+            self._spans[file] = ShardSpan(file, start, last.offset + last.nbytes, last.key)
+        return self._spans[file]
 
-    def tensor(self, key: str, end: int | None = None) -> torch.Tensor:
-        """``key``'s stored tensor, viewing its buffer once the first ``end`` bytes are in."""
-        stored = self.stored[key]
-        return torch.frombuffer(self.wait(key, end), dtype=stored.torch_dtype).view(stored.shape)
-
-    def join(self) -> dict[str, bytearray]:
-        """Every buffer, once all are read."""
+    def join(self) -> dict[str, MappedTensor]:
+        """Every tensor of the layer, mapped (those sketching did not touch too)."""
         for tensor in self.tensors:
-            self.wait(tensor.key)
-        self._thread.join()
-        return self.buffers
+            self._map(tensor.key)
+        return self.mapped
+
+    def release(self) -> None:
+        """Drop every tensor mapped so far from resident memory."""
+        for mapped in self.mapped.values():
+            mapped.release()
 
 
 def layer_vectors(checkpoint: Checkpoint, layer: int, read: LayerRead, projector: _Projector) -> np.ndarray:
     """``(E, dim)`` weight-view vectors of one layer, as :func:`~moescope.embeddings.embed_experts`
-    computes them, sketching each expert as soon as :class:`LayerRead` has its bytes."""
+    computes them, from the layer's mapped tensors."""
     experts = SimpleNamespace(**_expert_params(checkpoint, layer, read))
     view = replace(checkpoint.moe.layer(layer), block=SimpleNamespace(experts=experts))
     with torch.no_grad(), single_threaded():  # skinny products: threads only wait on a busy machine
@@ -160,34 +200,62 @@ def _expert_params(checkpoint: Checkpoint, layer: int, read: LayerRead) -> dict[
 
 
 class _Rows:
-    """A fused tensor being read: ``rows[i]`` waits for expert ``i``'s row, then returns it."""
+    """A fused tensor: ``rows[i]`` is expert ``i``'s row."""
 
     def __init__(self, stored: StoredTensor, read: LayerRead) -> None:
         self.key, self.read = stored.key, read
-        self.row_bytes = stored.nbytes // stored.shape[0] if stored.shape and stored.shape[0] else 0
 
     def __getitem__(self, expert: int) -> torch.Tensor:
-        return self.read.tensor(self.key, (expert + 1) * self.row_bytes)[expert]
+        return self.read.tensor(self.key)[expert]
 
 
 class _Stacked:
     """Per-expert tensors read as the fused parameter: ``stacked[i]`` is expert ``i``'s parts
-    concatenated, as transformers' ``MergeModulelist`` + ``Concatenate`` would store it.
-
-    The parts are joined into one buffer reused for every expert, so ``stacked[i]`` is valid
-    until ``stacked[i + 1]`` is asked for (sketching is done with an expert by then): a new
-    block per expert meant fresh memory, and its page faults, every time.
-    """
+    concatenated, as transformers' ``MergeModulelist`` + ``Concatenate`` would store it (a
+    :class:`_Joined`, which copies them only when it must)."""
 
     def __init__(self, parts: dict[tuple[int, int], str], read: LayerRead) -> None:
         self.parts, self.read = parts, read
         self.count = 1 + max(part for _, part in parts)
         self._joined: torch.Tensor | None = None
 
-    def __getitem__(self, expert: int) -> torch.Tensor:
+    def __getitem__(self, expert: int) -> torch.Tensor | _Joined:
         pieces = [self.read.tensor(self.parts[expert, part]) for part in range(self.count)]
-        if self.count == 1:
-            return pieces[0]
+        return pieces[0] if self.count == 1 else _Joined(pieces, self._join)
+
+    def _join(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        """The pieces concatenated into one block reused for every expert (fresh memory per
+        expert meant its page faults every time)."""
         if self._joined is None:
             self._joined = torch.empty(0, dtype=pieces[0].dtype)  # sized by the first cat
         return torch.cat(pieces, out=self._joined)
+
+
+class _Joined:
+    """Tensors standing for their concatenation along the first axis, joined only when used.
+
+    :meth:`~moescope.arch.MoELayer.expert` splits a fused gate/up straight back into its halves
+    (``chunk(2, dim=0)``), which here returns the stored parts themselves: joining them first
+    copied every expert's gate and up, as long as sketching them took. Any other use joins them
+    with ``join``, into a block :class:`_Stacked` reuses for every expert (``stacked[i]`` is then
+    valid until ``stacked[i + 1]``; sketching is done with an expert by then).
+    """
+
+    def __init__(
+        self, pieces: list[torch.Tensor], join: Callable[[list[torch.Tensor]], torch.Tensor]
+    ) -> None:
+        self.pieces, self.join = pieces, join
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[torch.Tensor, ...]:
+        if dim == 0 and chunks == len(self.pieces) and len({p.shape for p in self.pieces}) == 1:
+            return tuple(self.pieces)
+        return self.joined().chunk(chunks, dim)
+
+    def joined(self) -> torch.Tensor:
+        return self.join(self.pieces)
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        return self.joined()[index]
+
+    def __getattr__(self, name: str) -> Any:  # .T, .shape, ...: the joined tensor's
+        return getattr(self.joined(), name)

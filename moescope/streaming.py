@@ -16,8 +16,8 @@ shards as it goes:
 Memory. With the selection known before the pass (``selection=``, or ``method="random"``) the
 pass holds one copy buffer. With ``method="cluster"`` it holds one MoE layer's expert tensors at
 a time: their weight-view sketches (the vectors ``embed_experts(model, "weights")`` gives) are
-clustered as soon as the layer is read, and the kept experts are written from memory. So the
-peak is one layer's experts plus a fixed overhead, whatever the size of the model.
+clustered as soon as the layer is mapped, and the kept experts are written from the mapping. So
+the peak is one layer's experts plus a fixed overhead, whatever the size of the model.
 ``frequency`` and ``reap`` rank experts by a calibration pass through the loaded model, so
 streaming takes them only as a selection file made beforehand.
 
@@ -43,7 +43,7 @@ import numpy as np
 from moescope._checkpoint import Checkpoint, open_checkpoint
 from moescope._io import check_output_dir, readable, replace_dir
 from moescope._stream_pass import EMBED_DIM, Pass, plan_outputs
-from moescope._weight_view import BufferPool, LayerRead, layer_vectors
+from moescope._weight_view import LayerRead, MemoryBudget, layer_vectors
 from moescope.arch import language_config, spec_for
 from moescope.clustering import METHODS, Selection, select_experts
 from moescope.embeddings import ExpertEmbeddings, _Projector, model_facts
@@ -74,12 +74,13 @@ def embed_checkpoint(model: str | Path, *, seed: int = 0, progress: bool = True)
     """
     checkpoint = open_checkpoint(model)
     projector = _Projector(seed, EMBED_DIM)
-    pool, rows = BufferPool(checkpoint.layer_bytes), []
+    budget, rows = MemoryBudget(checkpoint.layer_bytes), []
     for layer in _progress(checkpoint.moe.moe_indices, progress, "weight embeddings", unit="layer"):
-        read = LayerRead(checkpoint, layer, pool)
-        rows.append(layer_vectors(checkpoint, layer, read, projector))
-        for buffer in read.join().values():
-            pool.give(buffer)
+        read = LayerRead(checkpoint, layer, budget)
+        try:
+            rows.append(layer_vectors(checkpoint, layer, read, projector))
+        finally:
+            read.release()
     facts = model_facts(checkpoint.moe)
     return ExpertEmbeddings(view="weights", seed=seed, vectors=np.stack(rows), **facts)
 
