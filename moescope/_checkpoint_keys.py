@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from moescope._shards import StoredTensor
-from moescope.arch import MoEModel
+from moescope.arch import MoEModel, expert_axis
 from moescope.errors import ModelLoadError, UnsupportedArchitectureError
-from moescope.proxy import _expert_axis, expert_state_keys
+from moescope.proxy import expert_state_keys
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -62,7 +62,9 @@ def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKe
     renamings, converters = _conversions(model)
     state = model.state_dict()
     targets = expert_state_keys(moe)
-    names = {id(p): name for layer in moe.layers for name, p in layer.experts.named_parameters(recurse=False)}
+    names = {
+        id(p): name for layer in moe.layers for name, p in layer.expert_module.named_parameters(recurse=False)
+    }
     dtype, moe_layers = _declared_dtype(model.config), set(moe.moe_indices)
     found: dict[str, ExpertKey] = {}
     for tensor in stored:
@@ -85,7 +87,7 @@ def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKe
             )
         if pattern is None:
             _check_shape(tensor, tuple(param.shape))
-            axis = _expert_axis(param, moe.num_experts)
+            axis = expert_axis(param, moe.num_experts)
             found[tensor.key] = ExpertKey(layer, target, name, axis=axis)
         else:
             converter = _converter(converters, pattern)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from moescope._routing_sums import SLOT_ORDER, RoutingSums, recomputed_norms, slot_norms
+from moescope.arch import decoder_model
 from moescope.provenance import config_hash
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,7 +88,7 @@ class RoutingObserver:
     # --- installing and removing ---------------------------------------------------------------
 
     def _install(self) -> None:
-        stack = getattr(self.moe.model, "model", self.moe.model)
+        stack = decoder_model(self.moe.model)
         self._handles.append(stack.register_forward_pre_hook(self._on_start, with_kwargs=True))
         self._handles.append(stack.register_forward_hook(self._on_end))
         for layer in self.moe.layers:
@@ -171,6 +172,7 @@ class RoutingObserver:
     def _experts_hook(self, layer: MoELayer) -> Any:
         def hook(module: Any, args: tuple, out: Any) -> None:
             hidden, index, weights = self._experts_in.pop(layer.index)
+            hidden = hidden.reshape(-1, hidden.shape[-1])  # DBRX's experts take [B, S, H]
             captured = self._norms.pop(layer.index, None)
             if captured is not None:
                 norms, source = slot_norms(*captured, index), "captured"

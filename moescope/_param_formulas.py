@@ -220,7 +220,7 @@ def entry_from_config(config: PretrainedConfig) -> dict[str, Any]:
     >>> entry_from_config(tiny_config("mixtral"))["routed_experts"]
     8
     """
-    from moescope.arch import spec_for
+    from moescope.arch import config_value, spec_for
 
     spec, model_type = spec_for(config), config.model_type
     if model_type not in _EXTRAS:
@@ -229,7 +229,7 @@ def entry_from_config(config: PretrainedConfig) -> dict[str, Any]:
             f"(exact=True), or use one of: {', '.join(_EXTRAS)}."
         )
     c, rule = config, spec.rule(config)
-    width = int(getattr(c, spec.intermediate_key))
+    width = int(config_value(c, spec.intermediate_key))
     shared, shared_width = 0, 0
     if spec.shared_experts:
         shared = int(getattr(c, spec.shared_count_key)) if spec.shared_count_key else 1

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from moescope.arch import MoELayer, MoEModel, adapt
+from moescope.arch import MoELayer, MoEModel, adapt, experts_first
 from moescope.errors import MoescopeError
 
 if TYPE_CHECKING:
@@ -81,9 +81,8 @@ def _rewrite(
 ) -> None:
     n_experts = len(labels)
     for _, tensor in layer.named_expert_tensors():
-        axis = 0 if tensor.shape[0] == n_experts else tensor.shape.index(n_experts)
         with torch.no_grad():
-            view = tensor.data.movedim(axis, 0)
+            view = experts_first(tensor.data, n_experts)
             copies = view[torch.as_tensor(sources[labels])].float()
             jitter = torch.randn(copies.shape, generator=generator) * (noise * view.float().std())
             view.copy_((copies + jitter.to(copies.device)).to(view.dtype))

@@ -59,7 +59,8 @@ def plan_outputs(checkpoint: Checkpoint, keep: int, chosen: Selection | None) ->
         if entry is None:
             outputs.append(Output(OutTensor(tensor.key, tensor.dtype, tensor.shape), tensor.key))
         elif entry.expert is None:
-            shape = tuple(keep if axis == entry.axis else n for axis, n in enumerate(tensor.shape))
+            per = checkpoint.moe.num_experts  # one slice, or one block of rows (DBRX), per expert
+            shape = tuple(n // per * keep if axis == entry.axis else n for axis, n in enumerate(tensor.shape))
             outputs.append(Output(OutTensor(tensor.key, tensor.dtype, shape), tensor.key, entry))
         elif entry.expert in order[entry.layer]:
             slot = order[entry.layer][entry.expert]
@@ -68,19 +69,23 @@ def plan_outputs(checkpoint: Checkpoint, keep: int, chosen: Selection | None) ->
     return outputs
 
 
-def expert_ranges(tensor: StoredTensor, axis: int, kept: tuple[int, ...]) -> list[tuple[int, int]]:
-    """``(start, length)`` byte ranges of the kept slices along ``axis``, adjacent ones merged."""
+def expert_ranges(
+    tensor: StoredTensor, axis: int, kept: tuple[int, ...], num_experts: int
+) -> list[tuple[int, int]]:
+    """``(start, length)`` byte ranges of the kept slices along ``axis`` (one slice, or one block
+    of slices, per expert), adjacent ones merged."""
     outer = int(np.prod(tensor.shape[:axis], dtype=np.int64))
-    inner = int(np.prod(tensor.shape[axis + 1 :], dtype=np.int64)) * tensor.itemsize
     count = tensor.shape[axis]
+    block = count // num_experts
+    inner = int(np.prod(tensor.shape[axis + 1 :], dtype=np.int64)) * tensor.itemsize
     ranges: list[tuple[int, int]] = []
     for row in range(outer):
         for expert in kept:
-            start = (row * count + expert) * inner
+            start = (row * count + expert * block) * inner
             if ranges and sum(ranges[-1]) == start:
-                ranges[-1] = (ranges[-1][0], ranges[-1][1] + inner)
+                ranges[-1] = (ranges[-1][0], ranges[-1][1] + block * inner)
             else:
-                ranges.append((start, inner))
+                ranges.append((start, block * inner))
     return ranges
 
 
@@ -198,7 +203,7 @@ class Pass:
         tensor = self.checkpoint.by_key[output.source or entry.template.format(kept[output.slot])]
         if entry is None or entry.axis is None:
             return tensor, [(0, tensor.nbytes)]
-        return tensor, expert_ranges(tensor, entry.axis, kept)
+        return tensor, expert_ranges(tensor, entry.axis, kept, self.checkpoint.moe.num_experts)
 
     def _disk_reads(self, outputs: list[Output]) -> list[Reads]:
         """What each step reads from disk: its source, or, under clustering, the whole layer at

@@ -205,14 +205,20 @@ def backbone_check(omoe: MoEModel, pmoe: MoEModel) -> Check:
 
 
 class _KeyRecorder:
-    """Stands in for a config and records which fields are read."""
+    """Stands in for a config and records which fields are read, a sub-config's by dotted name
+    (``ffn_config.moe_top_k``)."""
 
-    def __init__(self, config: Any) -> None:
-        self.config, self.read = config, set()
+    def __init__(self, config: Any, read: set[str] | None = None, prefix: str = "") -> None:
+        self.config, self.read, self.prefix = config, set() if read is None else read, prefix
 
     def __getattr__(self, name: str) -> Any:
-        self.read.add(name)
-        return getattr(self.config, name)
+        from transformers import PretrainedConfig
+
+        value = getattr(self.config, name)
+        if isinstance(value, PretrainedConfig):
+            return _KeyRecorder(value, self.read, f"{self.prefix}{name}.")
+        self.read.add(self.prefix + name)
+        return value
 
 
 def routing_keys(moe: MoEModel) -> set[str]:
@@ -223,13 +229,25 @@ def routing_keys(moe: MoEModel) -> set[str]:
 
 
 def _config_differences(a: Any, b: Any, skip: set[str]) -> dict[str, str]:
-    first, second = a.to_dict(), b.to_dict()
+    first, second = _flat(a.to_dict()), _flat(b.to_dict())
     out = {}
     for key in sorted(first.keys() | second.keys()):
-        if key in skip or key in _RUNTIME or key.startswith("_"):
+        name = key.rpartition(".")[2]
+        if key in skip or name in _RUNTIME or name.startswith("_"):
             continue
         if first.get(key, "absent") != second.get(key, "absent"):
             out[key] = f"{first.get(key, 'absent')!r} → {second.get(key, 'absent')!r}"
+    return out
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config dict with its sub-configs' fields under dotted keys (``ffn_config.moe_top_k``)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and "model_type" in value:  # a sub-config, not a plain dict field
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
     return out
 
 

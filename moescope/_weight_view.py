@@ -176,8 +176,13 @@ class LayerRead:
 def layer_vectors(checkpoint: Checkpoint, layer: int, read: LayerRead, projector: _Projector) -> np.ndarray:
     """``(E, dim)`` weight-view vectors of one layer, as :func:`~moescope.embeddings.embed_experts`
     computes them, from the layer's mapped tensors."""
+    original = checkpoint.moe.layer(layer)
     experts = SimpleNamespace(**_expert_params(checkpoint, layer, read))
-    view = replace(checkpoint.moe.layer(layer), block=SimpleNamespace(experts=experts))
+    if original.spec.expert_params:  # DBRX's tensors live on experts.mlp
+        experts = SimpleNamespace(**{original.spec.expert_params: experts})
+    router = original.spec.router.split(".")[0]  # its rows give the expert count (meta device)
+    block = {original.spec.experts: experts, router: getattr(original.block, router)}
+    view = replace(original, block=SimpleNamespace(**block))
     with torch.no_grad(), single_threaded():  # skinny products: threads only wait on a busy machine
         rows = [_expert_sketch(view, i, projector) for i in range(checkpoint.moe.num_experts)]
         return projector.to_dim("weights", np.stack(rows))  # a threaded BLAS call spins ~0.1 s after
@@ -207,6 +212,10 @@ class _Rows:
 
     def __getitem__(self, expert: int) -> torch.Tensor:
         return self.read.tensor(self.key)[expert]
+
+    def unflatten(self, dim: int, sizes: tuple[int, ...]) -> torch.Tensor:
+        """The tensor with ``dim`` split (DBRX's ``[E·I, H]`` read as ``[E, I, H]``)."""
+        return self.read.tensor(self.key).unflatten(dim, sizes)
 
 
 class _Stacked:

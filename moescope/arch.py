@@ -10,7 +10,8 @@ clustering, export and replay never special-case an architecture.
 Facts behind the table (transformers 5.x): experts are fused 3-D parameters in memory —
 ``gate_up_proj [E, 2I, H]`` (gate rows first) and ``down_proj [E, H, I]`` for most models;
 GPT-OSS stores them transposed with gate/up *interleaved* on the last axis plus per-expert
-biases; Llama 4 stores them transposed and concatenated.
+biases; Llama 4 stores them transposed and concatenated; DBRX keeps 2-D ``w1``, ``v1``, ``w2``
+``[E·I, H]``, one block of ``I`` rows per expert, and its expert settings in ``ffn_config``.
 
 Examples
 --------
@@ -30,13 +31,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from moescope.errors import UnsupportedArchitectureError
+from moescope.errors import MoescopeError, UnsupportedArchitectureError
 from moescope.routers import RoutingRule, route
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
-Layout = Literal["fused", "fused_transposed", "fused_transposed_interleaved", "up_down"]
+Layout = Literal["fused", "fused_transposed", "fused_transposed_interleaved", "up_down", "stacked_rows"]
 
 # Keys that hold a routed-expert count in some config: a model whose config has one of these
 # but no row in the table is an MoE we do not support yet (rather than a dense model).
@@ -50,7 +51,9 @@ class ArchSpec:
     Paths are dotted attribute paths: ``block`` from a decoder layer; ``router``,
     ``experts``, ``shared_experts``, ``shared_gate`` and ``correction_bias`` from the block
     (a leading ``^`` means from the decoder layer instead); ``router_weight`` and
-    ``router_bias`` from the router.
+    ``router_bias`` from the router; ``expert_params`` from the experts module, where the
+    expert tensors live when not on it (DBRX's ``experts.mlp``). Config keys may be dotted
+    too, for settings kept in a sub-config (DBRX's ``ffn_config.moe_num_experts``).
     """
 
     model_type: str
@@ -66,6 +69,7 @@ class ArchSpec:
     router_fp32: bool = False  # the router upcasts weights and inputs to float32 (DeepSeek, Ernie)
     correction_bias: str | None = None
     experts: str = "experts"
+    expert_params: str | None = None
     layout: Layout = "fused"
     activation: Literal["glu", "clamped_swiglu"] = "glu"
     combine: Literal["output", "input"] = "output"  # Llama 4 scales the expert *input*
@@ -80,11 +84,30 @@ class ArchSpec:
 
     def num_experts(self, config: PretrainedConfig) -> int:
         """Routed experts per MoE layer, read under this architecture's own key."""
-        return int(getattr(config, self.count_key))
+        return int(config_value(config, self.count_key))
 
     def top_k(self, config: PretrainedConfig) -> int:
         """Routed experts chosen per token."""
-        return int(getattr(config, self.topk_key))
+        return int(config_value(config, self.topk_key))
+
+
+def config_value(config: Any, key: str) -> Any:
+    """The config field at a dotted ``key`` (``ffn_config.moe_top_k`` reads a sub-config), in a
+    config or its ``to_dict()`` alike."""
+    obj = config
+    for part in key.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+def set_config_value(config: Any, key: str, value: Any) -> None:
+    """Set the config field at a dotted ``key``, in a sub-config or a dict alike."""
+    parent, _, name = key.rpartition(".")
+    owner = config_value(config, parent) if parent else config
+    if isinstance(owner, dict):
+        owner[name] = value
+    else:
+        setattr(owner, name, value)
 
 
 # --- routing rules, built from a config --------------------------------------------------------
@@ -190,6 +213,14 @@ def _phimoe(c: Any) -> RoutingRule:
 
 def _hunyuan(c: Any) -> RoutingRule:
     return RoutingRule(top_k=c.moe_topk, normalize=True)
+
+
+def _dbrx(c: Any) -> RoutingRule:
+    """DBRX: softmax → top-k → divided by their p-norm (``moe_normalize_expert_weights``, 1 by
+    default: the sum; ``None``: not renormalized)."""
+    ffn = c.ffn_config
+    p = ffn.moe_normalize_expert_weights
+    return RoutingRule(top_k=ffn.moe_top_k, normalize=p is not None, norm_p=float(p or 1))
 
 
 # --- the table ---------------------------------------------------------------------------------
@@ -443,6 +474,20 @@ _SPECS = [
         notes="hybrid short-convolution layers",
     ),
     ArchSpec(
+        "dbrx",
+        "DBRX",
+        "ffn_config.moe_num_experts",
+        "ffn_config.ffn_hidden_size",
+        _dbrx,
+        topk_key="ffn_config.moe_top_k",
+        block="ffn",
+        router="router",
+        router_weight="layer.weight",
+        expert_params="mlp",
+        layout="stacked_rows",
+        notes="expert settings in ffn_config; w1/v1/w2 [E·I, H], one block of rows per expert",
+    ),
+    ArchSpec(
         "llama4_text",
         "Llama 4 (text)",
         "num_local_experts",
@@ -525,9 +570,11 @@ def _text_config(config: PretrainedConfig) -> PretrainedConfig | None:
 
 
 def is_moe_config(config: PretrainedConfig) -> bool:
-    """True when a config declares routed experts under any known key."""
+    """True when a config declares routed experts under any known key, at its top level or in
+    a sub-config (DBRX's ``ffn_config``)."""
     sub = _text_config(config) or config
-    return any(int(getattr(sub, key, 0) or 0) > 1 for key in EXPERT_COUNT_KEYS)
+    parts = [sub, *(getattr(sub, name, None) for name in getattr(sub, "sub_configs", {}))]
+    return any(int(getattr(part, key, 0) or 0) > 1 for part in parts if part for key in EXPERT_COUNT_KEYS)
 
 
 # --- the uniform view --------------------------------------------------------------------------
@@ -553,6 +600,31 @@ class ExpertWeights:
         """All weights of the expert as one vector (gate, up, down, then biases)."""
         parts = [self.gate, self.up, self.down, self.gate_bias, self.up_bias, self.down_bias]
         return torch.cat([p.reshape(-1) for p in parts if p is not None])
+
+
+def expert_axis(tensor: torch.Tensor, num_experts: int) -> int:
+    """The axis holding one slice per expert: the first (fused weights, router rows), the last
+    (correction biases stored ``[E]`` or ``[1, E]``), or the first again when it holds one block
+    of rows per expert (DBRX's ``[E·I, H]``)."""
+    if tensor.shape[0] == num_experts:
+        return 0
+    if tensor.shape[-1] == num_experts:
+        return tensor.dim() - 1
+    if tensor.dim() > 1 and tensor.shape[0] % num_experts == 0:
+        return 0
+    raise MoescopeError(f"a tensor of shape {tuple(tensor.shape)} has no axis of {num_experts} experts.")
+
+
+def experts_first(tensor: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """A view of ``tensor`` indexed by expert first: ``[E, block, ...]`` along its expert axis."""
+    axis = expert_axis(tensor, num_experts)
+    return tensor.unflatten(axis, (num_experts, -1)).movedim(axis, 0)
+
+
+def take_experts(tensor: torch.Tensor, kept: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """``tensor`` with only the ``kept`` experts' slices (or blocks of rows), in its own layout."""
+    axis = expert_axis(tensor, num_experts)
+    return tensor.unflatten(axis, (num_experts, -1)).index_select(axis, kept).flatten(axis, axis + 1)
 
 
 def _get(root: nn.Module, path: str) -> Any:
@@ -590,7 +662,14 @@ class MoELayer:
 
     @property
     def experts(self) -> nn.Module:
+        """The module the block calls with the routed tokens (hooked to see routing)."""
         return _get(self.block, self.spec.experts)
+
+    @property
+    def expert_module(self) -> nn.Module:
+        """The module holding the expert tensors: ``experts`` itself, or DBRX's ``experts.mlp``."""
+        experts = self.experts
+        return experts if self.spec.expert_params is None else _get(experts, self.spec.expert_params)
 
     @property
     def router_weight(self) -> torch.Tensor:
@@ -635,8 +714,12 @@ class MoELayer:
         """``(logits [T, E], index [T, k])`` from what this layer's router module returned.
 
         Most routers return ``(logits, weights, index)``; Llama 4's returns dense sigmoid scores
-        and the logits, and the top-k of the logits is its own choice.
+        and the logits, and the top-k of the logits is its own choice; DBRX's returns the logits
+        alone, and its block's choice (top-k of their softmax, in their dtype) is taken the same way.
         """
+        if isinstance(out, torch.Tensor):  # DBRX: the block takes top-k of the softmax itself
+            probs = torch.softmax(out.detach(), dim=1, dtype=out.dtype)
+            return out, torch.topk(probs, self.top_k, dim=-1).indices
         if self.spec.combine == "output":
             logits, _, index = out
             return logits, index
@@ -651,9 +734,12 @@ class MoELayer:
 
     def expert(self, i: int) -> ExpertWeights:
         """Expert ``i`` in the uniform ``(gate, up, down)`` view."""
-        ex = self.experts
+        ex = self.expert_module
         if self.spec.layout == "up_down":  # up [I, H], down [H, I]: no gate
             return ExpertWeights(None, ex.up_proj[i], ex.down_proj[i])
+        if self.spec.layout == "stacked_rows":  # w1 (gate), v1 (up), w2 (down, transposed) [E·I, H]
+            gate, up, down = (t.unflatten(0, (self.num_experts, -1))[i] for t in (ex.w1, ex.v1, ex.w2))
+            return ExpertWeights(gate, up, down.T)
         gate_up, down = ex.gate_up_proj[i], ex.down_proj[i]
         bias = getattr(ex, "gate_up_proj_bias", None)
         down_bias = getattr(ex, "down_proj_bias", None)
@@ -724,9 +810,9 @@ class MoELayer:
         Router rows, router bias, correction bias and the fused expert tensors: the tensors
         expert pruning must slice.
         """
-        experts = self.experts
-        for name, param in experts.named_parameters(recurse=False):
-            yield f"{self.spec.experts}.{name}", param
+        path = ".".join(p for p in (self.spec.experts, self.spec.expert_params) if p)
+        for name, param in self.expert_module.named_parameters(recurse=False):
+            yield f"{path}.{name}", param
         yield f"{self.spec.router}.{self.spec.router_weight}", self.router_weight
         if self.spec.router_bias:
             yield f"{self.spec.router}.{self.spec.router_bias}", self.router_bias
@@ -775,16 +861,36 @@ class MoEModel:
         return [moe_layer.index for moe_layer in self.layers]
 
 
+def decoder_model(model: nn.Module) -> nn.Module:
+    """The base model under a causal LM's head: ``model.model``, or DBRX's ``model.transformer``."""
+    for name in ("model", "transformer"):
+        base = getattr(model, name, None)
+        if isinstance(base, nn.Module):
+            return base
+    return model
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder stack of a causal LM (``model.model.layers`` for every supported type)."""
-    base = getattr(model, "model", model)
+    """The decoder stack of a causal LM (``model.model.layers``; DBRX's ``transformer.blocks``)."""
+    base = decoder_model(model)
     layers = getattr(base, "layers", None)
+    layers = getattr(base, "blocks", None) if layers is None else layers
     if layers is None:
         raise UnsupportedArchitectureError(
             f"{type(model).__name__} has no decoder layer stack at .model.layers; load the model "
             "with AutoModelForCausalLM."
         )
     return layers
+
+
+# the expert tensor whose presence tells an MoE layer from a dense one, by layout
+_FIRST_EXPERT_TENSOR: dict[str, str] = {
+    "fused": "gate_up_proj",
+    "fused_transposed": "gate_up_proj",
+    "fused_transposed_interleaved": "gate_up_proj",
+    "up_down": "up_proj",
+    "stacked_rows": "w1",
+}
 
 
 def adapt(model: PreTrainedModel) -> MoEModel:
@@ -798,10 +904,13 @@ def adapt(model: PreTrainedModel) -> MoEModel:
     for index, layer in enumerate(decoder_layers(model)):
         block = getattr(layer, spec.block, None)
         experts = getattr(block, spec.experts, None) if block is not None else None
-        if experts is None or not hasattr(experts, "up_proj" if spec.layout == "up_down" else "gate_up_proj"):
+        params = _find(layer, experts, spec.expert_params, optional=True) if experts is not None else None
+        if not hasattr(params or experts, _FIRST_EXPERT_TENSOR[spec.layout]):
             dense.append(index)
             continue
-        act = getattr(experts, "act_fn", None) or nn.SiLU()
+        act = (
+            getattr(params or experts, "act_fn", None) or getattr(params, "activation_fn", None) or nn.SiLU()
+        )
         moe.append(MoELayer(index, layer, block, spec, rule, act))
     if not moe:
         raise UnsupportedArchitectureError(

@@ -20,12 +20,14 @@ For a token whose original top-k experts were all kept (and, under grouped routi
 chosen groups stay chosen), the proxy chooses the same experts. Their weights are:
 
 * **identical** when the weights depend only on the chosen experts: renormalized softmax
-  (Mixtral, Qwen3 with ``norm_topk_prob``, HunYuan, ERNIE), sigmoid scores (DeepSeek-V3,
+  (Mixtral, Qwen3 with ``norm_topk_prob``, HunYuan, ERNIE; DBRX, whose division by the
+  chosen weights' p-norm cancels any common scale too), sigmoid scores (DeepSeek-V3,
   GLM-4-MoE, Kimi-Linear, MiMo-V2-Flash, Nemotron-H, A.X, HY-V3/V4, MiniMax-M2, LFM2, AFMoE,
   with or without renormalization), softmax over the chosen logits (GPT-OSS, Granite,
   Cohere2-MoE, Aria), sigmoid of the chosen logits (Llama 4, Cohere2-MoE's sigmoid selection);
 * **scaled by 1 / P_kept** when the weights are softmax probabilities over all experts without
-  renormalization (Qwen2-MoE, OLMoE, Jamba, DeepSeek-V2, Qwen3 without ``norm_topk_prob``):
+  renormalization (Qwen2-MoE, OLMoE, Jamba, DeepSeek-V2, Qwen3 without ``norm_topk_prob``,
+  DBRX with ``moe_normalize_expert_weights: null``):
   the softmax runs over the kept experts only, so each chosen weight is divided by the
   probability mass ``P_kept`` the kept experts had in the original;
 * **changed** for PhiMoE's sparsemixer, whose weights are a softmax over the experts near the
@@ -49,7 +51,7 @@ import torch
 from moescope import __version__
 from moescope._io import check_output_dir, readable, replace_dir
 from moescope._multimodal import is_multimodal, save_with_language_model
-from moescope.arch import MoEModel, adapt
+from moescope.arch import MoEModel, adapt, set_config_value, take_experts
 from moescope.clustering import Selection, select_experts
 from moescope.errors import MoescopeError
 from moescope.keep import parse_keep
@@ -105,16 +107,6 @@ class ExportResult:
 # --- the surgery ---------------------------------------------------------------------------------
 
 
-def _expert_axis(tensor: torch.Tensor, num_experts: int) -> int:
-    """The axis holding one slice per expert: the first (fused weights, router rows) or the
-    last (correction biases stored ``[E]`` or ``[1, E]``)."""
-    if tensor.shape[0] == num_experts:
-        return 0
-    if tensor.shape[-1] == num_experts:
-        return tensor.dim() - 1
-    raise MoescopeError(f"a tensor of shape {tuple(tensor.shape)} has no axis of {num_experts} experts.")
-
-
 def expert_state_keys(moe: MoEModel) -> dict[str, tuple[int, torch.Tensor]]:
     """State-dict key → (decoder layer, tensor) of every tensor with one slice per routed expert."""
     model = moe.model
@@ -139,14 +131,14 @@ def pruned_state_dict(moe: MoEModel, selection: Selection) -> dict[str, torch.Te
     state = moe.model.state_dict()
     for key, (layer, tensor) in expert_state_keys(moe).items():
         kept = torch.tensor(selection.kept(layer), dtype=torch.long, device=tensor.device)
-        state[key] = tensor.detach().index_select(_expert_axis(tensor, moe.num_experts), kept).clone()
+        state[key] = take_experts(tensor.detach(), kept, moe.num_experts).clone()
     return state
 
 
 def proxy_config(config: PretrainedConfig, moe: MoEModel, keep: int) -> PretrainedConfig:
     """A copy of ``config`` with the routed-expert count set to ``keep`` under its own key."""
     new = config.__class__.from_dict(config.to_dict())
-    setattr(new, moe.spec.count_key, keep)
+    set_config_value(new, moe.spec.count_key, keep)
     return new
 
 

@@ -7,8 +7,8 @@ names the choices an architecture makes; :func:`route` applies them.
 
 The families (``scoring`` → ``select_on`` → ``weights``):
 
-- softmax routers (Mixtral, Qwen, OLMoE, HunYuan, Jamba): ``softmax`` → top-k of the
-  probabilities → the chosen probabilities, renormalized if ``normalize``;
+- softmax routers (Mixtral, Qwen, OLMoE, HunYuan, Jamba, DBRX): ``softmax`` → top-k of the
+  probabilities → the chosen probabilities, renormalized if ``normalize`` (DBRX: by a p-norm);
 - DeepSeek-V3 / GLM-4-MoE / dots1: ``sigmoid`` → top-k of ``sigmoid + correction bias``
   inside the ``topk_group`` best of ``n_group`` groups → the chosen sigmoid scores (no bias),
   renormalized if ``normalize``, times ``scale``;
@@ -47,6 +47,7 @@ class RoutingRule:
     weights : ``scores`` gathers the chosen scores; ``softmax_selected`` / ``sigmoid_selected``
         apply the function to the chosen logits only.
     normalize : divide the chosen weights by their sum (``norm_topk_prob``).
+    norm_p : divide by their ``p``-norm instead when not 1 (DBRX's ``moe_normalize_expert_weights``).
     norm_eps : added to the denominator (DeepSeek 1e-20, LFM2 1e-6).
     norm_min : clamp of the denominator instead of an epsilon (Ernie's ``moe_norm_min``).
     scale : multiplies the final weights (``routed_scaling_factor``).
@@ -62,6 +63,7 @@ class RoutingRule:
     scoring: Scoring = "softmax"
     weights: Literal["scores", "softmax_selected", "sigmoid_selected"] = "scores"
     normalize: bool = False
+    norm_p: float = 1.0
     norm_eps: float = 0.0
     norm_min: float | None = None
     scale: float = 1.0
@@ -129,7 +131,9 @@ def _group_mask(scores: torch.Tensor, rule: RoutingRule) -> torch.Tensor:
 
 def _finish(weights: torch.Tensor, rule: RoutingRule) -> torch.Tensor:
     if rule.normalize:
-        total = weights.sum(-1, keepdim=True)
+        total = (
+            weights.sum(-1, keepdim=True) if rule.norm_p == 1 else weights.norm(rule.norm_p, -1, keepdim=True)
+        )
         total = total.clamp(min=rule.norm_min) if rule.norm_min is not None else total + rule.norm_eps
         weights = weights / total
     return weights * rule.scale
@@ -162,7 +166,7 @@ def describe(rule: RoutingRule) -> str:
     if rule.grouped:
         text += f" of the best {rule.topk_group}/{rule.n_group} groups"
     if rule.normalize:
-        text += ", renormalized"
+        text += ", renormalized" + (f" by the {rule.norm_p:g}-norm" if rule.norm_p != 1 else "")
     if rule.scale != 1.0:
         text += f" × {rule.scale:g}"
     return text

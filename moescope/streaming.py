@@ -181,6 +181,9 @@ def _write_config(checkpoint: Checkpoint, work: Path, keep: int) -> None:
     data = json.loads((checkpoint.path / "config.json").read_text())
     config, key = checkpoint.moe.config, checkpoint.moe.spec.count_key
     section = language_section(data, config.model_type)
+    *parents, key = key.split(".")  # DBRX keeps it in ffn_config
+    for parent in parents:
+        section = section.setdefault(parent, {})
     names = {key} | {alias for alias, name in config.attribute_map.items() if name == key}
     for name in names & section.keys() or {key}:
         section[name] = keep

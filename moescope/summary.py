@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moescope.arch import MoEModel, adapt, language_config
+from moescope.arch import MoEModel, adapt, config_value, language_config
 from moescope.routers import describe
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ def _summary(moe: MoEModel, *, source: str, dtype: str) -> ModelSummary:
         dense_layers=moe.dense_layers,
         routed_experts=moe.num_experts,
         top_k=moe.top_k,
-        expert_intermediate_size=int(getattr(config, spec.intermediate_key)),
+        expert_intermediate_size=int(config_value(config, spec.intermediate_key)),
         shared_experts=shared,
         routing=describe(first.rule),
         router_bias=spec.router_bias is not None,

@@ -117,6 +117,17 @@ _TINY: dict[str, dict[str, Any]] = {
         "attn_layer_period": 2,
         "attn_layer_offset": 0,
     },
+    # its own names for the common fields (attribute_map aliases do not reach __init__)
+    "dbrx": {
+        "d_model": 64,
+        "n_layers": 2,
+        "n_heads": 4,
+        "max_seq_len": 128,
+        "attn_config.kv_n_heads": 2,
+        # DBRX reads both there and its default attn_config lacks them (as published: 500000, 8)
+        "attn_config.rope_theta": 10000.0,
+        "attn_config.clip_qkv": 8.0,
+    },
     # hybrid stacks: one linear-attention / Mamba layer and one attention layer
     "qwen3_next": {"layer_types": ["linear_attention", "full_attention"]},
     "qwen3_5_moe_text": {"layer_types": ["linear_attention", "full_attention"]},
@@ -157,9 +168,22 @@ def tiny_config(arch: str, **overrides: Any) -> PretrainedConfig:
         values["intermediate_size"] = 64  # dense layers
     values.update(_TINY.get(arch, {}))
     values.update(overrides)
+    values = _nested(values)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return AutoConfig.for_model(arch, **values)
+
+
+def _nested(values: dict[str, Any]) -> dict[str, Any]:
+    """Dotted keys (``ffn_config.moe_num_experts``) gathered into their sub-config's dict."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            out.setdefault(head, {})[rest] = value
+        else:
+            out[key] = value
+    return out
 
 
 def tiny(arch: str, *, seed: int = 0, **overrides: Any) -> PreTrainedModel:

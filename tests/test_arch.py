@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 
-from moescope.arch import ARCHITECTURES, adapt, spec_for, supported_architectures
+from moescope.arch import ARCHITECTURES, adapt, config_value, spec_for, supported_architectures
 from moescope.errors import UnsupportedArchitectureError
 from moescope.zoo import TINY_ARCHS, tiny, tiny_config
 
@@ -49,7 +51,8 @@ def _stock_expert_outputs(layer, x: torch.Tensor) -> torch.Tensor:
     if layer.spec.combine == "input":  # Llama 4: every expert on a pre-scaled copy of the input
         return experts(x.repeat(n, 1)).view(n, *x.shape)
     ones = torch.ones(x.shape[0], 1)
-    return torch.stack([experts(x, torch.full((x.shape[0], 1), i), ones) for i in range(n)])
+    runs = [experts(x, torch.full((x.shape[0], 1), i), ones) for i in range(n)]
+    return torch.stack([run.reshape(x.shape) for run in runs])  # DBRX's come back [T, 1, H]
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -64,12 +67,15 @@ def test_expert_view_reproduces_stock_experts(arch: str) -> None:
 
 
 # Variants the tiny defaults do not take: Cohere2-MoE's sigmoid of the chosen logits, with and
-# without renormalization.
+# without renormalization; DBRX's division by the 2-norm, and by nothing.
 VARIANTS = [
     pytest.param(
         "cohere2_moe", {"expert_selection_fn": "sigmoid", "norm_topk_prob": b}, id=f"cohere2_moe-sigmoid-{b}"
     )
     for b in (True, False)
+] + [
+    pytest.param("dbrx", {"ffn_config.moe_normalize_expert_weights": p}, id=f"dbrx-norm-{p}")
+    for p in (2.0, None)
 ]
 
 
@@ -104,6 +110,8 @@ def test_routing_equals_the_model_router(arch: str, overrides: dict) -> None:
             dense = torch.zeros_like(stock_scores).scatter(1, index, weights.to(stock_scores.dtype))
             torch.testing.assert_close(dense, stock_scores)
             continue
+        if isinstance(out, torch.Tensor):  # DBRX's router returns logits; its block chooses
+            out = (out, *layer.block.route_tokens_to_experts(out))
         stock_logits, stock_weights, stock_index = out
         torch.testing.assert_close(logits, stock_logits.float())
         order, stock_order = index.argsort(-1), stock_index.argsort(-1)
@@ -117,7 +125,8 @@ def test_routing_equals_the_model_router(arch: str, overrides: dict) -> None:
 def test_table_keys_match_the_config(arch: str) -> None:
     spec = ARCHITECTURES[arch]
     config = tiny_config(arch, **{spec.count_key: 12})
-    assert config.to_dict()[spec.count_key] == 12, "the count key must be the field config.json stores"
+    stored = config_value(config.to_dict(), spec.count_key)
+    assert stored == 12, "the count key must be the field config.json stores"
     assert spec.num_experts(config) == 12 and spec.top_k(config) == 2
     moe = adapt(tiny(arch))
     assert all(layer.num_experts == moe.num_experts for layer in moe.layers)
@@ -127,6 +136,14 @@ def test_table_keys_match_the_config(arch: str) -> None:
 def test_layout_agrees_with_module_flags(arch: str) -> None:
     layer = adapt(tiny(arch)).layers[0]
     experts = layer.experts
+    if hasattr(experts, "mlp"):  # DBRX: 2-D tensors of one block of rows per expert
+        width, hidden = (
+            config_value(layer.layer, "ffn.experts.mlp.ffn_hidden_size"),
+            layer.router_weight.shape[1],
+        )
+        assert layer.spec.layout == "stacked_rows"
+        assert experts.mlp.w1.shape == experts.mlp.w2.shape == (layer.num_experts * width, hidden)
+        return
     if not hasattr(experts, "is_transposed"):  # Llama 4's experts are not decorated
         assert layer.spec.layout == "fused_transposed"
         return
@@ -140,9 +157,12 @@ def test_layout_agrees_with_module_flags(arch: str) -> None:
 def test_every_expert_tensor_has_one_slice_per_expert(arch: str) -> None:
     layer = adapt(tiny(arch)).layers[0]
     names = dict(layer.named_expert_tensors())
-    assert any(name.endswith(("gate_up_proj", "experts.up_proj")) for name in names)
+    assert any(name.endswith(("gate_up_proj", "experts.up_proj", "mlp.w1")) for name in names)
+    stacked = layer.num_experts * layer.expert(0).up.shape[0]  # DBRX: one block of rows per expert
     for name, tensor in names.items():
-        assert layer.num_experts in (tensor.shape[0], tensor.shape[-1]), name
+        assert layer.num_experts in (tensor.shape[0], tensor.shape[-1]) or (
+            layer.spec.layout == "stacked_rows" and tensor.shape[0] == stacked
+        ), name
 
 
 def _routed_sum(layer, x: torch.Tensor) -> torch.Tensor:
@@ -216,6 +236,24 @@ def test_unsupported_and_dense_models_name_the_supported_ones() -> None:
     with pytest.raises(UnsupportedArchitectureError, match="not supported") as moe:
         spec_for(AutoConfig.for_model("jetmoe"))
     assert "deepseek_v3" in str(moe.value)
+
+
+def test_experts_counted_in_a_sub_config_make_an_unknown_model_an_moe() -> None:
+    """A model that, like DBRX, keeps its expert count in a sub-config is not called dense."""
+    from transformers import PretrainedConfig
+    from transformers.models.dbrx.configuration_dbrx import DbrxFFNConfig
+
+    class NestedConfig(PretrainedConfig):
+        model_type = "nested_moe"
+        sub_configs: ClassVar[dict[str, type]] = {"ffn_config": DbrxFFNConfig}
+
+    config = NestedConfig()
+    config.ffn_config = DbrxFFNConfig(moe_num_experts=1)
+    with pytest.raises(UnsupportedArchitectureError, match="dense model"):
+        spec_for(config)
+    config.ffn_config = DbrxFFNConfig(moe_num_experts=8)
+    with pytest.raises(UnsupportedArchitectureError, match="'nested_moe' is not supported"):
+        spec_for(config)
 
 
 def test_table_covers_the_required_architectures() -> None:

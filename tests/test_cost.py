@@ -56,6 +56,39 @@ def test_computed_total_is_within_3_percent_of_the_published_figure(name: str) -
     assert shape.params_total == shape.params_backbone + shape.params_routed + shape.params_shared
 
 
+# databricks/dbrx-instruct's config.json as published (expert settings nested in ffn_config)
+DBRX = {
+    "architectures": ["DbrxForCausalLM"],
+    "attn_config": {"clip_qkv": 8, "kv_n_heads": 8, "model_type": "", "rope_theta": 500000},
+    "d_model": 6144,
+    "ffn_config": {
+        "ffn_hidden_size": 10752,
+        "model_type": "",
+        "moe_jitter_eps": 0.01,
+        "moe_num_experts": 16,
+        "moe_top_k": 4,
+    },
+    "max_seq_len": 32768,
+    "model_type": "dbrx",
+    "n_heads": 48,
+    "n_layers": 40,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 100352,
+}
+
+
+def test_dbrx_counted_from_its_published_config_matches_its_published_figures(tmp_path: Path) -> None:
+    """132 B parameters, 36 B active (databricks' model card), counted exactly on the meta device."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DBRX))
+    shape = ModelShape.from_config(path)
+    assert abs(shape.params_total / 132e9 - 1) < 0.03 and abs(shape.params_active / 36e9 - 1) < 0.03
+    assert (shape.routed_experts, shape.top_k, shape.num_moe_layers) == (16, 4, 40)
+    half = shape.with_keep("1/2")
+    assert half.routed_experts == 8 and half.params_routed * 2 == shape.params_routed
+
+
 # (architecture, config overrides): default tiny configs plus the switches the formulas read
 TINY_CASES = [
     ("mixtral", {}),

@@ -113,6 +113,20 @@ def test_backbone_check_fails_on_a_perturbed_tensor_and_names_it(toy, proxies) -
     assert list(backbone.details["tensors_differing"]) == [name]
 
 
+def test_backbone_check_reads_a_sub_config_field_by_field() -> None:
+    """DBRX keeps its expert settings in ffn_config: the count may change there, nothing else."""
+    model = tiny("dbrx")
+    selection = select_experts(model, 4, method="random", seed=0)
+    proxy = build_proxy(model, selection)
+    backbone, routing, _ = validity_checklist(model, proxy, selection=selection)
+    assert backbone.passed and routing.passed, (backbone.figure, routing.figure)
+    assert "ffn_config.moe_num_experts 8 → 4" in backbone.figure
+    assert "ffn_config.moe_top_k" in backbone.details["routing_keys"]
+    proxy.config.ffn_config.moe_jitter_eps = 0.01
+    backbone = validity_checklist(model, proxy, selection=selection)[0]
+    assert not backbone.passed and list(backbone.details["config_differing"]) == ["ffn_config.moe_jitter_eps"]
+
+
 def test_routing_check_fails_on_an_edited_top_k_and_names_it(toy, proxies, tmp_path) -> None:
     from transformers import AutoModelForCausalLM
 

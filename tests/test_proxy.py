@@ -9,7 +9,7 @@ import pytest
 import torch
 from cli_process import moescope_process
 
-from moescope.arch import ARCHITECTURES, adapt
+from moescope.arch import ARCHITECTURES, adapt, config_value
 from moescope.clustering import select_experts
 from moescope.errors import MoescopeError
 from moescope.keep import parse_keep
@@ -44,7 +44,7 @@ def test_export_loads_with_stock_transformers_and_keeps_the_backbone(
     proxy = AutoModelForCausalLM.from_pretrained(result.path).eval()  # no moescope code involved
     spec = ARCHITECTURES[arch]
     kept = result.selection.keep
-    assert getattr(proxy.config, spec.count_key) == kept
+    assert config_value(proxy.config, spec.count_key) == kept
     assert spec.top_k(proxy.config) == spec.top_k(original.config)
     assert type(proxy) is type(original)
 
@@ -78,10 +78,17 @@ def _per_token_choices(layer, hidden):
 EXACT_ARCHS = [a for a in TINY_ARCHS if a != "phimoe"]  # PhiMoE's sparsemixer weights change (documented)
 
 
-@pytest.mark.parametrize("arch", EXACT_ARCHS)
-def test_tokens_routed_inside_the_kept_set_get_the_same_output(arch: str) -> None:
+# DBRX divided by the 2-norm (identical weights: it cancels any common scale) or not at all (scaled)
+DBRX_NORMS = [
+    pytest.param("dbrx", {"ffn_config.moe_normalize_expert_weights": p}, id=f"dbrx-norm-{p}")
+    for p in (2.0, None)
+]
+
+
+@pytest.mark.parametrize(("arch", "overrides"), [pytest.param(a, {}, id=a) for a in EXACT_ARCHS] + DBRX_NORMS)
+def test_tokens_routed_inside_the_kept_set_get_the_same_output(arch: str, overrides: dict) -> None:
     """The documented semantics: identical weights, or weights scaled by 1 / P_kept."""
-    model = tiny(arch)
+    model = tiny(arch, **overrides)
     moe = adapt(model)
     selection = select_experts(model, _half(model), method="random", seed=1)
     pmoe = adapt(build_proxy(model, selection))

@@ -70,6 +70,8 @@ def _direct(layer, hidden, out, valid) -> dict[str, np.ndarray]:
         scores, logits = out
         index = scores.gt(0).float().topk(layer.top_k, dim=1).indices
         weights = scores.gather(1, index)
+    elif isinstance(out, torch.Tensor):  # DBRX: logits; the block chooses with its own method
+        logits, (weights, index) = out, layer.block.route_tokens_to_experts(out)
     else:
         logits, weights, index = out
     hidden, logits, weights, index = (
