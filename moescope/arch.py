@@ -527,9 +527,26 @@ def spec_for(config: PretrainedConfig | str) -> ArchSpec:
             f"'{model_type}' is a multimodal config; its language model ('{text.model_type}') is read "
             "through moescope.arch.language_config(config)."
         )
+    why = f": {_WHY_NOT[model_type]}" if model_type in _WHY_NOT else ""
     raise UnsupportedArchitectureError(
-        f"model type '{model_type}' is not supported; use a checkpoint of one of: {supported}."
+        f"model type '{model_type}' is not supported{why}; use a checkpoint of one of: {supported}."
     )
+
+
+# MoE model types of transformers that moescope refuses on purpose, and why
+_ENCODER_DECODER = "it is an encoder-decoder model, and moescope reads decoder-only causal LMs"
+_WHY_NOT = {
+    "jetmoe": (
+        "its attention experts share num_local_experts with its MLP experts, so the MLP experts "
+        "cannot be cut alone without changing the attention"
+    ),
+    "longcat_flash": (
+        "its router also chooses zero-computation (identity) experts, which moescope's routing "
+        "statistics and export do not model"
+    ),
+    "switch_transformers": _ENCODER_DECODER,
+    "nllb-moe": _ENCODER_DECODER,
+}
 
 
 def language_config(config: PretrainedConfig, *, loadable: bool = True) -> PretrainedConfig:

@@ -236,6 +236,9 @@ def test_unsupported_and_dense_models_name_the_supported_ones() -> None:
     with pytest.raises(UnsupportedArchitectureError, match="not supported") as moe:
         spec_for(AutoConfig.for_model("jetmoe"))
     assert "deepseek_v3" in str(moe.value)
+    assert "attention experts share num_local_experts" in str(moe.value)  # the reason, where known
+    with pytest.raises(UnsupportedArchitectureError, match="zero-computation"):
+        spec_for(AutoConfig.for_model("longcat_flash"))
 
 
 def test_experts_counted_in_a_sub_config_make_an_unknown_model_an_moe() -> None:
