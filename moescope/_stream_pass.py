@@ -53,13 +53,13 @@ def plan_outputs(checkpoint: Checkpoint, keep: int, chosen: Selection | None) ->
         order = {entry.layer: {e: slot for slot, e in enumerate(entry.kept)} for entry in chosen.layers}
     else:
         order = {layer: {e: e for e in range(keep)} for layer in checkpoint.moe.moe_indices}
+    per = checkpoint.moe.num_experts  # a fused tensor has one slice, or one block of rows (DBRX), each
     outputs = []
     for tensor in checkpoint.tensors:
         entry = checkpoint.experts.get(tensor.key)
         if entry is None:
             outputs.append(Output(OutTensor(tensor.key, tensor.dtype, tensor.shape), tensor.key))
         elif entry.expert is None:
-            per = checkpoint.moe.num_experts  # one slice, or one block of rows (DBRX), per expert
             shape = tuple(n // per * keep if axis == entry.axis else n for axis, n in enumerate(tensor.shape))
             outputs.append(Output(OutTensor(tensor.key, tensor.dtype, shape), tensor.key, entry))
         elif entry.expert in order[entry.layer]:

@@ -50,9 +50,7 @@ class MemoryBudget:
 
     def take(self, size: int) -> None:
         with self._changed:
-            while not (self.total + size <= self.limit or self.total == 0):
-                if self._closed:
-                    break
+            while not self._closed and self.total and self.total + size > self.limit:
                 self._changed.wait()
             if self._closed:
                 raise RuntimeError("the pass stopped")
