@@ -24,7 +24,7 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from moescope.errors import MoescopeError, UnsupportedArchitectureError
-from moescope.routers import RoutingRule, route
+from moescope.routers import RoutingRule, cap_logits, route
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -133,6 +133,41 @@ def _sigmoid_grouped(c: Any) -> RoutingRule:
         scale=float(c.routed_scaling_factor),
         n_group=int(c.n_group or 1),
         topk_group=int(c.topk_group or 1),
+        bias_for_selection=True,
+    )
+
+
+def _sigmoid_grouped_unscaled(c: Any) -> RoutingRule:
+    """Beam: the DeepSeek-V3 rule, but the router's weights are not scaled; its block scales
+    the routed output by ``routed_scaling_factor`` after the experts (the same product)."""
+    return replace(_sigmoid_grouped(c), scale=1.0)
+
+
+def _sigmoid_topk(c: Any) -> RoutingRule:
+    """Flint: sigmoid → top-k, no bias, renormalized if ``norm_topk_prob``."""
+    return RoutingRule(top_k=c.num_experts_per_tok, scoring="sigmoid", normalize=bool(c.norm_topk_prob))
+
+
+def _laguna(c: Any) -> RoutingRule:
+    """Laguna: logits soft-capped, sigmoid, correction bias for selection, always renormalized;
+    the block scales the routed output by ``moe_routed_scaling_factor`` after the experts."""
+    return RoutingRule(
+        top_k=c.num_experts_per_tok,
+        scoring="sigmoid",
+        normalize=True,
+        bias_for_selection=True,
+        softcap=float(c.moe_router_logit_softcapping or 0.0),
+    )
+
+
+def _kolibri(c: Any) -> RoutingRule:
+    """Kolibri-1: top-k of the logits plus a correction bias → sigmoid of each chosen logit,
+    renormalized if ``norm_topk_prob``."""
+    return RoutingRule(
+        top_k=c.num_experts_per_tok,
+        scoring="logits",
+        weights="sigmoid_selected",
+        normalize=bool(c.norm_topk_prob),
         bias_for_selection=True,
     )
 
@@ -444,6 +479,24 @@ _SPECS = [
         **_DEEPSEEK_STYLE_NUM,
     ),
     ArchSpec(
+        "beam",
+        "Beam",
+        **{
+            **_DEEPSEEK_STYLE_NUM,
+            "rule": _sigmoid_grouped_unscaled,
+            "shared_experts": None,
+            "shared_count_key": None,
+        },
+        notes="no shared experts; routed output × routed_scaling_factor after the experts",
+    ),
+    ArchSpec(
+        "bailing_hybrid",
+        "Bailing-Hybrid",
+        **_DEEPSEEK_STYLE_NUM,
+        topk_key="num_experts_per_token",
+        notes="hybrid linear attention layers",
+    ),
+    ArchSpec(
         "ernie4_5_moe",
         "ERNIE-4.5-MoE",
         "moe_num_experts",
@@ -472,6 +525,39 @@ _SPECS = [
         block="feed_forward",
         correction_bias="expert_bias",
         notes="hybrid short-convolution layers",
+    ),
+    ArchSpec(
+        "laguna",
+        "Laguna",
+        "num_experts",
+        "moe_intermediate_size",
+        _laguna,
+        correction_bias="gate.e_score_correction_bias",
+        shared_experts="shared_experts",
+        shared_intermediate_key="shared_expert_intermediate_size",
+        notes="router logits soft-capped; routed output × moe_routed_scaling_factor after the experts",
+    ),
+    ArchSpec(
+        "kolibri1",
+        "Kolibri-1",
+        "num_local_experts",
+        "moe_intermediate_size",
+        _kolibri,
+        router_fp32=True,
+        correction_bias="gate.e_score_correction_bias",
+        shared_experts="shared_experts",
+        shared_intermediate_key="shared_expert_intermediate_size",
+    ),
+    ArchSpec(
+        "flint",
+        "Flint",
+        "num_experts",
+        "moe_intermediate_size",
+        _sigmoid_topk,
+        router_fp32=True,
+        shared_experts="shared_expert",
+        shared_intermediate_key="shared_expert_intermediate_size",
+        notes="shared expert added in full, without a gate",
     ),
     ArchSpec(
         "dbrx",
@@ -725,7 +811,7 @@ class MoELayer:
         weight = self.router_weight
         if self.spec.router_fp32:
             weight = weight.float()
-        return nn.functional.linear(hidden.to(weight.dtype), weight, self.router_bias)
+        return cap_logits(nn.functional.linear(hidden.to(weight.dtype), weight, self.router_bias), self.rule)
 
     def router_choice(self, out: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logits [T, E], index [T, k])`` from what this layer's router module returned.

@@ -12,8 +12,11 @@ The families (``scoring`` → ``select_on`` → ``weights``):
 - DeepSeek-V3 / GLM-4-MoE / dots1: ``sigmoid`` → top-k of ``sigmoid + correction bias``
   inside the ``topk_group`` best of ``n_group`` groups → the chosen sigmoid scores (no bias),
   renormalized if ``normalize``, times ``scale``;
+- Flint: ``sigmoid`` → top-k → the chosen scores, renormalized if ``normalize``; Laguna the
+  same with a correction bias for selection, on logits soft-capped first (``softcap``);
 - GPT-OSS / Granite: top-k of the raw logits → softmax over the k chosen logits;
-- Llama 4: top-k of the raw logits → sigmoid of each chosen logit;
+- Llama 4: top-k of the raw logits → sigmoid of each chosen logit; Kolibri-1 chooses on the
+  logits plus a correction bias, and renormalizes the chosen sigmoids if ``normalize``;
 - PhiMoE: ``sparsemixer`` (top-2, masked softmax per pick); deterministic in eval mode only.
 
 Examples
@@ -54,9 +57,14 @@ class RoutingRule:
     n_group, topk_group : group-limited selection: experts split into ``n_group`` contiguous
         groups, only the ``topk_group`` best groups are eligible.
     group_score : ``top2_sum`` (DeepSeek-V3) or ``max`` (DeepSeek-V2) of the scores in a group.
-    bias_for_selection : a correction bias is added to the scores for *selection only*.
+    bias_for_selection : a correction bias is added to the scores (or, with ``scoring="logits"``,
+        to the logits) for *selection only*.
     mask_fill : value given to experts outside the chosen groups (``-inf``, or ``0`` for V2).
     jitter_eps : PhiMoE's sparsemixer threshold (``router_jitter_noise``).
+    softcap : the router bounds its logits smoothly to ``±softcap`` (``c·tanh(l / c)``) before
+        anything else (Laguna's ``moe_router_logit_softcapping``; 0: not capped). The logits
+        the router reports are the capped ones, so :func:`cap_logits` is applied where logits
+        are computed, and :func:`route` takes them capped.
     """
 
     top_k: int
@@ -73,11 +81,19 @@ class RoutingRule:
     bias_for_selection: bool = False
     mask_fill: float = float("-inf")
     jitter_eps: float = 0.0
+    softcap: float = 0.0
 
     @property
     def grouped(self) -> bool:
         """True when selection is limited to the best groups of experts."""
         return self.n_group > 1 and self.topk_group < self.n_group
+
+
+def cap_logits(logits: torch.Tensor, rule: RoutingRule) -> torch.Tensor:
+    """``logits`` soft-capped as the rule's router caps them (unchanged when it does not)."""
+    if rule.softcap <= 0:
+        return logits
+    return torch.tanh(logits.float() / rule.softcap) * rule.softcap  # in float32, as Laguna caps them
 
 
 def route(
@@ -87,7 +103,8 @@ def route(
 
     Parameters
     ----------
-    logits : ``(tokens, experts)`` raw router logits (a router bias, if any, already added).
+    logits : ``(tokens, experts)`` router logits as the router reports them (a router bias, if
+        any, added; soft-capped, if the rule caps them: :func:`cap_logits`).
     rule : the architecture's routing rule.
     bias : ``(experts,)`` selection-only correction bias, when ``rule.bias_for_selection``.
 
@@ -99,14 +116,15 @@ def route(
     logits = logits.float()
     if rule.scoring == "sparsemixer":
         return _sparsemixer(logits, rule)
+    biased = rule.bias_for_selection and bias is not None
     if rule.scoring == "logits":
-        chosen, index = torch.topk(logits, rule.top_k, dim=-1)
+        for_choice = logits + bias.float().reshape(-1) if biased else logits
+        index = torch.topk(for_choice, rule.top_k, dim=-1).indices
+        chosen = logits.gather(1, index)
         weights = torch.softmax(chosen, -1) if rule.weights == "softmax_selected" else torch.sigmoid(chosen)
         return _finish(weights, rule), index
     scores = torch.softmax(logits, -1) if rule.scoring == "softmax" else torch.sigmoid(logits)
-    for_choice = (
-        scores + bias.float().reshape(-1) if (rule.bias_for_selection and bias is not None) else scores
-    )
+    for_choice = scores + bias.float().reshape(-1) if biased else scores
     if rule.grouped:
         keep = _group_mask(for_choice, rule)
         for_choice = for_choice.masked_fill(~keep, rule.mask_fill)
@@ -158,11 +176,13 @@ def describe(rule: RoutingRule) -> str:
     """One line a person can read, e.g. ``sigmoid + bias → top-8 of best 4/8 groups, renormalized × 2.5``."""
     if rule.scoring == "sparsemixer":
         return f"sparsemixer top-{rule.top_k} (masked softmax per pick)"
+    capped = f"logits capped at ±{rule.softcap:g} → " if rule.softcap > 0 else ""
+    bias = " + correction bias" if rule.bias_for_selection else ""
     if rule.scoring == "logits":
         then = "softmax over the chosen" if rule.weights == "softmax_selected" else "sigmoid of each chosen"
-        return f"top-{rule.top_k} of logits → {then}"
-    text = rule.scoring + (" + correction bias" if rule.bias_for_selection else "")
-    text += f" → top-{rule.top_k}"
+        text = f"{capped}top-{rule.top_k} of logits{bias} → {then}"
+    else:
+        text = f"{capped}{rule.scoring}{bias} → top-{rule.top_k}"
     if rule.grouped:
         text += f" of the best {rule.topk_group}/{rule.n_group} groups"
     if rule.normalize:

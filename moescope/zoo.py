@@ -151,6 +151,30 @@ _TINY: dict[str, dict[str, Any]] = {
         "n_group": 2,
         "topk_group": 1,
     },
+    "beam": {
+        "num_hidden_layers": 3,
+        "mlp_layer_types": ["dense", "sparse", "sparse"],
+        "n_group": 2,
+        "topk_group": 1,
+    },
+    "bailing_hybrid": {
+        **_MLA,
+        "num_hidden_layers": 3,
+        "first_k_dense_replace": 1,
+        "num_expert_group": 2,
+        "topk_group": 1,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "linear_num_heads": 4,
+        "linear_head_dim": 16,
+    },
+    "flint": {"num_hidden_layers": 3, "mlp_only_layers": [0]},
+    # logits capped at ±2 (random tiny logits reach it) and the routed output scaled
+    "laguna": {
+        "num_hidden_layers": 3,
+        "num_attention_heads_per_layer": [4, 4, 4],
+        "moe_router_logit_softcapping": 2.0,
+        "moe_routed_scaling_factor": 2.0,
+    },
     "qwen2_moe": {"norm_topk_prob": False},
     "qwen3_moe": {"norm_topk_prob": True},
 }

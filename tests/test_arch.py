@@ -67,16 +67,27 @@ def test_expert_view_reproduces_stock_experts(arch: str) -> None:
 
 
 # Variants the tiny defaults do not take: Cohere2-MoE's sigmoid of the chosen logits, with and
-# without renormalization; DBRX's division by the 2-norm, and by nothing.
-VARIANTS = [
-    pytest.param(
-        "cohere2_moe", {"expert_selection_fn": "sigmoid", "norm_topk_prob": b}, id=f"cohere2_moe-sigmoid-{b}"
-    )
-    for b in (True, False)
-] + [
-    pytest.param("dbrx", {"ffn_config.moe_normalize_expert_weights": p}, id=f"dbrx-norm-{p}")
-    for p in (2.0, None)
-]
+# without renormalization; DBRX's division by the 2-norm, and by nothing; Kolibri-1's chosen
+# sigmoids renormalized, Flint's not; Laguna's logits not capped.
+VARIANTS = (
+    [
+        pytest.param(
+            "cohere2_moe",
+            {"expert_selection_fn": "sigmoid", "norm_topk_prob": b},
+            id=f"cohere2_moe-sigmoid-{b}",
+        )
+        for b in (True, False)
+    ]
+    + [
+        pytest.param("dbrx", {"ffn_config.moe_normalize_expert_weights": p}, id=f"dbrx-norm-{p}")
+        for p in (2.0, None)
+    ]
+    + [
+        pytest.param("kolibri1", {"norm_topk_prob": True}, id="kolibri1-normalized"),
+        pytest.param("flint", {"norm_topk_prob": False}, id="flint-not-normalized"),
+        pytest.param("laguna", {"moe_router_logit_softcapping": 0.0}, id="laguna-uncapped"),
+    ]
+)
 
 
 @pytest.mark.parametrize(("arch", "overrides"), [pytest.param(a, {}, id=a) for a in TINY_ARCHS] + VARIANTS)

@@ -78,14 +78,17 @@ def _per_token_choices(layer, hidden):
 EXACT_ARCHS = [a for a in TINY_ARCHS if a != "phimoe"]  # PhiMoE's sparsemixer weights change (documented)
 
 
-# DBRX divided by the 2-norm (identical weights: it cancels any common scale) or not at all (scaled)
-DBRX_NORMS = [
+# DBRX divided by the 2-norm (identical weights: it cancels any common scale) or not at all
+# (scaled); Kolibri-1's chosen sigmoids renormalized (identical: the sum is over the chosen).
+NORM_VARIANTS = [
     pytest.param("dbrx", {"ffn_config.moe_normalize_expert_weights": p}, id=f"dbrx-norm-{p}")
     for p in (2.0, None)
-]
+] + [pytest.param("kolibri1", {"norm_topk_prob": True}, id="kolibri1-normalized")]
 
 
-@pytest.mark.parametrize(("arch", "overrides"), [pytest.param(a, {}, id=a) for a in EXACT_ARCHS] + DBRX_NORMS)
+@pytest.mark.parametrize(
+    ("arch", "overrides"), [pytest.param(a, {}, id=a) for a in EXACT_ARCHS] + NORM_VARIANTS
+)
 def test_tokens_routed_inside_the_kept_set_get_the_same_output(arch: str, overrides: dict) -> None:
     """The documented semantics: identical weights, or weights scaled by 1 / P_kept."""
     model = tiny(arch, **overrides)

@@ -32,7 +32,8 @@ from moescope.zoo import tiny
 # [1, E] bias, MiniMax-M2's bias on the block, Granite's legacy fused names, Sarvam's fused
 # query_key_value (split on loading) and Kimi-Linear's w1/w2/w3 experts and per-projection
 # convolutions (joined on loading), Nemotron-H's ungated experts under ``backbone.``, DBRX's
-# ``[E·I, H]`` expert tensors under ``transformer.blocks`` and expert settings in ``ffn_config``.
+# ``[E·I, H]`` expert tensors under ``transformer.blocks`` and expert settings in ``ffn_config``,
+# Laguna's correction bias as a parameter of the router, Kolibri-1's as a buffer.
 ARCHS = (
     "mixtral",
     "qwen3_moe",
@@ -45,6 +46,8 @@ ARCHS = (
     "kimi_linear",
     "nemotron_h",
     "dbrx",
+    "laguna",
+    "kolibri1",
 )
 LAYOUTS = ("per-expert", "fused")
 
