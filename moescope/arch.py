@@ -621,6 +621,10 @@ def spec_for(config: PretrainedConfig | str) -> ArchSpec:
 
 # MoE model types of transformers that moescope refuses on purpose, and why
 _ENCODER_DECODER = "it is an encoder-decoder model, and moescope reads decoder-only causal LMs"
+_SHARED_IN_ROUTER = (
+    "its router scores the shared experts as extra rows and weighs them together with the chosen "
+    "routed experts, which moescope's router-row slicing does not model"
+)
 _WHY_NOT = {
     "jetmoe": (
         "its attention experts share num_local_experts with its MLP experts, so the MLP experts "
@@ -630,6 +634,16 @@ _WHY_NOT = {
         "its router also chooses zero-computation (identity) experts, which moescope's routing "
         "statistics and export do not model"
     ),
+    "zaya": (
+        "its router also chooses a skip expert (no computation), which moescope's routing "
+        "statistics and export do not model"
+    ),
+    "deepseek_v4": (
+        "its first MoE layers choose experts by token id from a fixed table (tid2eid), which "
+        "would name experts a proxy drops"
+    ),
+    "inkling_text": _SHARED_IN_ROUTER,
+    "inkling_mm_model": _SHARED_IN_ROUTER,
     "switch_transformers": _ENCODER_DECODER,
     "nllb-moe": _ENCODER_DECODER,
 }

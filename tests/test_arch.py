@@ -250,6 +250,12 @@ def test_unsupported_and_dense_models_name_the_supported_ones() -> None:
     assert "attention experts share num_local_experts" in str(moe.value)  # the reason, where known
     with pytest.raises(UnsupportedArchitectureError, match="zero-computation"):
         spec_for(AutoConfig.for_model("longcat_flash"))
+    with pytest.raises(UnsupportedArchitectureError, match="skip expert"):
+        spec_for(AutoConfig.for_model("zaya"))
+    with pytest.raises(UnsupportedArchitectureError, match="token id"):
+        spec_for(AutoConfig.for_model("deepseek_v4"))
+    with pytest.raises(UnsupportedArchitectureError, match="shared experts as extra rows"):
+        spec_for(AutoConfig.for_model("inkling_text"))
 
 
 def test_experts_counted_in_a_sub_config_make_an_unknown_model_an_moe() -> None:
