@@ -5,10 +5,12 @@ A checkpoint stores the routed experts of a layer fused, as models hold them in 
 checkpoints do (``mlp.experts.7.gate_proj.weight``, Mixtral's
 ``block_sparse_moe.experts.7.w1.weight``, ...). Rather than keep a second table of names, every key
 goes through the conversion ``from_pretrained`` itself applies (transformers' renamings and its
-``MergeModulelist`` / ``Concatenate`` converters) onto a parameter of the model built on the meta
-device, and the architecture table (:func:`~moescope.arch.adapt`) says which parameters hold one
-slice per expert. So the streaming export reads every layout transformers loads and slices exactly
-the tensors the in-memory export slices; shapes and dtypes are checked against the config on the way.
+``MergeModulelist`` / ``Concatenate`` converters, and ``Interleave`` of a fused tensor's gate and up
+rows, Inkling 2's original layout) onto a parameter of the model built on the meta device, and the
+architecture table (:func:`~moescope.arch.adapt`) says which parameters hold one slice per expert.
+So the streaming export reads the layouts transformers loads and slices exactly the tensors the
+in-memory export slices; shapes and dtypes are checked against the config on the way. A converter
+it cannot read is refused in one sentence that names the in-memory export instead.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class ExpertKey:
     model parameter the tensor loads into (``None`` for per-expert data no parameter takes,
     such as quantization scales) and ``param`` its name on the experts module (``None`` for
     router rows and biases); ``part`` is its place among the ``parts`` keys concatenated into it.
+    ``interleaved`` marks a fused tensor whose checkpoint interleaves each expert's gate and up
+    rows (Inkling 2's ``w13_weight``; loading reorders them gate-first): its expert slices are
+    copied as they are, and the weight view reads the two halves from alternate rows.
     """
 
     layer: int
@@ -52,6 +57,7 @@ class ExpertKey:
     part: int = 0
     parts: int = 1
     template: str = ""
+    interleaved: bool = False
 
 
 def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKey]:
@@ -91,7 +97,13 @@ def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKe
             found[tensor.key] = ExpertKey(layer, target, name, axis=axis)
         else:
             converter = _converter(converters, pattern)
-            found[tensor.key] = _per_expert(tensor, ExpertKey(layer, target, name), param, converter, pattern)
+            if _interleaves_rows(converter):
+                _check_shape(tensor, tuple(param.shape))
+                axis = expert_axis(param, moe.num_experts)
+                found[tensor.key] = ExpertKey(layer, target, name, axis=axis, interleaved=True)
+            else:
+                entry = ExpertKey(layer, target, name)
+                found[tensor.key] = _per_expert(tensor, entry, param, converter, pattern)
     _check_complete(found, targets, moe.num_experts)
     _check_alike(found, {tensor.key: tensor for tensor in stored})
     return found
@@ -120,6 +132,15 @@ def _rename(key: str, renamings: list, converters: list, model: Any, state: dict
 
 def _converter(converters: list, pattern: str) -> Any:
     return next(c for c in converters if pattern in c.source_patterns)
+
+
+def _interleaves_rows(converter: Any) -> bool:
+    """transformers' ``Interleave`` of the rows of each expert (the axis after the experts') alone."""
+    ops = [
+        (type(op).__name__, getattr(op, "dim", None), getattr(op, "inverse", None))
+        for op in converter.operations
+    ]
+    return ops == [("Interleave", 1, False)]
 
 
 def _per_expert(

@@ -195,7 +195,7 @@ def _expert_params(checkpoint: Checkpoint, layer: int, read: LayerRead) -> dict[
         if entry.param is None:
             continue
         if entry.expert is None:
-            params[entry.param] = _Rows(tensor, read)
+            params[entry.param] = (_Interleaved if entry.interleaved else _Rows)(tensor, read)
         else:
             pieces[entry.param][entry.expert, entry.part] = tensor.key
     params.update({name: _Stacked(parts, read) for name, parts in pieces.items()})
@@ -214,6 +214,19 @@ class _Rows:
     def unflatten(self, dim: int, sizes: tuple[int, ...]) -> torch.Tensor:
         """The tensor with ``dim`` split (DBRX's ``[E·I, H]`` read as ``[E, I, H]``)."""
         return self.read.tensor(self.key).unflatten(dim, sizes)
+
+
+class _Interleaved:
+    """A fused gate/up tensor stored with each expert's gate and up rows interleaved (Inkling 2's
+    ``w13_weight``): ``rows[i]`` is expert ``i``'s gate rows then up rows, as loading reorders
+    them, given as a :class:`_Joined` of the two strided halves (copied only if used whole)."""
+
+    def __init__(self, stored: StoredTensor, read: LayerRead) -> None:
+        self.key, self.read = stored.key, read
+
+    def __getitem__(self, expert: int) -> _Joined:
+        rows = self.read.tensor(self.key)[expert]
+        return _Joined([rows[0::2], rows[1::2]], torch.cat)
 
 
 class _Stacked:

@@ -71,7 +71,7 @@ class ArchSpec:
     experts: str = "experts"
     expert_params: str | None = None
     layout: Layout = "fused"
-    activation: Literal["glu", "clamped_swiglu"] = "glu"
+    activation: Literal["glu", "clamped_swiglu", "paired"] = "glu"  # paired: act_fn(gate, up)
     combine: Literal["output", "input"] = "output"  # Llama 4 scales the expert *input*
     shared_experts: str | None = None
     shared_gate: str | None = None
@@ -170,6 +170,16 @@ def _kolibri(c: Any) -> RoutingRule:
         normalize=bool(c.norm_topk_prob),
         bias_for_selection=True,
     )
+
+
+def _inkling2(c: Any) -> RoutingRule:
+    """Inkling 2: sigmoid, correction bias for selection, renormalized (+ 1e-20), × ``route_scale``."""
+    if c.scoring_func != "sigmoid":
+        raise UnsupportedArchitectureError(
+            f"{c.model_type} with scoring_func={c.scoring_func!r} is not supported; moescope reads its "
+            "routing with scoring_func='sigmoid', the published setting."
+        )
+    return _sigmoid_bias(1e-20, "route_scale")(c)
 
 
 def _deepseek_v2(c: Any) -> RoutingRule:
@@ -560,6 +570,17 @@ _SPECS = [
         notes="shared expert added in full, without a gate",
     ),
     ArchSpec(
+        "inkling2_text",
+        "Inkling 2 (text)",
+        "n_routed_experts",
+        "moe_intermediate_size",
+        _inkling2,
+        router_fp32=True,
+        correction_bias="gate.e_score_correction_bias",
+        activation="paired",
+        notes="experts' SwiGLU soft-caps the linear gate factor and up (mlp_gate_softcap, mlp_up_softcap)",
+    ),
+    ArchSpec(
         "dbrx",
         "DBRX",
         "ffn_config.moe_num_experts",
@@ -641,6 +662,10 @@ _WHY_NOT = {
     "deepseek_v4": (
         "its first MoE layers choose experts by token id from a fixed table (tid2eid), which "
         "would name experts a proxy drops"
+    ),
+    "inkling2_loop_text": (
+        "it runs a span of its MoE layers several times per forward pass (loop_num_passes) with "
+        "the same modules, and moescope's routing statistics count one pass per layer"
     ),
     "inkling_text": _SHARED_IN_ROUTER,
     "inkling_mm_model": _SHARED_IN_ROUTER,
@@ -771,7 +796,7 @@ class MoELayer:
     block: nn.Module
     spec: ArchSpec
     rule: RoutingRule
-    activation_fn: Callable[[torch.Tensor], torch.Tensor] = field(repr=False)
+    activation_fn: Callable[..., torch.Tensor] = field(repr=False)  # of gate; of gate and up if paired
 
     @property
     def router(self) -> nn.Module:
@@ -900,6 +925,8 @@ class MoELayer:
             gate = gate.clamp(max=ex.limit)
             up = up.clamp(min=-ex.limit, max=ex.limit)
             return (up + 1) * gate * torch.sigmoid(gate * ex.alpha)
+        if self.spec.activation == "paired":  # the experts' own act_fn combines both (Inkling 2)
+            return self.activation_fn(gate, up)
         return self.activation_fn(gate) * up
 
     def shared_forward(self, x: torch.Tensor) -> torch.Tensor | None:

@@ -175,6 +175,17 @@ _TINY: dict[str, dict[str, Any]] = {
         "moe_router_logit_softcapping": 2.0,
         "moe_routed_scaling_factor": 2.0,
     },
+    # sliding-window layers have their own head counts; the experts' soft-caps made small
+    # enough to bite on tiny activations
+    "inkling2_text": {
+        "mlp_gate_softcap": 0.05,
+        "mlp_up_softcap": 0.05,
+        "swa_num_attention_heads": 4,
+        "swa_num_key_value_heads": 2,
+        "swa_head_dim": 16,
+        "sliding_window_size": 16,
+        "eos_token_id": 2,
+    },
     "qwen2_moe": {"norm_topk_prob": False},
     "qwen3_moe": {"norm_topk_prob": True},
 }
@@ -192,6 +203,8 @@ def tiny_config(arch: str, **overrides: Any) -> PretrainedConfig:
         values["intermediate_size"] = 64  # dense layers
     values.update(_TINY.get(arch, {}))
     values.update(overrides)
+    if "unpadded_vocab_size" in defaults and "unpadded_vocab_size" not in overrides:
+        values["unpadded_vocab_size"] = values["vocab_size"]  # Inkling 2's LM head: no padding rows
     values = _nested(values)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -256,6 +256,10 @@ def test_unsupported_and_dense_models_name_the_supported_ones() -> None:
         spec_for(AutoConfig.for_model("deepseek_v4"))
     with pytest.raises(UnsupportedArchitectureError, match="shared experts as extra rows"):
         spec_for(AutoConfig.for_model("inkling_text"))
+    with pytest.raises(UnsupportedArchitectureError, match="several times per forward pass"):
+        spec_for(AutoConfig.for_model("inkling2_loop_text"))
+    with pytest.raises(UnsupportedArchitectureError, match="scoring_func='sigmoid'"):  # a rule it cannot read
+        spec_for("inkling2_text").rule(tiny_config("inkling2_text", scoring_func="softmax"))
 
 
 def test_experts_counted_in_a_sub_config_make_an_unknown_model_an_moe() -> None:

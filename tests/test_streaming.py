@@ -33,7 +33,8 @@ from moescope.zoo import tiny
 # query_key_value (split on loading) and Kimi-Linear's w1/w2/w3 experts and per-projection
 # convolutions (joined on loading), Nemotron-H's ungated experts under ``backbone.``, DBRX's
 # ``[E·I, H]`` expert tensors under ``transformer.blocks`` and expert settings in ``ffn_config``,
-# Laguna's correction bias as a parameter of the router, Kolibri-1's as a buffer.
+# Laguna's correction bias as a parameter of the router, Kolibri-1's as a buffer, Inkling 2's
+# gate and up rows interleaved in its original layout (``w13_weight``).
 ARCHS = (
     "mixtral",
     "qwen3_moe",
@@ -48,6 +49,7 @@ ARCHS = (
     "dbrx",
     "laguna",
     "kolibri1",
+    "inkling2_text",
 )
 LAYOUTS = ("per-expert", "fused")
 
@@ -125,7 +127,8 @@ def test_streaming_writes_the_in_memory_proxy(arch: str, layout: str, sharded, t
 
     keys = _stored(streamed.path)
     per_expert = [key for key in keys if re.search(r"\.experts\.\d+\.", key)]
-    assert bool(per_expert) == (layout == "per-expert" and arch not in ("gpt_oss", "granitemoe", "dbrx"))
+    fused_originals = ("gpt_oss", "granitemoe", "dbrx", "inkling2_text")  # their original layouts are fused
+    assert bool(per_expert) == (layout == "per-expert" and arch not in fused_originals)
     assert {int(re.search(r"\.experts\.(\d+)\.", k).group(1)) for k in per_expert} <= set(range(keep))
     for entry in ("source", "proxy"):
         assert streamed.manifest[entry]["config_hash"] == memory.manifest[entry]["config_hash"]
@@ -141,7 +144,7 @@ def _count_key(source: Path) -> str:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "gpt_oss", "nemotron_h", "dbrx"])
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "gpt_oss", "nemotron_h", "dbrx", "inkling2_text"])
 def test_weight_embeddings_from_shards_equal_the_loaded_models(
     arch: str, layout: str, sharded, tmp_path: Path
 ) -> None:
