@@ -469,6 +469,12 @@ _SPECS = [
     ArchSpec("glm4_moe", "GLM-4-MoE", **_DEEPSEEK_STYLE),
     ArchSpec("glm4_moe_lite", "GLM-4-MoE-Lite", **_DEEPSEEK_STYLE),
     ArchSpec("dots1", "dots.llm1", **_DEEPSEEK_STYLE),
+    ArchSpec(
+        "dots3_note_text",
+        "dots.note3 (text)",
+        **_DEEPSEEK_STYLE,
+        notes="sparse attention (lightning indexer)",
+    ),
     ArchSpec("sarvam_moe", "Sarvam-MoE", **_DEEPSEEK_STYLE),
     ArchSpec(
         "kimi_linear",
@@ -525,6 +531,18 @@ _SPECS = [
         "intermediate_size",
         _sigmoid_bias(),
         correction_bias="e_score_correction_bias",
+    ),
+    ArchSpec(
+        "minimax_m3_vl_text",
+        "MiniMax-M3 (text)",
+        "num_local_experts",
+        "intermediate_size",
+        _sigmoid_bias(),
+        correction_bias="gate.e_score_correction_bias",
+        activation="clamped_swiglu",
+        shared_experts="shared_experts",
+        shared_intermediate_key="shared_intermediate_size",
+        notes="clamped SwiGLU experts (gate-first); routed output × routed_scaling_factor after the experts",
     ),
     ArchSpec(
         "lfm2_moe",
@@ -629,7 +647,7 @@ def spec_for(config: PretrainedConfig | str) -> ArchSpec:
             f"Mixture-of-Experts model, one of: {supported}."
         )
     text = None if isinstance(config, str) else _text_config(config)
-    if text is not None and text.model_type in ARCHITECTURES:
+    if text is not None and text.model_type in ARCHITECTURES and model_type not in _WHY_NOT:
         raise UnsupportedArchitectureError(
             f"'{model_type}' is a multimodal config; its language model ('{text.model_type}') is read "
             "through moescope.arch.language_config(config)."
@@ -667,6 +685,10 @@ _WHY_NOT = {
         "it runs a span of its MoE layers several times per forward pass (loop_num_passes) with "
         "the same modules, and moescope's routing statistics count one pass per layer"
     ),
+    "dots3_note": (
+        "its vision tower has routed experts of its own, which moescope does not tell apart from "
+        "the language model's in the shards (text-only dots3_note_text checkpoints are supported)"
+    ),
     "inkling_text": _SHARED_IN_ROUTER,
     "inkling_mm_model": _SHARED_IN_ROUTER,
     "switch_transformers": _ENCODER_DECODER,
@@ -681,7 +703,7 @@ def language_config(config: PretrainedConfig, *, loadable: bool = True) -> Pretr
     A proxy keeps everything else (vision tower, projector) as it is. ``loadable=False`` drops
     the last condition: the text model's config is enough to cost it, not to load it."""
     model_type = getattr(config, "model_type", "")
-    if model_type not in ARCHITECTURES:
+    if model_type not in ARCHITECTURES and model_type not in _WHY_NOT:
         text = _text_config(config)
         if text is not None and text.model_type in ARCHITECTURES:
             if not loadable or _causal_lm_loads(model_type):
@@ -920,11 +942,12 @@ class MoELayer:
         return y if out_of is None else out_of(y)
 
     def _glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        if self.spec.activation == "clamped_swiglu":  # GPT-OSS
+        if self.spec.activation == "clamped_swiglu":  # GPT-OSS; MiniMax-M3 names its alpha swiglu_alpha
             ex = self.experts
+            alpha = getattr(ex, "alpha", None) or ex.swiglu_alpha
             gate = gate.clamp(max=ex.limit)
             up = up.clamp(min=-ex.limit, max=ex.limit)
-            return (up + 1) * gate * torch.sigmoid(gate * ex.alpha)
+            return (up + 1) * gate * torch.sigmoid(gate * alpha)
         if self.spec.activation == "paired":  # the experts' own act_fn combines both (Inkling 2)
             return self.activation_fn(gate, up)
         return self.activation_fn(gate) * up

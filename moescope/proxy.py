@@ -22,7 +22,7 @@ chosen groups stay chosen), the proxy chooses the same experts. Their weights ar
 * **identical** when the weights depend only on the chosen experts: renormalized softmax
   (Mixtral, Qwen3 with ``norm_topk_prob``, HunYuan, ERNIE; DBRX, whose division by the
   chosen weights' p-norm cancels any common scale too), sigmoid scores (DeepSeek-V3,
-  GLM-4-MoE, Kimi-Linear, MiMo-V2-Flash, Nemotron-H, A.X, HY-V3/V4, MiniMax-M2, LFM2, AFMoE,
+  GLM-4-MoE, dots, Kimi-Linear, MiMo-V2-Flash, Nemotron-H, A.X, HY-V3/V4, MiniMax-M2/M3, LFM2, AFMoE,
   Beam, Bailing-Hybrid, Flint, Inkling 2, Laguna with its soft-capped logits, with or without
   renormalization), softmax over the chosen logits (GPT-OSS, Granite, Cohere2-MoE, Aria),
   sigmoid of the chosen logits (Llama 4, Cohere2-MoE's sigmoid selection, Kolibri-1);

@@ -186,6 +186,32 @@ _TINY: dict[str, dict[str, Any]] = {
         "sliding_window_size": 16,
         "eos_token_id": 2,
     },
+    # its sliding-window layers take their own attention sizes (per_layer_config), small here too
+    "dots3_note_text": {
+        **_MLA,
+        **_DSA,
+        "mlp_layer_types": ["dense", "sparse", "sparse"],
+        "layer_types": ["indexed_attention", "indexed_attention", "sliding_attention"],
+        "sliding_window": 16,
+        "head_dim": 16,  # a sliding-window layer's: qk_nope_head_dim + qk_rope_head_dim
+        "per_layer_config": {
+            "02": {
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+                "kv_lora_rank": 8,
+                "qk_nope_head_dim": 8,
+            }
+        },
+    },
+    "minimax_m3_vl_text": {
+        "rotary_dim": 8,
+        "index_n_heads": 2,
+        "index_head_dim": 16,
+        "index_block_size": 4,
+        "index_topk_blocks": 2,
+        # a limit tiny activations reach, so the clamps are exercised
+        "swiglu_limit": 0.1,
+    },
     "qwen2_moe": {"norm_topk_prob": False},
     "qwen3_moe": {"norm_topk_prob": True},
 }

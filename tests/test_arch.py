@@ -7,7 +7,14 @@ from typing import ClassVar
 import pytest
 import torch
 
-from moescope.arch import ARCHITECTURES, adapt, config_value, spec_for, supported_architectures
+from moescope.arch import (
+    ARCHITECTURES,
+    adapt,
+    config_value,
+    language_config,
+    spec_for,
+    supported_architectures,
+)
 from moescope.errors import UnsupportedArchitectureError
 from moescope.zoo import TINY_ARCHS, tiny, tiny_config
 
@@ -258,6 +265,8 @@ def test_unsupported_and_dense_models_name_the_supported_ones() -> None:
         spec_for(AutoConfig.for_model("inkling_text"))
     with pytest.raises(UnsupportedArchitectureError, match="several times per forward pass"):
         spec_for(AutoConfig.for_model("inkling2_loop_text"))
+    with pytest.raises(UnsupportedArchitectureError, match="vision tower has routed experts"):
+        language_config(AutoConfig.for_model("dots3_note"))  # its language model alone is supported
     with pytest.raises(UnsupportedArchitectureError, match="scoring_func='sigmoid'"):  # a rule it cannot read
         spec_for("inkling2_text").rule(tiny_config("inkling2_text", scoring_func="softmax"))
 

@@ -34,7 +34,8 @@ from moescope.zoo import tiny
 # convolutions (joined on loading), Nemotron-H's ungated experts under ``backbone.``, DBRX's
 # ``[E·I, H]`` expert tensors under ``transformer.blocks`` and expert settings in ``ffn_config``,
 # Laguna's correction bias as a parameter of the router, Kolibri-1's as a buffer, Inkling 2's
-# gate and up rows interleaved in its original layout (``w13_weight``).
+# gate and up rows interleaved in its original layout (``w13_weight``), MiniMax-M3's fused original
+# layout, dots.note3's per-layer attention sizes.
 ARCHS = (
     "mixtral",
     "qwen3_moe",
@@ -50,6 +51,8 @@ ARCHS = (
     "laguna",
     "kolibri1",
     "inkling2_text",
+    "minimax_m3_vl_text",
+    "dots3_note_text",
 )
 LAYOUTS = ("per-expert", "fused")
 
@@ -127,7 +130,7 @@ def test_streaming_writes_the_in_memory_proxy(arch: str, layout: str, sharded, t
 
     keys = _stored(streamed.path)
     per_expert = [key for key in keys if re.search(r"\.experts\.\d+\.", key)]
-    fused_originals = ("gpt_oss", "granitemoe", "dbrx", "inkling2_text")  # their original layouts are fused
+    fused_originals = ("gpt_oss", "granitemoe", "dbrx", "inkling2_text", "minimax_m3_vl_text")  # stored fused
     assert bool(per_expert) == (layout == "per-expert" and arch not in fused_originals)
     assert {int(re.search(r"\.experts\.(\d+)\.", k).group(1)) for k in per_expert} <= set(range(keep))
     for entry in ("source", "proxy"):
