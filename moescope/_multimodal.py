@@ -1,4 +1,4 @@
-"""Multimodal checkpoints (Llama 4, Qwen3.5-MoE): moescope reads and trains their language model,
+"""Multimodal checkpoints (Llama 4, Qwen3.5-MoE, Qwen4-Exp): moescope reads and trains their language model,
 and writes the whole checkpoint back, so nothing the language model does not hold (the vision
 tower, the projector) is lost.
 

@@ -333,6 +333,15 @@ _SPECS = [
         **_QWEN_SHARED,
     ),
     ArchSpec(
+        "qwen4_exp_text",
+        "Qwen4-Exp (text)",
+        "num_experts",
+        "moe_intermediate_size",
+        _softmax("norm_topk_prob"),
+        notes="hybrid linear and indexed attention layers; hyper-connections, n-gram embeddings",
+        **_QWEN_SHARED,
+    ),
+    ArchSpec(
         "lara_mini",
         "Lara-Mini",
         "num_experts",
@@ -698,7 +707,7 @@ _WHY_NOT = {
 
 def language_config(config: PretrainedConfig, *, loadable: bool = True) -> PretrainedConfig:
     """The config of the language model moescope reads: ``config`` itself, or, for a multimodal
-    checkpoint (Llama 4, Qwen3.5-MoE), its text model's when that is a supported MoE and
+    checkpoint (Llama 4, Qwen3.5-MoE, Qwen4-Exp), its text model's when that is a supported MoE and
     transformers' ``AutoModelForCausalLM`` loads exactly that language model from the checkpoint.
     A proxy keeps everything else (vision tower, projector) as it is. ``loadable=False`` drops
     the last condition: the text model's config is enough to cost it, not to load it."""

@@ -7,7 +7,7 @@ config's expert count is rewritten under the architecture's own key; top-k and g
 routing are left as they are (the selection guarantees they stay valid). The result is a
 plain Hugging Face directory that ``AutoModelForCausalLM.from_pretrained`` loads with no
 moescope code, plus ``moescope.json``, the manifest that says how it was made. A multimodal
-checkpoint (Llama 4, Qwen3.5-MoE) is read through its language model; its proxy is the whole
+checkpoint (Llama 4, Qwen3.5-MoE, Qwen4-Exp) is read through its language model; its proxy is the whole
 checkpoint, written by cutting the shards (:func:`moescope.streaming.write_selected`), so the
 vision tower and projector, which the loaded language model does not hold, are copied too.
 

@@ -212,6 +212,24 @@ _TINY: dict[str, dict[str, Any]] = {
         # a limit tiny activations reach, so the clamps are exercised
         "swiglu_limit": 0.1,
     },
+    # a linear-attention and an indexed-attention layer, small n-gram tables and hyper-connections
+    "qwen4_exp_text": {
+        "layer_types": ["linear_attention", "indexed_attention"],
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "hc_lowrank": 8,
+        "ple_embed_dim": 64,
+        "ngram_vocab_size_base": 256,
+        "split_ngram_parts": 2,
+        "heads_per_ngram": 2,
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 2,
+    },
     "qwen2_moe": {"norm_topk_prob": False},
     "qwen3_moe": {"norm_topk_prob": True},
 }
@@ -269,6 +287,13 @@ def tiny(arch: str, *, seed: int = 0, **overrides: Any) -> PreTrainedModel:
 
 
 # tiny vision towers of multimodal checkpoints whose language model is supported
+_QWEN_VISION = {
+    "depth": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": _COMMON["hidden_size"],
+}
 _TINY_VISION: dict[str, dict[str, Any]] = {
     "llama4": {
         "hidden_size": 32,
@@ -281,19 +306,14 @@ _TINY_VISION: dict[str, dict[str, Any]] = {
         "projector_output_dim": 32,
         "vision_output_dim": 32,
     },
-    "qwen3_5_moe": {
-        "depth": 1,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "out_hidden_size": _COMMON["hidden_size"],
-    },
+    "qwen3_5_moe": _QWEN_VISION,
+    "qwen4_exp": _QWEN_VISION,
 }
 TINY_MULTIMODAL: tuple[str, ...] = tuple(_TINY_VISION)
 
 
 def tiny_multimodal(wrapper: str, *, seed: int = 0) -> PreTrainedModel:
-    """A tiny random multimodal model (``llama4``, ``qwen3_5_moe``) whose language model is
+    """A tiny random multimodal model (``llama4``, ``qwen3_5_moe``, ``qwen4_exp``) whose language model is
     ``tiny(<its text type>)``'s config, with a one-layer vision tower, in eval mode, float32."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
