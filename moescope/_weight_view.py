@@ -216,16 +216,13 @@ class _Rows:
         return self.read.tensor(self.key).unflatten(dim, sizes)
 
 
-class _Interleaved:
+class _Interleaved(_Rows):
     """A fused gate/up tensor stored with each expert's gate and up rows interleaved (Inkling 2's
     ``w13_weight``): ``rows[i]`` is expert ``i``'s gate rows then up rows, as loading reorders
     them, given as a :class:`_Joined` of the two strided halves (copied only if used whole)."""
 
-    def __init__(self, stored: StoredTensor, read: LayerRead) -> None:
-        self.key, self.read = stored.key, read
-
     def __getitem__(self, expert: int) -> _Joined:
-        rows = self.read.tensor(self.key)[expert]
+        rows = super().__getitem__(expert)
         return _Joined([rows[0::2], rows[1::2]], torch.cat)
 
 

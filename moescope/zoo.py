@@ -184,7 +184,6 @@ _TINY: dict[str, dict[str, Any]] = {
         "swa_num_key_value_heads": 2,
         "swa_head_dim": 16,
         "sliding_window_size": 16,
-        "eos_token_id": 2,
     },
     # its sliding-window layers take their own attention sizes (per_layer_config), small here too
     "dots3_note_text": {
