@@ -146,6 +146,14 @@ def resolve_tasks(tasks: TaskSpec, original: PreTrainedModel) -> tuple[str, ...]
     model runs, so a malformed file fails in a second."""
     if tasks is None:
         tasks = "toy" if is_toy(original) else ()
+    return check_task_spec(tasks)
+
+
+def check_task_spec(tasks: TaskSpec) -> tuple[str, ...] | list[Example] | None:
+    """:func:`resolve_tasks` for a spec that names its tasks (not ``None``), needing no model:
+    run before a model loads, a missing or malformed prompt file fails in a second."""
+    if tasks is None:
+        return None
     if isinstance(tasks, Path) or (isinstance(tasks, str) and tasks != "toy"):
         return load_prompts(tasks)
     if tasks == "toy":

@@ -444,7 +444,8 @@ def capability_check(fidelity: Fidelity | None, threshold: float = 0.8) -> Check
         return Check(
             CAPABILITY,
             False,
-            "not measured: give a Fidelity with task accuracy (tasks='toy' or a prompts .jsonl)",
+            'not measured: no tasks for this model; give a .jsonl of {"prompt", "answer"} lines '
+            "(moescope export --prompts FILE, or tasks= in Python)",
             {"measured": False, "threshold": threshold},
         )
     mode = "sampled" if (frame["mode"] == "sampled").any() else "greedy"

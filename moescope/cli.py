@@ -79,6 +79,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         heal_steps=args.heal_steps,
         heal_lr=args.heal_lr,
         fidelity=not args.no_fidelity,
+        tasks=args.prompts,
     )
     m = result.manifest
     print(
@@ -277,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--heal-steps", type=int, default=0, metavar="N", help="distil the proxy N steps")
     export.add_argument("--heal-lr", type=float, default=1e-3, metavar="LR", help="healing learning rate")
+    export.add_argument(
+        "--prompts",
+        type=Path,
+        metavar="FILE",
+        help='.jsonl of {"prompt", "answer"} for task accuracy (default: the toy\'s tasks, none for others)',
+    )
     export.add_argument("--no-fidelity", action="store_true", help="skip fidelity and the validity checklist")
     export.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
 

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from moescope import __version__
+from moescope._accuracy import TaskSpec, check_task_spec
 from moescope._io import check_output_dir, readable, replace_dir
 from moescope._multimodal import is_multimodal, save_with_language_model
 from moescope.arch import MoEModel, adapt, set_config_value, take_experts
@@ -199,6 +200,7 @@ def export_proxy(
     heal_steps: int = 0,
     heal_lr: float = 1e-3,
     fidelity: bool | dict[str, Any] = True,
+    tasks: TaskSpec = None,
 ) -> ExportResult:
     """Write a proxy of ``model`` to ``out`` (a temporary sibling, renamed at the end).
 
@@ -221,11 +223,16 @@ def export_proxy(
     fidelity : measure fidelity and run the validity checklist on the proxy (``True``, or the
         options of :func:`moescope.fidelity.measure_fidelity`), recorded in the manifest.
         A streaming export never holds the models in memory, so it measures nothing.
+    tasks : the tasks of the accuracy that healing and fidelity report, and that the checklist's
+        task capability compares: ``None`` (the task suite for the toy, none otherwise),
+        ``"toy"``, family names, or a ``.jsonl`` of ``{"prompt", "answer"}`` lines, read before
+        the model loads. Needs the model in memory, with its tokenizer.
     """
     from moescope.loading import load_model, resolve_model
 
     source = resolve_model(model)
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before loading anything
+    check_task_spec(tasks)
     if heal_steps < 0:
         raise MoescopeError(f"heal_steps={heal_steps} must be 0 (no healing) or a positive number of steps.")
     if streaming is None:
@@ -240,16 +247,27 @@ def export_proxy(
                 "healing needs the model in memory, which a streaming export avoids; export without "
                 "--streaming, or heal the streamed proxy later with moescope.healing.heal_proxy_dir."
             )
+        if tasks is not None:
+            raise MoescopeError(
+                "task accuracy needs the model in memory, which a streaming export avoids; export "
+                "without --streaming, or measure the streamed proxy later with "
+                "moescope.fidelity.measure_fidelity(..., tasks=...)."
+            )
         options = dict(method=method, seed=seed, allow_top_k=allow_top_k, overwrite=overwrite)
         return export_streaming(source, out, keep=keep, selection=selection, progress=progress, **options)
     multimodal = is_multimodal(source)
     lm, tokenizer = load_model(model, dtype="auto")
+    if tasks is not None and tokenizer is None:
+        raise MoescopeError(
+            f"task accuracy needs a tokenizer, and {source} holds none; save the model's tokenizer "
+            "into that directory, or export without prompts."
+        )
     chosen = _resolve_selection(
         lm, tokenizer, selection, keep, method, seed, calibration, n_tokens, allow_top_k, progress
     )
     proxy = build_proxy(lm, chosen)
     assessed = _heal_and_assess(
-        lm, proxy, tokenizer, chosen, heal_steps, heal_lr, fidelity, seed, calibration
+        lm, proxy, tokenizer, chosen, heal_steps, heal_lr, fidelity, seed, calibration, tasks
     )
     manifest = make_manifest(source, lm, proxy, chosen)
     manifest.update(_manifest_sections(**assessed))
@@ -295,6 +313,7 @@ def _heal_and_assess(
     fidelity: bool | dict[str, Any],
     seed: int,
     calibration: Any,
+    tasks: TaskSpec,
 ) -> dict[str, Any]:
     """Healing (in place), then fidelity and the validity checklist of the proxy as it will be saved."""
     data = _data_for(lm, tokenizer, calibration, seed)
@@ -302,12 +321,14 @@ def _heal_and_assess(
     if heal_steps:
         from moescope.healing import heal
 
-        healing = heal(lm, proxy, data, tokenizer=tokenizer, steps=heal_steps, lr=heal_lr, seed=seed)
+        healing = heal(
+            lm, proxy, data, tokenizer=tokenizer, steps=heal_steps, lr=heal_lr, seed=seed, tasks=tasks
+        )
     if not fidelity:
         return {"fidelity": None, "checklist": None, "healing": healing}
     from moescope.fidelity import measure_fidelity, validity_checklist
 
-    options = {"seed": seed, **(fidelity if isinstance(fidelity, dict) else {})}
+    options = {"seed": seed, "tasks": tasks, **(fidelity if isinstance(fidelity, dict) else {})}
     held_out = "tasks" if tokenizer is not None else _data_for(lm, None, "tasks", seed + 1)
     measured = measure_fidelity(lm, proxy, held_out, tokenizer=tokenizer, selection=chosen, **options)
     checks = validity_checklist(lm, proxy, measured, selection=chosen)

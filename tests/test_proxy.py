@@ -211,6 +211,45 @@ def test_cli_export_reloads_and_bad_input_exits_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_cli_export_measures_task_capability_on_a_prompt_file(tmp_path: Path) -> None:
+    """``--prompts``: the checklist's task capability compares accuracy on the user's prompts;
+    a missing file, or prompts with a streaming export, fail before anything is written."""
+    from moescope.tasks import heldout
+
+    prompts = tmp_path / "sums.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n" for e in heldout("add2", 12))
+    )
+    out = tmp_path / "proxy"
+    run = moescope_process(
+        "export", "toy", "--keep", "1/2", "--method", "random", "--prompts", str(prompts), "--out", str(out)
+    )
+    stdout, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err
+    capability = read_manifest(out)["checklist"][2]
+    assert capability["details"]["measured"] and capability["details"]["tasks"] == ["sums"]
+    assert "(greedy; sums " in capability["figure"] and capability["figure"] in stdout
+    for extra, says in [((), "nope.jsonl does not exist"), (("--streaming",), "needs the model in memory")]:
+        missing = prompts if extra else tmp_path / "nope.jsonl"
+        bad = moescope_process(
+            "export", "toy", "--keep", "1/2", *extra, "--prompts", str(missing), "--out", str(tmp_path / "p2")
+        )
+        _, err = bad.communicate(timeout=300)
+        assert bad.returncode == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["proxy", "sums.jsonl"]
+
+
+def test_export_with_prompts_needs_a_tokenizer(tmp_path: Path) -> None:
+    source = tmp_path / "mixtral"
+    tiny("mixtral").save_pretrained(source)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    with pytest.raises(MoescopeError, match="task accuracy needs a tokenizer"):
+        export_proxy(source, tmp_path / "out", keep=4, method="random", tasks=prompts, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
 def test_an_export_killed_midway_leaves_nothing_at_the_output_path(tmp_path: Path) -> None:
     """SIGKILL while the proxy is being written: the output path never holds a partial proxy,
     and the next export cleans the killed run's temporary directory."""
