@@ -151,8 +151,8 @@ def _per_expert(
     parts = len(converter.source_patterns)
     if ops not in ([("MergeModulelist", 0)], [("MergeModulelist", 0), ("Concatenate", 1)]):
         raise UnsupportedArchitectureError(
-            f"{tensor.key} loads through {ops}, which streaming export does not read; export with "
-            "streaming=False (in memory)."
+            f"{tensor.key} loads through {ops}, which streaming export does not read; export in "
+            "memory (--no-streaming, or streaming=False in Python)."
         )
     expected = list(param.shape[1:])
     expected[0] //= parts  # Concatenate(dim=1) on the stacked tensor joins rows of each expert
@@ -176,7 +176,8 @@ def _expert_id(key: str) -> tuple[int, str]:
     matches = list(_EXPERT_ID.finditer(key))
     if len(matches) != 1:
         raise UnsupportedArchitectureError(
-            f"cannot tell which expert {key} belongs to; export with streaming=False (in memory)."
+            f"cannot tell which expert {key} belongs to; export in memory (--no-streaming, or "
+            "streaming=False in Python)."
         )
     start, end = matches[0].span(1)
     return int(matches[0].group(1)), key[:start] + "{}" + key[end:]

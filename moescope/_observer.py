@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from moescope._routing_sums import SLOT_ORDER, RoutingSums, recomputed_norms, slot_norms
@@ -62,18 +63,21 @@ class RoutingObserver:
 
     @property
     def n_tokens(self) -> int:
-        """Tokens counted so far (per layer)."""
+        """Tokens through the model so far (a looped layer routes some of them more than once)."""
         self._flush()
-        return int(self._sums.tokens.max())
+        return int(self._sums.tokens.min())
 
     def stats(self, source: str = "") -> RoutingStats:
         """The sums so far as a :class:`~moescope.routing.RoutingStats`; ``source`` describes the data."""
         from moescope.routing import RoutingStats  # the public module imports this one
 
         self._flush()
-        tokens = set(self._sums.tokens.tolist())
-        if len(tokens) != 1:
-            raise RuntimeError(f"MoE layers saw different token counts {sorted(tokens)}")
+        tokens = self._sums.tokens.tolist()
+        n_tokens = min(tokens)  # a looped layer routes every token once per pass
+        whole_passes = all(t % n_tokens == 0 for t in tokens) if n_tokens else not any(tokens)
+        if not whole_passes:
+            counts = sorted(set(tokens))
+            raise RuntimeError(f"MoE layers saw token counts {counts}, not whole passes of one count")
         return RoutingStats(
             model_type=self.moe.spec.model_type,
             config_hash=config_hash(self.moe.config),
@@ -81,8 +85,9 @@ class RoutingObserver:
             layers=tuple(self._rows),
             num_experts=self.moe.num_experts,
             top_k=self.moe.top_k,
-            n_tokens=tokens.pop(),
+            n_tokens=n_tokens,
             **self._sums.arrays(),
+            passes=np.array([t // n_tokens if n_tokens else 1 for t in tokens], dtype=np.int64),
         )
 
     # --- installing and removing ---------------------------------------------------------------

@@ -300,6 +300,12 @@ _QWEN_SHARED = dict(
     shared_intermediate_key="shared_expert_intermediate_size",
 )
 
+_INKLING2 = dict(
+    router_fp32=True,
+    correction_bias="gate.e_score_correction_bias",
+    activation="paired",
+)
+
 _SPECS = [
     ArchSpec("mixtral", "Mixtral", "num_local_experts", "intermediate_size", _softmax(True)),
     ArchSpec("minimax", "MiniMax-Text", "num_local_experts", "intermediate_size", _softmax(True)),
@@ -602,10 +608,17 @@ _SPECS = [
         "n_routed_experts",
         "moe_intermediate_size",
         _inkling2,
-        router_fp32=True,
-        correction_bias="gate.e_score_correction_bias",
-        activation="paired",
+        **_INKLING2,
         notes="experts' SwiGLU soft-caps the linear gate factor and up (mlp_gate_softcap, mlp_up_softcap)",
+    ),
+    ArchSpec(
+        "inkling2_loop_text",
+        "Inkling 2 Loop (text)",
+        "n_routed_experts",
+        "moe_intermediate_size",
+        _inkling2,
+        **_INKLING2,
+        notes="Inkling 2's experts; layers loop_layer_index_start to _end run loop_num_passes times",
     ),
     ArchSpec(
         "dbrx",
@@ -689,10 +702,6 @@ _WHY_NOT = {
     "deepseek_v4": (
         "its first MoE layers choose experts by token id from a fixed table (tid2eid), which "
         "would name experts a proxy drops"
-    ),
-    "inkling2_loop_text": (
-        "it runs a span of its MoE layers several times per forward pass (loop_num_passes) with "
-        "the same modules, and moescope's routing statistics count one pass per layer"
     ),
     "dots3_note": (
         "its vision tower has routed experts of its own, which moescope does not tell apart from "

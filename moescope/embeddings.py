@@ -284,7 +284,8 @@ def default_probe(vocab_size: int, seed: int = 0) -> torch.Tensor:
 
 
 def probe_hidden_states(moe: MoEModel, ids: torch.Tensor) -> dict[int, torch.Tensor]:
-    """``{decoder layer: (T, H)}`` hidden states at each MoE block's input for token ``ids``.
+    """``{decoder layer: (T, H)}`` hidden states at each MoE block's input for token ``ids``
+    (``(passes · T, H)`` for a layer a looped model runs several times per forward).
 
     One eval-mode forward pass with a pre-hook on every MoE block (removed afterwards).
     """
@@ -475,7 +476,8 @@ def _capture_block_inputs(moe: MoEModel, captured: dict[int, torch.Tensor]) -> I
     def hook(index: int):
         def record(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             x = args[0] if args else kwargs["hidden_states"]
-            captured[index] = x.detach().reshape(-1, x.shape[-1])
+            x = x.detach().reshape(-1, x.shape[-1])
+            captured[index] = torch.cat([captured[index], x]) if index in captured else x  # every pass
 
         return record
 

@@ -23,7 +23,7 @@ chosen groups stay chosen), the proxy chooses the same experts. Their weights ar
   (Mixtral, Qwen3 with ``norm_topk_prob``, HunYuan, ERNIE; DBRX, whose division by the
   chosen weights' p-norm cancels any common scale too), sigmoid scores (DeepSeek-V3,
   GLM-4-MoE, dots, Kimi-Linear, MiMo-V2-Flash, Nemotron-H, A.X, HY-V3/V4, MiniMax-M2/M3, LFM2, AFMoE,
-  Beam, Bailing-Hybrid, Flint, Inkling 2, Laguna with its soft-capped logits, with or without
+  Beam, Bailing-Hybrid, Flint, Inkling 2 (and Loop), Laguna with its soft-capped logits, with or without
   renormalization), softmax over the chosen logits (GPT-OSS, Granite, Cohere2-MoE, Aria),
   sigmoid of the chosen logits (Llama 4, Cohere2-MoE's sigmoid selection, Kolibri-1);
 * **scaled by 1 / P_kept** when the weights are softmax probabilities over all experts without

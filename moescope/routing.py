@@ -76,10 +76,13 @@ class RoutingStats:
         and a description of the calibration data.
     layers : decoder positions of the MoE layers in the original model (row order).
     num_experts, top_k : routed experts per layer and experts chosen per token.
-    n_tokens : tokens seen by every layer, padding excluded.
-    counts : ``(L, E)`` int64 routed slots per expert; each row sums to ``n_tokens * top_k``.
+    n_tokens : tokens through the model, padding excluded.
+    passes : ``(L,)`` int64 times each layer routes every token: 1, or more in a looped span of
+        layers (Inkling 2 Loop runs layers again with the same modules). Every sum below counts
+        each pass; ``routed_tokens = n_tokens × passes``.
+    counts : ``(L, E)`` int64 routed slots per expert; each row sums to ``routed_tokens * top_k``.
     prob_mass : ``(L, E)`` float64 summed per-token routing distribution; each row sums to
-        ``n_tokens``. Softmax routers (also DeepSeek-V2, PhiMoE): the softmax probabilities.
+        ``routed_tokens``. Softmax routers (also DeepSeek-V2, PhiMoE): the softmax probabilities.
         Sigmoid routers (DeepSeek-V3, GLM-4-MoE, MiniMax-M2, LFM2...): the sigmoid scores divided
         by their sum over experts; the selection-only correction bias is left out. Logit-top-k
         routers (GPT-OSS, Granite, Llama 4), whose gates only see the chosen logits: the softmax
@@ -113,16 +116,26 @@ class RoutingStats:
     entropy_edges: np.ndarray
     max_logit: np.ndarray
     expert_max_logit: np.ndarray
+    passes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.passes is None:  # statistics of a model without looped layers
+            object.__setattr__(self, "passes", np.ones(len(self.layers), dtype=np.int64))
+
+    @property
+    def routed_tokens(self) -> np.ndarray:
+        """``(L,)`` tokens each layer routed, every pass counted: ``n_tokens × passes``."""
+        return self.n_tokens * np.asarray(self.passes, dtype=np.int64)
 
     @property
     def load_share(self) -> np.ndarray:
         """``(L, E)`` share of routed slots per expert (rows sum to 1)."""
-        return _ratio(self.counts, self.n_tokens * self.top_k)
+        return _ratio(self.counts, (self.routed_tokens * self.top_k)[:, None])
 
     @property
     def prob_share(self) -> np.ndarray:
         """``(L, E)`` mean routing probability per expert (rows sum to 1)."""
-        return _ratio(self.prob_mass, self.n_tokens)
+        return _ratio(self.prob_mass, self.routed_tokens[:, None])
 
     @property
     def saliency(self) -> np.ndarray:
@@ -132,12 +145,13 @@ class RoutingStats:
     @property
     def mean_entropy(self) -> np.ndarray:
         """``(L,)`` mean per-token routing entropy in nats."""
-        return _ratio(self.entropy_sum, self.n_tokens)
+        return _ratio(self.entropy_sum, self.routed_tokens)
 
     @property
     def entropy_std(self) -> np.ndarray:
         """``(L,)`` standard deviation of per-token routing entropy."""
-        return np.sqrt(np.maximum(_ratio(self.entropy_sq_sum, self.n_tokens) - self.mean_entropy**2, 0.0))
+        mean_square = _ratio(self.entropy_sq_sum, self.routed_tokens)
+        return np.sqrt(np.maximum(mean_square - self.mean_entropy**2, 0.0))
 
     @property
     def dead_experts(self) -> np.ndarray:

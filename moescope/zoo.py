@@ -69,6 +69,16 @@ _DSA = {
 
 # A dense first layer, then MoE layers whose 8 experts route in 2 groups, the best 1 chosen.
 _DENSE_FIRST_GROUPED = {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1}
+# Inkling 2's sliding-window layers have their own head counts; the experts' soft-caps made
+# small enough to bite on tiny activations
+_INKLING2 = {
+    "mlp_gate_softcap": 0.05,
+    "mlp_up_softcap": 0.05,
+    "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 2,
+    "swa_head_dim": 16,
+    "sliding_window_size": 16,
+}
 
 # Per-architecture settings: leading dense layers and grouped routing are exercised on purpose.
 _TINY: dict[str, dict[str, Any]] = {
@@ -175,15 +185,16 @@ _TINY: dict[str, dict[str, Any]] = {
         "moe_router_logit_softcapping": 2.0,
         "moe_routed_scaling_factor": 2.0,
     },
-    # sliding-window layers have their own head counts; the experts' soft-caps made small
-    # enough to bite on tiny activations
-    "inkling2_text": {
-        "mlp_gate_softcap": 0.05,
-        "mlp_up_softcap": 0.05,
-        "swa_num_attention_heads": 4,
-        "swa_num_key_value_heads": 2,
-        "swa_head_dim": 16,
-        "sliding_window_size": 16,
+    "inkling2_text": _INKLING2,
+    # four layers, the middle two looped twice: every pass routes again through the same modules
+    "inkling2_loop_text": {
+        **_INKLING2,
+        "num_hidden_layers": 4,
+        "n_layers_per_attn_res_block": 1,
+        "loop_layer_index_start": 1,
+        "loop_layer_index_end": 3,
+        "loop_num_passes": 2,
+        "loop_gate_rank": 8,
     },
     # its sliding-window layers take their own attention sizes (per_layer_config), small here too
     "dots3_note_text": {

@@ -263,8 +263,6 @@ def test_unsupported_and_dense_models_name_the_supported_ones() -> None:
         spec_for(AutoConfig.for_model("deepseek_v4"))
     with pytest.raises(UnsupportedArchitectureError, match="shared experts as extra rows"):
         spec_for(AutoConfig.for_model("inkling_text"))
-    with pytest.raises(UnsupportedArchitectureError, match="several times per forward pass"):
-        spec_for(AutoConfig.for_model("inkling2_loop_text"))
     with pytest.raises(UnsupportedArchitectureError, match="vision tower has routed experts"):
         language_config(AutoConfig.for_model("dots3_note"))  # its language model alone is supported
     with pytest.raises(UnsupportedArchitectureError, match="scoring_func='sigmoid'"):  # a rule it cannot read

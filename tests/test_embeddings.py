@@ -204,3 +204,13 @@ def test_save_and_load_round_trip(tmp_path) -> None:
 def test_vectors_of_the_wrong_shape_are_refused() -> None:
     with pytest.raises(MoescopeError, match="layers, experts, dim"):
         ExpertEmbeddings("weights", (0, 1), 8, "hash", 0, np.zeros((2, 7, 4), np.float32))
+
+
+def test_a_looped_layer_is_probed_on_every_pass() -> None:
+    """Inkling 2 Loop runs layers 1 and 2 twice per forward: their probe holds both passes' inputs."""
+    moe = adapt(tiny("inkling2_loop_text"))
+    ids = torch.randint(3, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    hidden = probe_hidden_states(moe, ids)
+    assert {layer: h.shape[0] for layer, h in hidden.items()} == {0: 16, 1: 32, 2: 32, 3: 16}
+    first, second = hidden[1][:16], hidden[1][16:]
+    assert not torch.equal(first, second)  # the second pass sees the first one's output

@@ -221,7 +221,9 @@ def test_gepo_runs_and_differs_from_grpo_only_in_advantages(tmp_path, healthy):
     assert series(t, "reward/mean")[:2] == series(healthy, "reward/mean")[:2]  # same data, same samples
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "gpt_oss", "dbrx", "laguna"])
+@pytest.mark.parametrize(
+    "arch", ["mixtral", "deepseek_v3", "gpt_oss", "dbrx", "laguna", "inkling2_loop_text"]
+)
 def test_other_architectures_replay_with_the_toy_tokenizer(tmp_path, arch):
     from moescope.zoo import tiny
 

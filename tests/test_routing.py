@@ -46,13 +46,14 @@ def _padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _router_records(model, ids, mask) -> tuple[torch.Tensor, dict[int, tuple]]:
-    """Logits of a plain forward, and per MoE layer what its stock router saw and returned."""
+def _router_records(model, ids, mask) -> tuple[torch.Tensor, dict[int, list[tuple]]]:
+    """Logits of a plain forward, and per MoE layer what its stock router saw and returned, once
+    per call (a looped layer routes once per pass)."""
     moe, seen = adapt(model), {}
 
     def record(index: int):
         def hook(module, args, out) -> None:
-            seen[index] = (args[0].detach().reshape(-1, args[0].shape[-1]), out)
+            seen.setdefault(index, []).append((args[0].detach().reshape(-1, args[0].shape[-1]), out))
 
         return hook
 
@@ -111,7 +112,10 @@ def _check_against_router(model) -> RoutingObserver:
     stats, valid = observer.stats(), mask.reshape(-1).bool()
     assert stats.n_tokens == int(mask.sum())
     for row, layer in enumerate(adapt(model).layers):
-        direct = _direct(layer, *seen[layer.index], valid)
+        calls = [_direct(layer, *call, valid) for call in seen[layer.index]]
+        assert stats.passes[row] == len(calls)
+        direct = {name: sum(c[name] for c in calls) for name in calls[0] if name != "max_logit"}
+        direct["max_logit"] = max(c["max_logit"] for c in calls)
         for name in ("counts", "coactivation"):
             np.testing.assert_array_equal(getattr(stats, name)[row], direct[name], err_msg=name)
         for name in ("saliency_sum", "prob_mass", "entropy_sum", "max_logit"):
@@ -130,12 +134,28 @@ _SLOW_ARCHS = {"granitemoehybrid"}  # the reference Mamba-2 kernel takes seconds
 def test_recorded_routing_and_saliency_equal_the_models_own(arch: str) -> None:
     """Top-k choices equal what each stock router chose; saliency equals a direct computation."""
     stats = _check_against_router(_model(arch)).stats()
-    k, n = stats.top_k, stats.n_tokens
+    k, n = stats.top_k, stats.routed_tokens
     np.testing.assert_array_equal(stats.counts.sum(axis=1), k * n)
     np.testing.assert_allclose(stats.prob_mass.sum(axis=1), n, rtol=1e-6)
     assert np.all(stats.max_logit == stats.expert_max_logit.max(axis=1))
     assert np.all(stats.entropy_hist.sum(axis=1) == n)
+    np.testing.assert_allclose(stats.load_share.sum(axis=1), 1.0)
     assert np.all(stats.mean_entropy <= math.log(stats.num_experts) + 1e-6)
+
+
+def test_a_looped_span_of_layers_counts_every_pass(tmp_path) -> None:
+    """Inkling 2 Loop runs layers 1 and 2 twice per forward: their sums count both passes, and
+    the shares and mean entropy divide by the tokens they routed, so rows still sum to 1."""
+    model = _model("inkling2_loop_text")
+    config = model.config
+    stats = _check_against_router(model).stats()
+    looped = range(config.loop_layer_index_start, config.loop_layer_index_end)
+    assert stats.passes.tolist() == [config.loop_num_passes if i in looped else 1 for i in stats.layers]
+    assert stats.passes.tolist() == [1, 2, 2, 1]
+    np.testing.assert_allclose(stats.prob_share.sum(axis=1), 1.0)
+    np.testing.assert_allclose(stats.mean_entropy, stats.entropy_sum / stats.routed_tokens)
+    path = stats.save(tmp_path / "stats.npz")
+    assert RoutingStats.load(path).passes.tolist() == [1, 2, 2, 1]
 
 
 @pytest.mark.parametrize(("impl", "source"), [("batched_mm", "captured"), ("eager", "recomputed")])
