@@ -232,7 +232,7 @@ def export_proxy(
 
     source = resolve_model(model)
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before loading anything
-    check_task_spec(tasks)
+    named_tasks = check_task_spec(tasks)  # a bad prompt file fails before anything loads
     if heal_steps < 0:
         raise MoescopeError(f"heal_steps={heal_steps} must be 0 (no healing) or a positive number of steps.")
     if streaming is None:
@@ -247,7 +247,7 @@ def export_proxy(
                 "healing needs the model in memory, which a streaming export avoids; export without "
                 "--streaming, or heal the streamed proxy later with moescope.healing.heal_proxy_dir."
             )
-        if tasks is not None:
+        if named_tasks is not None:
             raise MoescopeError(
                 "task accuracy needs the model in memory, which a streaming export avoids; export "
                 "without --streaming, or measure the streamed proxy later with "
@@ -257,7 +257,7 @@ def export_proxy(
         return export_streaming(source, out, keep=keep, selection=selection, progress=progress, **options)
     multimodal = is_multimodal(source)
     lm, tokenizer = load_model(model, dtype="auto")
-    if tasks is not None and tokenizer is None:
+    if named_tasks is not None and tokenizer is None:
         raise MoescopeError(
             f"task accuracy needs a tokenizer, and {source} holds none; save the model's tokenizer "
             "into that directory, or export without prompts."

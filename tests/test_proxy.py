@@ -247,6 +247,8 @@ def test_export_with_prompts_needs_a_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(MoescopeError, match="task accuracy needs a tokenizer"):
         export_proxy(source, tmp_path / "out", keep=4, method="random", tasks=prompts, progress=False)
     assert not (tmp_path / "out").exists()
+    no_tasks = export_proxy(source, tmp_path / "none", keep=4, method="random", tasks=(), progress=False)
+    assert not no_tasks.checklist[2].details["measured"]  # naming no task needs no tokenizer
 
 
 @pytest.mark.slow
