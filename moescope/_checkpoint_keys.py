@@ -91,19 +91,13 @@ def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKe
                 f"{tensor.key} is stored as {tensor.torch_dtype} but config.json says the weights are "
                 f"{dtype}; {_FIX}."
             )
-        if pattern is None:
+        converter = None if pattern is None else _converter(converters, pattern)
+        if converter is None or _interleaves_rows(converter):  # stored fused, in the parameter's shape
             _check_shape(tensor, tuple(param.shape))
             axis = expert_axis(param, moe.num_experts)
-            found[tensor.key] = ExpertKey(layer, target, name, axis=axis)
+            found[tensor.key] = ExpertKey(layer, target, name, axis=axis, interleaved=converter is not None)
         else:
-            converter = _converter(converters, pattern)
-            if _interleaves_rows(converter):
-                _check_shape(tensor, tuple(param.shape))
-                axis = expert_axis(param, moe.num_experts)
-                found[tensor.key] = ExpertKey(layer, target, name, axis=axis, interleaved=True)
-            else:
-                entry = ExpertKey(layer, target, name)
-                found[tensor.key] = _per_expert(tensor, entry, param, converter, pattern)
+            found[tensor.key] = _per_expert(tensor, ExpertKey(layer, target, name), param, converter, pattern)
     _check_complete(found, targets, moe.num_experts)
     _check_alike(found, {tensor.key: tensor for tensor in stored})
     return found

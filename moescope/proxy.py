@@ -243,15 +243,13 @@ def export_proxy(
         from moescope.streaming import export_streaming
 
         if heal_steps:
-            raise MoescopeError(
-                "healing needs the model in memory, which a streaming export avoids; export without "
-                "--streaming, or heal the streamed proxy later with moescope.healing.heal_proxy_dir."
+            raise _needs_memory(
+                "healing", "heal the streamed proxy later with moescope.healing.heal_proxy_dir"
             )
         if named_tasks is not None:
-            raise MoescopeError(
-                "task accuracy needs the model in memory, which a streaming export avoids; export "
-                "without --streaming, or measure the streamed proxy later with "
-                "moescope.fidelity.measure_fidelity(..., tasks=...)."
+            raise _needs_memory(
+                "task accuracy",
+                "measure the streamed proxy later with moescope.fidelity.measure_fidelity(..., tasks=...)",
             )
         options = dict(method=method, seed=seed, allow_top_k=allow_top_k, overwrite=overwrite)
         return export_streaming(source, out, keep=keep, selection=selection, progress=progress, **options)
@@ -301,6 +299,14 @@ def _write_multimodal(
     save_with_language_model(cut, proxy, work)
     copy_side_files(cut, work)
     shutil.rmtree(cut)
+
+
+def _needs_memory(what: str, later: str) -> MoescopeError:
+    """The one refusal of every in-memory step asked of a streaming export, with its later way."""
+    return MoescopeError(
+        f"{what} needs the model in memory, which a streaming export avoids; export without "
+        f"--streaming, or {later}."
+    )
 
 
 def _heal_and_assess(
