@@ -23,7 +23,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch
 
 from moescope.errors import MoescopeError
-from moescope.routing import calibration_batches, collect_routing, observe_routing
+from moescope.explore.routing import calibration_batches, collect_routing, observe_routing
 
 GOAL = 1.2
 
@@ -31,13 +31,13 @@ GOAL = 1.2
 def load_model() -> tuple[Any, Any, str]:
     """The toy model and tokenizer; a random model of the toy's shape when it is not built yet."""
     try:
-        from moescope.toy import load_toy
+        from moescope.models.toy import load_toy
 
         model, tokenizer = load_toy()
         return model, tokenizer, "toy model"
     except (MoescopeError, ImportError, OSError):
-        from moescope.toy.tokenizer import VOCAB_SIZE, build_tokenizer
-        from moescope.zoo import tiny
+        from moescope.models.toy.tokenizer import VOCAB_SIZE, build_tokenizer
+        from moescope.models.zoo import tiny
 
         shape = dict(num_hidden_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=2)
         shape.update(head_dim=32, num_local_experts=32, moe_intermediate_size=32, max_position_embeddings=64)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from moescope.charts import DEFAULT_METRICS, entropy_flow, routing_heatmap, trace_board
+from moescope.display.charts import DEFAULT_METRICS, entropy_flow, routing_heatmap, trace_board
 from moescope.traces import Trace
 
 STEPS = (1_000, 10_000, 100_000)
@@ -54,8 +54,8 @@ def routing_stats(n_layers: int = 58, n_experts: int = 256, top_k: int = 8) -> A
     """Routing statistics of a DeepSeek-V3-sized MoE: uneven loads, every other sum zero."""
     import torch
 
-    from moescope._routing_sums import RoutingSums
-    from moescope.routing import RoutingStats
+    from moescope.explore.routing import RoutingStats
+    from moescope.explore.routing_sums import RoutingSums
 
     rng = np.random.default_rng(0)
     shares = rng.dirichlet(np.full(n_experts, 0.6), size=n_layers)

@@ -18,7 +18,7 @@ import numpy as np
 from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics import pairwise_distances
 
-from moescope.clustering import ExpertClusterer
+from moescope.explore.clustering import ExpertClusterer
 
 
 def embeddings(layers: int, experts: int, dim: int, seed: int = 0) -> list[np.ndarray]:

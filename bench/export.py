@@ -11,9 +11,9 @@ a fresh process so that its peak resident memory is its own:
   I/O every export must do (read the checkpoint, write the proxy), for reference;
 * ``plain read``: the same bytes with plain sequential 16 MB reads, for reference (on this
   machine 2.5x slower than the floor);
-* ``streaming``: :func:`moescope.streaming.export_streaming` with a given selection;
+* ``streaming``: :func:`moescope.export.streaming.export.export_streaming` with a given selection;
 * ``streaming+cluster``: the same, choosing the experts by clustering the weight view in the pass;
-* ``in-memory``: the naive path, :func:`moescope.proxy.export_proxy` with ``streaming=False``
+* ``in-memory``: the naive path, :func:`moescope.export.pipeline.export_proxy` with ``streaming=False``
   (load the whole model, prune, ``save_pretrained``), with the same selection.
 
 The page cache of the shards is dropped before every run (``posix_fadvise(DONTNEED)`` after a
@@ -152,8 +152,8 @@ def drop_cache(path: Path) -> str:
 def child(run: str, source: Path, out: Path, selection: Path, keep: str, warm_gb: float) -> None:
     """One measured run; prints ``{"wall": s, "cpu": s, "peak": bytes}`` as its last line."""
     if run not in ("floor", "plain read"):  # import outside the timed part: every path pays it alike
-        from moescope.proxy import export_proxy
-        from moescope.streaming import export_streaming, open_checkpoint
+        from moescope.export.pipeline import export_proxy
+        from moescope.export.streaming.export import export_streaming, open_checkpoint
 
         open_checkpoint(source)
     proxy_size = proxy_bytes(source, selection) if run == "floor+write" else 0
@@ -216,9 +216,9 @@ def read_all(source: Path, ahead: bool) -> None:
 
 def proxy_bytes(source: Path, selection: Path) -> int:
     """Bytes of the proxy's tensors: what a streaming export of this selection writes."""
-    from moescope._stream_pass import plan_outputs
-    from moescope.clustering import Selection
-    from moescope.streaming import open_checkpoint
+    from moescope.explore.selection import Selection
+    from moescope.export.streaming.export import open_checkpoint
+    from moescope.export.streaming.passes import plan_outputs
 
     chosen = Selection.load(selection)
     return sum(o.out.nbytes for o in plan_outputs(open_checkpoint(source), chosen.keep, chosen))
@@ -274,8 +274,8 @@ def measure(run: str, source: Path, work: Path, selection: Path, keep: str, warm
 
 def make_selection(source: Path, path: Path, keep: str) -> None:
     """A random selection of the synthetic model, drawn from its config (no weight is read)."""
-    from moescope.clustering import select_experts
-    from moescope.streaming import open_checkpoint
+    from moescope.explore.clustering import select_experts
+    from moescope.export.streaming.export import open_checkpoint
 
     select_experts(open_checkpoint(source).moe, keep, method="random").save(path)
 

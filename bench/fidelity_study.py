@@ -4,7 +4,7 @@ For keep in {1/2, 1/4, 1/8} x selection in {cluster (multi-view), frequency, REA
 seed, a proxy of the toy is exported; then the toy and every proxy replay the same short GRPO
 run — healthy, and under each injected fault — with the same data, sampling seeds and
 precision. Each proxy trace is compared with the toy's trace of the same fault and seed
-(:func:`moescope.verdict.compare`): which findings it reproduces and how close their onsets are,
+(:func:`moescope.analyze.verdict.compare`): which findings it reproduces and how close their onsets are,
 and how well the loss, grad-norm, entropy, reward and KL curves agree. It also records each
 proxy's capability (held-out greedy accuracy relative to the toy) and measured step time.
 
@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from moescope.study import (
+from moescope.export.study import (
     CURVE_METRICS,
     STUDY_FILE,
     healing_effect,
@@ -95,8 +95,8 @@ def _export(job: tuple[str, str, int, str, int]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    from moescope._validity import CAPABILITY
-    from moescope.proxy import export_proxy
+    from moescope.export.fidelity.validity import CAPABILITY
+    from moescope.export.pipeline import export_proxy
 
     keep, method, seed, out, heal_steps = job
     result = export_proxy(
@@ -125,8 +125,8 @@ def run(
     faults: tuple[str, ...] = tuple(FAULTS),
     heal_steps: int = 0,
 ) -> dict[str, Any]:
+    from moescope.analyze.verdict import compare
     from moescope.traces import read_trace
-    from moescope.verdict import compare
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="moescope-study-"))
@@ -282,7 +282,7 @@ def healing_lines(unhealed: dict[str, Any], healed: dict[str, Any]) -> list[str]
 def cost_lines(table: Any, keeps: tuple[str, ...]) -> list[str]:
     """What each keep ratio costs: devices from the cost model for published models, and the
     proxies' measured step time on the toy (mean over methods)."""
-    from moescope.cost import reference_table
+    from moescope.export.cost.model import reference_table
 
     ref = reference_table()
     models = ("DeepSeek-V3", "Kimi-K2", "Qwen3-235B-A22B")
@@ -310,7 +310,7 @@ def write_chart(result: dict[str, Any], path: Path) -> None:
     """The study chart as a standalone SVG (vl-convert, offline)."""
     import vl_convert
 
-    from moescope.charts import study_chart
+    from moescope.display.charts import study_chart
 
     path.write_text(vl_convert.vegalite_to_svg(study_chart(study_summary(study_frame(result))).to_dict()))
 

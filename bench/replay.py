@@ -140,7 +140,7 @@ class _RssSampler:
 
 
 def proxies(steps: int) -> list[dict[str, Any]]:
-    from moescope.proxy import export_proxy
+    from moescope.export.pipeline import export_proxy
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

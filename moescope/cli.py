@@ -16,14 +16,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from moescope import __version__
+from moescope._version import __version__
 from moescope.errors import MoescopeError
 
 DEMO_DIR = Path("moescope-demo")
 
 
 def cmd_toy(args: argparse.Namespace) -> int:
-    from moescope.toy import toy_path, write_toy
+    from moescope.models.toy import toy_path, write_toy
 
     path = write_toy(args.out, overwrite=args.overwrite) if args.out else toy_path()
     print(path)
@@ -31,7 +31,7 @@ def cmd_toy(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from moescope.summary import summarize
+    from moescope.models.summary import summarize
 
     summary = summarize(args.model)
     print(json.dumps(summary.to_dict(), indent=2) if args.json else summary.text())
@@ -41,7 +41,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_cost(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from moescope.cost import DEFAULT_KEEPS, TrainingMemory, cost_json, cost_table, cost_text, reference_table
+    from moescope.export.cost.model import (
+        DEFAULT_KEEPS,
+        TrainingMemory,
+        cost_json,
+        cost_table,
+        cost_text,
+        reference_table,
+    )
 
     if args.model is None and not args.reference:
         raise MoescopeError("give a MODEL (checkpoint directory, config.json or 'toy'), or --reference.")
@@ -61,7 +68,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from moescope.proxy import export_proxy
+    from moescope.export.pipeline import export_proxy
 
     result = export_proxy(
         args.model,
@@ -149,10 +156,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from moescope.diagnosis import diagnose
-    from moescope.readers import read_log
+    from moescope.analyze.diagnosis import diagnose
+    from moescope.analyze.readers import read_log
+    from moescope.analyze.verdict import compare
     from moescope.traces import json_value
-    from moescope.verdict import compare
 
     trace = read_log(args.trace, format=args.format)
     findings = diagnose(trace)
@@ -187,13 +194,13 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def _read_replay_config(path: Path) -> dict:
-    from moescope._io import read_json_object
+    from moescope._util.io import read_json_object
 
     return read_json_object(path, 'pass a JSON object of ReplayConfig fields, e.g. {"steps": 10}')
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from moescope.report import run_report
+    from moescope.report.pipeline import run_report
 
     report = run_report(args.model, args.out, overwrite=args.overwrite, progress=sys.stderr.isatty())
     print(f"report: {report.index_html}")
@@ -201,7 +208,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from moescope.report import run_report
+    from moescope.report.pipeline import run_report
 
     report = run_report("toy", args.out, overwrite=True, progress=sys.stderr.isatty())
     print(f"demo report: {report.index_html.resolve()}")
@@ -231,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("model", metavar="MODEL", help=model_help)
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
 
-    from moescope.cost import ROUNDINGS
+    from moescope.export.cost.model import ROUNDINGS
 
     cost = add("cost", cmd_cost, "accelerators to RL-train the full model vs its proxies, and the reduction")
     cost.add_argument("model", nargs="?", metavar="MODEL|CONFIG.json", help=model_help + ", or a config.json")

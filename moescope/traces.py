@@ -3,7 +3,7 @@
 Line 1 is the header ``{"kind": "header", ...}``: schema version, model, the proxy manifest if
 the model is a proxy, the full replay config, seed, faults and library versions. Every other
 line is ``{"kind": "step", "step": N, ...}`` with the canonical metric keys of
-:mod:`moescope._schema` plus arrays (per-layer expert load, token-entropy summary, per-group
+:mod:`moescope.schema` plus arrays (per-layer expert load, token-entropy summary, per-group
 gradient norms).
 
 Non-finite floats are written as ``NaN``, ``Infinity`` and ``-Infinity`` — the tokens Python's
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from moescope._schema import SCHEMA_VERSION, STEP
 from moescope.errors import MoescopeError
+from moescope.schema import SCHEMA_VERSION, STEP
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -153,7 +153,7 @@ def read_trace(path: str | Path) -> Trace:
     header = _parse(lines[0])
     if header is None or header.get("format") != TRACE_KIND:
         raise MoescopeError(
-            f"{path} is not a moescope trace (no header line); read it with moescope.readers."
+            f"{path} is not a moescope trace (no header line); read it with moescope.analyze.readers."
         )
     steps, notes = [], []
     for number, line in enumerate(lines[1:], start=2):

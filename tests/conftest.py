@@ -20,7 +20,7 @@ warnings.filterwarnings("ignore", module="transformers")
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
     """Save a tiny model of an architecture once per session; returns a factory ``arch -> Path``."""
-    from moescope.zoo import tiny
+    from moescope.models.zoo import tiny
 
     cache: dict[tuple[str, bool], object] = {}
 
@@ -60,10 +60,10 @@ def explore_results():
 
     import numpy as np
 
-    from moescope.clustering import select_experts
-    from moescope.embeddings import embed_experts
-    from moescope.routing import collect_routing
-    from moescope.zoo import tiny
+    from moescope.explore.clustering import select_experts
+    from moescope.explore.embeddings import embed_experts
+    from moescope.explore.routing import collect_routing
+    from moescope.models.zoo import tiny
 
     model = tiny("qwen3_moe", num_local_experts=16)
     ids = torch.randint(3, 128, (8, 32), generator=torch.Generator().manual_seed(0))
@@ -93,7 +93,7 @@ def _routing_stats_from_counts(counts, layers=None, top_k: int = 2):
     """A ``RoutingStats`` whose ``(L, E)`` routed-slot ``counts`` are given (other sums made up)."""
     import numpy as np
 
-    from moescope.routing import RoutingStats
+    from moescope.explore.routing import RoutingStats
 
     counts = np.asarray(counts, dtype=np.int64)
     n_layers, n_experts = counts.shape

@@ -7,7 +7,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from moescope.arch import (
+from moescope.errors import UnsupportedArchitectureError
+from moescope.models.arch import (
     ARCHITECTURES,
     adapt,
     config_value,
@@ -15,8 +16,7 @@ from moescope.arch import (
     spec_for,
     supported_architectures,
 )
-from moescope.errors import UnsupportedArchitectureError
-from moescope.zoo import TINY_ARCHS, tiny, tiny_config
+from moescope.models.zoo import TINY_ARCHS, tiny, tiny_config
 
 
 def _with_random_biases(model: torch.nn.Module) -> torch.nn.Module:
@@ -41,7 +41,7 @@ def _assert_inputs_exercise(layer, logits: torch.Tensor) -> None:
     the routing, so a table row that forgot either could not pass."""
     import dataclasses
 
-    from moescope.routers import route
+    from moescope.models.routers import route
 
     _, index = route(logits, layer.rule, layer.correction_bias)
     if layer.rule.grouped:

@@ -96,7 +96,7 @@ TRACE_BOARD = ".moescope-trace-board"
 ENTROPY_FLOW = ".moescope-entropy-flow"
 TRACE_NOTEBOOK = "trace_widgets.ipynb"
 
-# The trace widgets draw on a canvas (see moescope.widgets.TRACE_EMBED_OPTIONS): per colour
+# The trace widgets draw on a canvas (see moescope.display.widgets.TRACE_EMBED_OPTIONS): per colour
 # ("#rrggbb"), how many of its pixels are near it, and a checksum of the whole image.
 _CANVAS = """(widget, colours) => {
   const canvas = widget.querySelector('.vega-embed canvas');
@@ -123,7 +123,7 @@ _FIRST_PANEL = (170, 170)
 def test_trace_widgets_in_jupyterlab(lab_page: LabPage, toy_trace, tmp_path: Path) -> None:
     """TraceBoard and EntropyFlow of a real replay drawn offline: both traces and the findings
     show, the wheel zooms the steps, the step-range slider redraws."""
-    from moescope.charts import MODEL_COLOURS, NONFINITE_COLOUR
+    from moescope.display.charts import MODEL_COLOURS, NONFINITE_COLOUR
 
     timings = _Stopwatch()
     nbformat.write(_trace_notebook(toy_trace.path), lab_page.lab.root / TRACE_NOTEBOOK)
@@ -166,10 +166,10 @@ def test_trace_widgets_in_jupyterlab(lab_page: LabPage, toy_trace, tmp_path: Pat
 def test_report_page_trace_charts_and_widgets_offline(toy_trace, chromium: str, tmp_path: Path) -> None:
     """A report page with a trace board chart, whose wheel zoom moves every panel without a
     kernel, and TraceBoard and EntropyFlow widgets drawn from saved state."""
-    from moescope._html import notebook_html
-    from moescope._notebook import chart_mimebundle
-    from moescope.charts import MODEL_COLOURS, NONFINITE_COLOUR, trace_board
-    from moescope.widgets import EntropyFlow, TraceBoard
+    from moescope.display.charts import MODEL_COLOURS, NONFINITE_COLOUR, trace_board
+    from moescope.display.notebook import chart_mimebundle
+    from moescope.display.widgets import EntropyFlow, TraceBoard
+    from moescope.report.html import notebook_html
 
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("trace_board(trace)")
@@ -212,9 +212,9 @@ def _trace_notebook(trace_path: Path) -> nbformat.NotebookNode:
     """Both trace widgets of a replay trace, with a proxy overlay made from its first steps."""
     cells = [
         "import moescope\n"
-        "from moescope.findings import Finding\n"
+        "from moescope.analyze.findings import Finding\n"
         "from moescope.traces import Trace, read_trace\n"
-        "from moescope.widgets import EntropyFlow, TraceBoard\n"
+        "from moescope.display.widgets import EntropyFlow, TraceBoard\n"
         "moescope.setup_notebook()",
         f"trace = read_trace({str(trace_path)!r})\n"
         "proxy = Trace({**trace.header, 'proxy': {'keep': 0.5}}, trace.steps[:5])\n"
@@ -230,10 +230,10 @@ def _trace_notebook(trace_path: Path) -> nbformat.NotebookNode:
 
 def _report_page(results) -> str:
     """The offline HTML of a notebook showing the all-layer expert map and histogram and an ExpertMap."""
-    from moescope._html import notebook_html
-    from moescope._notebook import chart_mimebundle
-    from moescope.charts import expert_map, routing_histogram
-    from moescope.widgets import ExpertMap
+    from moescope.display.charts import expert_map, routing_histogram
+    from moescope.display.notebook import chart_mimebundle
+    from moescope.display.widgets import ExpertMap
+    from moescope.report.html import notebook_html
 
     nb = nbformat.v4.new_notebook()
     for chart in (
@@ -253,7 +253,7 @@ def _show_saved_widgets(nb: nbformat.NotebookNode, widgets: dict[str, Any]) -> N
     """Append a cell per widget (source → widget) showing it from saved state, as papermill leaves it."""
     import ipywidgets.embed
 
-    from moescope._html import WIDGET_STATE_MIME
+    from moescope.report.html import WIDGET_STATE_MIME
 
     views = list(widgets.values())
     state = ipywidgets.embed.dependency_state(views, drop_defaults=False)

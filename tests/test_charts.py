@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from moescope import charts
-from moescope.charts import expert_map, routing_heatmap, routing_histogram
+from moescope.display import charts
+from moescope.display.charts import expert_map, routing_heatmap, routing_histogram
 from moescope.errors import MoescopeError
 
 
@@ -104,7 +104,7 @@ def test_layers_every_other_step_or_uneven(explore_results) -> None:
 
 
 def test_baseline_selections_show_unclustered_experts_grey(explore_results) -> None:
-    from moescope.clustering import select_experts
+    from moescope.explore.clustering import select_experts
 
     r = explore_results
     frequency = select_experts(r.embeddings, 4, method="frequency", stats=r.stats)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from moescope.arch import ARCHITECTURES
 from moescope.cli import main
-from moescope.zoo import TINY_ARCHS, tiny_config
+from moescope.models.arch import ARCHITECTURES
+from moescope.models.zoo import TINY_ARCHS, tiny_config
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)

@@ -11,16 +11,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from planted import plant_prototypes
 from sklearn.metrics import adjusted_rand_score
 from sklearn.utils.estimator_checks import check_estimator
 
-from moescope._planted import plant_prototypes
-from moescope.arch import adapt, spec_for
-from moescope.clustering import ExpertClusterer, LayerSelection, Selection, parse_keep, select_experts
-from moescope.embeddings import ExpertEmbeddings, embed_experts
 from moescope.errors import MoescopeError
+from moescope.explore.clustering import ExpertClusterer, select_experts
+from moescope.explore.embeddings import ExpertEmbeddings, embed_experts
+from moescope.explore.selection import LayerSelection, Selection
+from moescope.keep import parse_keep
+from moescope.models.arch import adapt, spec_for
+from moescope.models.zoo import TINY_ARCHS, tiny
 from moescope.provenance import config_hash
-from moescope.zoo import TINY_ARCHS, tiny
 
 
 def _planted(arch: str, experts: int, prototypes: int, *, groups: int = 1, seed: int = 0):
@@ -313,7 +315,7 @@ def test_a_damaged_selection_file_is_refused(tmp_path) -> None:
 
 
 def test_real_routing_statistics_drive_the_baselines() -> None:
-    from moescope.routing import collect_routing
+    from moescope.explore.routing import collect_routing
 
     model = tiny("qwen2_moe")
     ids = torch.randint(3, 128, (4, 32), generator=torch.Generator().manual_seed(0))
@@ -334,7 +336,7 @@ def test_one_thread_also_for_libraries_loaded_after_the_first_limit() -> None:
         """
         import json
         from threadpoolctl import threadpool_info
-        from moescope._threads import single_threaded
+        from moescope._util.threads import single_threaded
         with single_threaded():
             pass
         import scipy.linalg, sklearn.cluster  # new thread pools, loaded after the first limit

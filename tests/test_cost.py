@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from moescope.arch import ARCHITECTURES
 from moescope.cli import main
-from moescope.cost import (
+from moescope.errors import MoescopeError
+from moescope.export.cost.model import (
     GB,
     PROXY_NOTE,
     STATES,
@@ -25,8 +25,8 @@ from moescope.cost import (
     reference_models,
     reference_table,
 )
-from moescope.errors import MoescopeError
-from moescope.zoo import TINY_ARCHS, tiny_config
+from moescope.models.arch import ARCHITECTURES
+from moescope.models.zoo import TINY_ARCHS, tiny_config
 
 REFERENCE = {shape.name: shape for shape in reference_models()}
 PARAM_FIELDS = ("params_total", "params_routed", "params_shared", "params_backbone", "params_router")

@@ -9,10 +9,10 @@ import pytest
 from cli_process import moescope_process
 
 import moescope
-from moescope.diagnosis import diagnose
+from moescope.analyze.diagnosis import diagnose
+from moescope.analyze.verdict import compare
 from moescope.replay import ReplayConfig
 from moescope.traces import Trace
-from moescope.verdict import compare
 
 BASE = {"steps": 12, "prompts_per_step": 4, "group_size": 8, "tasks": ("add2", "add3")}
 
@@ -86,7 +86,7 @@ def test_compare_a_trace_with_itself_and_with_a_healthy_run(replays):
 
 
 def test_a_proxy_reproduces_the_lr_spike(tmp_path, replays):
-    from moescope.proxy import export_proxy
+    from moescope.export.pipeline import export_proxy
 
     proxy = export_proxy("toy", tmp_path / "p", keep="1/2", method="frequency", n_tokens=2000, progress=False,
                          fidelity=False).path  # fmt: skip

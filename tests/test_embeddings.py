@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from moescope.arch import adapt
-from moescope.clustering import ExpertClusterer
-from moescope.embeddings import (
+from moescope.errors import MoescopeError
+from moescope.explore.clustering import ExpertClusterer
+from moescope.explore.embeddings import (
     PROBE_SHAPE,
     VIEWS,
     ExpertEmbeddings,
@@ -19,9 +19,9 @@ from moescope.embeddings import (
     principal_coordinates,
     probe_hidden_states,
 )
-from moescope.errors import MoescopeError
+from moescope.models.arch import adapt
+from moescope.models.zoo import tiny
 from moescope.provenance import config_hash
-from moescope.zoo import tiny
 
 
 def _coactivation_stats(model, blocks: int) -> SimpleNamespace:

@@ -6,9 +6,15 @@ import pytest
 import torch
 
 from moescope.errors import MoescopeError
-from moescope.evaluation import TaskAccuracy, TaskResult, decode_completions, evaluate_tasks, generate_answers
-from moescope.tasks import heldout, score
-from moescope.toy import load_toy
+from moescope.models.evaluation import (
+    TaskAccuracy,
+    TaskResult,
+    decode_completions,
+    evaluate_tasks,
+    generate_answers,
+)
+from moescope.models.tasks import heldout, score
+from moescope.models.toy import load_toy
 
 
 @pytest.fixture(scope="module")

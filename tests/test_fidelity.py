@@ -8,11 +8,10 @@ import json
 import pytest
 import torch
 
-from moescope.arch import adapt
-from moescope.clustering import parse_keep, select_experts
 from moescope.errors import MoescopeError
-from moescope.evaluation import evaluate_tasks
-from moescope.fidelity import (
+from moescope.explore.clustering import select_experts
+from moescope.explore.routing import collect_routing
+from moescope.export.fidelity.measure import (
     BACKBONE,
     CAPABILITY,
     ROUTING,
@@ -21,11 +20,15 @@ from moescope.fidelity import (
     record_in_manifest,
     validity_checklist,
 )
-from moescope.proxy import build_proxy, export_proxy, read_manifest
-from moescope.routing import collect_routing
-from moescope.tasks import heldout
-from moescope.toy import load_toy
-from moescope.zoo import TINY_ARCHS, tiny
+from moescope.export.manifest import read_manifest
+from moescope.export.pipeline import export_proxy
+from moescope.export.surgery import build_proxy
+from moescope.keep import parse_keep
+from moescope.models.arch import adapt
+from moescope.models.evaluation import evaluate_tasks
+from moescope.models.tasks import heldout
+from moescope.models.toy import load_toy
+from moescope.models.zoo import TINY_ARCHS, tiny
 
 FAST = {"n_tokens": 512, "tasks": ()}  # no generation: the next-token figures only
 

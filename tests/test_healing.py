@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moescope.arch import adapt
-from moescope.clustering import select_experts
 from moescope.errors import MoescopeError
-from moescope.fidelity import Fidelity, validity_checklist
-from moescope.healing import HealingReport, heal, heal_proxy_dir, trainable_tensors
-from moescope.proxy import build_proxy, expert_state_keys, export_proxy, read_manifest
-from moescope.toy import load_toy
+from moescope.explore.clustering import select_experts
+from moescope.export.fidelity.measure import Fidelity, validity_checklist
+from moescope.export.healing import HealingReport, heal, heal_proxy_dir, trainable_tensors
+from moescope.export.manifest import read_manifest
+from moescope.export.pipeline import export_proxy
+from moescope.export.surgery import build_proxy, expert_state_keys
+from moescope.models.arch import adapt
+from moescope.models.toy import load_toy
 
 SHORT = {"steps": 6, "batch_size": 16, "heldout_tokens": 1024, "tasks": ()}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moescope.errors import ModelLoadError, UnsupportedArchitectureError
-from moescope.loading import load_config, load_model, resolve_model
+from moescope.models.loading import load_config, load_model, resolve_model
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -90,7 +90,7 @@ def test_weights_that_contradict_the_config(tmp_path: Path, tiny_checkpoint) -> 
 def test_loads_both_checkpoint_layouts(fused: bool, tiny_checkpoint) -> None:
     import torch
 
-    from moescope.zoo import tiny
+    from moescope.models.zoo import tiny
 
     model, tokenizer = load_model(tiny_checkpoint("olmoe", fused=fused))
     assert tokenizer is None and not model.training

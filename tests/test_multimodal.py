@@ -12,13 +12,14 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-from moescope._checkpoint import open_checkpoint
-from moescope.arch import language_config, spec_for
 from moescope.errors import UnsupportedArchitectureError
-from moescope.loading import load_model
-from moescope.proxy import build_proxy, export_proxy
-from moescope.streaming import language_section
-from moescope.zoo import TINY_MULTIMODAL, tiny_multimodal
+from moescope.export.pipeline import export_proxy
+from moescope.export.streaming.checkpoint import open_checkpoint
+from moescope.export.streaming.export import language_section
+from moescope.export.surgery import build_proxy
+from moescope.models.arch import language_config, spec_for
+from moescope.models.loading import load_model
+from moescope.models.zoo import TINY_MULTIMODAL, tiny_multimodal
 
 
 @pytest.fixture(scope="module", params=TINY_MULTIMODAL)
@@ -93,7 +94,7 @@ def _assert_healed_whole(source: Path, proxy_dir: Path, unhealed: dict[str, torc
 
 
 def test_healing_a_multimodal_proxy_keeps_its_vision_tower(source: Path, tmp_path: Path) -> None:
-    from moescope.healing import heal_proxy_dir
+    from moescope.export.healing import heal_proxy_dir
 
     options = dict(keep="1/2", fidelity=False, progress=False)
     healed = export_proxy(source, tmp_path / "healed", streaming=False, heal_steps=3, **options)
@@ -138,7 +139,7 @@ def test_a_multimodal_checkpoint_transformers_loads_no_language_model_from_is_re
 
 
 def test_inspect_says_it_describes_the_language_model_of_a_multimodal_checkpoint(source: Path) -> None:
-    from moescope.summary import summarize
+    from moescope.models.summary import summarize
 
     summary = summarize(source)
     assert summary.model_type == language_config(AutoConfig.from_pretrained(source)).model_type

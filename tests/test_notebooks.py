@@ -14,7 +14,7 @@ import nbformat
 import papermill
 import pytest
 
-from moescope.report import default_notebooks
+from moescope.report.pipeline import default_notebooks
 
 NOTEBOOKS = default_notebooks()
 PIPELINE_PARAMETERS = {"model": "str", "output_dir": "str"}

@@ -62,7 +62,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 
 def test_readme_lists_every_supported_architecture() -> None:
-    from moescope.arch import supported_architectures
+    from moescope.models.arch import supported_architectures
 
     readme = (ROOT / "README.md").read_text()
     missing = [arch for arch in supported_architectures() if f"`{arch}`" not in readme]

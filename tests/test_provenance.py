@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from moescope.models.zoo import tiny, tiny_config
 from moescope.provenance import config_hash, library_versions
-from moescope.zoo import tiny, tiny_config
 
 
 def test_hash_survives_save_and_reload(tmp_path: Path) -> None:

@@ -9,19 +9,14 @@ import pytest
 import torch
 from cli_process import moescope_process
 
-from moescope.arch import ARCHITECTURES, adapt, config_value
-from moescope.clustering import select_experts
 from moescope.errors import MoescopeError
+from moescope.explore.clustering import select_experts
+from moescope.export.manifest import MANIFEST, read_manifest
+from moescope.export.pipeline import export_proxy
+from moescope.export.surgery import build_proxy, expert_state_keys, weight_semantics
 from moescope.keep import parse_keep
-from moescope.proxy import (
-    MANIFEST,
-    build_proxy,
-    expert_state_keys,
-    export_proxy,
-    read_manifest,
-    weight_semantics,
-)
-from moescope.zoo import TINY_ARCHS, tiny
+from moescope.models.arch import ARCHITECTURES, adapt, config_value
+from moescope.models.zoo import TINY_ARCHS, tiny
 
 
 def _half(model) -> int:
@@ -214,7 +209,7 @@ def test_cli_export_reloads_and_bad_input_exits_2(tmp_path: Path) -> None:
 def test_cli_export_measures_task_capability_on_a_prompt_file(tmp_path: Path) -> None:
     """``--prompts``: the checklist's task capability compares accuracy on the user's prompts;
     a missing file, or prompts with a streaming export, fail before anything is written."""
-    from moescope.tasks import heldout
+    from moescope.models.tasks import heldout
 
     prompts = tmp_path / "sums.jsonl"
     prompts.write_text(

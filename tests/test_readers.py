@@ -1,4 +1,4 @@
-"""moescope.readers: every format read from realistic pastes, the key map, detection, bad input, fuzz."""
+"""Readers: every format read from realistic pastes, the key map, detection, bad input, fuzz."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moescope import _schema as S
+from moescope import schema as S
+from moescope.analyze.readers import FORMATS, KEY_MAP, detect_format, keymap, read_log
+from moescope.analyze.readers._text import parse_number
 from moescope.errors import MoescopeError
-from moescope.readers import FORMATS, KEY_MAP, detect_format, keymap, read_log
-from moescope.readers._text import parse_number
 from moescope.traces import Trace, TraceWriter
 
 LOGS = Path(__file__).parent / "data" / "logs"

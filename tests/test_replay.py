@@ -39,7 +39,7 @@ def test_trace_header_and_step_records(healthy):
     assert {"torch", "transformers"} <= set(h["versions"])
     assert [s["step"] for s in healthy.steps] == [0, 1, 2, 3, 4]
     step = healthy.steps[1]
-    for key in moescope._schema.CANONICAL_METRICS:
+    for key in moescope.schema.CANONICAL_METRICS:
         assert key in step, key
     load = step["moe/expert_load"]
     assert len(load) == 4 and all(
@@ -225,7 +225,7 @@ def test_gepo_runs_and_differs_from_grpo_only_in_advantages(tmp_path, healthy):
     "arch", ["mixtral", "deepseek_v3", "gpt_oss", "dbrx", "laguna", "inkling2_loop_text"]
 )
 def test_other_architectures_replay_with_the_toy_tokenizer(tmp_path, arch):
-    from moescope.zoo import tiny
+    from moescope.models.zoo import tiny
 
     _, tok = moescope.load_model("toy")
     model = tiny(arch, vocab_size=len(tok))

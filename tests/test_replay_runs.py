@@ -17,7 +17,7 @@ from cli_process import moescope_process
 
 import moescope
 from moescope.errors import MoescopeError
-from moescope.looping import apply_loop
+from moescope.models.looping import apply_loop
 from moescope.replay import ReplayConfig
 from moescope.replay.trainer import TIMING_KEYS
 from moescope.traces import read_trace
@@ -147,7 +147,7 @@ def test_a_raising_reward_stops_with_the_finished_steps_kept(tmp_path):
 
 
 def test_replay_on_an_exported_proxy_records_its_manifest(tmp_path):
-    from moescope.proxy import export_proxy
+    from moescope.export.pipeline import export_proxy
 
     proxy = export_proxy("toy", tmp_path / "proxy", keep="1/2", method="frequency", n_tokens=2000,
                          progress=False, fidelity=False).path  # fmt: skip
@@ -175,7 +175,7 @@ def test_a_looped_model_shares_weights_and_generates_like_without_cache():
 
 
 def test_a_proxy_of_a_looped_model_keeps_its_loop_count(tmp_path):
-    from moescope.proxy import export_proxy
+    from moescope.export.pipeline import export_proxy
 
     looped = tmp_path / "looped"
     model, tok = moescope.load_model("toy")

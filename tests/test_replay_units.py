@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.models.tasks import Example
 from moescope.replay.advantages import advantages, group_entropy, grpo_advantages
 from moescope.replay.config import ReplayConfig
 from moescope.replay.data import prompt_schedule
 from moescope.replay.faults import KINDS, FaultPlan, parse_fault
 from moescope.replay.losses import k3_kl, ppo_clip
 from moescope.replay.rewards import numeric, regex, reward_function, score_all
-from moescope.tasks import Example
 
 EASY = [1.0] * 7 + [0.0]  # p = 7/8
 HARD = [1.0] + [0.0] * 7  # p = 1/8

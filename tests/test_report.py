@@ -15,12 +15,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from moescope import report as report_mod
-from moescope._html import notebook_html
-from moescope._notebook import chart_mimebundle
 from moescope.cli import main
+from moescope.display.notebook import chart_mimebundle
 from moescope.errors import MoescopeError
-from moescope.report import run_report
+from moescope.report import pipeline as report_mod
+from moescope.report.html import notebook_html
+from moescope.report.pipeline import run_report
 from moescope.traces import read_trace
 
 # Loading anything from the network: a script or stylesheet with a remote URL, or a CDN host.
@@ -33,7 +33,7 @@ FIRST = """\
 import sys
 from pathlib import Path
 import ipywidgets
-from moescope._notebook import setup_notebook
+from moescope.display.notebook import setup_notebook
 setup_notebook()
 import altair as alt
 out = Path(output_dir)

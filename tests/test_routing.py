@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from moescope.arch import adapt
 from moescope.errors import MoescopeError
-from moescope.routing import (
+from moescope.explore.routing import (
     RoutingObserver,
     RoutingStats,
     calibration_batches,
     collect_routing,
     observe_routing,
 )
-from moescope.zoo import TINY_ARCHS, tiny, tiny_config
+from moescope.models.arch import adapt
+from moescope.models.zoo import TINY_ARCHS, tiny, tiny_config
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -167,7 +167,7 @@ def test_saliency_holds_for_every_experts_implementation(impl: str, source: str)
 
 
 def test_saliency_is_captured_without_recomputing_experts(monkeypatch) -> None:
-    from moescope.arch import MoELayer
+    from moescope.models.arch import MoELayer
 
     model, calls = _model("qwen3_moe"), []
     original = MoELayer.expert_forward
@@ -282,8 +282,8 @@ def test_text_and_jsonl_files_are_batched_to_the_budget(tmp_path) -> None:
 
 
 def test_task_suite_source_feeds_prompt_and_answer() -> None:
-    from moescope.tasks import TASK_FAMILIES, make_examples
-    from moescope.toy.tokenizer import build_tokenizer
+    from moescope.models.tasks import TASK_FAMILIES, make_examples
+    from moescope.models.toy.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     batches = list(calibration_batches("tasks", tok, n_tokens=400, batch_size=8, seq_len=64, seed=3))

@@ -16,16 +16,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from moescope.arch import adapt, set_config_value, spec_for
-from moescope.clustering import select_experts
-from moescope.embeddings import embed_experts
 from moescope.errors import MoescopeError, UnsupportedArchitectureError
+from moescope.explore.clustering import select_experts
+from moescope.explore.embeddings import embed_experts
+from moescope.export.pipeline import export_proxy
+from moescope.export.streaming.export import embed_checkpoint, export_streaming, needs_streaming
 from moescope.keep import parse_keep
-from moescope.loading import INDEX_FILE
+from moescope.models.arch import adapt, set_config_value, spec_for
+from moescope.models.loading import INDEX_FILE
+from moescope.models.zoo import tiny
 from moescope.provenance import config_hash
-from moescope.proxy import export_proxy
-from moescope.streaming import embed_checkpoint, export_streaming, needs_streaming
-from moescope.zoo import tiny
 
 # Mixtral's block_sparse_moe names, Qwen3's gate/up/down, DeepSeek-V3's correction bias, dense
 # first layer and grouped routing, GPT-OSS's transposed interleaved experts with biases, ERNIE's
@@ -205,7 +205,7 @@ def test_prefetch_asks_one_readahead_window_at_a_time(tmp_path: Path, monkeypatc
     start. The advice covers every byte, in pieces no larger than a window."""
     import os
 
-    from moescope._shards import PREFETCH_PIECE, ShardReader, StoredTensor
+    from moescope.export.streaming.shards import PREFETCH_PIECE, ShardReader, StoredTensor
 
     file = tmp_path / "blob"
     file.write_bytes(bytes(8))
@@ -243,7 +243,7 @@ def test_without_the_kernel_advice_of_linux_the_pass_still_writes_the_proxy(
 def test_a_failed_write_stops_the_pass_and_leaves_nothing(
     method: str, sharded, tmp_path: Path, monkeypatch
 ) -> None:
-    import moescope._shards as shards
+    import moescope.export.streaming.shards as shards
 
     real, calls = shards._write_all, []
 
@@ -409,7 +409,7 @@ def test_bad_requests_are_refused_before_anything_is_written(sharded, tmp_path: 
 def test_export_streams_when_the_model_would_not_fit(sharded, tmp_path: Path, monkeypatch) -> None:
     from transformers import AutoConfig
 
-    import moescope.streaming as streaming
+    import moescope.export.streaming.export as streaming
 
     source = sharded("qwen3_moe")
     weights = sum(f.stat().st_size for f in source.glob("*.safetensors"))
@@ -431,8 +431,8 @@ _MEASURE = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    import moescope._shards as shards
-    from moescope.streaming import export_streaming, open_checkpoint
+    import moescope.export.streaming.shards as shards
+    from moescope.export.streaming.export import export_streaming, open_checkpoint
 
     def status(field):
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -466,7 +466,7 @@ def _random_checkpoint(path: Path, arch: str, **shape) -> None:
     """A checkpoint of random weights, written without the slow initialisation of a real model."""
     from transformers import AutoModelForCausalLM
 
-    from moescope.zoo import tiny_config
+    from moescope.models.zoo import tiny_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(tiny_config(arch, **shape))
@@ -484,7 +484,7 @@ def test_peak_memory_is_one_layer_of_experts_not_the_model(tmp_path: Path) -> No
     """Peak resident memory of real exports in a fresh process, on a checkpoint of 16 layers
     whose experts are 97% of the weights: a copy buffer, plus one layer's experts when clustering,
     even when the writes lag behind the sketching."""
-    from moescope._shards import COPY_CHUNK
+    from moescope.export.streaming.shards import COPY_CHUNK
 
     source = tmp_path / "src"
     _random_checkpoint(

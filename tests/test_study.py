@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from moescope.charts import study_chart
+from moescope.display.charts import study_chart
 from moescope.errors import MoescopeError
-from moescope.study import HEALED_STUDY_FILE, healing_effect, read_study, study_frame, study_summary
+from moescope.export.study import HEALED_STUDY_FILE, healing_effect, read_study, study_frame, study_summary
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

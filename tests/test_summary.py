@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from moescope.arch import adapt
-from moescope.summary import summarize
-from moescope.zoo import tiny
+from moescope.models.arch import adapt
+from moescope.models.summary import summarize
+from moescope.models.zoo import tiny
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss", "granitemoeshared"])

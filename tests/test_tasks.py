@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from moescope import tasks
 from moescope.errors import MoescopeError
-from moescope.tasks import ALPHABET, HELDOUT_MAX, TASK_FAMILIES, Example, heldout, make_examples, score
+from moescope.models import tasks
+from moescope.models.tasks import ALPHABET, HELDOUT_MAX, TASK_FAMILIES, Example, heldout, make_examples, score
 
 
 @pytest.mark.parametrize("task", TASK_FAMILIES)
@@ -80,5 +80,5 @@ def test_unknown_task_names_the_valid_ones() -> None:
 
 def test_import_stays_free_of_torch() -> None:
     # pure Python, so the RL reward and the command line can score without loading torch
-    code = "import sys, moescope.tasks; sys.exit('torch' in sys.modules)"
+    code = "import sys, moescope.models.tasks; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

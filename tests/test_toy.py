@@ -11,13 +11,13 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-import moescope.toy as toy_module
-from moescope._io import replace_dir
+import moescope.models.toy as toy_module
+from moescope._util.io import replace_dir
 from moescope.errors import MoescopeError
-from moescope.evaluation import evaluate_tasks, generate_answers
-from moescope.tasks import TASK_FAMILIES, Example, heldout, score
-from moescope.toy import load_toy, toy_card, toy_path, write_toy
-from moescope.toy.build import eval_settings
+from moescope.models.evaluation import evaluate_tasks, generate_answers
+from moescope.models.tasks import TASK_FAMILIES, Example, heldout, score
+from moescope.models.toy import load_toy, toy_card, toy_path, write_toy
+from moescope.models.toy.build import eval_settings
 
 EXPECTED_FILES = {
     "config.json",
@@ -180,5 +180,5 @@ def test_failed_write_keeps_the_old_directory(tmp_path: Path) -> None:
 
 def test_missing_checkpoint_is_a_clear_error(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(toy_module, "_CHECKPOINT", tmp_path / "nowhere")
-    with pytest.raises(MoescopeError, match=r"moescope\.toy\.build"):
+    with pytest.raises(MoescopeError, match=r"moescope\.models\.toy\.build"):
         toy_path()

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import traitlets
 
-from moescope import charts
-from moescope._schema import ACTOR_LOSS, ENTROPY, GRAD_NORM, KL, LOAD_CV, REWARD_MEAN, TOKEN_ENTROPY
-from moescope.charts import entropy_flow, trace_board
+from moescope.analyze.findings import Finding
+from moescope.display import charts
+from moescope.display.charts import entropy_flow, trace_board
+from moescope.display.widgets import EntropyFlow, TraceBoard
 from moescope.errors import MoescopeError
-from moescope.findings import Finding
+from moescope.schema import ACTOR_LOSS, ENTROPY, GRAD_NORM, KL, LOAD_CV, REWARD_MEAN, TOKEN_ENTROPY
 from moescope.traces import Trace
-from moescope.widgets import EntropyFlow, TraceBoard
 
 BUCKETS = [[0, 1], [1, 2], [2, 4], [4, 8], [8, 16], [16, None]]
 

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from moescope._shards import StoredTensor
-from moescope._weight_view import LayerRead, MappedTensor, MemoryBudget, ShardSpan, _Joined
 from moescope.errors import ModelLoadError
+from moescope.export.streaming.shards import StoredTensor
+from moescope.export.streaming.weight_view import LayerRead, MappedTensor, MemoryBudget, ShardSpan, _Joined
 
 
 def test_the_budget_holds_one_layer_and_lets_the_next_in_as_tensors_are_released() -> None:

@@ -14,9 +14,9 @@ import ipywidgets.embed
 import pytest
 import traitlets
 
-from moescope import charts
+from moescope.display import charts
+from moescope.display.widgets import ExpertMap, RoutingHistogram
 from moescope.errors import MoescopeError
-from moescope.widgets import ExpertMap, RoutingHistogram
 
 
 def _front_end_picks(chart, clicked=(), brush=None) -> None:

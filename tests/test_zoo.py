@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moescope.zoo import TINY_ARCHS, tiny, tiny_config
+from moescope.models.zoo import TINY_ARCHS, tiny, tiny_config
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)

@@ -12,9 +12,9 @@ import itertools
 import random
 from collections.abc import Sequence
 
-from moescope._accuracy import load_prompts
+from moescope.models.accuracy import load_prompts
+from moescope.models.tasks import Example, max_answer_chars, mixed_examples
 from moescope.replay.config import ReplayConfig
-from moescope.tasks import Example, max_answer_chars, mixed_examples
 
 DEFAULT_MAX_NEW_TOKENS = 32
 

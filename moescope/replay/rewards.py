@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from moescope.errors import MoescopeError
-from moescope.tasks import Example, score
+from moescope.models.tasks import Example, score
 
 RewardFn = Callable[[Example, str], float]
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from moescope.evaluation import decode_completions
+from moescope.models.evaluation import decode_completions
+from moescope.models.tasks import Example
 from moescope.replay.precision import autocast
 from moescope.replay.rewards import RewardFn, score_all
-from moescope.tasks import Example
 
 
 @dataclass

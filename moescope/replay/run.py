@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from moescope import __version__
+from moescope._version import __version__
 from moescope.errors import MoescopeError
-from moescope.loading import load_model, resolve_model
+from moescope.export.manifest import read_manifest
+from moescope.models.loading import load_model, resolve_model
 from moescope.provenance import config_hash, library_versions
-from moescope.proxy import read_manifest
 from moescope.replay.checkpoint import checkpoint_dir, load_checkpoint, read_state, save_checkpoint
 from moescope.replay.comm import Comm
 from moescope.replay.config import ReplayConfig

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from moescope import _schema as S
-from moescope.arch import MoEModel, adapt
+from moescope import schema as S
 from moescope.errors import MoescopeError
-from moescope.looping import apply_loop, loop_times_of
+from moescope.models.arch import MoEModel, adapt
+from moescope.models.looping import apply_loop, loop_times_of
 from moescope.replay import instruments as ins
 from moescope.replay.advantages import advantages as group_advantages
 from moescope.replay.batch import Batch, pack, token_logprobs

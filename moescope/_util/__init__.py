@@ -1,0 +1,1 @@
+"""Private helpers every stage may use: atomic output, JSON records, thread limits."""

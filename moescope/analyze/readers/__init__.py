@@ -1,0 +1,94 @@
+"""Training logs of many RL frameworks, read into moescope's canonical trace form.
+
+A failed run's evidence comes in whatever its framework wrote: verl's console or JSONL file,
+TRL / HF Trainer's ``trainer_state.json`` or console, Megatron-LM iteration lines with DeepSpeed
+overflow lines, ms-swift and ROLL JSON lines, TensorBoard event files (OpenRLHF, NeMo-RL, slime),
+the simple column files of a deployment guide, or just any text with NaNs in it.
+:func:`read_log` turns each into a :class:`~moescope.traces.Trace` that the diagnosis reads:
+
+- ``header``: ``{"kind": "header", "format": <name>, "source": <path>, "framework": <name or None>}``;
+- ``steps``: ``{"step": N, <metrics>, "raw": <the text the step came from>}`` in step order, with
+  foreign keys renamed to canonical ones (:data:`KEY_MAP`) and the rest kept as logged; a key
+  that is absent stays absent, NaN stays NaN and a logged ``null`` stays ``None``;
+- ``notes``: what the reader had to decide (duplicate steps merged, rows without a step,
+  skipped lines, a second format in the same file).
+
+Bad input — a missing path, an empty or binary file, a log with no step a reader recognises —
+raises a :class:`~moescope.errors.MoescopeError` whose message names the problem and the fix.
+
+Examples
+--------
+>>> import tempfile, pathlib, math
+>>> log = pathlib.Path(tempfile.mkdtemp()) / "train.log"
+>>> _ = log.write_text("(TaskRunner pid=7) step:1 - actor/entropy_loss:0.52 - actor/grad_norm:nan\\n")
+>>> trace = read_log(log)
+>>> trace.header["format"], trace.steps[0]["actor/entropy"], math.isnan(trace.steps[0]["actor/grad_norm"])
+('verl-console', 0.52, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from moescope.analyze.readers import columns, jsonl, megatron, plain, tensorboard, trl, verl
+from moescope.analyze.readers._rows import Parsed, assemble
+from moescope.analyze.readers._text import LogFile
+from moescope.analyze.readers.detect import detect_format, sniff
+from moescope.analyze.readers.keymap import KEY_MAP
+from moescope.errors import MoescopeError
+from moescope.traces import Trace
+
+READERS: dict[str, Callable[[LogFile], Parsed]] = {
+    "moescope": jsonl.read_moescope,
+    "verl-console": verl.read,
+    "verl-jsonl": jsonl.read_verl,
+    "trainer-state": trl.read_state,
+    "trl-console": trl.read_console,
+    "jsonl": jsonl.read_flat,
+    "roll": jsonl.read_roll,
+    "megatron": megatron.read,
+    "tensorboard": tensorboard.read,
+    "entropy-log": columns.read_entropy,
+    "expert-load": columns.read_expert_load,
+    "plain": plain.read,
+}
+FORMATS: tuple[str, ...] = tuple(READERS)
+
+__all__ = ["FORMATS", "KEY_MAP", "detect_format", "read_log"]
+
+
+def read_log(path: str | Path, format: str | None = None, *, num_experts: int | None = None) -> Trace:
+    """Read a training log into a :class:`~moescope.traces.Trace`.
+
+    Parameters
+    ----------
+    path
+        A log file, a ``trainer_state.json`` (or the checkpoint directory holding it), or a
+        TensorBoard event file or directory.
+    format
+        One of :data:`FORMATS` to skip detection (``"verl-console"``, ``"megatron"``, …).
+    num_experts
+        The model's routed experts per layer, for an ``expert-load`` log: dead experts are then
+        counted among all of them, not only among the ids the log mentions.
+    """
+    log = LogFile(Path(path), num_experts=num_experts)
+    notes: list[str] = []
+    if format is None:
+        found = sniff(log)
+        format = found.format
+        dominant = found.counts[format]
+        others = [(n, f) for f, n in found.counts.items() if f != format and n >= max(2, dominant / 10)]
+        notes += [f"the file also has {n} {f} lines; read them with format={f!r}" for n, f in others]
+    elif format not in READERS:
+        raise MoescopeError(f"unknown log format {format!r}; use one of {', '.join(FORMATS)}.")
+    elif not log.path.exists():
+        raise MoescopeError(f"{log.path} does not exist; pass the path of a training log.")
+    if log.path.is_dir() and format != "tensorboard":
+        state = log.path / "trainer_state.json"
+        if format != "trainer-state" or not state.is_file():
+            raise MoescopeError(f"{log.path} is a directory; pass the {format} log file in it.")
+        log = LogFile(state)
+    trace = assemble(READERS[format](log), format, Path(path))
+    trace.notes.extend(notes)
+    return trace

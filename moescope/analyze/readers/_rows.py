@@ -1,0 +1,169 @@
+"""From the records a reader found to a :class:`~moescope.traces.Trace`.
+
+Every reader produces :class:`Row` s (a step number or ``None``, the metrics under the
+framework's own names, the raw text) and hands them to :func:`assemble`, which owns the rules
+all formats share, so they hold the same everywhere:
+
+- keys are renamed through :mod:`moescope.analyze.readers.keymap`; unknown keys keep their names;
+- values are kept as read: a missing key stays missing, NaN stays ``float('nan')`` and a
+  logged ``null`` stays ``None``;
+- a log without any step number is indexed in order from 0; a row without a step in a log
+  that has them belongs to the step before it (an evaluation or summary line printed after the
+  training line of its step), or to the first step when it comes before all of them;
+- several rows for one step (verl's validation line and training line) are merged, a later
+  value winning, their raw texts joined;
+- steps come out in step order, each as ``{"step": N, **metrics, "raw": text}``; a logged key
+  that is itself called ``step`` or ``raw`` is kept as ``logged_step`` / ``logged_raw``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moescope.analyze.readers._text import as_step
+from moescope.analyze.readers.keymap import rename
+from moescope.errors import MoescopeError
+from moescope.schema import STEP
+from moescope.traces import Trace
+
+RAW = "raw"
+STEP_KEYS = ("step", "global_step", "global_step/max_steps", "train/global_step", "iteration", "_step")
+
+
+@dataclass
+class Row:
+    """One record as found: ``step`` is ``None`` when the record does not say."""
+
+    step: int | None
+    metrics: dict[str, Any]
+    raw: str
+    line: int | None = None  # 1-based line the record starts on, for notes
+
+
+@dataclass
+class Parsed:
+    """What a reader found; ``skipped`` are the 1-based numbers of non-empty lines it did not use."""
+
+    rows: list[Row]
+    framework: str | None
+    notes: list[str] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    lines: int = 0  # non-empty lines read
+    header: dict[str, Any] = field(default_factory=dict)
+    keymap: str | None = None  # the KEY_MAP table to rename with, when not the framework's own
+
+
+def flat_row(record: dict[str, Any], raw: str, line: int | None, step: int | None = None) -> Row:
+    """A row from a flat ``{key: value}`` record; its step comes from the first step-like key."""
+    metrics = {k: v for k, v in record.items() if k != STEP}
+    if step is None:
+        found = (as_step(record.get(k)) for k in STEP_KEYS)
+        step = next((s for s in found if s is not None), None)
+    return Row(step, metrics, raw, line)
+
+
+def scan(lines: list[str], parse_at: Callable[[list[str], int], tuple[list[Row], int] | None]) -> Parsed:
+    """Walk ``lines``: ``parse_at(lines, i)`` returns the rows starting at line ``i`` and the
+    index after them, or ``None`` for a line that is no record (counted as skipped). Blank
+    lines and ``#`` comments are passed over."""
+    rows: list[Row] = []
+    skipped: list[int] = []
+    i, nonblank = 0, 0
+    while i < len(lines):
+        if not lines[i].strip() or lines[i].lstrip().startswith("#"):  # blank lines and comments
+            i += 1
+            continue
+        got = parse_at(lines, i)
+        if got is None:
+            skipped.append(i + 1)
+            nonblank, i = nonblank + 1, i + 1
+            continue
+        found, end = got
+        rows += found
+        nonblank += sum(1 for line in lines[i:end] if line.strip())
+        i = max(end, i + 1)
+    return Parsed(rows, None, skipped=skipped, lines=nonblank)
+
+
+def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
+    """The trace of ``parsed``: steps assigned, duplicates merged, keys canonical, notes written."""
+    if not parsed.rows:
+        raise MoescopeError(
+            f"{path} has no step this reader recognises as {fmt}; pass format=... with the right "
+            "format (see moescope.analyze.readers.FORMATS) or check it is a training log."
+        )
+    notes = list(parsed.notes)
+    steps = _assign_steps(parsed.rows, path, notes)
+    merged: dict[int, dict[str, Any]] = {}
+    duplicates: list[int] = []
+    kept: set[str] = set()
+    for step, row, explicit in steps:
+        metrics, lost = rename(parsed.keymap or parsed.framework, row.metrics)
+        for reserved in (STEP, RAW):  # a logged key of that name must not replace ours
+            if reserved in metrics:
+                metrics[f"logged_{reserved}"] = metrics.pop(reserved)
+        kept.update(lost)
+        if step in merged:
+            if explicit and step not in duplicates:
+                duplicates.append(step)
+            raw = merged[step].pop(RAW) + "\n" + row.raw
+            merged[step].update(metrics)
+            merged[step][RAW] = raw  # raw stays last
+        else:
+            merged[step] = {STEP: step, **metrics, RAW: row.raw}
+    if duplicates:
+        notes.append(
+            f"step {listing(duplicates)} appeared in more than one record (e.g. a validation line and a "
+            "training line); merged them, a later value wins"
+        )
+    if kept:
+        notes.append(
+            f"{listing(sorted(kept))} kept their own names: another key of the step took the canonical one"
+        )
+    if parsed.skipped:
+        notes.append(
+            f"{len(parsed.skipped)} of {parsed.lines} non-empty lines are not {fmt} records and were skipped "
+            f"(the first is line {parsed.skipped[0]})"
+        )
+    header = {
+        **parsed.header,
+        "kind": "header",
+        "format": fmt,
+        "source": str(path),
+        "framework": parsed.framework,
+    }
+    return Trace(header=header, steps=[merged[s] for s in sorted(merged)], path=path, notes=notes)
+
+
+def _assign_steps(rows: list[Row], path: Path, notes: list[str]) -> list[tuple[int, Row, bool]]:
+    """``(step, row, explicit)`` for every row, by the rules in the module docstring."""
+    if all(row.step is None for row in rows):
+        notes.append(
+            f"{path.name} gives no step numbers; its {len(rows)} records are indexed in order from 0"
+        )
+        return [(i, row, False) for i, row in enumerate(rows)]
+    first = next(row.step for row in rows if row.step is not None)
+    out, last, orphans = [], first, []
+    for row in rows:
+        if row.step is None:
+            orphans.append(row.line)
+            out.append((last, row, False))
+        else:
+            last = row.step
+            out.append((last, row, True))
+    if orphans:
+        where = listing([n for n in orphans if n is not None]) or "?"
+        notes.append(
+            f"{len(orphans)} records without a step number (line {where}) were merged into "
+            "the step before them"
+        )
+    return out
+
+
+def listing(items: list[Any], most: int = 8) -> str:
+    """``1, 2, 3 and 4 more`` — short enough for a note."""
+    shown = ", ".join(str(i) for i in items[:most])
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")

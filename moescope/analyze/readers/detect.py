@@ -1,0 +1,108 @@
+"""Which format a log is, from its content (and a file name where content cannot tell).
+
+Whole-file shapes are recognised first: a directory or file name with ``tfevents`` (or a file
+whose first record is a TensorBoard ``brain.Event``) → ``tensorboard``; a directory with a
+``trainer_state.json``, or a JSON document with ``log_history`` → ``trainer-state``; a first line
+that is a moescope trace header → ``moescope``. Otherwise every line is classified — verl's
+``step:N - ``, Megatron's ``iteration N/ M |`` and DeepSpeed's ``OVERFLOW!``, a Python dict, a
+JSON object (verl's ``{"step","data"}``, ROLL's ``metrics_tag:``, a flat one), whitespace
+columns — and the format with most lines wins; the scan stops once enough lines are
+recognised, so a long preamble (verl prints its whole config first) costs a pass, not a guess.
+Columns are ``entropy-log`` or ``expert-load`` by the file name when it says (``entropy_log.txt``,
+``expert_load.log``), else by their shape. A text log with none of these but lines mentioning
+NaN/Inf is ``plain``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from moescope.analyze.readers import columns, jsonl, megatron, plain, tensorboard, trl, verl
+from moescope.analyze.readers._text import LogFile
+from moescope.errors import MoescopeError
+
+ENOUGH = 500  # recognised lines after which the vote is settled
+_LINE_KINDS = (
+    jsonl.kind,
+    lambda line: "verl-console" if verl.is_record(line) else None,
+    lambda line: "megatron" if megatron.is_record(line) else None,
+    lambda line: "trl-console" if trl.is_record(line) else None,
+    columns.kind,
+)
+
+
+@dataclass(frozen=True)
+class Sniff:
+    """The detected format and, for line formats, how many lines each candidate had."""
+
+    format: str
+    counts: Counter[str]
+
+
+def detect_format(path: str | Path) -> str:
+    """The name of ``path``'s log format (one of :data:`moescope.analyze.readers.FORMATS`)."""
+    return sniff(LogFile(Path(path))).format
+
+
+def sniff(log: LogFile) -> Sniff:
+    """Detect the format of ``log``; a file that is no training log raises a :class:`MoescopeError`."""
+    path = log.path
+    if not path.exists():
+        raise MoescopeError(
+            f"{path} does not exist; pass the path of a training log, a trainer_state.json or a "
+            "TensorBoard event file or directory."
+        )
+    if path.is_dir():
+        return Sniff(_directory(path), Counter())
+    if tensorboard.MARK in path.name or b"brain.Event:" in log.data[:64]:
+        return Sniff("tensorboard", Counter())
+    if trl.is_trainer_state(log.text):
+        return Sniff("trainer-state", Counter())
+    first = next((line for line in log.lines if line.strip()), "")
+    if jsonl.is_trace_header(first):
+        return Sniff("moescope", Counter())
+    counts = _vote(log.lines)
+    if counts:
+        return Sniff(_columns_by_name(path, counts.most_common(1)[0][0]), counts)
+    if any(plain.is_record(line) for line in log.lines):
+        return Sniff("plain", counts)
+    raise MoescopeError(
+        f"{path} has no step this reader recognises; pass format=... (see moescope.analyze.readers.FORMATS) "
+        "or check it is a training log."
+    )
+
+
+def _directory(path: Path) -> str:
+    if tensorboard.event_files(path):
+        return "tensorboard"
+    if (path / "trainer_state.json").is_file():
+        return "trainer-state"
+    raise MoescopeError(
+        f"{path} is a directory with no TensorBoard event file or trainer_state.json in it; "
+        "pass the log file itself."
+    )
+
+
+def _vote(lines: list[str]) -> Counter[str]:
+    """Lines per format, in order of first appearance (ties go to the earlier format)."""
+    counts: Counter[str] = Counter()
+    for line in lines:
+        found = next((k for kind in _LINE_KINDS if (k := kind(line))), None)
+        if found:
+            counts[found] += 1
+            if counts.total() >= ENOUGH:
+                break
+    return counts
+
+
+def _columns_by_name(path: Path, best: str) -> str:
+    if best not in ("entropy-log", "expert-load"):
+        return best
+    name = path.name.lower()
+    if "entropy" in name:
+        return "entropy-log"
+    if "expert" in name or "load" in name:
+        return "expert-load"
+    return best

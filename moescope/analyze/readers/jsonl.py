@@ -1,0 +1,124 @@
+"""Logs written as one JSON object per line.
+
+- ``moescope``: moescope's own replay traces, read by :func:`moescope.traces.read_trace`;
+- ``verl-jsonl``: verl's ``file`` logger, ``{"step": N, "data": {...}}``; it writes with orjson,
+  which turns NaN and ±Inf into ``null``, so a ``null`` is kept as ``None`` — "the metric was
+  logged but is not a finite number" — distinct from NaN and from a key that is absent;
+- ``roll``: ROLL's ``StdoutTracker`` lines, ``metrics_tag: {"step": N, "metrics": {...}}``;
+- ``jsonl``: flat objects, one per logging step — ms-swift's ``logging.jsonl`` (TRL's key
+  names, the step in ``global_step/max_steps`` as ``"5/100"``) and any logger like it; the
+  framework is guessed from the keys.
+
+Python's ``json`` reads the ``NaN`` / ``Infinity`` tokens these writers use for non-finite floats.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from moescope.analyze.readers._rows import Parsed, Row, flat_row, scan
+from moescope.analyze.readers._text import LogFile, as_step
+from moescope.analyze.readers.keymap import guess_framework
+from moescope.errors import MoescopeError
+from moescope.traces import TRACE_KIND, read_trace
+
+_ROLL = re.compile(r"metrics_tag:\s*(\{.*)$")
+FLAT_FRAMEWORKS = ("ms-swift", "trl", "verl", "roll", "openrlhf", "nemo-rl", "slime")
+
+
+def load_json(text: str) -> Any:
+    """``json.loads``, or ``None`` for text that is not JSON (however mangled)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def is_trace_header(line: str) -> bool:
+    """The first line of a moescope trace."""
+    obj = load_json(line) if line.lstrip().startswith("{") else None
+    return isinstance(obj, dict) and obj.get("format") == TRACE_KIND
+
+
+def classify(line: str) -> tuple[str, dict[str, Any]] | None:
+    """The JSON-lines format of ``line`` and its record (ROLL's inner object), if it is one."""
+    roll = _ROLL.search(line)
+    if roll:
+        obj = load_json(roll.group(1))
+        return ("roll", obj) if isinstance(obj, dict) else None
+    obj = load_json(line) if line.lstrip().startswith("{") else None
+    if not isinstance(obj, dict):
+        return None
+    if obj.get("format") == TRACE_KIND or obj.get("kind") in ("header", "step"):
+        return "moescope", obj
+    if "step" in obj and isinstance(obj.get("data"), dict):
+        return "verl-jsonl", obj
+    return "jsonl", obj
+
+
+def kind(line: str) -> str | None:
+    """Which JSON-lines format ``line`` belongs to, if any."""
+    found = classify(line)
+    return found[0] if found else None
+
+
+def _reader(fmt: str) -> Callable[[list[str], int], tuple[list[Row], int] | None]:
+    def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        found = classify(lines[i])
+        if found is None or found[0] != fmt:
+            return None
+        obj = found[1]
+        if fmt == "roll":
+            metrics = obj.get("metrics")
+            row = Row(as_step(obj.get("step")), metrics if isinstance(metrics, dict) else {}, lines[i], i + 1)
+        elif fmt == "verl-jsonl":
+            row = Row(as_step(obj["step"]), obj["data"], lines[i], i + 1)
+        else:
+            row = flat_row(obj, lines[i], i + 1)
+        return [row], i + 1
+
+    return parse_at
+
+
+def read_verl(log: LogFile) -> Parsed:
+    """verl's JSONL file logger."""
+    parsed = scan(log.lines, _reader("verl-jsonl"))
+    parsed.framework = "verl"
+    return parsed
+
+
+def read_roll(log: LogFile) -> Parsed:
+    """ROLL's ``metrics_tag: {...}`` stdout lines."""
+    parsed = scan(log.lines, _reader("roll"))
+    parsed.framework = "roll"
+    return parsed
+
+
+def read_flat(log: LogFile) -> Parsed:
+    """Flat JSON lines (ms-swift ``logging.jsonl`` and the like); the framework is guessed."""
+    parsed = scan(log.lines, _reader("jsonl"))
+    parsed.framework = guess_framework({k for row in parsed.rows for k in row.metrics}, FLAT_FRAMEWORKS)
+    return parsed
+
+
+def read_moescope(log: LogFile) -> Parsed:
+    """A moescope trace, through :func:`moescope.traces.read_trace`; each step keeps its line as raw."""
+    first = next((line for line in log.lines if line.strip()), "")  # empty or binary: explained there
+    if not is_trace_header(first):
+        raise MoescopeError(
+            f"{log.path} is not a moescope trace (its first line is no trace header); "
+            "leave format unset to detect what it is."
+        )
+    try:
+        trace = read_trace(log.path)
+    except (UnicodeDecodeError, RecursionError) as err:
+        raise MoescopeError(
+            f"{log.path} is a damaged moescope trace ({err.__class__.__name__}); rerun the replay."
+        ) from None
+    lines = [line for line in log.lines if line.strip()][1:]
+    rows = [flat_row(step, lines[i], i + 2) for i, step in enumerate(trace.steps)]
+    header = {k: v for k, v in trace.header.items() if k not in ("kind", "format")}
+    return Parsed(rows, "moescope", notes=list(trace.notes), lines=len(lines) + 1, header=header)

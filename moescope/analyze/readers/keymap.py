@@ -1,0 +1,263 @@
+"""Which key of which framework is which canonical moescope metric.
+
+The diagnosis reads one vocabulary (:mod:`moescope.schema`), whatever wrote the log. The
+table below is :data:`KEY_MAP`; the sources are the frameworks' own code as summarised in the
+project's log-format reference. A key with no row keeps its original name in the step (nothing
+is dropped), and a key that is already canonical (verl's ``actor/pg_loss``) is listed so that
+it counts when the framework is guessed from a log's keys. A ``train/`` prefix in front of a key
+the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
+
+| framework | foreign key | canonical key |
+|---|---|---|
+| verl | `actor/loss` | `actor/loss` |
+| verl | `actor/pg_loss` | `actor/pg_loss` |
+| verl | `actor/grad_norm` | `actor/grad_norm` |
+| verl | `actor/entropy` | `actor/entropy` |
+| verl | `actor/entropy_loss` | `actor/entropy` |
+| verl | `actor/kl_loss` | `actor/kl` |
+| verl | `actor/ppo_kl` | `actor/ppo_kl` |
+| verl | `actor/pg_clipfrac` | `actor/clipfrac` |
+| verl | `actor/lr` | `optim/lr` |
+| verl | `critic/score/mean` | `reward/mean` |
+| verl | `critic/score/max` | `reward/max` |
+| verl | `critic/score/min` | `reward/min` |
+| verl | `critic/vf_loss` | `critic/vf_loss` |
+| verl | `critic/grad_norm` | `critic/grad_norm` |
+| verl | `response_length/mean` | `response/length_mean` |
+| verl | `response_length/clip_ratio` | `response/truncated_frac` |
+| trl | `loss` | `actor/loss` |
+| trl | `policy_loss` | `actor/pg_loss` |
+| trl | `grad_norm` | `actor/grad_norm` |
+| trl | `learning_rate` | `optim/lr` |
+| trl | `reward` | `reward/mean` |
+| trl | `reward_std` | `reward/std` |
+| trl | `frac_reward_zero_std` | `reward/no_signal_frac` |
+| trl | `entropy` | `actor/entropy` |
+| trl | `kl` | `actor/kl` |
+| trl | `clip_ratio/region_mean` | `actor/clipfrac` |
+| trl | `completions/mean_length` | `response/length_mean` |
+| trl | `completion_length` | `response/length_mean` |
+| trl | `completions/clipped_ratio` | `response/truncated_frac` |
+| trl | `aux_loss` | `moe/aux_loss` |
+| ms-swift | (every trl row) | |
+| ms-swift | `entropy/mean` | `actor/entropy` |
+| openrlhf | `train/policy_loss` | `actor/pg_loss` |
+| openrlhf | `train/actor_grad_norm` | `actor/grad_norm` |
+| openrlhf | `train/actor_lr` | `optim/lr` |
+| openrlhf | `train/entropy_loss` | `actor/entropy` |
+| openrlhf | `train/kl` | `actor/kl` |
+| openrlhf | `train/ppo_kl` | `actor/ppo_kl` |
+| openrlhf | `train/ppo_clip_ratio` | `actor/clipfrac` |
+| openrlhf | `train/reward` | `reward/mean` |
+| openrlhf | `train/group_reward_std` | `reward/std` |
+| openrlhf | `train/response_length` | `response/length_mean` |
+| openrlhf | `train/response_clip_ratio` | `response/truncated_frac` |
+| openrlhf | `train/critic_loss` | `critic/vf_loss` |
+| openrlhf | `train/critic_grad_norm` | `critic/grad_norm` |
+| megatron | `lm loss` | `actor/loss` |
+| megatron | `grad norm` | `actor/grad_norm` |
+| megatron | `learning rate` | `optim/lr` |
+| megatron | `loss scale` | `optim/loss_scale` |
+| megatron | `number of skipped iterations` | `optim/skipped` |
+| megatron | `number of nan iterations` | `health/nonfinite` |
+| megatron | `load_balancing_loss` | `moe/aux_loss` |
+| megatron | `z_loss` | `moe/z_loss` |
+| nemo-rl | `train/loss` | `actor/loss` |
+| nemo-rl | `train/grad_norm` | `actor/grad_norm` |
+| nemo-rl | `train/lr` | `optim/lr` |
+| nemo-rl | `train/reward` | `reward/mean` |
+| nemo-rl | `train/kl_penalty` | `actor/kl` |
+| nemo-rl | `train/probs_ratio_clamped` | `actor/clipfrac` |
+| nemo-rl | `train/approx_entropy` | `actor/entropy` |
+| nemo-rl | `train/moe/load_balancing_loss` | `moe/aux_loss` |
+| nemo-rl | `train/moe/z_loss` | `moe/z_loss` |
+| slime | `train/loss` | `actor/loss` |
+| slime | `train/pg_loss` | `actor/pg_loss` |
+| slime | `train/grad_norm` | `actor/grad_norm` |
+| slime | `train/entropy_loss` | `actor/entropy` |
+| slime | `train/kl_loss` | `actor/kl` |
+| slime | `train/ppo_kl` | `actor/ppo_kl` |
+| slime | `train/pg_clipfrac` | `actor/clipfrac` |
+| slime | `train/lr-pg_0` | `optim/lr` |
+| slime | `rollout/raw_reward` | `reward/mean` |
+| slime | `response_len/mean` | `response/length_mean` |
+| roll | `actor/total_loss` | `actor/loss` |
+| roll | `actor/pg_loss` | `actor/pg_loss` |
+| roll | `actor_train/grad_norm` | `actor/grad_norm` |
+| roll | `actor/kl_loss` | `actor/kl` |
+| roll | `actor/approxkl` | `actor/ppo_kl` |
+| roll | `actor/clipfrac` | `actor/clipfrac` |
+| roll | `critic/score/mean` | `reward/mean` |
+| roll | `critic/score/max` | `reward/max` |
+| roll | `critic/score/min` | `reward/min` |
+| roll | `tokens/response_length/mean` | `response/length_mean` |
+
+Not keys but lines: a DeepSpeed ``OVERFLOW! … Attempted loss scale: X, reducing to Y`` line
+becomes ``optim/skipped`` and ``optim/loss_scale`` (see :mod:`moescope.analyze.readers.megatron`);
+``entropy_log.txt`` and ``expert_load.log`` columns become ``actor/entropy`` and the ``moe/*``
+load metrics (see :mod:`moescope.analyze.readers.columns`); a plain line mentioning NaN/Inf becomes
+``health/nonfinite`` (see :mod:`moescope.analyze.readers.plain`).
+
+Where a framework logs two keys for one canonical metric in the same step (verl's
+``actor/entropy`` next to an old ``actor/entropy_loss``), the first keeps the canonical name and
+the other keeps its own, with a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from moescope import schema as S
+
+_TRL = {
+    "loss": S.ACTOR_LOSS,
+    "policy_loss": S.PG_LOSS,
+    "grad_norm": S.GRAD_NORM,
+    "learning_rate": S.LR,
+    "reward": S.REWARD_MEAN,
+    "reward_std": S.REWARD_STD,
+    "frac_reward_zero_std": S.NO_SIGNAL_FRAC,
+    "entropy": S.ENTROPY,
+    "kl": S.KL,
+    "clip_ratio/region_mean": S.CLIPFRAC,
+    "completions/mean_length": S.LENGTH_MEAN,
+    "completion_length": S.LENGTH_MEAN,  # TRL <= 0.16
+    "completions/clipped_ratio": S.TRUNCATED_FRAC,
+    "aux_loss": S.AUX_LOSS,
+}
+
+KEY_MAP: dict[str, dict[str, str]] = {
+    "moescope": {key: key for key in S.CANONICAL_METRICS},
+    "verl": {
+        "actor/loss": S.ACTOR_LOSS,
+        "actor/pg_loss": S.PG_LOSS,
+        "actor/grad_norm": S.GRAD_NORM,
+        "actor/entropy": S.ENTROPY,
+        "actor/entropy_loss": S.ENTROPY,  # older logs
+        "actor/kl_loss": S.KL,
+        "actor/ppo_kl": S.PPO_KL,
+        "actor/pg_clipfrac": S.CLIPFRAC,
+        "actor/lr": S.LR,
+        "critic/score/mean": S.REWARD_MEAN,
+        "critic/score/max": S.REWARD_MAX,
+        "critic/score/min": S.REWARD_MIN,
+        "critic/vf_loss": S.VF_LOSS,
+        "critic/grad_norm": S.CRITIC_GRAD_NORM,
+        "response_length/mean": S.LENGTH_MEAN,
+        "response_length/clip_ratio": S.TRUNCATED_FRAC,
+    },
+    "trl": _TRL,
+    "ms-swift": {**_TRL, "entropy/mean": S.ENTROPY},
+    "openrlhf": {
+        "train/policy_loss": S.PG_LOSS,
+        "train/actor_grad_norm": S.GRAD_NORM,
+        "train/actor_lr": S.LR,
+        "train/entropy_loss": S.ENTROPY,
+        "train/kl": S.KL,
+        "train/ppo_kl": S.PPO_KL,
+        "train/ppo_clip_ratio": S.CLIPFRAC,
+        "train/reward": S.REWARD_MEAN,
+        "train/group_reward_std": S.REWARD_STD,
+        "train/response_length": S.LENGTH_MEAN,
+        "train/response_clip_ratio": S.TRUNCATED_FRAC,
+        "train/critic_loss": S.VF_LOSS,
+        "train/critic_grad_norm": S.CRITIC_GRAD_NORM,
+    },
+    "megatron": {
+        "lm loss": S.ACTOR_LOSS,
+        "grad norm": S.GRAD_NORM,
+        "learning rate": S.LR,
+        "loss scale": S.LOSS_SCALE,
+        "number of skipped iterations": S.SKIPPED,
+        "number of nan iterations": S.NONFINITE,
+        "load_balancing_loss": S.AUX_LOSS,
+        "z_loss": S.Z_LOSS,
+    },
+    "nemo-rl": {
+        "train/loss": S.ACTOR_LOSS,
+        "train/grad_norm": S.GRAD_NORM,
+        "train/lr": S.LR,
+        "train/reward": S.REWARD_MEAN,
+        "train/kl_penalty": S.KL,
+        "train/probs_ratio_clamped": S.CLIPFRAC,
+        "train/approx_entropy": S.ENTROPY,
+        "train/moe/load_balancing_loss": S.AUX_LOSS,
+        "train/moe/z_loss": S.Z_LOSS,
+    },
+    "slime": {
+        "train/loss": S.ACTOR_LOSS,
+        "train/pg_loss": S.PG_LOSS,
+        "train/grad_norm": S.GRAD_NORM,
+        "train/entropy_loss": S.ENTROPY,
+        "train/kl_loss": S.KL,
+        "train/ppo_kl": S.PPO_KL,
+        "train/pg_clipfrac": S.CLIPFRAC,
+        "train/lr-pg_0": S.LR,
+        "rollout/raw_reward": S.REWARD_MEAN,
+        "response_len/mean": S.LENGTH_MEAN,
+    },
+    "roll": {
+        "actor/total_loss": S.ACTOR_LOSS,
+        "actor/pg_loss": S.PG_LOSS,
+        "actor_train/grad_norm": S.GRAD_NORM,
+        "actor/kl_loss": S.KL,
+        "actor/approxkl": S.PPO_KL,
+        "actor/clipfrac": S.CLIPFRAC,
+        "critic/score/mean": S.REWARD_MEAN,
+        "critic/score/max": S.REWARD_MAX,
+        "critic/score/min": S.REWARD_MIN,
+        "tokens/response_length/mean": S.LENGTH_MEAN,
+    },
+}
+
+# keys that name a framework without being metrics (they tip the guess between look-alikes)
+MARKERS: dict[str, frozenset[str]] = {
+    "ms-swift": frozenset({"global_step/max_steps", "memory(GiB)", "train_speed(iter/s)"}),
+    "openrlhf": frozenset({"train/global_step", "train/return"}),
+    "nemo-rl": frozenset({"train/token_mult_prob_error", "train/gen_kl_error", "train/mean_prompt_length"}),
+    "slime": frozenset({"train/train_rollout_logprob_abs_diff", "train/global_batch_size"}),
+}
+
+
+def canonical(framework: str | None, key: str) -> str | None:
+    """The canonical name of ``key`` as ``framework`` logs it, or ``None`` when it has none."""
+    table = KEY_MAP.get(framework or "", {})
+    if key in table:
+        return table[key]
+    return table.get(key[len("train/") :]) if key.startswith("train/") else None
+
+
+def rename(framework: str | None, metrics: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``metrics`` under canonical names; of two keys for one canonical name, one keeps its own.
+
+    A key that already is the canonical name wins; otherwise the first one does. Returns the
+    renamed dict and the keys that kept their own name, for a note.
+    """
+    out: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    kept: list[str] = []
+    for key, value in metrics.items():
+        name = canonical(framework, key) or key
+        if name in out:
+            if name == key:  # the newcomer is the canonical key itself: the earlier one steps aside
+                earlier = source.pop(name)
+                out[earlier] = out.pop(name)
+                kept.append(earlier)
+            else:
+                name = key
+                kept.append(key)
+        out[name] = value
+        source[name] = key
+    return out, kept
+
+
+def guess_framework(keys: Iterable[str], candidates: Iterable[str]) -> str | None:
+    """The candidate whose table (and markers) recognise most of ``keys``; ties go to the first."""
+    keys = set(keys)
+    best, best_score = None, 0
+    for name in candidates:
+        score = sum(canonical(name, k) is not None for k in keys) + len(keys & MARKERS.get(name, frozenset()))
+        if score > best_score:
+            best, best_score = name, score
+    return best

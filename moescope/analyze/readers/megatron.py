@@ -1,0 +1,183 @@
+"""Megatron-LM iteration lines and DeepSpeed fp16 overflow lines.
+
+Megatron (and the consoles of slime, NeMo-RL's mcore path, ms-swift ``megatron``) prints one
+``|``-separated line per logging interval::
+
+     [2025-03-01 10:00:00] iteration       10/     100 | consumed samples: 640 | …
+     | lm loss: 1.234E+00 | loss scale: 1.0 | grad norm: 0.752 | number of skipped iterations: 0 |
+
+Every ``key: value`` field is read (E-notation included). Megatron prints an averaged loss
+only ``if avg >= 0.0``, so a NaN loss *vanishes* from its line: it is kept absent — never
+invented — and a note names the steps where a loss the other lines carry is missing, for the
+diagnosis to treat as a suspected non-finite loss.
+
+DeepSpeed's ``[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing
+to 32768`` (also apex's ``Gradient overflow. Skipping step, … reducing loss scale to 32768.0``),
+possibly wrapped over two lines, carries no step number. It is put on the **next** iteration
+line: Megatron prints an iteration's line after that iteration's optimizer step, so overflows
+printed before a line happened in the interval it reports. On that step ``number of skipped
+iterations`` (→ ``optim/skipped``) becomes the larger of the line's count and the number of
+overflows (counted on one rank; every rank prints its own), with a note where they disagree —
+Megatron's counter stayed 0 in real overflow cases — and ``loss scale`` (→ ``optim/loss_scale``)
+is the reduced scale when the line has none. Overflows after the last iteration line go on the
+step after it; a log with overflow lines only (OpenRLHF, plain DeepSpeed) has one step per
+overflow, indexed in order, unless the line names its iteration.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from moescope.analyze.readers._rows import Parsed, Row, listing, scan
+from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_number
+
+ITERATION = re.compile(rf"\biteration\s+({INT})\s*/\s*\d+\s*\|")
+OVERFLOW = re.compile(r"OVERFLOW!|overflow!|Gradient overflow\.")
+_SCALES = re.compile(
+    rf"Attempted\s*loss\s*scale:\s*({NUMBER})\s*,\s*reducing\s*to\s*({NUMBER})|reducing\s*loss\s*scale\s*to\s*({NUMBER})"
+)
+_RANK = re.compile(rf"\bRank\s*({INT})", re.IGNORECASE)
+_NAMED_STEP = re.compile(rf"\b(?:iteration|step)[\s:=]+({INT})")
+_FIELD = re.compile(r"\s*([^|:]*[^|:\s])\s*:\s*(\S+)\s*")
+_PARTIAL_FIELD = re.compile(r"[^|:]*(?::\s*\S*)?\s*")
+SKIPPED_KEY = "number of skipped iterations"
+SCALE_KEY = "loss scale"
+
+
+@dataclass
+class Overflow:
+    rank: int | None
+    attempted: Any
+    reduced: Any
+    step: int | None
+    raw: str
+
+
+def is_record(line: str) -> bool:
+    """An iteration line or an overflow line (the start of one, if wrapped)."""
+    return ITERATION.search(line) is not None or OVERFLOW.search(line) is not None
+
+
+def fields(text: str) -> dict[str, Any]:
+    """The ``key: value`` fields of a ``|``-separated line; a value that is no number stays text."""
+    out: dict[str, Any] = {}
+    for part in text.split("|"):
+        match = _FIELD.fullmatch(part)
+        if match:
+            key, value = match.groups()
+            try:
+                out[key] = parse_number(value)
+            except ValueError:
+                out[key] = value
+    return out
+
+
+def _iteration_fits(joined: str, piece: str) -> bool:
+    if is_record(piece):
+        return False
+    parts = joined[ITERATION.search(joined).end() :].split("|")
+    done = all(_FIELD.fullmatch(p) or not p.strip() for p in parts[:-1])
+    return done and _PARTIAL_FIELD.fullmatch(parts[-1]) is not None
+
+
+def _has_scales(text: str) -> bool:
+    return _SCALES.search(text) is not None
+
+
+def _overflow_fits(joined: str, piece: str) -> bool:
+    return not is_record(piece) and _has_scales(joined)  # a wrapped overflow line joins only to complete
+
+
+def _overflow(lines: list[str], i: int) -> tuple[Overflow, int]:
+    text, end = gather(lines, i, _has_scales, _overflow_fits)
+    scales = _SCALES.search(text)
+    attempted, reduced = (scales.group(1), scales.group(2) or scales.group(3)) if scales else (None, None)
+    rank, step = _RANK.search(text), _NAMED_STEP.search(text)
+    return Overflow(
+        int(rank.group(1)) if rank else None,
+        parse_number(attempted) if attempted else None,
+        parse_number(reduced) if reduced else None,
+        int(step.group(1)) if step else None,
+        "\n".join(lines[i:end]),
+    ), end
+
+
+def _apply(metrics: dict[str, Any], events: list[Overflow], step: int | None, notes: list[str]) -> None:
+    """Fold overflow events into one step's Megatron-named metrics."""
+    count = max(Counter(e.rank for e in events).values())
+    logged = metrics.get(SKIPPED_KEY)
+    if isinstance(logged, int | float) and logged < count:
+        notes.append(
+            f"step {step}: {count} DeepSpeed overflow(s) but the line counts {logged} skipped; kept {count}"
+        )
+    metrics[SKIPPED_KEY] = max(count, logged) if isinstance(logged, int | float) else count
+    reduced = [e.reduced for e in events if e.reduced is not None]
+    if reduced:
+        metrics.setdefault(SCALE_KEY, reduced[-1])
+    if events[-1].attempted is not None:
+        metrics["attempted loss scale"] = events[-1].attempted
+
+
+def read(log: LogFile) -> Parsed:
+    """Iteration lines, with the overflow lines before each folded into it."""
+    pending: list[Overflow] = []
+    notes: list[str] = []
+
+    def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        if OVERFLOW.search(lines[i]):
+            event, end = _overflow(lines, i)
+            pending.append(event)
+            return [], end
+        match = ITERATION.search(lines[i])
+        if match is None:
+            return None
+        text, end = gather(lines, i, lambda t: t.rstrip().endswith("|"), _iteration_fits)
+        metrics = fields(text[match.end() :])
+        raw = "\n".join([e.raw for e in pending] + lines[i:end])
+        if pending:
+            _apply(metrics, pending, int(match.group(1)), notes)
+            pending.clear()
+        return [Row(int(match.group(1)), metrics, raw, i + 1)], end
+
+    parsed = scan(log.lines, parse_at)
+    parsed.rows += _leftovers(pending, parsed.rows, notes)
+    parsed.framework = "megatron" if any(ITERATION.search(r.raw) for r in parsed.rows) else "deepspeed"
+    parsed.keymap = "megatron"  # overflow lines are folded in under Megatron's names
+    parsed.notes += notes + _missing_losses(parsed.rows)
+    return parsed
+
+
+def _leftovers(pending: list[Overflow], rows: list[Row], notes: list[str]) -> list[Row]:
+    """Rows for overflows no iteration line followed."""
+    if not pending:
+        return []
+    if rows:
+        step = max(row.step for row in rows) + 1
+        notes.append(f"overflow lines after the last iteration line were put on step {step}")
+        groups = [(step, pending)]
+    else:
+        groups = [(e.step, [e]) for e in pending]
+    out = []
+    for step, events in groups:
+        metrics: dict[str, Any] = {}
+        _apply(metrics, events, step, notes)
+        out.append(Row(step, metrics, "\n".join(e.raw for e in events)))
+    return out
+
+
+def _missing_losses(rows: list[Row]) -> list[str]:
+    """Notes for loss fields that vanish from some iteration lines (Megatron hides NaN losses)."""
+    lines = [r for r in rows if ITERATION.search(r.raw)]
+    counts = Counter(k for r in lines for k in r.metrics if k.endswith("loss"))
+    notes = []
+    for key, n in counts.items():
+        missing = [r.step for r in lines if key not in r.metrics]
+        if missing and n >= len(missing):
+            notes.append(
+                f"'{key}' is missing from step {listing(missing)} though other lines log it: "
+                "Megatron omits a NaN (or negative) loss, so treat those steps as suspected non-finite"
+            )
+    return notes

@@ -1,0 +1,52 @@
+"""The fallback for any text log: the lines that mention NaN or Inf.
+
+What ``grep -i "nan\\|inf" train.log`` finds, made into steps: every line with a ``nan`` /
+``inf`` / ``-inf`` / ``Infinity`` token (not ``info`` or ``inference``) is a record, on the step a
+``step 12`` / ``iteration=12`` / ``global_step: 12`` in the line names, or on the step of the
+line before it. ``health/nonfinite`` counts those lines per step — a count of log lines, not of
+tensors — and the lines themselves are the step's raw text. Lines before the first step number
+are indexed in order, as every reader does.
+"""
+
+from __future__ import annotations
+
+import re
+
+from moescope import schema as S
+from moescope.analyze.readers._rows import Parsed, Row, scan
+from moescope.analyze.readers._text import INT, LogFile
+
+NONFINITE = re.compile(r"(?<![\w.])[-+]?(?:nan|inf|infinity)(?!\w)", re.IGNORECASE)
+_STEP = re.compile(rf"\b(?:global_step|step|iteration|iter)\b\s*[:=#]?\s*({INT})", re.IGNORECASE)
+
+
+def is_record(line: str) -> bool:
+    """A line that mentions a non-finite value."""
+    return NONFINITE.search(line) is not None
+
+
+def read(log: LogFile) -> Parsed:
+    """One row per step that has lines mentioning NaN/Inf."""
+
+    def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        if not is_record(lines[i]):
+            return None
+        step = _STEP.search(lines[i])
+        return [Row(int(step.group(1)) if step else None, {S.NONFINITE: 1}, lines[i], i + 1)], i + 1
+
+    parsed = scan(log.lines, parse_at)
+    grouped: dict[int, Row] = {}
+    loose: list[Row] = []
+    last: int | None = None
+    for row in parsed.rows:
+        last = row.step if row.step is not None else last
+        if last is None:
+            loose.append(row)
+        elif last in grouped:
+            grouped[last].metrics[S.NONFINITE] += 1
+            grouped[last].raw += "\n" + row.raw
+        else:
+            grouped[last] = Row(last, dict(row.metrics), row.raw, row.line)
+    parsed.rows = loose + list(grouped.values())
+    parsed.notes.append("read as plain text: only lines that mention NaN/Inf were kept")
+    return parsed

@@ -1,0 +1,171 @@
+"""HF Trainer / TRL logs: ``trainer_state.json`` and the Python-dict lines of the console.
+
+- ``trainer-state``: ``log_history`` is a list of flat records, each with its ``step``;
+  Python's ``json`` wrote NaN/±Inf as ``NaN`` / ``Infinity`` tokens, which are read back as
+  floats. Evaluation records share the step of a training record and are merged into it.
+- ``trl-console``: one ``{'loss': 0.1, 'grad_norm': nan, …}`` line per logging step (a Python
+  ``dict`` repr, so ``nan``/``inf`` and ``np.float64(…)`` appear bare), often glued to tqdm's
+  progress bar by ``\\r``. The same shape is printed by ms-swift (with ``global_step/max_steps``)
+  and by slime (``step 3: {...}``). The step is the record's own step key, else slime's
+  ``step N:`` prefix, else the count of the progress bar glued in front — HF's bar counts
+  optimizer steps and is drawn before the record is printed — when that bar is the training
+  bar (the most common total); otherwise the record joins the step before it.
+
+The dict is read with :func:`ast.parse` and never evaluated.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import warnings
+from collections import Counter
+from typing import Any
+
+from moescope.analyze.readers._rows import Parsed, Row, flat_row, scan
+from moescope.analyze.readers._text import INT, LogFile, gather, parse_number
+from moescope.analyze.readers.jsonl import load_json
+from moescope.analyze.readers.keymap import guess_framework
+from moescope.errors import MoescopeError
+
+DICT_START = re.compile(r"\{\s*['\"]")
+_BAR = re.compile(rf"({INT})/({INT})\s*\[")
+_SLIME_STEP = re.compile(rf"\bstep\s+({INT}):\s*$")
+_LOG_HISTORY = re.compile(r'"log_history"\s*:\s*\[')
+CONSOLE_FRAMEWORKS = ("trl", "ms-swift", "slime", "openrlhf", "nemo-rl", "verl")
+
+
+def is_trainer_state(text: str) -> bool:
+    """A JSON document with a ``log_history`` list (HF Trainer's ``trainer_state.json``)."""
+    return text.lstrip().startswith("{") and _LOG_HISTORY.search(text[:65536]) is not None
+
+
+def read_state(log: LogFile) -> Parsed:
+    """``trainer_state.json``: one row per ``log_history`` record, its source text as raw."""
+    text = log.text
+    start = _LOG_HISTORY.search(text)
+    if start is None or not text.lstrip().startswith("{"):
+        raise MoescopeError(
+            f"{log.path} has no log_history list; pass the trainer_state.json the Trainer wrote."
+        )
+    rows: list[Row] = []
+    decoder, pos = json.JSONDecoder(), start.end()
+    line, counted = 1, 0  # line numbers counted as the scan goes, not from the top each time
+    while True:
+        pos = _skip(text, pos, " \t\n\r,")
+        if pos >= len(text) or text[pos] == "]":
+            break
+        try:
+            record, end = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            raise MoescopeError(
+                f"{log.path} has a damaged log_history near character {pos}; "
+                "pass an intact trainer_state.json."
+            ) from None
+        line, counted = line + text.count("\n", counted, pos), pos
+        if isinstance(record, dict):
+            rows.append(flat_row(record, text[pos:end], line))
+        pos = end
+    keys = {k for row in rows for k in row.metrics}
+    return Parsed(rows, guess_framework(keys, ("trl", "ms-swift")) or "trl", lines=len(rows))
+
+
+def _skip(text: str, pos: int, chars: str) -> int:
+    while pos < len(text) and text[pos] in chars:
+        pos += 1
+    return pos
+
+
+def is_record(line: str) -> bool:
+    """A console line that holds (the start of) a Python-dict log record."""
+    return DICT_START.search(line) is not None
+
+
+def read_console(log: LogFile) -> Parsed:
+    """Every dict record of a TRL / HF Trainer / ms-swift / slime console log."""
+    bars: list[tuple[Row, int, int]] = []  # a row without a step, and the bar glued in front of it
+
+    def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        match = DICT_START.search(lines[i])
+        if match is None:
+            return None
+        text, end = gather(lines, i, lambda t: _dict_end(t, match.start()) is not None, _continues)
+        record = _literal(text, match.start())
+        if record is None:
+            return None
+        prefix = text[: match.start()]
+        slime = _SLIME_STEP.search(prefix)
+        row = flat_row(record, "\n".join(lines[i:end]), i + 1, int(slime.group(1)) if slime else None)
+        counts = _BAR.findall(prefix)
+        if row.step is None and counts:
+            bars.append((row, int(counts[-1][0]), int(counts[-1][1])))
+        return [row], end
+
+    parsed = scan(log.lines, parse_at)
+    if bars:
+        total = Counter(t for _, _, t in bars).most_common(1)[0][0]
+        for row, count, bar_total in bars:
+            row.step = count if bar_total == total else None
+        parsed.notes.append(f"steps were taken from the progress bar glued to each record (n/{total})")
+    parsed.framework = guess_framework({k for row in parsed.rows for k in row.metrics}, CONSOLE_FRAMEWORKS)
+    return parsed
+
+
+def _continues(joined: str, piece: str) -> bool:
+    return not is_record(piece) and _BAR.search(piece) is None
+
+
+def _dict_end(text: str, start: int) -> int | None:
+    """Index after the ``}`` that closes the dict opened at ``start`` (quotes respected)."""
+    depth, quote, escaped = 0, "", False
+    for pos in range(start, len(text)):
+        char = text[pos]
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char in "{[(":
+            depth += 1
+        elif char in "}])":
+            depth -= 1
+            if depth == 0:
+                return pos + 1
+    return None
+
+
+def _literal(text: str, start: int) -> dict[str, Any] | None:
+    """The dict at ``text[start:]``; values that are no literal (``nan``, ``np.float64(…)``)
+    are read as numbers, anything else is kept as its source text."""
+    end = _dict_end(text, start)
+    if end is None or end - start > 1_000_000:
+        return None
+    try:
+        with warnings.catch_warnings():  # e.g. a SyntaxWarning for "\d" in a logged string
+            warnings.simplefilter("ignore")
+            node = ast.parse(text[start:end], mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not isinstance(node, ast.Dict):
+        return None
+    return {
+        key.value: _value(value)
+        for key, value in zip(node.keys, node.values, strict=True)
+        if isinstance(key, ast.Constant) and isinstance(key.value, str)
+    }
+
+
+def _value(node: ast.expr) -> Any:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | None):
+        return node.value
+    source = ast.unparse(node)
+    try:
+        return parse_number(source)
+    except ValueError:
+        literal = load_json(source)  # a list of numbers and the like
+        return source if literal is None else literal

@@ -1,0 +1,92 @@
+"""verl's console logger: ``step:N - key:value - key:value …``, one line per training step.
+
+verl prints every numeric metric of a step as ``key:value`` joined by ``" - "``
+(``aggregate_logger.concat_dict_to_str``). What a pasted log adds on top, and how it is read:
+
+- numbers: ``f"{v:.3f}"`` before verl PR #2303 (``actor/lr:0.000``), ``pprint.pformat`` after it
+  (full precision, and ``np.float64(0.5)`` / ``np.int64(3)`` with numpy 2); ``nan``, ``inf`` and
+  ``-inf`` become those floats;
+- Ray's ``(TaskRunner pid=…)`` / ``(main_task pid=…)`` prefix (and its colour codes) and its
+  ``[repeated Nx across cluster]`` suffix are ignored;
+- a line a terminal wrapped, even inside a key (``critic`` / ``/rewards/min:0.0``) or a
+  number (``235.7`` / ``8125``), is rejoined: a following line continues the record while the
+  joined text still reads as ``key:value`` pairs (or a prefix of one);
+- the validation line verl prints for the same step is merged into it (see ``_rows``).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+from moescope.analyze.readers._rows import Parsed, Row, scan
+from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_number
+
+STEP_START = re.compile(rf"(?<![\w/])step:({INT})(?=\s*-|\s*$)")
+RAY_PREFIX = re.compile(r"^\s*\([\w.:-]+ pid=\d+(?:, ip=[^)]*)?\)")
+_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+_KEY = r"[A-Za-z_][^\s:]*"
+_VALUE = rf"{NUMBER}|True|False|None"
+_PAIR = re.compile(rf"\s*-\s*({_KEY}):({_VALUE})(?=\s*-|\s*$)")
+
+
+@cache
+def _partial() -> re.Pattern[str]:
+    """What may stand at the end of a wrapped piece: the start of one more ``key:value`` pair."""
+    words = ("nan", "inf", "infinity", "True", "False", "None")
+    prefixes = "|".join(sorted({w[:i] for w in words for i in range(1, len(w) + 1)}, key=len, reverse=True))
+    number = r"[-+]?(?:\d+\.?\d*|\.\d*)?(?:[eE][-+]?\d*)?"
+    value = rf"np(?:\.(?:\w+(?:\(\s*(?:{number}|[-+]?(?:{prefixes}))\s*)?)?)?|[-+]?(?:{prefixes})|{number}"
+    return re.compile(rf"\s*-?\s*(?:{_KEY}(?::(?:{value}))?)?")
+
+
+def pairs(text: str, pos: int) -> tuple[list[tuple[str, str]], str]:
+    """The ``key:value`` pairs from ``pos`` on, and the text after the last one."""
+    found = []
+    while match := _PAIR.match(text, pos):
+        found.append((match.group(1), match.group(2)))
+        pos = match.end()
+    return found, text[pos:]
+
+
+def is_record(line: str) -> bool:
+    """A verl console step line (the start of one, if a terminal wrapped it)."""
+    return STEP_START.search(line) is not None
+
+
+def _readable(text: str) -> bool:
+    match = STEP_START.search(text)
+    if match is None:
+        return False
+    rest = pairs(_REPEATED.sub("", text), match.end())[1]
+    return _partial().fullmatch(rest) is not None
+
+
+def _continues(joined: str, piece: str) -> bool:
+    return not RAY_PREFIX.match(piece) and not is_record(piece) and _readable(joined)
+
+
+def read(log: LogFile) -> Parsed:
+    """Every ``step:N - …`` record of a verl console log."""
+    unread: list[int] = []
+
+    def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        match = STEP_START.search(lines[i])
+        if match is None:
+            return None
+        text, end = gather(lines, i, lambda _: False, _continues)
+        text = _REPEATED.sub("", text)
+        found, rest = pairs(text, match.end())  # text starts with lines[i]
+        if rest.strip(" -"):
+            unread.append(i + 1)
+        metrics = {key: parse_number(value) for key, value in found}
+        return [Row(int(match.group(1)), metrics, "\n".join(lines[i:end]), i + 1)], end
+
+    parsed = scan(log.lines, parse_at)
+    parsed.framework = "verl"
+    if unread:
+        parsed.notes.append(
+            f"{len(unread)} step lines end in text that is no key:value pair "
+            f"(the first is line {unread[0]}); the pairs before it were read"
+        )
+    return parsed

@@ -1,0 +1,189 @@
+"""``compare(original, proxy)``: does the proxy reproduce what the original did?
+
+The paper's standard is the same fault response and the same direction of change, not numeric
+equality: a proxy has fewer experts, so its loss sits at another level, but a learning-rate
+spike must still produce a grad-norm spike and a KL jump, at about the same step.
+
+- **Findings.** For every finding type raised on either trace (warnings and errors; ``info``
+  is context): reproduced when the proxy raises the same type, with the onset offset in steps
+  and as a fraction of the run; "on time" when the offset is within ``ONSET_TOLERANCE`` of the
+  run (at least ``MIN_TOLERANCE_STEPS`` steps). A type only the proxy raises is a false alarm.
+- **Curves.** For each shared scalar metric: Spearman rank correlation of the two curves over
+  the common steps (rank-based, so the level does not matter), agreement of the direction of
+  change step to step (after a 3-step running mean) and of the overall trend (late third vs
+  early third).
+- **Verdict.** ``reproduced`` when every original finding reappears on time and nothing new
+  appears; ``partially reproduced`` when some do; ``not reproduced`` when none do;
+  ``both healthy`` when neither trace raises anything. Reasons say why.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from moescope import schema as S
+from moescope.analyze.diagnosis import diagnose, running, series
+from moescope.analyze.findings import Finding
+from moescope.traces import Trace
+
+ONSET_TOLERANCE = 0.1
+MIN_TOLERANCE_STEPS = 2
+CURVES = (S.ACTOR_LOSS, S.GRAD_NORM, S.ENTROPY, S.REWARD_MEAN, S.KL, S.LOAD_CV)
+
+
+@dataclass(frozen=True)
+class FindingMatch:
+    type: str
+    original_step: int | None
+    proxy_step: int | None
+    reproduced: bool
+    on_time: bool
+    offset_steps: int | None
+    offset_fraction: float | None
+    false_alarm: bool = False
+
+
+@dataclass(frozen=True)
+class CurveAgreement:
+    metric: str
+    steps: int
+    spearman: float | None
+    direction_agreement: float | None
+    trend_original: str
+    trend_proxy: str
+
+    @property
+    def trend_agrees(self) -> bool:
+        return self.trend_original == self.trend_proxy
+
+
+@dataclass(frozen=True)
+class Comparison:
+    verdict: str
+    reasons: list[str]
+    findings: list[FindingMatch] = field(default_factory=list)
+    curves: list[CurveAgreement] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for curve, row in zip(self.curves, d["curves"], strict=True):
+            row["trend_agrees"] = curve.trend_agrees
+        return d
+
+
+def compare(
+    original: Trace,
+    proxy: Trace,
+    *,
+    original_findings: list[Finding] | None = None,
+    proxy_findings: list[Finding] | None = None,
+) -> Comparison:
+    """The reproduction verdict of ``proxy`` against ``original`` (findings computed if not given)."""
+    a = original_findings if original_findings is not None else diagnose(original)
+    b = proxy_findings if proxy_findings is not None else diagnose(proxy)
+    run_length = max(len(original.steps), 1)
+    matches = _match(_onsets(a), _onsets(b), run_length)
+    curves = [c for c in (_curve(original, proxy, m) for m in CURVES) if c is not None]
+    verdict, reasons = _verdict(matches, curves)
+    return Comparison(verdict, reasons, matches, curves)
+
+
+def _onsets(findings: list[Finding]) -> dict[str, int | None]:
+    """First onset per finding type (warnings and errors only)."""
+    out: dict[str, int | None] = {}
+    for f in findings:
+        if f.severity == "info":
+            continue
+        if f.type not in out or (f.step is not None and (out[f.type] is None or f.step < out[f.type])):
+            out[f.type] = f.step
+    return out
+
+
+def _match(a: dict[str, int | None], b: dict[str, int | None], run_length: int) -> list[FindingMatch]:
+    tolerance = max(MIN_TOLERANCE_STEPS, round(ONSET_TOLERANCE * run_length))
+    rows = []
+    for kind in sorted(set(a) | set(b)):
+        if kind not in a:
+            rows.append(FindingMatch(kind, None, b[kind], False, False, None, None, false_alarm=True))
+            continue
+        if kind not in b:
+            rows.append(FindingMatch(kind, a[kind], None, False, False, None, None))
+            continue
+        offset = None if a[kind] is None or b[kind] is None else b[kind] - a[kind]
+        on_time = offset is None or abs(offset) <= tolerance
+        fraction = None if offset is None else offset / run_length
+        rows.append(FindingMatch(kind, a[kind], b[kind], True, on_time, offset, fraction))
+    return rows
+
+
+def _trend(values: list[float]) -> str:
+    third = max(1, len(values) // 3)
+    early, late = statistics.fmean(values[:third]), statistics.fmean(values[-third:])
+    scale = max(abs(early), abs(late), 1e-12)
+    if abs(late - early) / scale < 0.05:
+        return "flat"
+    return "up" if late > early else "down"
+
+
+def _curve(original: Trace, proxy: Trace, metric: str) -> CurveAgreement | None:
+    a, b = dict(series(original, metric)), dict(series(proxy, metric))
+    steps = sorted(set(a) & set(b))
+    if len(steps) < 3:
+        return None
+    x, y = [a[s] for s in steps], [b[s] for s in steps]
+    smooth_x, smooth_y = running(x, 3, statistics.fmean), running(y, 3, statistics.fmean)
+    return CurveAgreement(
+        metric, len(steps), _spearman(x, y), _direction(smooth_x, smooth_y), _trend(x), _trend(y)
+    )
+
+
+def _spearman(x: list[float], y: list[float]) -> float | None:
+    from scipy.stats import spearmanr
+
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return None
+    rho = float(spearmanr(x, y).statistic)
+    return rho if math.isfinite(rho) else None
+
+
+def _direction(x: list[float], y: list[float]) -> float | None:
+    pairs = [
+        (math.copysign(1, x1 - x0), math.copysign(1, y1 - y0))
+        for (x0, x1), (y0, y1) in zip(itertools.pairwise(x), itertools.pairwise(y), strict=True)
+        if x1 != x0 and y1 != y0
+    ]
+    return sum(p == q for p, q in pairs) / len(pairs) if pairs else None
+
+
+def _verdict(matches: list[FindingMatch], curves: list[CurveAgreement]) -> tuple[str, list[str]]:
+    originals = [m for m in matches if not m.false_alarm]
+    alarms = [m for m in matches if m.false_alarm]
+    reasons = []
+    for m in originals:
+        if m.reproduced and m.on_time:
+            reasons.append(f"{m.type} reproduced (onset {m.original_step} vs {m.proxy_step})")
+        elif m.reproduced:
+            reasons.append(f"{m.type} reproduced late or early (onset {m.original_step} vs {m.proxy_step})")
+        else:
+            reasons.append(f"{m.type} at step {m.original_step} not reproduced")
+    reasons += [f"{m.type} only on the proxy (step {m.proxy_step})" for m in alarms]
+    agreeing = [c for c in curves if c.trend_agrees]
+    if curves:
+        reasons.append(
+            f"curve trends agree on {len(agreeing)} of {len(curves)} metrics "
+            f"({', '.join(c.metric for c in curves if not c.trend_agrees) or 'all agree'})"
+        )
+    hits = [m for m in originals if m.reproduced and m.on_time]
+    if not originals and not alarms:
+        verdict = "both healthy"
+    elif originals and len(hits) == len(originals) and not alarms:
+        verdict = "reproduced"
+    elif hits or (originals and any(m.reproduced for m in originals)):
+        verdict = "partially reproduced"
+    else:
+        verdict = "not reproduced"
+    return verdict, reasons

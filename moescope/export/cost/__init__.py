@@ -1,0 +1,1 @@
+"""Accelerator cost: parameter counts from published dimensions, devices and memory, full vs proxy."""

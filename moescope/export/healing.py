@@ -1,0 +1,392 @@
+"""Optional healing: a short distillation of a proxy toward its original.
+
+:func:`heal` minimises the next-token ``KL(original ‖ proxy)`` on calibration data, training
+only what expert pruning cut: the router rows (and router bias) and the kept experts. Every
+other tensor (attention, norms, embeddings, LM head, shared experts, dense layers, buffers
+such as a correction bias) is frozen and verified bit-identical afterwards, so the backbone
+check of the validity checklist still passes and the healed proxy saves and loads like any
+proxy.
+
+The routing semantics of :mod:`moescope.export.surgery` hold: the config, the routing rule and the set
+of experts are unchanged, and the models run in eval mode during training, so routing is the
+deterministic inference routing (PhiMoE samples routes in train mode; dropout is off). The
+selection-only correction bias of DeepSeek-V3-style routers gets no gradient (top-k is not
+differentiable) and stays as exported. Training runs in the proxy's own dtype.
+
+The default data, ``"tasks"``, is the task suite's training stream (seeded), scored on answer
+and end-of-sequence tokens; the KL before and after is measured on the held-out pool, which
+healing never sees.
+
+Example
+-------
+>>> from moescope.models.toy import load_toy
+>>> from moescope.explore.clustering import select_experts
+>>> from moescope.export.surgery import build_proxy
+>>> model, tok = load_toy()
+>>> proxy = build_proxy(model, select_experts(model, "1/4", method="random"))
+>>> report = heal(model, proxy, tokenizer=tok, steps=4, tasks=())
+>>> report.kl_after < report.kl_before
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+
+from moescope import schema
+from moescope._util.io import readable, replace_dir
+from moescope._util.records import check_kind, jsonable, read_record, write_record
+from moescope.errors import MoescopeError
+from moescope.explore.calibration import TASKS, calibration_batches, describe_source
+from moescope.export.fidelity.agreement import (
+    Batch,
+    heldout_batches,
+    kl_loss,
+    next_token_agreement,
+    task_batches,
+)
+from moescope.export.fidelity.measure import manifest_sections
+from moescope.export.fidelity.validity import model_tensors, tensor_bytes
+from moescope.export.manifest import copy_side_files, read_manifest, write_manifest
+from moescope.export.surgery import expert_state_keys
+from moescope.models.accuracy import TaskSpec, model_accuracy, resolve_tasks
+from moescope.models.arch import MoEModel, adapt
+from moescope.models.multimodal import is_multimodal, save_with_language_model
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+__all__ = ["HealingReport", "heal", "heal_proxy_dir"]
+
+_KIND = "moescope.healing"
+_FIX = "pass a file written by HealingReport.save, or heal again"
+
+
+@dataclass(frozen=True, eq=False)
+class HealingReport:
+    """What :func:`heal` did and what it changed.
+
+    Attributes
+    ----------
+    steps, lr, seed, batch_size : the run (Adam, cosine decay to 0, gradient clip 1.0).
+    n_tokens : real tokens of calibration data trained on.
+    loss : training KL (nats) at every step.
+    kl_before, kl_after, top1_before, top1_after : next-token KL to the original and top-1
+        agreement on held-out data, before and after.
+    accuracy : per task and mode the proxy's accuracy ``before`` and ``after`` (and the
+        original's), or ``None`` when no tasks apply.
+    trained : names of the tensors trained (router rows and biases, kept experts).
+    frozen_verified : tensors verified bit-identical after training.
+    data, heldout : what the calibration data and the held-out data were.
+    """
+
+    steps: int
+    lr: float
+    seed: int
+    batch_size: int
+    n_tokens: int
+    loss: tuple[float, ...]
+    kl_before: float
+    kl_after: float
+    top1_before: float
+    top1_after: float
+    accuracy: pd.DataFrame | None
+    trained: tuple[str, ...]
+    frozen_verified: int
+    data: str = ""
+    heldout: str = ""
+
+    def to_frame(self) -> pd.DataFrame:
+        """The training curve, long form: ``step, loss``."""
+        return pd.DataFrame({schema.STEP: range(len(self.loss)), "loss": self.loss})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values (non-finite numbers as ``None``): what the manifest stores."""
+        out = {name: getattr(self, name) for name in _FIELDS}
+        out["loss"] = list(self.loss)
+        out["trained"] = list(self.trained)
+        out["accuracy"] = None if self.accuracy is None else self.accuracy.to_dict("records")
+        return jsonable({"kind": _KIND, "schema_version": schema.SCHEMA_VERSION, **out})
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HealingReport:
+        """The inverse of :meth:`to_dict`."""
+        check_kind(d, _KIND, _FIX)
+        values = {name: d[name] for name in _FIELDS}
+        values["loss"] = tuple(math.nan if v is None else float(v) for v in d["loss"])
+        values["trained"] = tuple(d["trained"])
+        values["accuracy"] = None if d["accuracy"] is None else pd.DataFrame.from_records(d["accuracy"])
+        return cls(**values)
+
+    def save(self, path: str | Path) -> Path:
+        """Write JSON atomically (temporary sibling, then rename)."""
+        return write_record(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> HealingReport:
+        """Read a file written by :meth:`save`."""
+        return cls.from_dict(read_record(path, _KIND, _FIX))
+
+
+_FIELDS = (
+    "steps", "lr", "seed", "batch_size", "n_tokens", "loss", "kl_before", "kl_after", "top1_before",
+    "top1_after", "accuracy", "trained", "frozen_verified", "data", "heldout",
+)  # fmt: skip
+
+
+# --- what trains, and proof that nothing else did --------------------------------------------------
+
+
+def trainable_tensors(moe: MoEModel) -> dict[str, torch.nn.Parameter]:
+    """State-dict name → parameter of every per-expert tensor that can learn: the router rows,
+    a router bias and the kept experts' weights (a correction bias is a buffer: not here)."""
+    params = dict(moe.model.named_parameters())
+    return {name: params[name] for name in expert_state_keys(moe) if name in params}
+
+
+def _digests(model: torch.nn.Module, skip: set[str]) -> dict[str, str]:
+    """SHA-256 of every tensor not in ``skip``: memory stays flat however large the backbone."""
+    tensors = model_tensors(model)
+    return {
+        name: hashlib.sha256(tensor_bytes(t)).hexdigest() for name, t in tensors.items() if name not in skip
+    }
+
+
+def _verify_frozen(before: dict[str, str], model: torch.nn.Module, skip: set[str]) -> int:
+    after = _digests(model, skip)
+    changed = sorted(name for name in before if after.get(name) != before[name])
+    if changed or after.keys() != before.keys():
+        raise RuntimeError(f"healing changed tensors it must not train: {changed}")
+    return len(before)
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+def training_batches(
+    data: Any, tokenizer: Any, *, batch_size: int, seq_len: int, seed: int
+) -> Iterator[Batch]:
+    """Endless calibration batches: the seeded task training stream, or ``data`` again and again."""
+    if isinstance(data, str) and data == TASKS:
+        from moescope.models.tasks import mixed_examples
+
+        return task_batches(mixed_examples(seed=seed), tokenizer, n_tokens=2**62, batch_size=batch_size)
+
+    def passes() -> Iterator[Batch]:
+        while True:
+            yield from calibration_batches(
+                data, tokenizer, n_tokens=2**62, batch_size=batch_size, seq_len=seq_len, seed=seed
+            )
+
+    return passes()
+
+
+def _train(
+    original: PreTrainedModel,
+    proxy: PreTrainedModel,
+    params: dict[str, torch.nn.Parameter],
+    batches: Iterator[Batch],
+    *,
+    steps: int,
+    lr: float,
+) -> tuple[list[float], int]:
+    """Adam on the KL with cosine decay to 0 and gradient clipping; (losses, tokens seen)."""
+    optimizer = torch.optim.Adam(params.values(), lr=lr)
+    cosine = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
+    losses, tokens = [], 0
+    for batch in itertools.islice(batches, steps):
+        loss = kl_loss(original, proxy, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        optimizer.step()
+        cosine.step()
+        losses.append(float(loss.detach()))
+        tokens += int(batch["attention_mask"].sum())
+    return losses, tokens
+
+
+def heal(
+    original: PreTrainedModel,
+    proxy: PreTrainedModel,
+    data: Any = TASKS,
+    *,
+    tokenizer: Any = None,
+    steps: int = 50,
+    lr: float = 1e-3,
+    seed: int = 0,
+    batch_size: int = 32,
+    seq_len: int = 128,
+    heldout: Any = None,
+    heldout_tokens: int = 4096,
+    tasks: TaskSpec = None,
+    n_prompts: int = 100,
+    samples: int = 4,
+) -> HealingReport:
+    """Distil ``proxy`` toward ``original`` in place; return what happened.
+
+    Parameters
+    ----------
+    original, proxy : the source model and its proxy (loaded; the proxy is changed in place).
+    data : ``"tasks"`` (the seeded training stream of the task suite) or calibration data
+        (``.txt`` / ``.jsonl`` path or token ids), cycled as long as ``steps`` needs.
+    tokenizer : the models' tokenizer; needed for text data and tasks.
+    steps, lr, seed, batch_size, seq_len : the run; the same seed gives the same healed weights.
+    heldout, heldout_tokens : data and token budget of the KL before and after; by default the
+        task suite's held-out pool for ``"tasks"``, else ``data`` itself (then not held out,
+        which the report says).
+    tasks, n_prompts, samples : the accuracy before and after, as in
+        :func:`moescope.export.fidelity.measure.measure_fidelity` (``()`` for none).
+    """
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise MoescopeError(f"steps must be a positive whole number, not {steps!r}; pass one such as 50.")
+    resolved = resolve_tasks(tasks, original)  # a malformed prompt file fails before any training
+    accuracy_kw = {"n_prompts": n_prompts, "samples": samples, "seed": seed}
+    check_data = data if heldout is None else heldout
+    check = heldout_batches(check_data, tokenizer, n_tokens=heldout_tokens, seed=seed)
+    before, _ = next_token_agreement(original, proxy, check)
+    accuracy = [_accuracy(m, tokenizer, resolved, accuracy_kw) for m in (original, proxy)]
+
+    params = trainable_tensors(adapt(proxy))
+    frozen = _digests(proxy, set(params))
+    batches = training_batches(data, tokenizer, batch_size=batch_size, seq_len=seq_len, seed=seed)
+    with _training_only(original, proxy, params):
+        losses, tokens = _train(original, proxy, params, batches, steps=steps, lr=lr)
+    verified = _verify_frozen(frozen, proxy, set(params))
+
+    after, _ = next_token_agreement(original, proxy, check)
+    accuracy.append(_accuracy(proxy, tokenizer, resolved, accuracy_kw))
+    return HealingReport(
+        steps=steps,
+        lr=lr,
+        seed=seed,
+        batch_size=batch_size,
+        n_tokens=tokens,
+        loss=tuple(losses),
+        kl_before=before["kl"],
+        kl_after=after["kl"],
+        top1_before=before["top1_agreement"],
+        top1_after=after["top1_agreement"],
+        accuracy=_before_after(*accuracy),
+        trained=tuple(params),
+        frozen_verified=verified,
+        data=describe_source(data, seed),
+        heldout=_describe_heldout(check_data, defaulted=heldout is None),
+    )
+
+
+def _describe_heldout(data: Any, *, defaulted: bool) -> str:
+    if isinstance(data, str) and data == TASKS:
+        return "held-out task pool"
+    return describe_source(data) + (" (the training data: not held out)" if defaulted else "")
+
+
+def _accuracy(model: PreTrainedModel, tokenizer: Any, tasks: Any, kw: dict[str, Any]) -> pd.DataFrame | None:
+    return None if tasks is None else model_accuracy(model, tokenizer, tasks, **kw)
+
+
+def _before_after(
+    original: pd.DataFrame | None, before: pd.DataFrame | None, after: pd.DataFrame | None
+) -> pd.DataFrame | None:
+    """``task, mode, n, original, before, after``: the proxy's accuracy around healing."""
+    if original is None or before is None or after is None:
+        return None
+    frame = original[["task", "mode", "n", "accuracy"]].rename(columns={"accuracy": "original"})
+    frame["before"] = before["accuracy"].to_numpy()
+    frame["after"] = after["accuracy"].to_numpy()
+    return frame
+
+
+@contextmanager
+def _training_only(
+    original: PreTrainedModel, proxy: PreTrainedModel, params: dict[str, torch.nn.Parameter]
+) -> Iterator[None]:
+    """Gradients for ``params`` only; both models in eval mode (inference routing, no dropout).
+    Training flags and ``requires_grad`` are restored after."""
+    flags = {name: p.requires_grad for name, p in proxy.named_parameters()}
+    modes = (original.training, proxy.training)
+    try:
+        proxy.requires_grad_(False).eval()
+        original.eval()
+        for p in params.values():
+            p.requires_grad_(True)
+        yield
+    finally:
+        for name, p in proxy.named_parameters():
+            p.requires_grad_(flags[name])
+        original.train(modes[0])
+        proxy.train(modes[1])
+
+
+# --- an exported proxy directory -------------------------------------------------------------------
+
+
+def heal_proxy_dir(
+    proxy_dir: str | Path,
+    *,
+    original: str | Path | None = None,
+    data: Any = TASKS,
+    steps: int = 50,
+    measure: bool | dict[str, Any] = True,
+    **options: Any,
+) -> HealingReport:
+    """Heal an exported proxy and rewrite its directory atomically (temporary sibling, rename).
+
+    The original is the manifest's source unless given (it must have the recorded config hash).
+    The weights are saved with ``save_pretrained`` in the stored dtype; the manifest gains the
+    ``healing`` section, and its ``fidelity`` and ``checklist`` are measured again on the healed
+    weights (``measure``: ``True``, or the options of
+    :func:`~moescope.export.fidelity.measure.measure_fidelity`) or dropped, since they described the weights
+    before. ``options`` go to :func:`heal` (``lr``, ``seed``, ``batch_size``, ``tasks``, ...).
+
+    Example
+    -------
+    >>> report = heal_proxy_dir("proxy-dir", steps=50)  # doctest: +SKIP
+    """
+    from moescope.export.fidelity.measure import measure_fidelity, validity_checklist
+    from moescope.models.loading import load_model
+    from moescope.provenance import config_hash
+
+    proxy_dir = Path(proxy_dir)
+    manifest = read_manifest(proxy_dir)
+    if manifest is None:
+        raise MoescopeError(f"{proxy_dir} holds no moescope.json, so it is no proxy; export one first.")
+    source = original if original is not None else manifest["source"]["path"]
+    lm, tokenizer = load_model(source, dtype="auto")  # type: ignore[arg-type]
+    if config_hash(lm.config) != manifest["source"]["config_hash"]:
+        raise MoescopeError(
+            f"{source} is not the model this proxy was cut from (config hash {config_hash(lm.config)}, "
+            f"recorded {manifest['source']['config_hash']}); pass original= the source checkpoint."
+        )
+    proxy, own = load_model(proxy_dir, dtype="auto")  # type: ignore[arg-type]
+    tokenizer = tokenizer or own
+    report = heal(lm, proxy, data, tokenizer=tokenizer, steps=steps, **options)
+    for stale in ("fidelity", "checklist"):
+        manifest.pop(stale, None)
+    if measure:
+        kw = {"seed": report.seed, **(measure if isinstance(measure, dict) else {})}
+        fidelity = measure_fidelity(lm, proxy, tokenizer=tokenizer, **kw)
+        manifest.update(manifest_sections(fidelity, validity_checklist(lm, proxy, fidelity)))
+    manifest.update(manifest_sections(healing=report))
+
+    def fill(work: Path) -> None:
+        if is_multimodal(proxy_dir):  # the loaded language model lacks the vision tower
+            save_with_language_model(proxy_dir, proxy, work)
+        else:
+            proxy.save_pretrained(work)
+        copy_side_files(proxy_dir, work)
+        write_manifest(work, manifest)
+        readable(work)
+
+    replace_dir(proxy_dir, fill, overwrite=True)
+    return report

@@ -1,0 +1,1 @@
+"""Streaming export: cut a checkpoint shard by shard, never loading the model."""

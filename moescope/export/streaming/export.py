@@ -1,0 +1,280 @@
+"""Streaming proxy export: cut a checkpoint shard by shard, without ever loading the model.
+
+The in-memory export (:func:`moescope.export.pipeline.export_proxy`) loads the model, so its peak memory
+is the model plus the proxy. This one reads the safetensors shards (through
+``model.safetensors.index.json`` when sharded) a byte range at a time and writes the proxy's
+shards as it goes:
+
+* per-expert keys of dropped experts are skipped and the kept ones renumbered ``0..K-1`` in
+  numeric order, the order transformers stacks them in, so the checkpoint loads to the same
+  model as the in-memory proxy;
+* fused expert tensors, router rows, router biases and correction biases are sliced on their
+  expert axis (tensors are told apart by :mod:`moescope.export.streaming.keys`);
+* every other tensor is copied byte for byte, in the source's order, layout and dtype (a
+  multimodal checkpoint's vision tower included; its ``text_config`` gets the expert count).
+
+Memory. With the selection known before the pass (``selection=``, or ``method="random"``) the
+pass holds one copy buffer. With ``method="cluster"`` it holds one MoE layer's expert tensors at
+a time: their weight-view sketches (the vectors ``embed_experts(model, "weights")`` gives) are
+clustered as soon as the layer is mapped, and the kept experts are written from the mapping. So
+the peak is one layer's experts plus a fixed overhead, whatever the size of the model.
+``frequency`` and ``reap`` rank experts by a calibration pass through the loaded model, so
+streaming takes them only as a selection file made beforehand.
+
+Examples
+--------
+>>> import tempfile
+>>> from moescope.models.zoo import tiny
+>>> with tempfile.TemporaryDirectory() as tmp:
+...     tiny("mixtral").save_pretrained(f"{tmp}/model")
+...     export_streaming(f"{tmp}/model", f"{tmp}/proxy", keep="1/2", progress=False).selection.keep
+4
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moescope._util.io import check_output_dir, readable, replace_dir
+from moescope.errors import MoescopeError
+from moescope.explore.clustering import METHODS, select_experts
+from moescope.explore.embeddings import ExpertEmbeddings, _Projector, model_facts
+from moescope.explore.selection import Selection
+from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
+from moescope.export.result import ExportResult
+from moescope.export.streaming.checkpoint import Checkpoint, open_checkpoint
+from moescope.export.streaming.passes import EMBED_DIM, Pass, plan_outputs
+from moescope.export.streaming.weight_view import LayerRead, MemoryBudget, layer_vectors
+from moescope.export.surgery import given_selection, kept_count, proxy_config
+from moescope.keep import parse_keep
+from moescope.models.arch import language_config, spec_for
+from moescope.models.loading import load_config, resolve_model, weight_files
+
+DEFAULT_SHARD_SIZE = "5GB"
+
+
+# --- the weight view ---------------------------------------------------------------------------
+
+
+def embed_checkpoint(model: str | Path, *, seed: int = 0, progress: bool = True) -> ExpertEmbeddings:
+    """Weight-view expert embeddings read from the shards, one layer in memory at a time.
+
+    The vectors equal ``embed_experts(loaded_model, "weights", seed=seed)``, for either
+    checkpoint layout, without loading the model.
+    """
+    checkpoint = open_checkpoint(model)
+    projector = _Projector(seed, EMBED_DIM)
+    budget, rows = MemoryBudget(checkpoint.layer_bytes), []
+    for layer in _progress(checkpoint.moe.moe_indices, progress, "weight embeddings", unit="layer"):
+        read = LayerRead(checkpoint, layer, budget)
+        try:
+            rows.append(layer_vectors(checkpoint, layer, read, projector))
+        finally:
+            read.release()
+    facts = model_facts(checkpoint.moe)
+    return ExpertEmbeddings(view="weights", seed=seed, vectors=np.stack(rows), **facts)
+
+
+# --- the export ----------------------------------------------------------------------------------
+
+
+def export_streaming(
+    model: str | Path,
+    out: str | Path,
+    *,
+    keep: str | float | int | None = None,
+    selection: Selection | str | Path | None = None,
+    method: str = "cluster",
+    seed: int = 0,
+    allow_top_k: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    max_shard_size: int | str = DEFAULT_SHARD_SIZE,
+) -> ExportResult:
+    """Write a proxy of ``model`` to ``out`` from its safetensors shards, in one read.
+
+    Parameters are those of :func:`moescope.export.pipeline.export_proxy`, plus ``max_shard_size`` (bytes,
+    or ``"5GB"``): the largest output shard. ``method="cluster"`` clusters the weight view;
+    ``frequency`` and ``reap`` need ``selection``. The result's ``embeddings`` are the clustered
+    vectors (``None`` when the selection was given or random).
+    """
+    check_output_dir(out, overwrite=overwrite)  # fail in seconds, before reading anything
+    checkpoint = open_checkpoint(model)
+    keep_n, chosen = _selection_before_pass(checkpoint, keep, selection, method, seed, allow_top_k)
+    run = Pass(checkpoint, keep_n, chosen, seed, allow_top_k)
+    shard_bytes = _shard_bytes(max_shard_size)
+    done: dict[str, Any] = {}
+
+    def fill(work: Path) -> None:
+        cut_checkpoint(checkpoint, run, work, shard_bytes, progress)
+        done["selection"] = run.selection()
+        config = proxy_config(checkpoint.moe.config, checkpoint.moe, keep_n)
+        done["manifest"] = make_manifest(checkpoint.path, checkpoint.moe.model, config, done["selection"])
+        write_manifest(work, done["manifest"])
+        readable(work)
+
+    path = replace_dir(out, fill, overwrite=overwrite)
+    return ExportResult(path, done["manifest"], done["selection"], embeddings=run.embeddings())
+
+
+def cut_checkpoint(checkpoint: Checkpoint, run: Pass, work: Path, shard_bytes: int, progress: bool) -> None:
+    """Write the proxy's shards, index, config.json and side files into ``work`` (no manifest)."""
+    outputs = plan_outputs(checkpoint, run.keep, run.chosen)
+    total = sum(o.out.nbytes for o in outputs)
+    with _progress(None, progress, "streaming export", total=total, unit="B") as bar:
+        run.run(outputs, work, shard_bytes, bar)
+    _write_config(checkpoint, work, run.keep)
+    copy_side_files(checkpoint.path, work)
+
+
+def write_selected(model: str | Path, work: Path, selection: Selection, progress: bool = True) -> None:
+    """The proxy of a given selection, cut from ``model``'s shards into ``work`` (no manifest):
+    how the in-memory export writes a multimodal checkpoint, whose vision tower and projector
+    the loaded language model does not hold."""
+    checkpoint = open_checkpoint(model)
+    chosen = given_selection(checkpoint.moe, selection, None)
+    run = Pass(checkpoint, chosen.keep, chosen, chosen.seed, allow_top_k=True)
+    cut_checkpoint(checkpoint, run, work, _shard_bytes(DEFAULT_SHARD_SIZE), progress)
+
+
+def _selection_before_pass(
+    checkpoint: Checkpoint,
+    keep: Any,
+    selection: Selection | str | Path | None,
+    method: str,
+    seed: int,
+    allow_top_k: bool,
+) -> tuple[int, Selection | None]:
+    """The kept count, and the selection when it is known before the pass (``None``: clustered
+    layer by layer during it)."""
+    moe = checkpoint.moe
+    if selection is not None:
+        chosen = given_selection(moe, selection, keep)
+        return chosen.keep, chosen
+    if method not in METHODS:
+        raise MoescopeError(f"unknown selection method {method!r}; choose one of {', '.join(METHODS)}.")
+    if method in ("frequency", "reap"):
+        raise MoescopeError(
+            f"the {method} selection ranks experts by a calibration pass through the loaded model, which "
+            "a streaming export never loads; make a selection.json on a machine that can load it and pass "
+            "--selection, or use --method cluster or random."
+        )
+    count = kept_count(moe, keep, allow_top_k)
+    if method == "cluster":
+        return count, None
+    return count, select_experts(moe, count, method=method, seed=seed, allow_top_k=allow_top_k)
+
+
+def _write_config(checkpoint: Checkpoint, work: Path, keep: int) -> None:
+    """config.json as the source wrote it, with the expert count (and any alias of its key) set:
+    at the top level, or in the language model's section of a multimodal config."""
+    data = json.loads((checkpoint.path / "config.json").read_text())
+    config, key = checkpoint.moe.config, checkpoint.moe.spec.count_key
+    section = language_section(data, config.model_type)
+    *parents, key = key.split(".")  # DBRX keeps it in ffn_config
+    for parent in parents:
+        section = section.setdefault(parent, {})
+    names = {key} | {alias for alias, name in config.attribute_map.items() if name == key}
+    for name in names & section.keys() or {key}:
+        section[name] = keep
+    (work / "config.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+def language_section(data: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """The part of a config.json's dict that configures the language model of ``model_type``:
+    the sub-config (``text_config``) of a multimodal one that has that type, else the dict itself."""
+    if data.get("model_type") != model_type:
+        nested = [
+            value
+            for value in data.values()
+            if isinstance(value, dict) and value.get("model_type") == model_type
+        ]
+        if len(nested) == 1:
+            return nested[0]
+    return data
+
+
+def _shard_bytes(size: int | str) -> int:
+    from transformers.utils.hub import convert_file_size_to_int
+
+    try:
+        value = convert_file_size_to_int(size)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise MoescopeError(f"max_shard_size={size!r} is not a size; use bytes or a string like '5GB'.")
+    return value
+
+
+def _progress(items: Any, enabled: bool, desc: str, **kwargs: Any) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, disable=not enabled, leave=False, unit_scale=True, **kwargs)
+
+
+# --- when to stream ------------------------------------------------------------------------------
+
+
+def needs_streaming(
+    model: str | Path, *, keep: Any = None, selection: Selection | str | Path | None = None
+) -> bool:
+    """Whether the in-memory export would not fit: its peak (the model, plus the proxy it
+    builds) against the memory available now."""
+    source = resolve_model(model)
+    weights = sum(file.stat().st_size for file in weight_files(source))
+    return weights * (1 + _keep_ratio(source, keep, selection)) > available_memory()
+
+
+def _keep_ratio(source: Path, keep: Any, selection: Selection | str | Path | None) -> float:
+    """The kept share of the experts, as far as it can be told cheaply (1 when it cannot)."""
+    if selection is not None:
+        return (selection if isinstance(selection, Selection) else Selection.load(selection)).keep_ratio
+    if keep is None:
+        return 1.0
+    config = language_config(load_config(source))
+    experts = spec_for(config).num_experts(config)
+    try:
+        return parse_keep(keep, experts, 0, allow_top_k=True) / experts
+    except MoescopeError:
+        return 1.0  # the export itself says what is wrong with keep
+
+
+def available_memory() -> int:
+    """Bytes this process can still use: the system's available memory, capped by a cgroup limit."""
+    try:
+        import psutil
+
+        free = int(psutil.virtual_memory().available)
+    except ImportError:
+        free = _meminfo_available()
+    return min(free, _cgroup_headroom())
+
+
+def _meminfo_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cgroup_headroom() -> int:
+    """Limit minus usage of this process's memory cgroup (v2, then v1); unlimited when unset."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            limit, usage = Path(limit_file).read_text().strip(), Path(usage_file).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:
+            return max(int(limit) - int(usage), 0)
+    return 1 << 62

@@ -1,0 +1,105 @@
+"""Results of the fidelity study (``bench/fidelity_study.py``) as tables.
+
+The study replays the toy and its proxies (keep ratio × selection method × seed) under each
+fault and compares every proxy trace with the toy's (:func:`moescope.analyze.verdict.compare`). Its JSON
+holds one row per comparison; :func:`study_frame` turns that into one table row per proxy run,
+and :func:`study_summary` pools them per keep ratio and method: the share of the toy's findings
+reproduced on time (pooled over findings, not averaged over runs), false alarms per run, the
+share of curve trends that agree, the mean rank correlation and the measured step-time ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from moescope._util.io import read_json_object
+from moescope.errors import MoescopeError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+CURVE_METRICS = ("actor/loss", "actor/grad_norm", "actor/entropy", "reward/mean", "actor/kl")
+STUDY_FILE = "fidelity-study.json"
+HEALED_STUDY_FILE = "fidelity-study-healed.json"  # the same study with every proxy healed first
+
+
+def read_study(path: str | Path) -> dict[str, Any]:
+    """The study's JSON (a file, or a directory holding ``fidelity-study.json``)."""
+    path = Path(path)
+    path = path / STUDY_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise MoescopeError(
+            f"No study results at {path}; run `python bench/fidelity_study.py --out DIR` first."
+        )
+    result = read_json_object(path, "run the study again")
+    if "rows" not in result or "proxies" not in result:
+        raise MoescopeError(f"{path} is not a fidelity-study result; run the study again.")
+    return result
+
+
+def mean_of(values: list[float | None]) -> float:
+    """Mean of the values that are there (``None`` and NaN left out); NaN when none are."""
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.fmean(values) if values else math.nan
+
+
+def study_frame(result: dict[str, Any]) -> pd.DataFrame:
+    """One row per proxy run: keep, method, seed, fault, verdict, findings reproduced on time
+    (``hits`` of ``findings``), false ``alarms``, curve ``trend`` agreement and mean ``rho``,
+    ``step_ratio`` and the proxy's ``capability`` (accuracy ratio to the original)."""
+    import pandas as pd
+
+    capability = {(p["keep"], p["method"], p["seed"]): p.get("capability_ratio") for p in result["proxies"]}
+    rows = []
+    for r in result["rows"]:
+        originals = [f for f in r["findings"] if not f["false_alarm"]]
+        curves = [r["curves"][m] for m in CURVE_METRICS if m in r["curves"]]
+        rows.append(
+            {
+                "keep": r["keep"],
+                "method": r["method"],
+                "seed": r["seed"],
+                "fault": r["fault"],
+                "verdict": r["verdict"],
+                "hits": sum(bool(f["reproduced"] and f["on_time"]) for f in originals),
+                "findings": len(originals),
+                "alarms": sum(bool(f["false_alarm"]) for f in r["findings"]),
+                "trend": mean_of([float(c["trend_agrees"]) for c in curves]),
+                "rho": mean_of([c["spearman"] for c in curves]),
+                "step_ratio": r["step_ratio"],
+                "capability": capability.get((r["keep"], r["method"], r["seed"])),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def study_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per keep ratio and method: ``hit`` (pooled share of findings reproduced on time),
+    ``alarms`` per run, mean ``trend``, ``rho``, ``step_ratio`` and ``capability``."""
+    groups = frame.groupby(["keep", "method"], sort=False)
+    summary = groups.agg(
+        hits=("hits", "sum"),
+        findings=("findings", "sum"),
+        alarms=("alarms", "mean"),
+        trend=("trend", "mean"),
+        rho=("rho", "mean"),
+        step_ratio=("step_ratio", "mean"),
+        capability=("capability", "mean"),
+    )
+    summary.insert(0, "hit", summary["hits"] / summary["findings"].where(summary["findings"] > 0))
+    return summary.reset_index()
+
+
+def healing_effect(unhealed: dict[str, Any], healed: dict[str, Any]) -> pd.DataFrame:
+    """Per keep ratio and method, ``hit`` and ``capability`` of the study without healing and
+    of the one whose proxies were healed first (the same exports otherwise), side by side."""
+    columns = ["hit", "capability"]
+    before, after = (
+        study_summary(study_frame(result)).set_index(["keep", "method"])[columns]
+        for result in (unhealed, healed)
+    )
+    joined = before.join(after, suffixes=("_unhealed", "_healed"), how="inner")
+    return joined[[f"{c}_{when}" for c in columns for when in ("unhealed", "healed")]].reset_index()

@@ -1,0 +1,1 @@
+"""Integrations: moescope's trace and faults inside other training engines."""
