@@ -12,7 +12,12 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install test demo lint bench clean
+# The browser tests drive Debian's chromium through Playwright (tests/browser.py); another
+# build can be named with CHROMIUM=/path/to/chromium.
+CHROMIUM ?= $(firstword $(wildcard /usr/bin/chromium) $(shell command -v chromium 2>/dev/null))
+export CHROMIUM
+
+.PHONY: install check-prereqs test demo lint bench clean
 
 install: $(STAMP)
 
@@ -22,7 +27,15 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[all]"
 	@touch $@
 
-test: $(STAMP)
+# What `make test` needs from the system, said in the first second rather than after the suite.
+check-prereqs:
+	@test -x $(BIN)/python || command -v $(PYTHON) >/dev/null || { echo "make test needs $(PYTHON) \
+	to create $(VENV): install it with \`sudo apt-get install python3.11-venv\` or name another \
+	Python 3.11 with PYTHON=." >&2; exit 1; }
+	@test -x "$(CHROMIUM)" || { echo "make test needs chromium for its browser tests: install it \
+	with \`sudo apt-get install chromium\`." >&2; exit 1; }
+
+test: check-prereqs $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
@@ -31,6 +44,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check moescope tests bench
 	$(BIN)/ruff format --check moescope tests bench
+	$(BIN)/lint-imports --no-logo --no-cache
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

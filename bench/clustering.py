@@ -1,9 +1,9 @@
 """Clustering a DeepSeek-V3-shaped problem: 58 MoE layers x 256 experts, synthetic embeddings.
 
-Times :class:`moescope.ExpertClusterer` (agglomerative, cosine, representatives and weighted
-centres included) over every layer at keep 1/2, 1/4 and 1/8, side by side with the bare
-scikit-learn path (``pairwise_distances`` then ``AgglomerativeClustering``) — the baseline a
-hand-rolled script would use — and prints the ratio. Embeddings are planted groups plus noise, 128
+Times :class:`moescope.explore.clustering.ExpertClusterer` (agglomerative, cosine, representatives
+and weighted centres included) over every layer at keep 1/2, 1/4 and 1/8, side by side with the bare
+scikit-learn path (``pairwise_distances`` then ``AgglomerativeClustering``) — the baseline a hand-
+rolled script would use — and prints the ratio. Embeddings are planted groups plus noise, 128
 dimensions (the width of moescope's multi-view embeddings). It reports; it does not pass or fail.
 
     .venv/bin/python bench/clustering.py [--layers 58] [--experts 256] [--dim 128]

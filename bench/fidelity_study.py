@@ -282,7 +282,7 @@ def healing_lines(unhealed: dict[str, Any], healed: dict[str, Any]) -> list[str]
 def cost_lines(table: Any, keeps: tuple[str, ...]) -> list[str]:
     """What each keep ratio costs: devices from the cost model for published models, and the
     proxies' measured step time on the toy (mean over methods)."""
-    from moescope.export.cost.model import reference_table
+    from moescope.export.cost import reference_table
 
     ref = reference_table()
     models = ("DeepSeek-V3", "Kimi-K2", "Qwen3-235B-A22B")

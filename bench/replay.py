@@ -50,8 +50,9 @@ def trainer(cfg):
     import moescope
     from moescope.replay.comm import Comm
     from moescope.replay.data import max_new_tokens, prompt_schedule
+    from moescope.replay.models import prepare_models
     from moescope.replay.rewards import reward_function
-    from moescope.replay.trainer import Trainer, prepare_models
+    from moescope.replay.trainer import Trainer
 
     policy, tok = moescope.load_model("toy")
     reference, _ = moescope.load_model("toy", with_tokenizer=False)

@@ -16,10 +16,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from moescope import schema as S
+from moescope._util.flags import add_flags, config_field, flag_values, shown_default
 from moescope._version import __version__
 from moescope.errors import MoescopeError
+from moescope.export.config import ExportConfig
+from moescope.replay.config import ReplayConfig
 
 DEMO_DIR = Path("moescope-demo")
+MODEL_HELP = "a local Hugging Face checkpoint directory, or 'toy' (the embedded model)"
+
+# Each command imports its stage when it runs, not at the top: torch and transformers take
+# seconds to import, and `moescope --help` or `moescope diagnose` never need them.
 
 
 def cmd_toy(args: argparse.Namespace) -> int:
@@ -41,7 +49,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_cost(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from moescope.export.cost.model import (
+    from moescope.export.cost import (
         DEFAULT_KEEPS,
         TrainingMemory,
         cost_json,
@@ -70,24 +78,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from moescope.export.pipeline import export_proxy
 
-    result = export_proxy(
-        args.model,
-        args.out,
-        keep=args.keep,
-        selection=args.selection,
-        method=args.method,
-        seed=args.seed,
-        calibration=args.calibration,
-        n_tokens=args.n_tokens,
-        allow_top_k=args.allow_top_k,
-        overwrite=args.overwrite,
-        progress=sys.stderr.isatty(),
-        streaming=args.streaming,
-        heal_steps=args.heal_steps,
-        heal_lr=args.heal_lr,
-        fidelity=not args.no_fidelity,
-        tasks=args.prompts,
-    )
+    config, progress = export_config(args), sys.stderr.isatty()
+    result = export_proxy(args.model, config, out=args.out, overwrite=args.overwrite, progress=progress)
     m = result.manifest
     print(
         f"proxy: {result.path} ({m['keep']} of {m['source']['num_experts']} routed experts per layer, "
@@ -109,34 +101,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from moescope.replay import replay
-    from moescope.replay.config import ReplayConfig
 
     if args.out.exists() and not (args.resume or args.overwrite):
         raise MoescopeError(f"{args.out} exists; pass --resume to continue it or --overwrite to replace it.")
-    options = _read_replay_config(args.config) if args.config else {}
-    flags = {
-        "steps": args.steps,
-        "seed": args.seed,
-        "algo": args.algo,
-        "pivot": args.pivot or None,
-        "precision": args.precision,
-        "rollout_precision": args.rollout_precision,
-        "prompts": str(args.prompts) if args.prompts else None,
-        "reward": args.reward,
-        "group_size": args.group_size,
-        "prompts_per_step": args.prompts_per_step,
-        "lr": args.lr,
-        "kl_beta": args.kl_beta,
-        "loop_times": args.loop_times,
-        "faults": tuple(args.fault) if args.fault else None,
-    }
-    if args.entropy_floor is not None:
-        flags["token_entropy_flow_control"], flags["min_entropy_floor"] = True, args.entropy_floor
-    options.update({k: v for k, v in flags.items() if v is not None})
-    config = ReplayConfig.from_dict(options)
     trace = replay(
         args.model,
-        config,
+        replay_config(args),
         out=args.out,
         resume=args.resume,
         checkpoint_every=args.checkpoint_every,
@@ -145,11 +115,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
         return 0
     last = trace.steps[-1] if trace.steps else {}
-    skipped = sum(int(s.get("optim/skipped", 0)) for s in trace.steps)
-    bad = sum(1 for s in trace.steps if s.get("health/nonfinite"))
+    skipped = sum(int(s.get(S.SKIPPED, 0)) for s in trace.steps)
+    bad = sum(1 for s in trace.steps if s.get(S.NONFINITE))
     print(
         f"trace: {args.out} ({len(trace.steps)} steps; "
-        f"last reward {last.get('reward/mean', float('nan')):.3f}, "
+        f"last reward {last.get(S.REWARD_MEAN, float('nan')):.3f}, "
         f"{skipped} skipped updates, {bad} steps with non-finite values)"
     )
     return 0
@@ -193,6 +163,22 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_config(args: argparse.Namespace) -> ExportConfig:
+    """The export's config: the defaults, with the flags given on the command line put in."""
+    return ExportConfig.from_dict(flag_values(args, ExportConfig))
+
+
+def replay_config(args: argparse.Namespace) -> ReplayConfig:
+    """The replay's config: the defaults, or a ``--config`` file's fields, with the flags given put in."""
+    options = _read_replay_config(args.config) if args.config else {}
+    options.update(flag_values(args, ReplayConfig))
+    if args.fault:
+        options["faults"] = tuple(args.fault)
+    if args.entropy_floor is not None:
+        options["token_entropy_flow_control"], options["min_entropy_floor"] = True, args.entropy_floor
+    return ReplayConfig.from_dict(options)
+
+
 def _read_replay_config(path: Path) -> dict:
     from moescope._util.io import read_json_object
 
@@ -222,26 +208,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"moescope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_toy, _add_inspect, _add_cost, _add_export, _add_replay, _add_diagnose, _add_report):
+        add(sub)
+    return parser
 
-    def add(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
-        command = sub.add_parser(name, help=help_, description=help_)
-        command.set_defaults(func=func)
-        return command
 
-    model_help = "a local Hugging Face checkpoint directory, or 'toy' (the embedded model)"
+def _command(
+    sub: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], int], help_: str
+) -> argparse.ArgumentParser:
+    command = sub.add_parser(name, help=help_, description=help_)
+    command.set_defaults(func=func)
+    return command
 
-    toy = add("toy", cmd_toy, "write the embedded toy model; print its path")
+
+def _add_toy(sub: argparse._SubParsersAction) -> None:
+    toy = _command(sub, "toy", cmd_toy, "write the embedded toy model; print its path")
     toy.add_argument("--out", type=Path, help="copy the checkpoint here (default: print the packaged copy)")
     toy.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
 
-    inspect = add("inspect", cmd_inspect, "architecture summary: layers, experts, top-k, router, params")
-    inspect.add_argument("model", metavar="MODEL", help=model_help)
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    inspect = _command(
+        sub, "inspect", cmd_inspect, "architecture summary: layers, experts, top-k, router, params"
+    )
+    inspect.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
 
-    from moescope.export.cost.model import ROUNDINGS
 
-    cost = add("cost", cmd_cost, "accelerators to RL-train the full model vs its proxies, and the reduction")
-    cost.add_argument("model", nargs="?", metavar="MODEL|CONFIG.json", help=model_help + ", or a config.json")
+def _add_cost(sub: argparse._SubParsersAction) -> None:
+    from moescope.export.cost import ROUNDINGS
+
+    cost = _command(
+        sub, "cost", cmd_cost, "accelerators to RL-train the full model vs its proxies, and the reduction"
+    )
+    cost.add_argument("model", nargs="?", metavar="MODEL|CONFIG.json", help=MODEL_HELP + ", or a config.json")
     cost.add_argument(
         "--keep",
         action="append",
@@ -255,79 +255,59 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--reference", action="store_true", help="also cost the published MoE models")
     cost.add_argument("--json", action="store_true", help="print the table as JSON")
 
-    export = add("export", cmd_export, "build a proxy: keep the selected routed experts of every MoE layer")
-    export.add_argument("model", metavar="MODEL", help=model_help)
-    export.add_argument("--keep", metavar="K", help="experts kept per layer: 0.25, 1/4 or a count like 8")
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    """``moescope export``: a flag per :class:`ExportConfig` field, generated from the field."""
+    export = _command(
+        sub, "export", cmd_export, "build a proxy: keep the selected routed experts of every MoE layer"
+    )
+    export.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     export.add_argument("--out", type=Path, required=True, metavar="DIR", help="proxy directory")
-    export.add_argument(
-        "--method",
-        default="cluster",
-        choices=("cluster", "frequency", "reap", "random"),
-        help="selection method",
-    )
-    export.add_argument(
-        "--selection", type=Path, metavar="FILE", help="a selection.json (e.g. notebook 01's)"
-    )
-    export.add_argument("--seed", type=int, default=0, help="seed of the selection (default 0)")
-    export.add_argument(
-        "--calibration",
-        default="tasks",
-        metavar="SRC",
-        help="'tasks' or a .txt/.jsonl file for routing statistics",
-    )
-    export.add_argument("--n-tokens", type=int, default=20_000, metavar="N", help="calibration tokens")
-    export.add_argument("--allow-top-k", action="store_true", help="allow keeping exactly top-k experts")
-    export.add_argument(
-        "--streaming",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="cut the safetensors shards without loading the model (default: when it would not fit)",
-    )
-    export.add_argument("--heal-steps", type=int, default=0, metavar="N", help="distil the proxy N steps")
-    export.add_argument("--heal-lr", type=float, default=1e-3, metavar="LR", help="healing learning rate")
-    export.add_argument(
-        "--prompts",
-        type=Path,
-        metavar="FILE",
-        help='.jsonl of {"prompt", "answer"} for task accuracy (default: the toy\'s tasks, none for others)',
-    )
-    export.add_argument("--no-fidelity", action="store_true", help="skip fidelity and the validity checklist")
+    add_flags(export, ExportConfig)
     export.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
 
-    rp = add("replay", cmd_replay, "replay short RL post-training (GRPO/GEPO) with faults; write a trace")
-    rp.add_argument("model", metavar="MODEL", help=model_help)
+
+def _add_replay(sub: argparse._SubParsersAction) -> None:
+    """``moescope replay``: the flagged :class:`ReplayConfig` fields, generated from the fields, and
+    the flags that set several fields or none (their defaults still read from the config)."""
+    rp = _command(
+        sub, "replay", cmd_replay, "replay short RL post-training (GRPO/GEPO) with faults; write a trace"
+    )
+    rp.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     rp.add_argument("--out", type=Path, required=True, metavar="TRACE", help="trace file (JSON Lines)")
-    rp.add_argument("--steps", type=int, metavar="N", help="RL steps (default 20)")
-    rp.add_argument("--algo", choices=("grpo", "gepo"), help="advantages (default grpo)")
-    rp.add_argument("--pivot", action="store_true", help="PivotRL: learn from pivots of reference answers")
+    add_flags(rp, ReplayConfig)
+    entropy = shown_default(config_field(ReplayConfig, "token_entropy_flow_control"))
     rp.add_argument(
-        "--entropy-floor", type=float, metavar="X", help="OPEFO entropy flow control with floor X"
+        "--entropy-floor",
+        type=float,
+        metavar="X",
+        help=f"OPEFO entropy flow control with floor X (default: {entropy})",
     )
-    rp.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="training precision (default fp32)")
-    rp.add_argument("--rollout-precision", choices=("fp32", "bf16", "fp16"), help="rollout engine precision")
+    faults = shown_default(config_field(ReplayConfig, "faults"))
     rp.add_argument(
-        "--fault", action="append", metavar="NAME[@STEP][:ARG]", help="inject a fault (repeatable; see docs)"
-    )
-    rp.add_argument(
-        "--prompts", type=Path, metavar="FILE", help='.jsonl of {"prompt", "answer"} (default: toy tasks)'
-    )
-    rp.add_argument("--reward", choices=("exact", "numeric", "regex"), help="reward function (default exact)")
-    rp.add_argument("--group-size", type=int, metavar="G", help="samples per prompt (default 8)")
-    rp.add_argument("--prompts-per-step", type=int, metavar="P", help="prompts per step (default 8)")
-    rp.add_argument("--lr", type=float, help="learning rate (default 1e-5)")
-    rp.add_argument("--kl-beta", type=float, metavar="B", help="KL-to-reference weight (default 0.01)")
-    rp.add_argument(
-        "--loop-times", type=int, metavar="N", help="apply the decoder stack N times (looped MoE)"
+        "--fault",
+        action="append",
+        metavar="NAME[@STEP][:ARG]",
+        help=f"inject a fault (repeatable; see docs) (default: {faults})",
     )
     rp.add_argument(
         "--config", type=Path, metavar="JSON", help="ReplayConfig fields as JSON (flags override)"
     )
-    rp.add_argument("--seed", type=int, help="seed (default 0)")
-    rp.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps")
+    rp.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="checkpoint every N steps (default: never)",
+    )
     rp.add_argument("--resume", action="store_true", help="continue --out from its last checkpoint")
     rp.add_argument("--overwrite", action="store_true", help="replace an existing trace")
 
-    dg = add("diagnose", cmd_diagnose, "findings of a trace or training log, and the reproduction verdict")
+
+def _add_diagnose(sub: argparse._SubParsersAction) -> None:
+    dg = _command(
+        sub, "diagnose", cmd_diagnose, "findings of a trace or training log, and the reproduction verdict"
+    )
     dg.add_argument(
         "trace", type=Path, metavar="TRACE", help="a moescope trace or a training log (verl, TRL, ...)"
     )
@@ -339,14 +319,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help='print one object: {"format", "steps", "findings", ...}'
     )
 
-    report = add("report", cmd_report, "run the notebooks with papermill; write notebooks + offline HTML")
-    report.add_argument("--model", default="toy", metavar="MODEL", help=model_help + " (default: toy)")
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    """``moescope report`` and ``moescope demo``, the report on the toy model."""
+    report = _command(
+        sub, "report", cmd_report, "run the notebooks with papermill; write notebooks + offline HTML"
+    )
+    report.add_argument("--model", default="toy", metavar="MODEL", help=MODEL_HELP + " (default: toy)")
     report.add_argument("--out", type=Path, required=True, metavar="DIR", help="report directory")
     report.add_argument("--overwrite", action="store_true", help="replace an existing report directory")
 
-    demo = add("demo", cmd_demo, "the report on the toy model, into ./moescope-demo")
+    demo = _command(sub, "demo", cmd_demo, "the report on the toy model, into ./moescope-demo")
     demo.add_argument("--out", type=Path, default=DEMO_DIR, help=argparse.SUPPRESS)
-    return parser
 
 
 def _quiet() -> None:

@@ -1,11 +1,26 @@
-"""Names shared by the library, the charts and the notebooks.
+"""The library's vocabulary: axis names, the schema version, and every key a trace carries.
 
 Axis names are the column names of every long-form frame (``to_frame()``); indices are the
 0-based positions in the *original* model, also inside a proxy's manifest.
+
+Every metric key a replay writes into a trace step, every canonical key the readers map other
+frameworks' logs onto, the foreign keys the diagnosis reads under their own names, and every
+trace header field is declared here once, with its meaning, in :data:`METRICS`; the module
+constants (``GRAD_NORM``, ``REWARD_MEAN``, …) are those declarations. The README's *Metric
+vocabulary* table is :func:`markdown_table` (``python -m moescope.schema --markdown``).
+
+Examples
+--------
+>>> METRICS[GRAD_NORM].kind, METRICS[GRAD_NORM].source
+('scalar', 'replay')
+>>> declared(GRAD_NORM_GROUP + "router").key
+'actor/grad_norm/<group>'
 """
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,28 +45,99 @@ def check_schema(version: Any, path: str | Path) -> None:
         )
 
 
-# Canonical trace metrics (readers map other frameworks' keys onto these).
-ACTOR_LOSS = "actor/loss"
-PG_LOSS = "actor/pg_loss"
-GRAD_NORM = "actor/grad_norm"
-ENTROPY = "actor/entropy"
-KL = "actor/kl"
-CLIPFRAC = "actor/clipfrac"
-REWARD_MEAN = "reward/mean"
-REWARD_STD = "reward/std"
-LENGTH_MEAN = "response/length_mean"
-LR = "optim/lr"
-LOSS_SCALE = "optim/loss_scale"
-SKIPPED = "optim/skipped"
-NONFINITE = "health/nonfinite"
-LOAD_CV = "moe/load_cv"
-MAX_LOAD_SHARE = "moe/max_load_share"
-DEAD_EXPERTS = "moe/dead_experts"
-ROUTER_ENTROPY = "moe/router_entropy"
-EXPERT_LOAD = "moe/expert_load"  # [layer][expert] token shares
-TOKEN_ENTROPY = "actor/token_entropy"  # per-position-bucket summary and histogram
-GRAD_NORM_GROUP = "actor/grad_norm/"  # prefix: actor/grad_norm/<group>
-FIRST_NONFINITE_MODULE = "health/first_nonfinite_module"  # first module whose output went NaN/Inf
+KINDS = ("scalar", "array", "text", "template", "field")
+"""Value shapes: one number; a nested list or record; a string or list of strings; a key family
+``prefix<name>`` of scalars; a structural field of a step or a header."""
+
+SOURCES = ("replay", "readers", "foreign", "trace", "header")
+"""Who writes a key: a replay's step; only the readers (from other frameworks' logs); another
+framework under its own name (read as is by the diagnosis); every step of any trace; the header
+line (a replay's, or a read log's)."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One declared key: its name (``prefix<name>`` for a template), meaning, shape and writer."""
+
+    key: str
+    meaning: str
+    kind: str = "scalar"
+    source: str = "replay"
+
+    @property
+    def prefix(self) -> str:
+        """The fixed part of a template's keys (the whole key otherwise)."""
+        return self.key.split("<", 1)[0] if self.kind == "template" else self.key
+
+    def matches(self, key: str) -> bool:
+        """Whether ``key`` is this metric (a template matches any non-empty name after its prefix)."""
+        if self.kind == "template":
+            return key.startswith(self.prefix) and len(key) > len(self.prefix)
+        return key == self.key
+
+
+METRICS: dict[str, Metric] = {}
+"""Every declared key, in declaration order (the README table's order)."""
+
+
+def _declare(key: str, meaning: str, kind: str = "scalar", source: str = "replay") -> str:
+    if key in METRICS or kind not in KINDS or source not in SOURCES:
+        raise ValueError(f"bad or repeated declaration of {key!r}")
+    METRICS[key] = Metric(key, meaning, kind, source)
+    return key
+
+
+def _template(prefix: str, name: str, meaning: str, source: str = "replay") -> str:
+    """Declare ``prefix<name>``; returns the prefix, which code extends with the name."""
+    _declare(f"{prefix}<{name}>", meaning, "template", source)
+    return prefix
+
+
+# --- every step of a trace ------------------------------------------------------------------------
+_declare(STEP, "the RL step (0-based in a replay, as logged in a read log)", "field", "trace")
+KIND = _declare("kind", '"step" on a step line, "header" on the header line', "field", "trace")
+RAW = _declare("raw", "the log text a read step came from", "field", "readers")
+
+# --- canonical trace metrics (readers map other frameworks' keys onto these) ----------------------
+ACTOR_LOSS = _declare(
+    "actor/loss", "the minimised loss (PPO-clip + KL + router losses − entropy bonus), mean over minibatches"
+)
+PG_LOSS = _declare("actor/pg_loss", "the PPO-clip policy-gradient term alone (mean per token)")
+GRAD_NORM = _declare("actor/grad_norm", "global gradient norm after unscaling, before clipping")
+ENTROPY = _declare("actor/entropy", "mean token entropy of the policy on the responses (nats)")
+KL = _declare("actor/kl", "k3 KL of the policy to the frozen reference (when kl_beta > 0)")
+CLIPFRAC = _declare("actor/clipfrac", "share of response tokens whose PPO ratio was clipped")
+REWARD_MEAN = _declare("reward/mean", "mean reward of the step's responses")
+REWARD_STD = _declare("reward/std", "standard deviation of the step's rewards")
+LENGTH_MEAN = _declare("response/length_mean", "mean response length (tokens)")
+LR = _declare("optim/lr", "learning rate of the step (schedule and lr_spike fault applied)")
+LOSS_SCALE = _declare("optim/loss_scale", "fp16 dynamic loss scale after the step (1 when off)")
+SKIPPED = _declare(
+    "optim/skipped", "optimizer steps skipped, one per minibatch (fp16 overflow, non-finite norm)"
+)
+NONFINITE = _declare(
+    "health/nonfinite", "non-finite gradient values (uninstrumented: norms) plus non-finite losses"
+)
+LOAD_CV = _declare("moe/load_cv", "coefficient of variation of expert token shares, mean over layers")
+MAX_LOAD_SHARE = _declare("moe/max_load_share", "largest share of a layer's routing slots one expert took")
+DEAD_EXPERTS = _declare("moe/dead_experts", "(layer, expert) pairs that received no token")
+ROUTER_ENTROPY = _declare("moe/router_entropy", "mean entropy of the router's softmax, over layers")
+EXPERT_LOAD = _declare("moe/expert_load", "token shares per [layer][expert]", "array")
+TOKEN_ENTROPY = _declare(
+    "actor/token_entropy",
+    "token entropy by response position (position_buckets, bucket_mean, bucket_tokens) and as a "
+    "histogram (hist_edges, hist)",
+    "array",
+)
+GRAD_NORM_GROUP = _template(
+    "actor/grad_norm/",
+    "group",
+    "gradient norm of one parameter group: attention, routed_experts, router, shared_experts, "
+    "embeddings, other",
+)
+FIRST_NONFINITE_MODULE = _declare(
+    "health/first_nonfinite_module", "first module whose output went NaN/Inf (null when none)", "text"
+)
 
 CANONICAL_METRICS = (
     ACTOR_LOSS,
@@ -73,15 +159,103 @@ CANONICAL_METRICS = (
     ROUTER_ENTROPY,
 )
 
-# replay extras read by the diagnosis
-NO_SIGNAL_FRAC = "reward/no_signal_frac"  # share of groups whose rewards were all equal
-TRUNCATED_FRAC = "response/truncated_frac"  # share of responses that hit the token budget
+# --- replay extras (the diagnosis reads the first two) --------------------------------------------
+NO_SIGNAL_FRAC = _declare("reward/no_signal_frac", "share of groups whose rewards were all equal")
+TRUNCATED_FRAC = _declare("response/truncated_frac", "share of responses that hit the token budget")
+PPO_KL = _declare("actor/ppo_kl", "mean old − current log-prob per token: the KL the PPO ratio sees")
+CLIP_COEF = _declare("optim/clip_coef", "gradient clipping factor applied (1: not clipped)")
+UPDATE_APPLIED = _declare("actor/update_applied", "optimizer steps applied (not skipped, not omitted)")
+ROUTER_LOGIT_MAX = _declare("moe/router_logit_max", "largest |router logit| of the step")
+LOGPROB_MISMATCH = _declare(
+    "rollout/logprob_mismatch",
+    "mean |rollout − training log-prob| per token (when their precisions differ)",
+)
+AUX_LOSS = _declare("moe/aux_loss", "router load-balancing loss (when its coefficient > 0, or as logged)")
+Z_LOSS = _declare("moe/z_loss", "router z-loss (when its coefficient > 0, or as logged)")
+OPEFO_ACTIVE = _declare("opefo/active", "1 while OPEFO's entropy floor is undercut")
+OPEFO_COEF = _declare("opefo/entropy_coef", "OPEFO's entropy bonus coefficient")
+OPEFO_DAMPED = _declare("opefo/damped_frac", "share of tokens whose advantage OPEFO damped")
+PIVOT_SAMPLED = _declare("pivot/sampled", "PivotRL pivots sampled")
+PIVOT_KEPT = _declare("pivot/kept", "PivotRL pivots kept for the update")
+FAULTS_ACTIVE = _declare("faults/active", "names of the faults active in this step", "text")
+TIME_ROLLOUT = _declare("time/rollout_s", "wall time of the rollout (s)")
+TIME_UPDATE = _declare("time/update_s", "wall time of the updates (s)")
+TIME_STEP = _declare("time/step_s", "wall time of the whole step (s)")
+TIMING_KEYS = (TIME_ROLLOUT, TIME_UPDATE, TIME_STEP)
+"""Step fields that measure wall time; everything else is deterministic on CPU."""
 
-# further canonical keys that other frameworks' logs carry (moescope.analyze.readers maps onto them)
-PPO_KL = "actor/ppo_kl"  # KL between the behaviour and the updated policy (the PPO ratio's)
-VF_LOSS = "critic/vf_loss"
-CRITIC_GRAD_NORM = "critic/grad_norm"
-REWARD_MAX = "reward/max"
-REWARD_MIN = "reward/min"
-AUX_LOSS = "moe/aux_loss"  # router load-balancing loss, as the framework logs it
-Z_LOSS = "moe/z_loss"
+# --- canonical keys only other frameworks' logs carry (moescope.analyze.readers maps onto them) ---
+VF_LOSS = _declare("critic/vf_loss", "value-function loss (PPO with a critic)", source="readers")
+CRITIC_GRAD_NORM = _declare("critic/grad_norm", "the critic's gradient norm", source="readers")
+REWARD_MAX = _declare("reward/max", "largest reward of the step", source="readers")
+REWARD_MIN = _declare("reward/min", "smallest reward of the step", source="readers")
+EXPERT_LOAD_LAYERS = _declare(
+    "moe/expert_load_layers",
+    "layer ids of the rows of moe/expert_load when not 0, 1, … (expert_load.log)",
+    "array",
+    "readers",
+)
+
+# --- foreign keys the diagnosis reads under their own names (no canonical row) --------------------
+_FOREIGN = "as some frameworks log it; no canonical key, read as is"
+CRITIC_LOSS = _declare("critic/loss", f"critic loss, {_FOREIGN}", source="foreign")
+CRITIC_VALUES = _declare("critic/values/mean", f"mean critic value, {_FOREIGN}", source="foreign")
+KL_LOSS = _declare("actor/kl_loss", "verl's KL loss where it stands next to an actor/kl", source="foreign")
+SFT_LOSS = _declare("actor/sft_loss", f"supervised loss term, {_FOREIGN}", source="foreign")
+LM_LOSS = _declare("lm_loss", f"language-model loss, {_FOREIGN}", source="foreign")
+LM_LOSS_SPACED = _declare(
+    "lm loss", "Megatron's language-model loss where no framework was guessed", source="foreign"
+)
+LENGTH_MIN = _declare("response_length/min", f"shortest response, {_FOREIGN}", source="foreign")
+LENGTH_MAX = _declare("response_length/max", f"longest response, {_FOREIGN}", source="foreign")
+
+# --- the header line of a replay's trace ----------------------------------------------------------
+for _key, _meaning in (
+    ("format", '"moescope.trace" for a replay; the log format for a read log'),
+    ("schema_version", "the schema version the trace was written under"),
+    ("model", "the replayed model: its path, or its class name when passed loaded"),
+    ("model_type", "the transformers model_type"),
+    ("config_hash", "digest of the model's config"),
+    ("proxy", "the proxy's manifest (null for an original model)"),
+    ("replay_config", "the full ReplayConfig"),
+    ("config_digest", "digest of the ReplayConfig (resume refuses another)"),
+    ("seed", "the replay's seed"),
+    ("faults", "the planned faults, as written on the command line"),
+    ("reward_function", "the reward function's name"),
+    ("loop_times", "passes over the decoder stack (looped models)"),
+    ("world_size", "data-parallel ranks"),
+    ("num_experts", "routed experts per MoE layer"),
+    ("moe_layers", "indices of the MoE layers"),
+    ("parameters", "trainable parameters"),
+    ("moescope_version", "the moescope that wrote the trace"),
+    ("versions", "versions of torch, transformers and the other libraries"),
+    ("timing_keys", "the step fields that measure wall time"),
+    ("source", "a read log's path"),
+    ("framework", "the framework a read log's keys were taken for (null: none guessed)"),
+):
+    _declare(_key, _meaning, "field", "header")
+HEADER_FIELDS = tuple(m.key for m in METRICS.values() if m.source == "header")
+
+
+def declared(key: str) -> Metric | None:
+    """The declaration of a step or header key (a template's for ``actor/grad_norm/router``)."""
+    if key in METRICS:
+        return METRICS[key]
+    return next((m for m in METRICS.values() if m.matches(key)), None)
+
+
+def markdown_table() -> str:
+    """The vocabulary as the README's Markdown table: key, kind, written by, meaning."""
+    rows = ["| key | kind | written by | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{m.key}` | {m.kind} | {m.source} | {_cell(m.meaning)} |" for m in METRICS.values()]
+    return "\n".join(rows) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+if __name__ == "__main__":  # python -m moescope.schema --markdown
+    if sys.argv[1:] != ["--markdown"]:
+        sys.exit("usage: python -m moescope.schema --markdown")
+    sys.stdout.write(markdown_table())

@@ -35,17 +35,18 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
     return make
 
 
-CHROMIUM = "/usr/bin/chromium"
-
-
 @pytest.fixture(scope="session")
 def chromium() -> str:
-    """Debian's chromium, driven by Playwright (never a downloaded browser)."""
+    """Debian's chromium (else one on PATH), driven by Playwright, never a downloaded browser;
+    ``CHROMIUM`` names another build (``make test`` sets it after checking it is there)."""
+    import shutil
     from pathlib import Path
 
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"browser tests need {CHROMIUM}: apt-get install chromium (.ci/run does)")
-    return CHROMIUM
+    debian_first = f"/usr/bin:{os.environ.get('PATH', '')}"
+    found = os.environ.get("CHROMIUM") or shutil.which("chromium", path=debian_first)
+    if not found or not Path(found).is_file():
+        pytest.fail("browser tests need chromium: `sudo apt-get install chromium` (.ci/run does)")
+    return found
 
 
 # --- exploring clusters: results of a tiny model, and JupyterLab in a browser ------------------------

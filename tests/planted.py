@@ -3,7 +3,7 @@
 A test (or a sanity check on a real checkpoint) knows then which experts belong together and
 can score a clustering against it, on any supported architecture: every tensor with one slice
 per routed expert (fused expert weights and biases, router rows and biases, correction biases;
-:meth:`moescope.models.arch.MoELayer.named_expert_tensors`) is rewritten, so every view sees the
+:meth:`moescope.models.view.MoELayer.named_expert_tensors`) is rewritten, so every view sees the
 structure.
 
 Examples
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from moescope.errors import MoescopeError
-from moescope.models.arch import MoELayer, MoEModel, adapt, experts_first
+from moescope.models.view import MoELayer, MoEModel, adapt, experts_first
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from moescope.errors import UnsupportedArchitectureError
-from moescope.models.arch import (
+from moescope.models.table import (
     ARCHITECTURES,
-    adapt,
     config_value,
     language_config,
     spec_for,
     supported_architectures,
 )
+from moescope.models.view import adapt
 from moescope.models.zoo import TINY_ARCHS, tiny, tiny_config
 
 

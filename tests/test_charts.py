@@ -11,6 +11,8 @@ import pytest
 
 from moescope.display import charts
 from moescope.display.charts import expert_map, routing_heatmap, routing_histogram
+from moescope.display.charts._common import LAYER_PARAM, UNCLUSTERED
+from moescope.display.charts.routing import ABSENT
 from moescope.errors import MoescopeError
 
 
@@ -80,18 +82,18 @@ def test_expert_map_without_selection_or_stats(explore_results) -> None:
 def test_expert_map_of_all_layers_has_a_slider_inside(explore_results) -> None:
     r = explore_results
     spec = expert_map(r.embeddings, r.selection, r.stats).to_dict()
-    slider = _params(spec)[charts.LAYER_PARAM]
+    slider = _params(spec)[LAYER_PARAM]
     assert slider["value"] == 0
     assert slider["bind"] == {"input": "range", "min": 0, "max": 1, "step": 1, "name": "layer "}
-    assert {"filter": f"datum.layer === {charts.LAYER_PARAM}"} in spec["transform"]
+    assert {"filter": f"datum.layer === {LAYER_PARAM}"} in spec["transform"]
     assert {row["layer"] for row in _flat(spec)} == {0, 1}
-    assert charts.LAYER_PARAM in spec["title"]["text"]["expr"]
+    assert LAYER_PARAM in spec["title"]["text"]["expr"]
 
 
 def test_layers_every_other_step_or_uneven(explore_results) -> None:
     emb = explore_results.embeddings
     every_other = dataclasses.replace(emb, layers=(1, 3))
-    bind = _params(expert_map(every_other).to_dict())[charts.LAYER_PARAM]["bind"]
+    bind = _params(expert_map(every_other).to_dict())[LAYER_PARAM]["bind"]
     assert (bind["input"], bind["min"], bind["max"], bind["step"]) == ("range", 1, 3, 2)
     uneven = dataclasses.replace(
         emb,
@@ -99,7 +101,7 @@ def test_layers_every_other_step_or_uneven(explore_results) -> None:
         vectors=np.concatenate([emb.vectors, emb.vectors[:1]]),
         coords=np.concatenate([emb.coords, emb.coords[:1]]),
     )
-    bind = _params(expert_map(uneven).to_dict())[charts.LAYER_PARAM]["bind"]
+    bind = _params(expert_map(uneven).to_dict())[LAYER_PARAM]["bind"]
     assert bind == {"input": "select", "options": [1, 2, 4], "name": "layer "}
 
 
@@ -109,7 +111,7 @@ def test_baseline_selections_show_unclustered_experts_grey(explore_results) -> N
     r = explore_results
     frequency = select_experts(r.embeddings, 4, method="frequency", stats=r.stats)
     scale = expert_map(r.embeddings, frequency, layer=0).to_dict()["encoding"]["fill"]["condition"]["scale"]
-    assert scale["domain"] == [-1, 0, 1, 2, 3] and scale["range"][0] == charts.UNCLUSTERED
+    assert scale["domain"] == [-1, 0, 1, 2, 3] and scale["range"][0] == UNCLUSTERED
 
 
 def test_expert_map_refuses_what_it_cannot_draw(explore_results, make_routing_stats) -> None:
@@ -192,9 +194,9 @@ def test_histogram_of_two_models_with_the_same_experts(explore_results, make_rou
 def test_histogram_of_all_layers_filters_every_part(explore_results) -> None:
     r = explore_results
     spec = routing_histogram(r.stats, r.proxy, selection=r.selection).to_dict()
-    assert charts.LAYER_PARAM in _params(spec)
+    assert LAYER_PARAM in _params(spec)
     for part in spec["layer"]:
-        assert {"filter": f"datum.layer === {charts.LAYER_PARAM}"} in part["transform"]
+        assert {"filter": f"datum.layer === {LAYER_PARAM}"} in part["transform"]
 
 
 # ----------------------------------------------------------------------------------- heatmap
@@ -214,7 +216,7 @@ def test_heatmap_side_by_side_with_a_proxy(explore_results) -> None:
     r = explore_results
     spec = routing_heatmap(r.stats, r.proxy, selection=r.selection).to_dict()
     assert spec["facet"]["column"]["field"] == "model"
-    assert spec["spec"]["view"]["fill"] == charts.ABSENT
+    assert spec["spec"]["view"]["fill"] == ABSENT
     rows = _flat(spec)
     assert sum(row["model"] == "proxy" for row in rows) == 2 * r.selection.keep
     relative = spec["spec"]["transform"][1]["calculate"]

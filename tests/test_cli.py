@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -11,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from moescope.cli import main
-from moescope.models.arch import ARCHITECTURES
+from moescope._util.flags import flagged_fields
+from moescope.cli import build_parser, export_config, main, replay_config
+from moescope.export.config import ExportConfig
+from moescope.models.table import ARCHITECTURES
 from moescope.models.zoo import TINY_ARCHS, tiny_config
+from moescope.replay.config import ReplayConfig
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -77,3 +81,74 @@ def test_console_script_exit_status_and_no_traceback(tmp_path: Path) -> None:
     )
     usage = subprocess.run([str(script), "inspect"], capture_output=True, text=True, env=env)
     assert usage.returncode == 2 and "MODEL" in usage.stderr
+
+
+CONFIGS = {"export": ExportConfig, "replay": ReplayConfig}
+REQUIRED = {"export": ["toy", "--out", "proxy"], "replay": ["toy", "--out", "trace.jsonl"]}
+# fmt: off
+FLAGS = {  # the flags of DESIGN's command line and of earlier releases
+    "export": {"--keep", "--out", "--method", "--selection", "--seed", "--calibration", "--n-tokens",
+               "--allow-top-k", "--streaming", "--no-streaming", "--heal-steps", "--heal-lr", "--prompts",
+               "--no-fidelity", "--overwrite"},
+    "replay": {"--out", "--steps", "--algo", "--pivot", "--entropy-floor", "--precision",
+               "--rollout-precision", "--fault", "--prompts", "--reward", "--group-size",
+               "--prompts-per-step", "--lr", "--kl-beta", "--loop-times", "--config", "--seed",
+               "--checkpoint-every", "--resume", "--overwrite"},
+}
+# fmt: on
+
+
+def _command_parser(command: str) -> argparse.ArgumentParser:
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[command]
+
+
+def _default_words(field) -> str:
+    """What the help must say of a field's default: its words for a value that says little, on/off
+    for a switch, else the value itself."""
+    if "shown" in field.metadata:
+        return field.metadata["shown"]
+    if isinstance(field.default, bool):
+        return "on" if field.default else "off"
+    return str(field.default)
+
+
+@pytest.mark.parametrize("command", ["export", "replay"])
+def test_every_config_flag_shows_the_config_default_and_parses_back_to_it(command: str) -> None:
+    """One place for each default: the flags of a config's fields are generated from the fields."""
+    config, parser = CONFIGS[command], _command_parser(command)
+    actions = {action.dest: action for action in parser._actions}
+    text = "".join(parser.format_help().split())  # argparse wraps lines, also at hyphens
+    flagged = flagged_fields(config)
+    assert len(flagged) >= 12
+    for field in flagged:
+        action, shown = actions[field.name], f"(default: {_default_words(field)})"
+        assert action.default is argparse.SUPPRESS, field.name  # an absent flag overrides nothing
+        assert action.help.replace("%%", "%").endswith(shown) and "".join(shown.split()) in text, field.name
+        plain = field.default is not None and not isinstance(field.default, bool)
+        if plain and "shown" not in field.metadata:
+            given = parser.parse_args([*REQUIRED[command], action.option_strings[0], str(field.default)])
+            assert getattr(given, field.name) == field.default, field.name
+    assert FLAGS[command] <= parser._option_string_actions.keys()  # every flag users know is still there
+
+
+def test_no_flags_give_the_config_defaults(tmp_path: Path) -> None:
+    parser = build_parser()
+    assert export_config(parser.parse_args(["export", *REQUIRED["export"]])) == ExportConfig()
+    assert replay_config(parser.parse_args(["replay", *REQUIRED["replay"]])) == ReplayConfig()
+    file = tmp_path / "replay.json"
+    file.write_text(json.dumps({"steps": 3, "lr": 0.1, "group_size": 4}))
+    args = parser.parse_args(["replay", *REQUIRED["replay"], "--config", str(file), "--lr", "0.2"])
+    assert replay_config(args) == ReplayConfig(steps=3, lr=0.2, group_size=4)  # flags given override the file
+
+
+def test_flags_that_are_no_field_name_set_their_fields() -> None:
+    parser = build_parser()
+    export = ["export", *REQUIRED["export"], "--prompts", "sums.jsonl", "--no-fidelity", "--streaming"]
+    config = export_config(parser.parse_args([*export, "--keep", "1/4", "--allow-top-k"]))
+    assert (config.tasks, config.fidelity, config.streaming) == ("sums.jsonl", False, True)
+    assert (config.keep, config.allow_top_k, config.heal_lr) == ("1/4", True, ExportConfig().heal_lr)
+    replay = ["replay", *REQUIRED["replay"], "--entropy-floor", "0.4", "--fault", "nan_op@1", "--pivot"]
+    config = replay_config(parser.parse_args([*replay, "--fault", "no_grad_clip"]))
+    assert config.token_entropy_flow_control and config.min_entropy_floor == 0.4 and config.pivot
+    assert config.faults == ("nan_op@1", "no_grad_clip") and config.steps == ReplayConfig().steps

@@ -10,22 +10,12 @@ import pytest
 
 from moescope.cli import main
 from moescope.errors import MoescopeError
-from moescope.export.cost.model import (
-    GB,
-    PROXY_NOTE,
-    STATES,
-    ModelShape,
-    TrainingMemory,
-    analytic_params,
-    cost_table,
-    devices_needed,
-    entry_from_config,
-    memory_breakdown,
-    reference_entries,
-    reference_models,
-    reference_table,
-)
-from moescope.models.arch import ARCHITECTURES
+from moescope.export.cost.formulas import analytic_params, entry_from_config
+from moescope.export.cost.memory import GB, STATES, TrainingMemory, devices_needed, memory_breakdown
+from moescope.export.cost.render import PROXY_NOTE
+from moescope.export.cost.shape import ModelShape, reference_entries, reference_models
+from moescope.export.cost.table import cost_table, reference_table
+from moescope.models.table import ARCHITECTURES
 from moescope.models.zoo import TINY_ARCHS, tiny_config
 
 REFERENCE = {shape.name: shape for shape in reference_models()}

@@ -19,7 +19,7 @@ from moescope.explore.embeddings import (
     principal_coordinates,
     probe_hidden_states,
 )
-from moescope.models.arch import adapt
+from moescope.models.view import adapt
 from moescope.models.zoo import tiny
 from moescope.provenance import config_hash
 

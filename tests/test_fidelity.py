@@ -24,10 +24,10 @@ from moescope.export.manifest import read_manifest
 from moescope.export.pipeline import export_proxy
 from moescope.export.surgery import build_proxy
 from moescope.keep import parse_keep
-from moescope.models.arch import adapt
 from moescope.models.evaluation import evaluate_tasks
 from moescope.models.tasks import heldout
 from moescope.models.toy import load_toy
+from moescope.models.view import adapt
 from moescope.models.zoo import TINY_ARCHS, tiny
 
 FAST = {"n_tokens": 512, "tasks": ()}  # no generation: the next-token figures only

@@ -13,8 +13,8 @@ from moescope.export.healing import HealingReport, heal, heal_proxy_dir, trainab
 from moescope.export.manifest import read_manifest
 from moescope.export.pipeline import export_proxy
 from moescope.export.surgery import build_proxy, expert_state_keys
-from moescope.models.arch import adapt
 from moescope.models.toy import load_toy
+from moescope.models.view import adapt
 
 SHORT = {"steps": 6, "batch_size": 16, "heldout_tokens": 1024, "tasks": ()}
 

@@ -17,8 +17,8 @@ from moescope.export.pipeline import export_proxy
 from moescope.export.streaming.checkpoint import open_checkpoint
 from moescope.export.streaming.export import language_section
 from moescope.export.surgery import build_proxy
-from moescope.models.arch import language_config, spec_for
 from moescope.models.loading import load_model
+from moescope.models.table import language_config, spec_for
 from moescope.models.zoo import TINY_MULTIMODAL, tiny_multimodal
 
 

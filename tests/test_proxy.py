@@ -10,12 +10,21 @@ import torch
 from cli_process import moescope_process
 
 from moescope.errors import MoescopeError
+from moescope.explore.calibration import calibration_data
 from moescope.explore.clustering import select_experts
-from moescope.export.manifest import MANIFEST, read_manifest
+from moescope.explore.routing import collect_routing
+from moescope.export.config import ExportConfig
+from moescope.export.manifest import MANIFEST, manifest_summary, read_manifest
 from moescope.export.pipeline import export_proxy
-from moescope.export.surgery import build_proxy, expert_state_keys, weight_semantics
+from moescope.export.surgery import (
+    build_proxy,
+    expert_state_keys,
+    weight_semantics,
+    weight_semantics_by_architecture,
+)
 from moescope.keep import parse_keep
-from moescope.models.arch import ARCHITECTURES, adapt, config_value
+from moescope.models.table import ARCHITECTURES, config_value
+from moescope.models.view import adapt
 from moescope.models.zoo import TINY_ARCHS, tiny
 
 
@@ -119,6 +128,21 @@ def _shared(layer, x):
     return torch.zeros_like(x) if out is None else out
 
 
+def test_weight_semantics_by_architecture_lists_every_row_by_its_rule() -> None:
+    """Each architecture once, or once per setting of the switch its case hangs on."""
+    by_case = weight_semantics_by_architecture()
+    labels = [label for case in ("identical", "scaled", "changed") for label in by_case[case]]
+    names = [label.split(" with ")[0] for label in labels]
+    assert sorted(set(names)) == sorted(spec.name for spec in ARCHITECTURES.values())
+    assert all(names.count(n) == 1 or f"{n} with" in " ".join(labels) for n in names)
+    assert "Qwen3-MoE with norm_topk_prob: true" in by_case["identical"]
+    assert "Qwen3-MoE with norm_topk_prob: false" in by_case["scaled"]
+    assert "DBRX with ffn_config.moe_normalize_expert_weights: null" in by_case["scaled"]
+    assert {"Jamba", "DeepSeek-V2"} <= set(by_case["scaled"])
+    assert {"Mixtral", "DeepSeek-V3", "GPT-OSS", "Llama 4 (text)"} <= set(by_case["identical"])
+    assert by_case["changed"] == ["PhiMoE"]
+
+
 def test_export_of_the_toy_by_clustering_writes_the_manifest(tmp_path: Path) -> None:
     fidelity = {"n_tokens": 1024, "n_prompts": 16, "samples": 2}
     result = export_proxy(
@@ -159,6 +183,23 @@ def test_a_selection_file_is_reused_and_checked(tmp_path: Path, tiny_checkpoint)
     assert not (tmp_path / "q").exists()
 
 
+def test_a_checkpoint_without_tokenizer_is_calibrated_on_seeded_random_ids_and_summarised(
+    tmp_path: Path, tiny_checkpoint
+) -> None:
+    source = tiny_checkpoint("mixtral")
+    result = export_proxy(source, tmp_path / "p", keep=4, method="frequency", fidelity=False, progress=False)
+    model = tiny("mixtral")
+    stats = collect_routing(model, calibration_data(model, None, seed=0), n_tokens=20_000, progress=False)
+    assert result.selection.layers == select_experts(model, 4, method="frequency", stats=stats).layers
+    summary = manifest_summary(result.path)
+    assert summary.name == "proxy" and summary["method"] == "frequency" and summary["view"] is None
+    assert summary["kept per layer"] == "4 of 8"
+    assert summary["routing weights on unchanged choices"] == result.manifest["proxy"]["weight_semantics"]
+    assert summary["files"] == ", ".join(sorted(p.name for p in result.path.iterdir()))
+    with pytest.raises(MoescopeError, match=f"holds no {MANIFEST}"):
+        manifest_summary(source)
+
+
 def test_bad_input_writes_nothing(tmp_path: Path, tiny_checkpoint) -> None:
     source = tiny_checkpoint("mixtral")
     with pytest.raises(MoescopeError, match="say how many experts to keep"):
@@ -171,6 +212,27 @@ def test_bad_input_writes_nothing(tmp_path: Path, tiny_checkpoint) -> None:
         export_proxy(source, tmp_path / "b", keep=4, method="random", progress=False)
     assert (tmp_path / "b" / "precious.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+def test_the_config_form_and_the_keyword_form_export_alike_and_the_manifest_keeps_the_config(
+    tmp_path: Path, tiny_checkpoint
+) -> None:
+    source = tiny_checkpoint("mixtral")
+    config = ExportConfig(keep=4, method="random", seed=2, fidelity=False)
+    new = export_proxy(source, config, out=tmp_path / "new", progress=False)
+    options = {"keep": 4, "method": "random", "seed": 2, "fidelity": False}
+    old = export_proxy(source, tmp_path / "old", progress=False, **options)
+    assert new.selection.layers == old.selection.layers
+    recorded = read_manifest(new.path)["config"]
+    assert recorded == config.to_dict() == old.manifest["config"]
+    assert ExportConfig.from_dict(recorded) == config  # the manifest alone says how to make the proxy again
+    # a Selection object goes beside the config: the manifest's selection holds it, the config names no file
+    again = export_proxy(source, config, out=tmp_path / "again", selection=new.selection, progress=False)
+    assert again.selection.layers == new.selection.layers and again.manifest["config"]["selection"] is None
+    streamed = export_proxy(source, config, out=tmp_path / "streamed", streaming=True, progress=False)
+    assert read_manifest(streamed.path)["config"] == {**config.to_dict(), "streaming": True}
+    with pytest.raises(TypeError, match="out="):
+        export_proxy(source, config)
 
 
 @pytest.mark.slow

@@ -188,7 +188,7 @@ def test_pivotrl_keeps_only_informative_pivots(tmp_path):
     )
     sums = StepSums()
     examples = trainer.schedule[0]
-    groups = pivot.pivot_groups(trainer, 0, list(enumerate(examples)), sums)
+    groups = pivot.pivot_groups(trainer.sampler, 0, list(enumerate(examples)), len(examples), sums)
     kept = [g for gs in groups.values() for g in gs]
     answer_tokens = [
         len(trainer.m.tokenizer(ex.answer, add_special_tokens=False)["input_ids"]) for ex in examples
@@ -204,8 +204,9 @@ def test_pivotrl_keeps_only_informative_pivots(tmp_path):
 def _trainer(config):
     from moescope.replay.comm import Comm
     from moescope.replay.data import max_new_tokens, prompt_schedule
+    from moescope.replay.models import prepare_models
     from moescope.replay.rewards import reward_function
-    from moescope.replay.trainer import Trainer, prepare_models
+    from moescope.replay.trainer import Trainer
 
     policy, tok = moescope.load_model("toy")
     schedule = prompt_schedule(config)

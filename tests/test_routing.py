@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.explore.calibration import calibration_data
 from moescope.explore.routing import (
     RoutingObserver,
     RoutingStats,
@@ -17,7 +18,7 @@ from moescope.explore.routing import (
     collect_routing,
     observe_routing,
 )
-from moescope.models.arch import adapt
+from moescope.models.view import adapt
 from moescope.models.zoo import TINY_ARCHS, tiny, tiny_config
 
 
@@ -167,7 +168,7 @@ def test_saliency_holds_for_every_experts_implementation(impl: str, source: str)
 
 
 def test_saliency_is_captured_without_recomputing_experts(monkeypatch) -> None:
-    from moescope.models.arch import MoELayer
+    from moescope.models.view import MoELayer
 
     model, calls = _model("qwen3_moe"), []
     original = MoELayer.expert_forward
@@ -308,3 +309,41 @@ def test_generate_is_observed_with_left_padding() -> None:
     stats = observer.stats()
     assert stats.n_tokens == 10 + 2 * 2  # prompt tokens, then the 2 decode steps that run a forward
     np.testing.assert_array_equal(stats.counts.sum(axis=1), stats.top_k * stats.n_tokens)
+
+
+def test_calibration_data_stands_in_random_ids_for_the_task_suite_only_without_a_tokenizer(
+    tmp_path,
+) -> None:
+    model = _model("mixtral")
+    ids = calibration_data(model, None, n_tokens=200, seed=4)
+    assert ids.dtype == torch.long and ids.shape == (4, 64), "rows of 64, rounded up to cover the budget"
+    assert int(ids.min()) >= 3 and int(ids.max()) < model.config.vocab_size, "no special ids, all in vocab"
+    assert torch.equal(ids, calibration_data(model, None, "tasks", n_tokens=200, seed=4))
+    assert not torch.equal(ids, calibration_data(model, None, n_tokens=200, seed=5))
+    assert calibration_data(model, None, seed=0).shape == (64, 64), "the default: 64 rows of 64"
+    tensor = torch.arange(3, 13).view(2, 5)
+    tok = _CharTokenizer()
+    assert calibration_data(model, tok) == "tasks", "with a tokenizer the task suite itself"
+    assert calibration_data(model, None, tensor) is tensor
+    text = tmp_path / "a.txt"
+    text.write_text("some calibration text\n")
+    assert calibration_data(model, None, text) is text
+    assert calibration_data(model, None, str(text)) == str(text)
+    with pytest.raises(MoescopeError, match="needs a tokenizer"):  # a user's file is never replaced
+        collect_routing(model, calibration_data(model, None, str(text)), n_tokens=10, progress=False)
+    stats = collect_routing(model, ids, n_tokens=200, progress=False)
+    assert stats.n_tokens == 200
+
+
+def test_layer_frame_has_one_row_per_moe_layer() -> None:
+    stats = collect_routing(
+        _model("deepseek_v3"), torch.randint(3, 128, (3, 20)), n_tokens=60, progress=False
+    )
+    frame = stats.layer_frame()
+    assert frame.index.name == "layer" and frame.index.tolist() == list(stats.layers)
+    np.testing.assert_array_equal(frame["dead_experts"], stats.dead_experts)
+    np.testing.assert_allclose(frame["load_cv"], stats.load_cv)
+    np.testing.assert_allclose(frame["max_load_share"], stats.load_share.max(axis=1))
+    np.testing.assert_allclose(frame["mean_entropy"], stats.mean_entropy)
+    np.testing.assert_allclose(frame["max_logit"], stats.max_logit)
+    assert (frame["max_load_share"] >= 1 / stats.num_experts).all()

@@ -10,7 +10,16 @@ import pytest
 
 from moescope.display.charts import study_chart
 from moescope.errors import MoescopeError
-from moescope.export.study import HEALED_STUDY_FILE, healing_effect, read_study, study_frame, study_summary
+from moescope.export.study import (
+    HEALED_STUDY_FILE,
+    STUDY_FILE,
+    fault_agreement,
+    healing_effect,
+    read_study,
+    study_frame,
+    study_paths,
+    study_summary,
+)
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -102,3 +111,26 @@ def test_the_committed_healed_study_matches_its_tables():
         assert f"| {row.keep} | {row.method} | {row.hit:.2f} | {row.findings} |" in table
     for row in healing_effect(read_study(DOCS), healed).itertuples():
         assert f"| {row.keep} | {row.method} | {row.hit_unhealed:.2f} | {row.hit_healed:.2f} |" in table
+
+
+def test_fault_agreement_counts_reproduced_and_both_healthy_runs():
+    agreement = fault_agreement(study_frame(RESULT))
+    assert agreement.index.tolist() == ["lr_spike", "healthy"], "faults in the study's order"
+    assert agreement.columns.tolist() == ["cluster", "random"]
+    assert agreement.loc["lr_spike", "cluster"] == 1.0 and agreement.loc["lr_spike", "random"] == 0.0
+    assert agreement.loc["healthy", "cluster"] == 1.0 and math.isnan(agreement.loc["healthy", "random"])
+
+
+def test_study_paths_find_the_study_and_the_healed_one_beside_it(tmp_path):
+    assert study_paths() == (DOCS / STUDY_FILE, DOCS / HEALED_STUDY_FILE), "auto: this checkout's docs/"
+    assert study_paths(tmp_path) == (None, None)
+    (tmp_path / STUDY_FILE).write_text("{}")
+    assert study_paths(tmp_path) == (tmp_path / STUDY_FILE, None), "no healed study beside it"
+    (tmp_path / HEALED_STUDY_FILE).write_text("{}")
+    assert study_paths(str(tmp_path / STUDY_FILE)) == (tmp_path / STUDY_FILE, tmp_path / HEALED_STUDY_FILE)
+    assert study_paths(tmp_path, "") == (tmp_path / STUDY_FILE, None), "'' asks for no healed study"
+    other = tmp_path / "elsewhere.json"
+    assert study_paths(tmp_path, other) == (tmp_path / STUDY_FILE, None), "a healed file that is not there"
+    other.write_text("{}")
+    assert study_paths(tmp_path, other) == (tmp_path / STUDY_FILE, other)
+    assert study_paths(tmp_path / "missing.json", other) == (None, None), "no study, so no healed one"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from moescope.models.arch import adapt
 from moescope.models.summary import summarize
+from moescope.models.view import adapt
 from moescope.models.zoo import tiny
 
 
@@ -46,3 +46,17 @@ def test_summary_fields() -> None:
     assert summarize(tiny("gpt_oss")).router_bias
     assert summarize(tiny("granitemoeshared")).shared_experts == 1
     assert summarize(tiny("mixtral")).shared_experts == 0
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3"])
+def test_remaining_share_is_what_a_proxy_keeps(arch: str) -> None:
+    from moescope.explore.clustering import select_experts
+    from moescope.export.surgery import build_proxy
+
+    model = tiny(arch)
+    params = summarize(model).params
+    selection = select_experts(model, 0.5, method="random")
+    proxy = summarize(build_proxy(model, selection)).params
+    left = params.remaining(selection.keep_ratio) * params.total
+    assert left == pytest.approx(proxy.total + params.router - proxy.router), "all but the router rows cut"
+    assert params.remaining(1.0) == 1.0 and params.remaining(0.0) < 1.0

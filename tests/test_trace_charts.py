@@ -18,6 +18,10 @@ import traitlets
 from moescope.analyze.findings import Finding
 from moescope.display import charts
 from moescope.display.charts import entropy_flow, trace_board
+from moescope.display.charts._panels import EDGE_INSET
+from moescope.display.charts._series import OFF_SCALE
+from moescope.display.charts.entropy import FLOW_WIDTH
+from moescope.display.charts.traces import BOARD_COLUMNS, PANEL_SIZE
 from moescope.display.widgets import EntropyFlow, TraceBoard
 from moescope.errors import MoescopeError
 from moescope.schema import ACTOR_LOSS, ENTROPY, GRAD_NORM, KL, LOAD_CV, REWARD_MEAN, TOKEN_ENTROPY
@@ -89,7 +93,7 @@ def test_board_draws_one_panel_per_metric_with_a_shared_step_zoom(toy_trace) -> 
     spec = trace_board(toy_trace).to_dict()
     panels = _panels(spec)
     assert list(panels) == list(charts.DEFAULT_METRICS)
-    assert spec["resolve"]["scale"]["x"] == "shared" and spec["columns"] == charts.BOARD_COLUMNS
+    assert spec["resolve"]["scale"]["x"] == "shared" and spec["columns"] == BOARD_COLUMNS
     (zoom,) = spec["params"]
     assert zoom == {
         "name": charts.ZOOM,
@@ -116,9 +120,9 @@ def test_a_nan_step_breaks_the_line_and_is_marked_on_the_top_edge(toy_trace) -> 
         layers = _panels(spec)[metric]
         line = {row["step"]: row["value"] for row in _rows(spec, layers[0])}
         assert line[3] is None and line[4] is not None, metric
-        (top,) = _layer(layers, "point", y=charts._EDGE_INSET)
+        (top,) = _layer(layers, "point", y=EDGE_INSET)
         assert [(r["step"], r["flag"]) for r in _rows(spec, top)] == [(3, "NaN")], metric
-        assert top["encoding"]["shape"]["scale"]["domain"] == list(charts.OFF_SCALE)
+        assert top["encoding"]["shape"]["scale"]["domain"] == list(OFF_SCALE)
     reward = _panels(spec)[REWARD_MEAN]
     assert not _layer(reward, "point"), "the reward stayed finite: no markers"
 
@@ -142,8 +146,8 @@ def test_infinities_nulls_and_absent_steps() -> None:
         (4, None),
         (5, 2.0),
     ]
-    (top,) = _layer(layers, "point", y=charts._EDGE_INSET)
-    (bottom,) = _layer(layers, "point", y=charts.PANEL_SIZE[1] - charts._EDGE_INSET)
+    (top,) = _layer(layers, "point", y=EDGE_INSET)
+    (bottom,) = _layer(layers, "point", y=PANEL_SIZE[1] - EDGE_INSET)
     assert [(r["step"], r["flag"], r["raw"]) for r in _rows(spec, top)] == [(1, "+Inf", "inf")]
     assert [(r["step"], r["flag"], r["raw"]) for r in _rows(spec, bottom)] == [(4, "-Inf", "-inf")]
     _json(spec)
@@ -153,7 +157,7 @@ def test_log_scale_puts_zero_gradient_norms_on_the_bottom_edge(toy_trace) -> Non
     assert toy_trace.steps[0][GRAD_NORM] == 0.0
     spec = trace_board(toy_trace, metrics=[GRAD_NORM, ACTOR_LOSS]).to_dict()
     grad = _panels(spec)[GRAD_NORM]
-    (bottom,) = _layer(grad, "point", y=charts.PANEL_SIZE[1] - charts._EDGE_INSET)
+    (bottom,) = _layer(grad, "point", y=PANEL_SIZE[1] - EDGE_INSET)
     assert [(r["step"], r["flag"]) for r in _rows(spec, bottom)] == [(0, "≤ 0")]
     assert _rows(spec, grad[0])[0]["value"] is None
     loss = _panels(spec)[ACTOR_LOSS]
@@ -233,7 +237,7 @@ def test_downsampling_keeps_spikes_and_nonfinite_points_within_the_bound() -> No
     finite = [r for r in line if r["value"] is not None]
     assert len(finite) <= max_points and len(line) < 2 * max_points
     assert min(r["value"] for r in finite) == -5.0, "the one-step dip survives"
-    (top,) = _layer(loss, "point", y=charts._EDGE_INSET)
+    (top,) = _layer(loss, "point", y=EDGE_INSET)
     marked = [(r["step"], r["flag"]) for r in _rows(spec, top)]
     assert (n // 3, "NaN") in marked and (80_000, "+Inf") in marked
     assert len(marked) <= 3, "one marker per kind and bucket of steps"
@@ -362,7 +366,7 @@ def test_entropy_flow_of_many_steps_has_one_column_per_pixel_at_most() -> None:
     heat_layers = _layers(spec["vconcat"][0])
     cells = _rows(spec, heat_layers[0])
     first = [r for r in cells if r["position"] == "0"]
-    assert len(first) <= charts.FLOW_WIDTH and first[0]["start"] == -0.5 and first[-1]["end"] == n - 0.5
+    assert len(first) <= FLOW_WIDTH and first[0]["start"] == -0.5 and first[-1]["end"] == n - 0.5
     (mixed,) = [r for r in first if r["first"] <= 5000 <= r["last"]]
     width = mixed["last"] - mixed["first"] + 1
     tokens = 4 * (width - 1) + 12  # the column's token-weighted mean

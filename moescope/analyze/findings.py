@@ -8,8 +8,12 @@ traces; the verdict compares the findings of an original and a proxy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FINDING_TYPES = (
     "nonfinite",
@@ -46,3 +50,29 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+FRAME_COLUMNS = ("model", "type", "step", "severity", "layer", "message")
+
+
+def findings_frame(by_model: Mapping[str, Sequence[Finding]]) -> pd.DataFrame:
+    """The findings of several models in one table, one row each, in the given order.
+
+    Columns: ``model`` (the mapping's key), ``type``, ``step``, ``severity``, ``layer`` and
+    ``message``; the evidence stays on the :class:`Finding`. A model without findings adds
+    no row, so an empty table means nothing was raised.
+
+    Example
+    -------
+    >>> spike = Finding("grad_spike", 6, "warning", "grad norm 40x its median")
+    >>> findings_frame({"original": [spike], "proxy": []})[["model", "type", "step"]].values.tolist()
+    [['original', 'grad_spike', 6]]
+    """
+    import pandas as pd
+
+    rows = [
+        {"model": model, **{k: v for k, v in f.to_dict().items() if k != "evidence"}}
+        for model, findings in by_model.items()
+        for f in findings
+    ]
+    return pd.DataFrame(rows, columns=list(FRAME_COLUMNS))

@@ -22,13 +22,17 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from moescope import schema as S
-from moescope.analyze.diagnosis import diagnose, running, series
+from moescope.analyze.diagnosis import diagnose
 from moescope.analyze.findings import Finding
+from moescope.analyze.rules.series import running, series
 from moescope.traces import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ONSET_TOLERANCE = 0.1
 MIN_TOLERANCE_STEPS = 2
@@ -73,6 +77,33 @@ class Comparison:
         for curve, row in zip(self.curves, d["curves"], strict=True):
             row["trend_agrees"] = curve.trend_agrees
         return d
+
+    def findings_frame(self) -> pd.DataFrame:
+        """One row per finding type: reproduced or not, on time or not, and the onset offset.
+
+        Example
+        -------
+        >>> match = FindingMatch("grad_spike", 6, 7, True, True, 1, 0.05)
+        >>> Comparison("reproduced", [], [match]).findings_frame()[["type", "offset_steps"]].values.tolist()
+        [['grad_spike', 1]]
+        """
+        import pandas as pd
+
+        return pd.DataFrame(self.to_dict()["findings"], columns=[f.name for f in fields(FindingMatch)])
+
+    def curves_frame(self) -> pd.DataFrame:
+        """One row per metric: rank correlation, direction agreement and both trends.
+
+        Example
+        -------
+        >>> loss = CurveAgreement("actor/loss", 12, 0.9, 0.8, "down", "down")
+        >>> Comparison("both healthy", [], curves=[loss]).curves_frame()["trend_agrees"].tolist()
+        [True]
+        """
+        import pandas as pd
+
+        columns = [*(f.name for f in fields(CurveAgreement)), "trend_agrees"]
+        return pd.DataFrame(self.to_dict()["curves"], columns=columns)
 
 
 def compare(

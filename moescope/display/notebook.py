@@ -101,9 +101,10 @@ def _quiet() -> None:
         os.environ.setdefault(key, value)
     for module in _QUIET_MODULES:
         warnings.filterwarnings("ignore", module=rf"{module}(\.|$)")
-    if "transformers" in sys.modules:  # the environment only counts before the import
-        from transformers.utils import logging as hf_logging
-
+    # The environment only counts before transformers is imported; once it is, quiet its loggers.
+    # Looked up, not imported: the display stage never loads model code itself.
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    if hf_logging is not None:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
 

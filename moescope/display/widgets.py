@@ -390,7 +390,7 @@ class TraceBoard(_StepRangePanel):
     Examples
     --------
     >>> board = TraceBoard(trace, proxy_trace, diagnose(trace), diagnose(proxy_trace))  # doctest: +SKIP
-    >>> board.metrics = ("actor/loss", "actor/grad_norm")  # doctest: +SKIP
+    >>> board.metrics = (ACTOR_LOSS, GRAD_NORM)  # keys from moescope.schema  # doctest: +SKIP
     """
 
     metrics = traitlets.Tuple(help="Metric keys drawn, one panel each, in this order.")

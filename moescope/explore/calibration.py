@@ -26,11 +26,49 @@ from typing import Any
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.models.tasks import TASK_FAMILIES, make_examples
 
 TASKS = "tasks"
 """The ``data`` value that selects the toy task suite (:mod:`moescope.models.tasks`)."""
 
 _TOKENIZE_CHUNK = 256  # texts per tokenizer call: batched calls are much faster than one by one
+_RANDOM_ROW = 64  # tokens per row of the random stand-in for the task suite
+_FIRST_ID = 3  # below this, ids are special tokens (padding, start, end) in the models moescope reads
+
+
+def calibration_data(
+    model: Any, tokenizer: Any, source: Any = TASKS, *, n_tokens: int = 64 * _RANDOM_ROW, seed: int = 0
+) -> Any:
+    """``source`` itself, or seeded random token ids where the task suite has no tokenizer.
+
+    The task suite is text, and a checkpoint saved without a tokenizer (a test model) cannot
+    read it; random ids still route through every expert, so the calibration pass, healing and
+    fidelity run on such a model too. Any other source passes through unchanged: a text file
+    without a tokenizer is refused by :func:`calibration_batches` rather than silently replaced.
+
+    Parameters
+    ----------
+    model : the model the data is for; its ``config.vocab_size`` bounds the random ids.
+    tokenizer : the model's tokenizer, or ``None``.
+    source : ``"tasks"``, a text or JSONL path, or token ids (see :func:`calibration_batches`).
+    n_tokens : random ids drawn, in rows of 64 (rounded up to whole rows).
+    seed : seed of the random ids: the same seed gives the same ids.
+
+    Returns
+    -------
+    ``source``, or a LongTensor ``(ceil(n_tokens / 64), 64)`` of ids in ``[3, vocab_size)``.
+
+    Example
+    -------
+    >>> from moescope.models.zoo import tiny
+    >>> calibration_data(tiny("mixtral"), None, n_tokens=100, seed=0).shape
+    torch.Size([2, 64])
+    """
+    if tokenizer is not None or not (isinstance(source, str) and source == TASKS):
+        return source
+    rows = max(1, -(-n_tokens // _RANDOM_ROW))
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(_FIRST_ID, model.config.vocab_size, (rows, _RANDOM_ROW), generator=generator)
 
 
 def check_budget(n_tokens: int, batch_size: int, seq_len: int) -> None:
@@ -125,8 +163,6 @@ def _tensor_rows(data: Any) -> Iterator[list[int]]:
 
 def _task_texts(seed: int) -> Iterator[str]:
     """``prompt + answer`` of every family in turn, endless (chunks double, so work stays linear)."""
-    from moescope.models.tasks import TASK_FAMILIES, make_examples
-
     done, n = 0, 64
     while True:
         drawn = [make_examples(task, n, seed=seed) for task in TASK_FAMILIES]

@@ -46,9 +46,9 @@ from moescope.explore.embeddings import (
     embed_experts,
     model_facts,
 )
-from moescope.explore.selection import LayerSelection, Selection
+from moescope.explore.selection import METHODS, LayerSelection, Selection
 from moescope.keep import parse_keep
-from moescope.models.arch import MoEModel, adapt
+from moescope.models.view import MoEModel, adapt
 
 try:
     from sklearn.base import BaseEstimator, ClusterMixin, clone
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 
     from moescope.explore.routing import RoutingStats
 
-METHODS = ("cluster", "frequency", "reap", "random")
 CLUSTER_METHODS = ("agglomerative", "kmeans")
 LINKAGES = ("average", "complete", "single", "ward")
 METRICS = ("cosine", "euclidean")
@@ -253,6 +252,11 @@ class _Source:
     n_group: int
     topk_group: int
 
+    def kept(self, keep: str | float | int, allow_top_k: bool) -> int:
+        """Experts kept per layer, checked against this model's routing (:func:`parse_keep`)."""
+        e, k, groups = self.num_experts, self.top_k, self.n_group
+        return parse_keep(keep, e, k, groups, allow_top_k=allow_top_k, topk_group=self.topk_group)
+
 
 def select_experts(
     model_or_embeddings: PreTrainedModel | MoEModel | ExpertEmbeddings,
@@ -286,14 +290,7 @@ def select_experts(
     if method not in METHODS:
         raise MoescopeError(f"unknown selection method {method!r}; choose one of {', '.join(METHODS)}.")
     source = _source(model_or_embeddings)
-    k = parse_keep(
-        keep,
-        source.num_experts,
-        source.top_k,
-        source.n_group,
-        allow_top_k=allow_top_k,
-        topk_group=source.topk_group,
-    )
+    k = source.kept(keep, allow_top_k)
     if stats is not None:
         check_stats(stats, source.config_hash, source.layers)
     view, params = None, {"score": SCORES[method]}

@@ -66,7 +66,7 @@ import torch
 from moescope._util.io import write_atomic
 from moescope._util.threads import single_threaded
 from moescope.errors import MoescopeError
-from moescope.models.arch import MoELayer, MoEModel, adapt
+from moescope.models.view import MoELayer, MoEModel, adapt
 from moescope.provenance import config_hash
 from moescope.schema import EXPERT, LAYER, SCHEMA_VERSION, check_schema
 
@@ -213,7 +213,7 @@ def embed_experts(
 
     Parameters
     ----------
-    model : a loaded MoE causal LM (or its :func:`~moescope.models.arch.adapt` view).
+    model : a loaded MoE causal LM (or its :func:`~moescope.models.view.adapt` view).
     view : one of ``VIEWS`` (see the module docstring).
     stats : routing statistics of this model; needed by ``coactivation`` and joined into
         ``multiview`` when given.

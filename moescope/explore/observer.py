@@ -16,12 +16,12 @@ import numpy as np
 import torch
 
 from moescope.explore.routing_sums import SLOT_ORDER, RoutingSums, recomputed_norms, slot_norms
-from moescope.models.arch import decoder_model
+from moescope.explore.stats import RoutingStats
+from moescope.models.view import decoder_model
 from moescope.provenance import config_hash
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moescope.explore.routing import RoutingStats
-    from moescope.models.arch import MoELayer, MoEModel
+    from moescope.models.view import MoELayer, MoEModel
 
 
 @dataclass
@@ -68,9 +68,7 @@ class RoutingObserver:
         return int(self._sums.tokens.min())
 
     def stats(self, source: str = "") -> RoutingStats:
-        """The sums so far as :class:`~moescope.explore.routing.RoutingStats`; ``source`` names the data."""
-        from moescope.explore.routing import RoutingStats  # the public module imports this one
-
+        """The sums so far as :class:`~moescope.explore.stats.RoutingStats`; ``source`` names the data."""
         self._flush()
         tokens = self._sums.tokens.tolist()
         n_tokens = min(tokens)  # a looped layer routes every token once per pass

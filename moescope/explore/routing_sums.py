@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from moescope.models.arch import MoELayer
+    from moescope.models.view import MoELayer
 
 ENTROPY_BINS = 32
 """Histogram bins of per-token routing entropy, evenly spaced on ``[0, ln E]``."""

@@ -8,6 +8,7 @@ makes one.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,8 @@ import numpy as np
 
 from moescope._util.io import write_atomic
 from moescope.errors import MoescopeError
+from moescope.keep import parse_keep
+from moescope.models.loading import load_config
 from moescope.provenance import config_hash
 from moescope.schema import CLUSTER, EXPERT, LAYER, SCHEMA_VERSION, check_schema
 
@@ -23,7 +26,10 @@ if TYPE_CHECKING:
     import pandas as pd
     from transformers import PretrainedConfig, PreTrainedModel
 
-    from moescope.models.arch import MoEModel
+    from moescope.models.view import MoEModel
+
+METHODS = ("cluster", "frequency", "reap", "random")
+"""How :func:`~moescope.explore.clustering.select_experts` chooses (a selection's ``method``)."""
 
 
 @dataclass(frozen=True)
@@ -124,11 +130,14 @@ class Selection:
                 f"{path} is not a readable selection.json ({err}); write one with select_experts(...).save()."
             ) from err
 
+    def made_for(self, config: PretrainedConfig | PreTrainedModel | MoEModel | dict[str, Any]) -> bool:
+        """Whether this selection was made for the model of ``config`` (same config hash)."""
+        return config_hash(getattr(config, "config", config)) == self.config_hash
+
     def check_model(self, config: PretrainedConfig | PreTrainedModel | MoEModel | dict[str, Any]) -> None:
         """Refuse a model other than the one the selection was made for (config hash)."""
-        config = getattr(config, "config", config)
-        found = config_hash(config)
-        if found != self.config_hash:
+        if not self.made_for(config):
+            found = config_hash(getattr(config, "config", config))
             raise MoescopeError(
                 f"this selection was made for a {self.model_type} model with config hash "
                 f"{self.config_hash}, not this model ({found}); recompute it with select_experts "
@@ -146,3 +155,84 @@ def _layer_problem(entry: LayerSelection, keep: int, num_experts: int, n_group: 
     if n_group > 1 and np.any(per_group != keep // n_group):
         return f"keeps {per_group.tolist()} experts from its {n_group} routing groups, not the same from each"
     return None
+
+
+def reusable_selection(
+    path: str | Path | None,
+    model: str | Path | PretrainedConfig | PreTrainedModel | dict[str, Any],
+    keep: str | float | int,
+) -> Path | None:
+    """``path`` when it holds a selection that export can reuse for ``model`` at ``keep``, else ``None``.
+
+    Reusable means: the file exists, was made for this model (same config hash) and keeps the
+    count ``keep`` means for it. Anything else (no file, another model, another keep) gives
+    ``None``, so the caller selects anew instead of failing on a stale file.
+
+    Parameters
+    ----------
+    path : a ``selection.json``, or ``None`` / ``""`` for none.
+    model : ``"toy"``, a checkpoint directory (only its config is read), or a config or model.
+    keep : fraction, ratio or count of routed experts kept per layer (see
+        :func:`moescope.keep.parse_keep`).
+
+    Example
+    -------
+    >>> import tempfile
+    >>> from moescope.explore.clustering import select_experts
+    >>> from moescope.models.zoo import tiny
+    >>> model = tiny("qwen3_moe")
+    >>> path = select_experts(model, 0.5, method="random").save(Path(tempfile.mkdtemp()) / "s.json")
+    >>> reusable_selection(path, model, "1/2") == path, reusable_selection(path, model, 0.75)
+    (True, None)
+    """
+    if not path or not Path(path).is_file():
+        return None
+    found = Selection.load(path)
+    config = load_config(model) if isinstance(model, str | Path) else model
+    if not found.made_for(config):
+        return None
+    count = parse_keep(keep, found.num_experts, found.top_k, found.n_group, allow_top_k=True)
+    return Path(path) if found.keep == count else None
+
+
+def selection_overlap(a: Selection, b: Selection) -> float:
+    """Share of ``a``'s kept experts that ``b`` keeps too, pooled over the MoE layers.
+
+    1 when both keep the same experts everywhere; about ``b.keep_ratio`` for unrelated picks.
+
+    Example
+    -------
+    >>> from moescope.explore.clustering import select_experts
+    >>> from moescope.models.zoo import tiny
+    >>> model = tiny("qwen3_moe")
+    >>> a, b = (select_experts(model, 0.5, method="random", seed=s) for s in (0, 0))
+    >>> selection_overlap(a, b)
+    1.0
+    """
+    if a.layer_indices != b.layer_indices:
+        raise MoescopeError(
+            f"the selections cover different MoE layers ({a.layer_indices} and {b.layer_indices}); "
+            "compare selections of the same model."
+        )
+    shared = sum(len(set(a.kept(layer)) & set(b.kept(layer))) for layer in a.layer_indices)
+    return shared / (a.keep * len(a.layer_indices))
+
+
+def overlap_table(selections: Mapping[str, Selection]) -> pd.DataFrame:
+    """:func:`selection_overlap` of every pair of named selections: row ``b``, column ``a``."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        {a: {b: selection_overlap(sa, sb) for b, sb in selections.items()} for a, sa in selections.items()}
+    )
+
+
+def kept_table(selections: Mapping[str, Selection]) -> pd.DataFrame:
+    """The kept expert ids of each named selection (columns) in every MoE layer (rows)."""
+    import pandas as pd
+
+    first = next(iter(selections.values()))
+    return pd.DataFrame(
+        {name: [list(s.kept(layer)) for layer in first.layer_indices] for name, s in selections.items()},
+        index=pd.Index(first.layer_indices, name=LAYER),
+    )

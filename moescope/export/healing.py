@@ -24,7 +24,7 @@ Example
 >>> from moescope.export.surgery import build_proxy
 >>> model, tok = load_toy()
 >>> proxy = build_proxy(model, select_experts(model, "1/4", method="random"))
->>> report = heal(model, proxy, tokenizer=tok, steps=4, tasks=())
+>>> report = heal(model, proxy, tokenizer=tok, steps=2, batch_size=4, heldout_tokens=256, tasks=())
 >>> report.kl_after < report.kl_before
 True
 """
@@ -36,16 +36,13 @@ import itertools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
-from moescope import schema
 from moescope._util.io import readable, replace_dir
-from moescope._util.records import check_kind, jsonable, read_record, write_record
 from moescope.errors import MoescopeError
 from moescope.explore.calibration import TASKS, calibration_batches, describe_source
 from moescope.export.fidelity.agreement import (
@@ -55,93 +52,22 @@ from moescope.export.fidelity.agreement import (
     next_token_agreement,
     task_batches,
 )
-from moescope.export.fidelity.measure import manifest_sections
-from moescope.export.fidelity.validity import model_tensors, tensor_bytes
+from moescope.export.fidelity.measure import measure_fidelity
+from moescope.export.fidelity.records import HealingReport, manifest_sections
+from moescope.export.fidelity.validity import model_tensors, tensor_bytes, validity_checklist
 from moescope.export.manifest import copy_side_files, read_manifest, write_manifest
 from moescope.export.surgery import expert_state_keys
 from moescope.models.accuracy import TaskSpec, model_accuracy, resolve_tasks
-from moescope.models.arch import MoEModel, adapt
+from moescope.models.loading import load_model
 from moescope.models.multimodal import is_multimodal, save_with_language_model
+from moescope.models.tasks import mixed_examples
+from moescope.models.view import MoEModel, adapt
+from moescope.provenance import config_hash
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = ["HealingReport", "heal", "heal_proxy_dir"]
-
-_KIND = "moescope.healing"
-_FIX = "pass a file written by HealingReport.save, or heal again"
-
-
-@dataclass(frozen=True, eq=False)
-class HealingReport:
-    """What :func:`heal` did and what it changed.
-
-    Attributes
-    ----------
-    steps, lr, seed, batch_size : the run (Adam, cosine decay to 0, gradient clip 1.0).
-    n_tokens : real tokens of calibration data trained on.
-    loss : training KL (nats) at every step.
-    kl_before, kl_after, top1_before, top1_after : next-token KL to the original and top-1
-        agreement on held-out data, before and after.
-    accuracy : per task and mode the proxy's accuracy ``before`` and ``after`` (and the
-        original's), or ``None`` when no tasks apply.
-    trained : names of the tensors trained (router rows and biases, kept experts).
-    frozen_verified : tensors verified bit-identical after training.
-    data, heldout : what the calibration data and the held-out data were.
-    """
-
-    steps: int
-    lr: float
-    seed: int
-    batch_size: int
-    n_tokens: int
-    loss: tuple[float, ...]
-    kl_before: float
-    kl_after: float
-    top1_before: float
-    top1_after: float
-    accuracy: pd.DataFrame | None
-    trained: tuple[str, ...]
-    frozen_verified: int
-    data: str = ""
-    heldout: str = ""
-
-    def to_frame(self) -> pd.DataFrame:
-        """The training curve, long form: ``step, loss``."""
-        return pd.DataFrame({schema.STEP: range(len(self.loss)), "loss": self.loss})
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values (non-finite numbers as ``None``): what the manifest stores."""
-        out = {name: getattr(self, name) for name in _FIELDS}
-        out["loss"] = list(self.loss)
-        out["trained"] = list(self.trained)
-        out["accuracy"] = None if self.accuracy is None else self.accuracy.to_dict("records")
-        return jsonable({"kind": _KIND, "schema_version": schema.SCHEMA_VERSION, **out})
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HealingReport:
-        """The inverse of :meth:`to_dict`."""
-        check_kind(d, _KIND, _FIX)
-        values = {name: d[name] for name in _FIELDS}
-        values["loss"] = tuple(math.nan if v is None else float(v) for v in d["loss"])
-        values["trained"] = tuple(d["trained"])
-        values["accuracy"] = None if d["accuracy"] is None else pd.DataFrame.from_records(d["accuracy"])
-        return cls(**values)
-
-    def save(self, path: str | Path) -> Path:
-        """Write JSON atomically (temporary sibling, then rename)."""
-        return write_record(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | Path) -> HealingReport:
-        """Read a file written by :meth:`save`."""
-        return cls.from_dict(read_record(path, _KIND, _FIX))
-
-
-_FIELDS = (
-    "steps", "lr", "seed", "batch_size", "n_tokens", "loss", "kl_before", "kl_after", "top1_before",
-    "top1_after", "accuracy", "trained", "frozen_verified", "data", "heldout",
-)  # fmt: skip
 
 
 # --- what trains, and proof that nothing else did --------------------------------------------------
@@ -178,8 +104,6 @@ def training_batches(
 ) -> Iterator[Batch]:
     """Endless calibration batches: the seeded task training stream, or ``data`` again and again."""
     if isinstance(data, str) and data == TASKS:
-        from moescope.models.tasks import mixed_examples
-
         return task_batches(mixed_examples(seed=seed), tokenizer, n_tokens=2**62, batch_size=batch_size)
 
     def passes() -> Iterator[Batch]:
@@ -248,22 +172,15 @@ def heal(
     tasks, n_prompts, samples : the accuracy before and after, as in
         :func:`moescope.export.fidelity.measure.measure_fidelity` (``()`` for none).
     """
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise MoescopeError(f"steps must be a positive whole number, not {steps!r}; pass one such as 50.")
+    _check_steps(steps)
     resolved = resolve_tasks(tasks, original)  # a malformed prompt file fails before any training
     accuracy_kw = {"n_prompts": n_prompts, "samples": samples, "seed": seed}
-    check_data = data if heldout is None else heldout
-    check = heldout_batches(check_data, tokenizer, n_tokens=heldout_tokens, seed=seed)
+    check, check_text = _heldout_check(data, heldout, tokenizer, n_tokens=heldout_tokens, seed=seed)
     before, _ = next_token_agreement(original, proxy, check)
     accuracy = [_accuracy(m, tokenizer, resolved, accuracy_kw) for m in (original, proxy)]
 
-    params = trainable_tensors(adapt(proxy))
-    frozen = _digests(proxy, set(params))
     batches = training_batches(data, tokenizer, batch_size=batch_size, seq_len=seq_len, seed=seed)
-    with _training_only(original, proxy, params):
-        losses, tokens = _train(original, proxy, params, batches, steps=steps, lr=lr)
-    verified = _verify_frozen(frozen, proxy, set(params))
-
+    trained, losses, tokens, verified = _distil(original, proxy, batches, steps=steps, lr=lr)
     after, _ = next_token_agreement(original, proxy, check)
     accuracy.append(_accuracy(proxy, tokenizer, resolved, accuracy_kw))
     return HealingReport(
@@ -278,11 +195,38 @@ def heal(
         top1_before=before["top1_agreement"],
         top1_after=after["top1_agreement"],
         accuracy=_before_after(*accuracy),
-        trained=tuple(params),
+        trained=trained,
         frozen_verified=verified,
         data=describe_source(data, seed),
-        heldout=_describe_heldout(check_data, defaulted=heldout is None),
+        heldout=check_text,
     )
+
+
+def _check_steps(steps: Any) -> None:
+    """Refuse a step count that is not a positive whole number, before any slow work."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise MoescopeError(f"steps must be a positive whole number, not {steps!r}; pass one such as 50.")
+
+
+def _distil(
+    original: PreTrainedModel, proxy: PreTrainedModel, batches: Iterator[Batch], *, steps: int, lr: float
+) -> tuple[tuple[str, ...], list[float], int, int]:
+    """Train the proxy's trainable tensors alone; (their names, losses, tokens seen, how many
+    other tensors were verified bit-identical after)."""
+    params = trainable_tensors(adapt(proxy))
+    frozen = _digests(proxy, set(params))
+    with _training_only(original, proxy, params):
+        losses, tokens = _train(original, proxy, params, batches, steps=steps, lr=lr)
+    return tuple(params), losses, tokens, _verify_frozen(frozen, proxy, set(params))
+
+
+def _heldout_check(
+    data: Any, heldout: Any, tokenizer: Any, *, n_tokens: int, seed: int
+) -> tuple[list[Batch], str]:
+    """The batches healing is judged on (``heldout``, else ``data`` itself), and how to name them."""
+    check_data = data if heldout is None else heldout
+    batches = heldout_batches(check_data, tokenizer, n_tokens=n_tokens, seed=seed)
+    return batches, _describe_heldout(check_data, defaulted=heldout is None)
 
 
 def _describe_heldout(data: Any, *, defaulted: bool) -> str:
@@ -353,10 +297,6 @@ def heal_proxy_dir(
     -------
     >>> report = heal_proxy_dir("proxy-dir", steps=50)  # doctest: +SKIP
     """
-    from moescope.export.fidelity.measure import measure_fidelity, validity_checklist
-    from moescope.models.loading import load_model
-    from moescope.provenance import config_hash
-
     proxy_dir = Path(proxy_dir)
     manifest = read_manifest(proxy_dir)
     if manifest is None:

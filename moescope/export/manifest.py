@@ -18,11 +18,12 @@ from moescope._version import __version__
 from moescope.errors import MoescopeError
 from moescope.explore.selection import Selection
 from moescope.export.surgery import weight_semantics
-from moescope.models.arch import adapt
 from moescope.models.looping import loop_times_of
+from moescope.models.view import adapt
 from moescope.provenance import config_hash, library_versions
 
 if TYPE_CHECKING:
+    import pandas as pd
     from transformers import PretrainedConfig, PreTrainedModel
 
 MANIFEST = "moescope.json"
@@ -108,3 +109,31 @@ def read_manifest(directory: str | Path) -> dict[str, Any] | None:
     if data.get("kind") != MANIFEST_KIND:
         raise MoescopeError(f"{path} is not a moescope proxy manifest; export the proxy again.")
     return data
+
+
+def manifest_summary(directory: str | Path) -> pd.Series:
+    """How the proxy in ``directory`` was made, in a few lines: method, view, experts kept per
+    layer of the source's, the routing-weight semantics and the files beside the weights.
+
+    Example
+    -------
+    >>> import tempfile
+    >>> from moescope.export.pipeline import export_proxy
+    >>> out = Path(tempfile.mkdtemp()) / "proxy"
+    >>> _ = export_proxy("toy", out, keep=0.5, method="random", fidelity=False, progress=False)
+    >>> manifest_summary(out)["kept per layer"]
+    '16 of 32'
+    """
+    import pandas as pd
+
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise MoescopeError(f"{directory} holds no {MANIFEST}; pass a proxy directory from export_proxy.")
+    summary = {
+        "method": manifest["method"],
+        "view": manifest["view"],
+        "kept per layer": f"{manifest['keep']} of {manifest['source']['num_experts']}",
+        "routing weights on unchanged choices": manifest["proxy"]["weight_semantics"],
+        "files": ", ".join(sorted(p.name for p in Path(directory).iterdir())),
+    }
+    return pd.Series(summary, name="proxy", dtype=object)  # object: a view of None stays None

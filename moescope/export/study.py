@@ -15,15 +15,18 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moescope import schema as S
 from moescope._util.io import read_json_object
 from moescope.errors import MoescopeError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-CURVE_METRICS = ("actor/loss", "actor/grad_norm", "actor/entropy", "reward/mean", "actor/kl")
+CURVE_METRICS = (S.ACTOR_LOSS, S.GRAD_NORM, S.ENTROPY, S.REWARD_MEAN, S.KL)
 STUDY_FILE = "fidelity-study.json"
 HEALED_STUDY_FILE = "fidelity-study-healed.json"  # the same study with every proxy healed first
+DOCS = Path(__file__).resolve().parents[2] / "docs"  # where a checkout keeps the committed study
+AGREEING_VERDICTS = ("reproduced", "both healthy")
 
 
 def read_study(path: str | Path) -> dict[str, Any]:
@@ -103,3 +106,39 @@ def healing_effect(unhealed: dict[str, Any], healed: dict[str, Any]) -> pd.DataF
     )
     joined = before.join(after, suffixes=("_unhealed", "_healed"), how="inner")
     return joined[[f"{c}_{when}" for c in columns for when in ("unhealed", "healed")]].reset_index()
+
+
+def study_paths(study: str | Path = "auto", healed: str | Path = "auto") -> tuple[Path | None, Path | None]:
+    """The study JSON and the healed study JSON to read, each ``None`` where there is none.
+
+    ``study``: ``"auto"`` (this checkout's ``docs/``), a study JSON or its directory.
+    ``healed``: ``"auto"`` (:data:`HEALED_STUDY_FILE` beside the study), a JSON, or ``""`` for
+    none. A healed study is only looked for beside a study that was found.
+
+    Example
+    -------
+    >>> study_paths("no/such/dir")
+    (None, None)
+    """
+    source = DOCS if str(study) == "auto" else Path(study)
+    found = source / STUDY_FILE if source.is_dir() else source
+    if not found.is_file():
+        return None, None
+    healed_path = found.parent / HEALED_STUDY_FILE if str(healed) == "auto" else Path(healed)
+    return found, healed_path if str(healed) and healed_path.is_file() else None
+
+
+def fault_agreement(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per fault (rows) and method (columns), the share of proxy runs whose verdict agrees with
+    the original's: ``reproduced``, or ``both healthy`` where the original raised nothing.
+
+    Example
+    -------
+    >>> import pandas as pd
+    >>> runs = pd.DataFrame({"fault": ["lr_spike"] * 2, "method": ["cluster"] * 2,
+    ...                      "verdict": ["reproduced", "not reproduced"]})
+    >>> float(fault_agreement(runs).loc["lr_spike", "cluster"])
+    0.5
+    """
+    agree = frame.assign(agree=frame["verdict"].isin(AGREEING_VERDICTS))
+    return agree.pivot_table(index="fault", columns="method", values="agree", aggfunc="mean", sort=False)

@@ -7,9 +7,10 @@ config's expert count is rewritten under the architecture's own key; top-k and g
 routing are left as they are (the selection guarantees they stay valid). The result is a
 plain Hugging Face directory that ``AutoModelForCausalLM.from_pretrained`` loads with no
 moescope code, plus ``moescope.json``, the manifest that says how it was made. A multimodal
-checkpoint (Llama 4, Qwen3.5-MoE, Qwen4-Exp) is read through its language model; its proxy is the whole
-checkpoint, written by cutting the shards (:func:`moescope.export.streaming.export.write_selected`), so the
-vision tower and projector, which the loaded language model does not hold, are copied too.
+checkpoint whose language model is supported is read through that language model
+(:func:`~moescope.models.table.language_config`); its proxy is the whole checkpoint, written by
+cutting the shards (:func:`moescope.export.streaming.export.write_selected`), so the vision
+tower and projector, which the loaded language model does not hold, are copied too.
 
 Expert ``j`` of a proxy layer is the ``j``-th kept original expert (kept ids are sorted, so the
 original order is kept); the manifest maps proxy experts back to original indices.
@@ -19,37 +20,41 @@ Routing on the proxy (what "exact" means)
 For a token whose original top-k experts were all kept (and, under grouped routing, whose
 chosen groups stay chosen), the proxy chooses the same experts. Their weights are:
 
-* **identical** when the weights depend only on the chosen experts: renormalized softmax
-  (Mixtral, Qwen3 with ``norm_topk_prob``, HunYuan, ERNIE; DBRX, whose division by the
-  chosen weights' p-norm cancels any common scale too), sigmoid scores (DeepSeek-V3,
-  GLM-4-MoE, dots, Kimi-Linear, MiMo-V2-Flash, Nemotron-H, A.X, HY-V3/V4, MiniMax-M2/M3, LFM2, AFMoE,
-  Beam, Bailing-Hybrid, Flint, Inkling 2 (and Loop), Laguna with its soft-capped logits, with or without
-  renormalization), softmax over the chosen logits (GPT-OSS, Granite, Cohere2-MoE, Aria),
-  sigmoid of the chosen logits (Llama 4, Cohere2-MoE's sigmoid selection, Kolibri-1);
+* **identical** when the weights depend only on the chosen experts: a softmax whose chosen
+  probabilities are renormalized (``normalize``; a division by their p-norm cancels any common
+  scale too), sigmoid scores (each expert's own, with or without renormalization, on soft-capped
+  logits or not), and a softmax or sigmoid over the chosen logits (``scoring="logits"``);
 * **scaled by 1 / P_kept** when the weights are softmax probabilities over all experts without
-  renormalization (Qwen2-MoE, OLMoE, Jamba, DeepSeek-V2, Qwen3 without ``norm_topk_prob``,
-  DBRX with ``moe_normalize_expert_weights: null``):
-  the softmax runs over the kept experts only, so each chosen weight is divided by the
-  probability mass ``P_kept`` the kept experts had in the original;
-* **changed** for PhiMoE's sparsemixer, whose weights are a softmax over the experts near the
-  best one, some of which may be gone.
+  renormalization (``scoring="softmax"``, ``normalize=False``): the softmax runs over the kept
+  experts only, so each chosen weight is divided by the probability mass ``P_kept`` the kept
+  experts had in the original;
+* **changed** for the sparsemixer (``scoring="sparsemixer"``), whose weights are a softmax over
+  the experts near the best one, some of which may be gone.
 
-ERNIE adds its correction bias to the softmax probabilities to choose, so a choice can also
-change when the kept probabilities grow; :func:`weight_semantics` names each case.
+A rule that adds its correction bias to softmax probabilities to choose (``bias_for_selection``
+with softmax scoring) can also change a choice when the kept probabilities grow.
+:func:`weight_semantics` names the case of one rule; :func:`weight_semantics_by_architecture`
+lists the supported architectures under each case, read from the architecture table (one whose
+case hangs on a config switch, such as ``norm_topk_prob``, under each setting).
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
 from moescope.errors import MoescopeError
 from moescope.explore.selection import Selection
 from moescope.keep import parse_keep
-from moescope.models.arch import MoEModel, adapt, set_config_value, take_experts
 from moescope.models.routers import RoutingRule
+from moescope.models.rules import NORMALIZE_SWITCHES
+from moescope.models.table import ARCHITECTURES, ArchSpec, config_value, set_config_value
+from moescope.models.view import MoEModel, adapt, take_experts
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -64,6 +69,64 @@ def weight_semantics(rule: RoutingRule) -> WeightSemantics:
     if rule.scoring == "softmax" and not rule.normalize:
         return "scaled"
     return "identical"
+
+
+def weight_semantics_by_architecture() -> dict[str, list[str]]:
+    """Every supported architecture under the :func:`weight_semantics` its routing rule gives.
+
+    Read from the architecture table with each config's published defaults, so the list cannot
+    drift from the rules; an architecture whose case hangs on a config switch
+    (``NORMALIZE_SWITCHES``) is listed under each setting, as ``"name with key: value"``.
+
+    Examples
+    --------
+    >>> by_case = weight_semantics_by_architecture()
+    >>> by_case["changed"], by_case["scaled"][0]
+    (['PhiMoE'], 'Qwen2-MoE with norm_topk_prob: false')
+    """
+    out: dict[str, list[str]] = {case: [] for case in get_args(WeightSemantics)}
+    for spec in ARCHITECTURES.values():
+        for case, label in _semantics_of(spec):
+            out[case].append(label)
+    return out
+
+
+def _semantics_of(spec: ArchSpec) -> list[tuple[WeightSemantics, str]]:
+    """``(case, label)`` of one architecture: its name alone, or one entry per setting of the
+    first switch its config has that changes the case."""
+    from transformers import AutoConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = AutoConfig.for_model(spec.model_type)
+    for key, values in NORMALIZE_SWITCHES.items():
+        if not _has_key(config, key):
+            continue
+        found = [
+            (
+                weight_semantics(spec.rule(_with_value(config, key, v))),
+                f"{spec.name} with {key}: {json.dumps(v)}",
+            )
+            for v in values
+        ]
+        if len({case for case, _ in found}) > 1:
+            return found
+    return [(weight_semantics(spec.rule(config)), spec.name)]
+
+
+def _has_key(config: PretrainedConfig, key: str) -> bool:
+    try:
+        config_value(config, key)
+    except (AttributeError, KeyError):
+        return False
+    return True
+
+
+def _with_value(config: PretrainedConfig, key: str, value: Any) -> PretrainedConfig:
+    """A copy of ``config`` with the field at a dotted ``key`` set to ``value``."""
+    config = copy.deepcopy(config)
+    set_config_value(config, key, value)
+    return config
 
 
 def expert_state_keys(moe: MoEModel) -> dict[str, tuple[int, torch.Tensor]]:

@@ -32,6 +32,8 @@ import torch
 from moescope.errors import MoescopeError
 from moescope.models.evaluation import GREEDY, decode_completions, evaluate_tasks
 from moescope.models.tasks import TASK_FAMILIES, Example, check_tasks, score
+from moescope.models.toy import toy_path
+from moescope.provenance import config_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,16 +130,11 @@ def _complete(model: Any, tokenizer: Any, examples: Sequence[Example], budget: i
 def _toy_hash() -> str:
     from transformers import AutoConfig
 
-    from moescope.models.toy import toy_path
-    from moescope.provenance import config_hash
-
     return config_hash(AutoConfig.from_pretrained(toy_path()))
 
 
 def is_toy(model: PreTrainedModel) -> bool:
     """True for the embedded toy model (by config hash): the task suite is what it was trained on."""
-    from moescope.provenance import config_hash
-
     return config_hash(model.config) == _toy_hash()
 
 

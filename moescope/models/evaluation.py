@@ -8,7 +8,7 @@ Example
 -------
 >>> from moescope.models.toy import load_toy
 >>> model, tok = load_toy()
->>> acc = evaluate_tasks(model, tok, ["add2"], n=32)
+>>> acc = evaluate_tasks(model, tok, ["add2"], n=8, samples=2)
 >>> acc.to_frame().columns.tolist()
 ['task', 'mode', 'accuracy', 'mixed', 'n']
 """

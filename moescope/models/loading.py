@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope.errors import ModelLoadError
+from moescope.models.toy import toy_path
 
 if TYPE_CHECKING:
     import torch
@@ -33,8 +34,6 @@ def resolve_model(model: str | Path) -> Path:
         When the path is missing, is a file, or holds no readable ``config.json``.
     """
     if str(model) == TOY:
-        from moescope.models.toy import toy_path
-
         return toy_path()
     path = Path(model).expanduser()
     if not path.exists():
@@ -68,7 +67,7 @@ def load_config(model: str | Path) -> PretrainedConfig:
     """The model's config, with moescope's architecture checks applied (no weights read)."""
     from transformers import AutoConfig
 
-    from moescope.models.arch import language_config
+    from moescope.models.table import language_config  # imports torch, which resolving a model needs not
 
     path = resolve_model(model)
     try:

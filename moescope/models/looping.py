@@ -15,7 +15,7 @@ import copy
 from torch import nn
 
 from moescope.errors import MoescopeError
-from moescope.models.arch import decoder_layers
+from moescope.models.view import decoder_layers
 
 CONFIG_KEY = "loop_times"
 

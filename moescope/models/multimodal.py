@@ -1,6 +1,6 @@
-"""Multimodal checkpoints (Llama 4, Qwen3.5-MoE, Qwen4-Exp): moescope reads and trains their language model,
-and writes the whole checkpoint back, so nothing the language model does not hold (the vision
-tower, the projector) is lost.
+"""Multimodal checkpoints whose language model is a supported MoE (e.g. Llama 4): moescope reads
+and trains their language model, and writes the whole checkpoint back, so nothing the language
+model does not hold (the vision tower, the projector) is lost.
 
 transformers' ``AutoModelForCausalLM`` loads the language model alone from such a checkpoint, and
 its ``save_pretrained`` would write that alone. A proxy whose language model changed in memory
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from moescope.models.arch import language_config
+from moescope.models.loading import load_config
+from moescope.models.table import language_config
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 
 def is_multimodal(path: str | Path) -> bool:
     """Whether the checkpoint holds more than the language model moescope reads."""
-    from moescope.models.loading import load_config
-
     config = load_config(path)
     return language_config(config) is not config
 

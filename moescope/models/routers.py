@@ -7,8 +7,8 @@ names the choices an architecture makes; :func:`route` applies them.
 
 The families (``scoring`` → ``select_on`` → ``weights``):
 
-- softmax routers (Mixtral, Qwen, OLMoE, HunYuan, Jamba, DBRX): ``softmax`` → top-k of the
-  probabilities → the chosen probabilities, renormalized if ``normalize`` (DBRX: by a p-norm);
+- softmax routers (e.g. Mixtral): ``softmax`` → top-k of the probabilities → the chosen
+  probabilities, renormalized if ``normalize`` (by a p-norm with ``norm_p``, as DBRX does);
 - DeepSeek-V3 / GLM-4-MoE / dots1: ``sigmoid`` → top-k of ``sigmoid + correction bias``
   inside the ``topk_group`` best of ``n_group`` groups → the chosen sigmoid scores (no bias),
   renormalized if ``normalize``, times ``scale``;

@@ -21,8 +21,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moescope.models.arch import MoEModel, adapt, config_value, language_config
+from moescope.models.loading import check_weights, load_config, resolve_model
 from moescope.models.routers import describe
+from moescope.models.table import config_value, language_config
+from moescope.models.view import MoEModel, adapt
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,6 +41,18 @@ class ParamCounts:
     routed_experts: int
     shared_experts: int
     active_per_token: int  # backbone + shared + top_k of E routed experts in every MoE layer
+
+    def remaining(self, keep: float) -> float:
+        """Share of the parameters a proxy keeping the fraction ``keep`` of the routed experts
+        still has, counting the experts cut (their router rows, a row of ``hidden_size`` each,
+        are left out of the count).
+
+        Example
+        -------
+        >>> ParamCounts(100, 20, 1, 80, 0, 30).remaining(1 / 4)
+        0.4
+        """
+        return (self.total - (1 - keep) * self.routed_experts) / self.total
 
 
 @dataclass(frozen=True)
@@ -173,8 +187,6 @@ def summarize(model: PreTrainedModel | PretrainedConfig | str | Path) -> ModelSu
     if isinstance(model, PretrainedConfig):
         return _summary(adapt(_meta_model(model)), source=model.model_type, dtype=_checkpoint_dtype(model))
     if isinstance(model, str | Path):
-        from moescope.models.loading import check_weights, load_config, resolve_model
-
         config = load_config(model)
         check_weights(resolve_model(model))
         summary = _summary(adapt(_meta_model(config)), source=str(model), dtype=_checkpoint_dtype(config))

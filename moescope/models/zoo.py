@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from moescope.models.arch import ARCHITECTURES, adapt, spec_for
+from moescope.models.table import ARCHITECTURES, spec_for
+from moescope.models.view import adapt
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -282,7 +283,7 @@ def tiny(arch: str, *, seed: int = 0, **overrides: Any) -> PreTrainedModel:
 
     Parameters
     ----------
-    arch : a supported ``model_type`` (see :func:`moescope.models.arch.supported_architectures`).
+    arch : a supported ``model_type`` (see :func:`moescope.models.table.supported_architectures`).
     seed : weight initialization seed.
     overrides : config fields, e.g. ``num_experts=16`` under the architecture's own key.
     """

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from moescope._util.configs import config_from_dict
+from moescope._util.flags import flag
 from moescope.errors import MoescopeError
+from moescope.replay.faults import check_faults
 
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -61,31 +64,34 @@ class ReplayConfig:
         the model's own ``loop_times`` config field, else 1).
     """
 
-    steps: int = 20
-    seed: int = 0
+    steps: int = field(default=20, metadata=flag("RL steps", metavar="N"))
+    seed: int = field(default=0, metadata=flag("seed"))
     # data and rewards
-    prompts: str = "toy"
+    prompts: str = field(
+        default="toy",
+        metadata=flag('\'toy\' (the task suite) or a .jsonl of {"prompt", "answer"} lines', metavar="FILE"),
+    )
     tasks: tuple[str, ...] | None = None
-    reward: str = "exact"
+    reward: str = field(default="exact", metadata=flag("reward function", choices=REWARDS))
     # rollout
-    prompts_per_step: int = 8
-    group_size: int = 8
+    prompts_per_step: int = field(default=8, metadata=flag("prompts per step", metavar="P"))
+    group_size: int = field(default=8, metadata=flag("samples per prompt", metavar="G"))
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int | None = None
     # objective
-    algo: str = "grpo"
+    algo: str = field(default="grpo", metadata=flag("advantages", choices=ALGOS))
     use_gepo: bool = False
     difficulty_threshold: float = 0.6
     clip_low: float = 0.2
     clip_high: float = 0.28
-    kl_beta: float = 0.01
+    kl_beta: float = field(default=0.01, metadata=flag("KL-to-reference weight", metavar="B"))
     ref_model_path: str | None = None
     aux_loss_coef: float = 0.0
     z_loss_coef: float = 0.0
     minibatches: int = 2
     # optimiser
-    lr: float = 1e-5
+    lr: float = field(default=1e-5, metadata=flag("learning rate"))
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     lr_schedule: str = "constant"
@@ -93,7 +99,7 @@ class ReplayConfig:
     max_grad_norm: float = 1.0
     skip_nonfinite: bool = True
     # PivotRL
-    pivot: bool = False
+    pivot: bool = field(default=False, metadata=flag("PivotRL: learn from pivots of reference answers"))
     sample_steps: int = 50
     variance_threshold: float = 0.15
     pivot_keep: int | None = None
@@ -103,12 +109,22 @@ class ReplayConfig:
     entropy_coef_max: float = 0.1
     low_entropy_damping: float = 0.5
     # precision
-    precision: str = "fp32"
-    rollout_precision: str | None = None
+    precision: str = field(default="fp32", metadata=flag("training precision", choices=PRECISIONS))
+    rollout_precision: str | None = field(
+        default=None,
+        metadata=flag("rollout engine precision", choices=PRECISIONS, shown="the training precision"),
+    )
     initial_loss_scale: float = 2.0**16
     # faults and looping
     faults: tuple[str, ...] = field(default_factory=tuple)
-    loop_times: int | None = None
+    loop_times: int | None = field(
+        default=None,
+        metadata=flag(
+            "apply the decoder stack N times (looped MoE)",
+            metavar="N",
+            shown="the model's loop_times, else 1",
+        ),
+    )
     # instrumentation (off only to measure its cost: bench/replay.py)
     instruments: bool = True
 
@@ -132,22 +148,11 @@ class ReplayConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ReplayConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise MoescopeError(
-                f"Unknown replay config field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}."
-            )
         d = dict(d)
         for key in ("tasks", "betas", "faults"):
             if d.get(key) is not None:
                 d[key] = tuple(d[key])
-        try:
-            return cls(**d)
-        except TypeError as err:  # a string where a number belongs, and the like
-            raise MoescopeError(
-                f"Replay config has a field of the wrong type ({err}); see ReplayConfig's fields."
-            ) from None
+        return config_from_dict(cls, d, "replay")
 
     def digest(self) -> str:
         """Short hash of the config (order-independent), to match a checkpoint to its run."""
@@ -200,6 +205,4 @@ def _check(c: ReplayConfig) -> None:
         problems.append(f"sample_steps must be at least 1, not {c.sample_steps}")
     if problems:
         raise MoescopeError("Invalid replay config: " + "; ".join(problems) + ".")
-    from moescope.replay.faults import check_faults  # faults are checked before any model loads
-
-    check_faults(c.faults, precision=c.precision, steps=c.steps)
+    check_faults(c.faults, precision=c.precision, steps=c.steps)  # before any model loads

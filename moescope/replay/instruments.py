@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from moescope.models.arch import MoEModel
+from moescope.models.view import MoEModel
 
 GROUPS = ("attention", "routed_experts", "router", "shared_experts", "embeddings", "other")
 POSITION_BUCKETS = ((0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 1 << 30))

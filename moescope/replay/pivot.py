@@ -22,16 +22,12 @@ from __future__ import annotations
 
 import math
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from moescope.replay.rewards import score_all
-from moescope.replay.rollout import Group, sample_group, sample_seed
-
-if TYPE_CHECKING:  # pragma: no cover
-    from moescope.replay.sums import StepSums
-    from moescope.replay.trainer import Trainer
+from moescope.replay.rollout import Group, Sampler, sample_seed
+from moescope.replay.sums import StepSums
 
 
 def pivot_positions(answer_len: int, n: int, rng: random.Random) -> list[int]:
@@ -41,39 +37,43 @@ def pivot_positions(answer_len: int, n: int, rng: random.Random) -> list[int]:
 
 
 def pivot_groups(
-    trainer: Trainer, step: int, items: list[tuple[int, Any]], sums: StepSums
+    sampler: Sampler, step: int, items: list[tuple[int, Any]], prompts: int, sums: StepSums
 ) -> dict[int, list[Group]]:
-    """Sampled, scored and filtered pivot groups for this rank's prompts, by prompt position."""
-    c, tok, policy = trainer.c, trainer.m.tokenizer, trainer.m.policy
-    per_prompt = max(1, math.ceil(c.sample_steps / len(trainer.schedule[step])))
+    """Sampled, scored and filtered pivot groups for this rank's prompts, by prompt position.
+
+    ``prompts`` is the number of prompts of the step over all ranks: the ``sample_steps``
+    pivots are spread over them.
+    """
+    c = sampler.config
+    per_prompt = max(1, math.ceil(c.sample_steps / prompts))
     keep_at_most = c.pivot_keep or max(1, per_prompt // 2)
     out: dict[int, list[Group]] = {}
     for g, ex in items:
-        prompt_ids = tok(ex.prompt, add_special_tokens=True)["input_ids"]
-        answer_ids = tok(ex.answer, add_special_tokens=False)["input_ids"]
-        rng = random.Random(sample_seed(c.seed, step, g, "pivot-positions"))
-        candidates = []
-        for j in pivot_positions(len(answer_ids), per_prompt, rng):
-            prefix_ids = prompt_ids + answer_ids[:j]
-            prefix = tok.decode(answer_ids[:j], skip_special_tokens=False)
-            responses, truncated, texts = sample_group(
-                policy,
-                tok,
-                prefix_ids,
-                group_size=c.group_size,
-                max_new_tokens=trainer.max_new_tokens,
-                temperature=c.temperature,
-                top_p=c.top_p,
-                precision=c.rollout_dtype_name,
-                seed=sample_seed(c.seed, step, g * 4096 + j, "pivot"),
-            )
-            rewards = score_all(trainer.reward_fn, [ex] * c.group_size, [prefix + t for t in texts])
-            sums.add("pivot_sampled", 1)
-            variance = float(torch.tensor(rewards).var(unbiased=False))
-            if variance >= c.variance_threshold:
-                candidates.append(Group(ex, g, prefix_ids, responses, texts, rewards, truncated, prefix))
+        candidates = _informative_pivots(sampler, step, g, ex, per_prompt, sums)
         candidates.sort(key=lambda grp: (sum(grp.rewards) / len(grp.rewards), len(grp.prefix)))
         kept = candidates[:keep_at_most]
         sums.add("pivot_kept", len(kept))
         out[g] = kept
     return out
+
+
+def _informative_pivots(
+    sampler: Sampler, step: int, g: int, ex: Any, per_prompt: int, sums: StepSums
+) -> list[Group]:
+    """The pivots of prompt ``g`` whose reward variance reaches ``variance_threshold``."""
+    c, tok = sampler.config, sampler.tokenizer
+    prompt_ids = tok(ex.prompt, add_special_tokens=True)["input_ids"]
+    answer_ids = tok(ex.answer, add_special_tokens=False)["input_ids"]
+    rng = random.Random(sample_seed(c.seed, step, g, "pivot-positions"))
+    candidates = []
+    for j in pivot_positions(len(answer_ids), per_prompt, rng):
+        prefix_ids = prompt_ids + answer_ids[:j]
+        prefix = tok.decode(answer_ids[:j], skip_special_tokens=False)
+        seed = sample_seed(c.seed, step, g * 4096 + j, "pivot")
+        responses, truncated, texts = sampler.sample(prefix_ids, seed)
+        rewards = sampler.score(ex, [prefix + t for t in texts])
+        sums.add("pivot_sampled", 1)
+        variance = float(torch.tensor(rewards).var(unbiased=False))
+        if variance >= c.variance_threshold:
+            candidates.append(Group(ex, g, prefix_ids, responses, texts, rewards, truncated, prefix))
+    return candidates

@@ -12,11 +12,13 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from moescope.models.evaluation import decode_completions
 from moescope.models.tasks import Example
+from moescope.replay.config import ReplayConfig
 from moescope.replay.precision import autocast
 from moescope.replay.rewards import RewardFn, score_all
 
@@ -88,35 +90,42 @@ def sample_group(
     return responses, truncated, decode_completions(tokenizer, new)
 
 
-def rollout_groups(
-    model: torch.nn.Module,
-    tokenizer,
-    examples: Sequence[tuple[int, Example]],
-    reward_fn: RewardFn,
-    *,
-    step: int,
-    seed: int,
-    group_size: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    precision: str,
-) -> list[Group]:
+@dataclass(frozen=True)
+class Sampler:
+    """The rollout engine of a replay: the policy sampling with the run's settings, and the reward."""
+
+    policy: torch.nn.Module
+    tokenizer: Any
+    reward_fn: RewardFn
+    config: ReplayConfig
+    max_new_tokens: int
+
+    def sample(self, prompt_ids: list[int], seed: int) -> tuple[list[list[int]], list[bool], list[str]]:
+        """:func:`sample_group` of ``config.group_size`` continuations of ``prompt_ids``."""
+        c = self.config
+        return sample_group(
+            self.policy,
+            self.tokenizer,
+            prompt_ids,
+            group_size=c.group_size,
+            max_new_tokens=self.max_new_tokens,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            precision=c.rollout_dtype_name,
+            seed=seed,
+        )
+
+    def score(self, example: Example, completions: list[str]) -> list[float]:
+        """The reward of each completion of ``example``."""
+        return score_all(self.reward_fn, [example] * len(completions), completions)
+
+
+def rollout_groups(sampler: Sampler, examples: Sequence[tuple[int, Example]], *, step: int) -> list[Group]:
     """Sample and score one group per ``(position, example)``."""
     groups = []
     for index, ex in examples:
-        prompt_ids = tokenizer(ex.prompt, add_special_tokens=True)["input_ids"]
-        responses, truncated, texts = sample_group(
-            model,
-            tokenizer,
-            prompt_ids,
-            group_size=group_size,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            precision=precision,
-            seed=sample_seed(seed, step, index),
-        )
-        rewards = score_all(reward_fn, [ex] * group_size, texts)
-        groups.append(Group(ex, index, prompt_ids, responses, texts, rewards, truncated))
+        prompt_ids = sampler.tokenizer(ex.prompt, add_special_tokens=True)["input_ids"]
+        seed = sample_seed(sampler.config.seed, step, index)
+        responses, truncated, texts = sampler.sample(prompt_ids, seed)
+        groups.append(Group(ex, index, prompt_ids, responses, texts, sampler.score(ex, texts), truncated))
     return groups

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from moescope import schema as S
 from moescope._version import __version__
 from moescope.errors import MoescopeError
 from moescope.export.manifest import read_manifest
@@ -27,8 +28,9 @@ from moescope.replay.checkpoint import checkpoint_dir, load_checkpoint, read_sta
 from moescope.replay.comm import Comm
 from moescope.replay.config import ReplayConfig
 from moescope.replay.data import max_new_tokens, prompt_schedule
+from moescope.replay.models import model_loop_times, prepare_models, reference_copy
 from moescope.replay.rewards import RewardFn, reward_function
-from moescope.replay.trainer import Trainer, model_loop_times, prepare_models, reference_copy
+from moescope.replay.trainer import Trainer
 from moescope.traces import Trace, TraceWriter, read_trace
 
 
@@ -150,7 +152,7 @@ def _header(
         "parameters": sum(p.numel() for p in trainer.params),
         "moescope_version": __version__,
         "versions": library_versions(),
-        "timing_keys": ["time/rollout_s", "time/update_s", "time/step_s"],
+        "timing_keys": list(S.TIMING_KEYS),
     }
 
 
@@ -160,8 +162,8 @@ def _manifest(source: Path | None) -> dict[str, Any] | None:
 
 def _progress(step: int, steps: int, record: dict[str, Any]) -> None:
     print(
-        f"step {step + 1}/{steps}  reward {record['reward/mean']:.3f}  loss {record['actor/loss']:.4g}  "
-        f"grad_norm {record['actor/grad_norm']:.3g}  entropy {record['actor/entropy']:.3f}",
+        f"step {step + 1}/{steps}  reward {record[S.REWARD_MEAN]:.3f}  loss {record[S.ACTOR_LOSS]:.4g}  "
+        f"grad_norm {record[S.GRAD_NORM]:.3g}  entropy {record[S.ENTROPY]:.3f}",
         file=sys.stderr,
         flush=True,
     )

@@ -48,6 +48,8 @@ from moescope._util.io import fresh_sibling, swap_into_place
 from moescope._version import __version__
 from moescope.display.notebook import QUIET_ENV
 from moescope.errors import MoescopeError
+from moescope.models.loading import resolve_model
+from moescope.report.html import notebook_html
 
 __all__ = ["Report", "default_notebooks", "export_html", "run_report"]
 
@@ -167,8 +169,6 @@ def export_html(notebook: str | Path, out: str | Path | None = None) -> Path:
     """Write an executed notebook as a standalone offline HTML page (default: beside it)."""
     import nbformat
 
-    from moescope.report.html import notebook_html
-
     source = Path(notebook)
     target = Path(out) if out is not None else source.with_suffix(".html")
     nb = nbformat.read(source, as_version=4)
@@ -217,8 +217,6 @@ def _manifest(directory: Path) -> dict[str, Any]:
 
 def _model_parameter(model: str | Path) -> str:
     """The ``model`` value the notebooks get: ``"toy"`` or an absolute checkpoint path."""
-    from moescope.models.loading import resolve_model
-
     path = resolve_model(model)
     return "toy" if str(model) == "toy" else str(path.absolute())
 

@@ -26,10 +26,9 @@ from typing import Any
 from moescope.analyze.readers._text import as_step
 from moescope.analyze.readers.keymap import rename
 from moescope.errors import MoescopeError
-from moescope.schema import STEP
+from moescope.schema import RAW, STEP
 from moescope.traces import Trace
 
-RAW = "raw"
 STEP_KEYS = ("step", "global_step", "global_step/max_steps", "train/global_step", "iteration", "_step")
 
 

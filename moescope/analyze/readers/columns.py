@@ -35,7 +35,7 @@ from moescope.errors import MoescopeError
 _LAYER_TOKEN = re.compile(rf"(?i)(?:layer|l)[_=:]?({INT})")
 _EXPERT_TOKEN = re.compile(rf"(?i)(?:expert|e)?[_=:]?({INT})")
 _WEIGHT_LABELS = {"count", "tokens", "load", "n", "num_tokens"}
-LAYERS = "moe/expert_load_layers"
+LAYERS = S.EXPERT_LOAD_LAYERS
 MAX_ID = 4096  # a larger expert or layer id is taken for some other number (no MoE has that many)
 RAW_LINES = 200  # raw text kept per step; a per-token log can have millions of lines
 

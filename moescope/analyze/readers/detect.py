@@ -19,7 +19,13 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from moescope.analyze.readers import columns, jsonl, megatron, plain, tensorboard, trl, verl
+import moescope.analyze.readers.columns as columns
+import moescope.analyze.readers.jsonl as jsonl
+import moescope.analyze.readers.megatron as megatron
+import moescope.analyze.readers.plain as plain
+import moescope.analyze.readers.tensorboard as tensorboard
+import moescope.analyze.readers.trl as trl
+import moescope.analyze.readers.verl as verl
 from moescope.analyze.readers._text import LogFile
 from moescope.errors import MoescopeError
 

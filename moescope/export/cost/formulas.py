@@ -1,6 +1,6 @@
 """Parameter counts of MoE models from their published dimensions (no model built).
 
-The formulas behind :mod:`moescope.export.cost.model` for entries of ``moescope/data/moe_configs.json``
+The formulas behind :mod:`moescope.export.cost.shape` for entries of ``moescope/data/moe_configs.json``
 (published configs of large MoE models) and for Hugging Face configs turned into such
 entries; tested against exact meta-device counts of tiny configs and the publishers' totals.
 """
@@ -138,6 +138,7 @@ def analytic_params(entry: Mapping[str, Any]) -> ParamCounts:
 
     Examples
     --------
+    >>> from moescope.export.cost.shape import reference_entries
     >>> analytic_params(reference_entries()[0]).total  # Mixtral-8x7B
     46702792704
     """
@@ -220,7 +221,7 @@ def entry_from_config(config: PretrainedConfig) -> dict[str, Any]:
     >>> entry_from_config(tiny_config("mixtral"))["routed_experts"]
     8
     """
-    from moescope.models.arch import config_value, spec_for
+    from moescope.models.table import config_value, spec_for
 
     spec, model_type = spec_for(config), config.model_type
     if model_type not in _EXTRAS:

@@ -20,12 +20,12 @@ import torch
 
 from moescope.errors import MoescopeError
 from moescope.explore.calibration import TASKS, calibration_batches, check_budget
-from moescope.explore.routing import RoutingStats, observe_routing
+from moescope.explore.routing import observe_routing
+from moescope.explore.stats import RoutingStats
+from moescope.models.tasks import HELDOUT_MAX, TASK_FAMILIES, Example, heldout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-    from moescope.models.tasks import Example
 
 Batch = dict[str, torch.Tensor]
 
@@ -49,8 +49,6 @@ def heldout_batches(
     the caller.
     """
     if isinstance(data, str) and data == TASKS:
-        from moescope.models.tasks import HELDOUT_MAX, TASK_FAMILIES, heldout
-
         pools = [heldout(task, HELDOUT_MAX) for task in TASK_FAMILIES]
         examples = [ex for group in zip(*pools, strict=True) for ex in group]
         return list(task_batches(examples, tokenizer, n_tokens=n_tokens, batch_size=batch_size))

@@ -19,6 +19,7 @@ and end-of-sequence, families interleaved): never in a training stream, in expor
 calibration pass or in healing, and the same for every selection method, so figures of
 different proxies of one model compare. With a given seed every figure is deterministic.
 
+The figures come back as a :class:`~moescope.export.fidelity.records.Fidelity`.
 :func:`validity_checklist` (from :mod:`moescope.export.fidelity.validity`) turns a :class:`Fidelity` and the
 two models into the three pass/fail properties a proxy must keep; :func:`record_in_manifest`
 writes both into the proxy's ``moescope.json``.
@@ -37,9 +38,7 @@ True
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,29 +46,37 @@ import numpy as np
 import pandas as pd
 
 from moescope import schema
-from moescope._util.records import check_kind, jsonable, read_record, write_record
+from moescope._util.records import write_record
 from moescope.errors import MoescopeError
 from moescope.explore.calibration import TASKS, describe_source
 from moescope.export.fidelity.agreement import heldout_batches, next_token_agreement
+from moescope.export.fidelity.records import (
+    DISTANCE,
+    Check,
+    Fidelity,
+    HealingReport,
+    accuracy_frame,
+    layer_shares,
+    manifest_sections,
+)
 from moescope.export.fidelity.validity import (
     BACKBONE,
     CAPABILITY,
     ROUTING,
     WINDOW,
-    Check,
     checklist_frame,
     kept_experts,
     validity_checklist,
 )
 from moescope.export.manifest import MANIFEST, read_manifest
 from moescope.models.accuracy import TaskSpec, model_accuracy, resolve_tasks
+from moescope.models.loading import load_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from moescope.explore.routing import RoutingStats
     from moescope.explore.selection import Selection
-    from moescope.export.healing import HealingReport
+    from moescope.explore.stats import RoutingStats
 
 __all__ = [
     "BACKBONE",
@@ -86,187 +93,8 @@ __all__ = [
     "validity_checklist",
 ]
 
-DISTANCE = "total_variation"
-"""The routing distance: half the L1 distance between two load distributions, in [0, 1]."""
-_KIND = "moescope.fidelity"
-_FIX = "pass a file written by Fidelity.save, or measure the fidelity again"
-
-
-# --- the result ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class Fidelity:
-    """Proxy vs original on the same held-out tokens.
-
-    Attributes
-    ----------
-    n_tokens : positions scored: the answer and end-of-sequence tokens of task data, every real
-        token after the first of a row otherwise.
-    kl : mean next-token ``KL(original ‖ proxy)``, nats.
-    top1_agreement : share of positions whose most likely next token is the same.
-    perplexity_original, perplexity_proxy, perplexity_ratio : on the scored tokens; the ratio
-        is proxy / original (1 = as good, above 1 = worse).
-    task_accuracy : per task and mode (``greedy`` / ``sampled``): ``n``, ``original``,
-        ``proxy`` accuracy and, for sampled, the ``*_mixed`` share of prompts with mixed
-        results (GRPO groups with a signal); ``None`` when no tasks apply.
-    routing_distance : MoE layer → total variation distance (:data:`DISTANCE`) between the
-        original's routed-slot shares over the kept experts (renormalized) and the proxy's.
-    routing_coverage : MoE layer → share of the original's routed slots on kept experts.
-    routing_shares : per (layer, original expert): ``kept``, the ``original`` share over all
-        experts, ``original_kept`` (renormalized over the kept) and ``proxy`` (NaN if dropped);
-        the data of an original-vs-proxy routing histogram.
-    data : what the held-out tokens were.
-    settings : the arguments that produced the figures (token budget, tasks, samples, seed).
-    """
-
-    n_tokens: int
-    kl: float
-    top1_agreement: float
-    perplexity_original: float
-    perplexity_proxy: float
-    perplexity_ratio: float
-    task_accuracy: pd.DataFrame | None
-    routing_distance: dict[int, float]
-    routing_coverage: dict[int, float]
-    routing_shares: pd.DataFrame
-    data: str = ""
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def to_frame(self) -> pd.DataFrame:
-        """The fidelity table, long form: ``figure, layer, task, mode, original, proxy, value``.
-
-        ``value`` is the figure itself (KL, agreement, perplexity ratio, accuracy ratio proxy /
-        original, routing distance or coverage); ``original`` / ``proxy`` hold the two sides
-        where a figure compares two numbers.
-        """
-        nan = math.nan
-        rows = [
-            ("kl", None, None, None, nan, nan, self.kl),
-            ("top1_agreement", None, None, None, nan, nan, self.top1_agreement),
-            ("perplexity", None, None, None, self.perplexity_original, self.perplexity_proxy,
-             self.perplexity_ratio),
-        ]  # fmt: skip
-        if self.task_accuracy is not None:
-            for r in self.task_accuracy.itertuples():
-                rows.append(
-                    ("accuracy", None, r.task, r.mode, r.original, r.proxy, _ratio(r.proxy, r.original))
-                )
-        for name, figures in (
-            ("routing_distance", self.routing_distance),
-            ("routing_coverage", self.routing_coverage),
-        ):
-            rows += [(name, layer, None, None, nan, nan, value) for layer, value in figures.items()]
-        columns = ["figure", schema.LAYER, schema.TASK, "mode", "original", "proxy", "value"]
-        frame = pd.DataFrame(rows, columns=columns)
-        frame[schema.LAYER] = frame[schema.LAYER].astype("Int64")
-        return frame
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values (non-finite numbers as ``None``): what the manifest stores."""
-        shares = self.routing_shares
-        layers = []
-        for layer, rows in shares.groupby(schema.LAYER, sort=True):
-            kept = rows[rows["kept"]]
-            layers.append({
-                schema.LAYER: int(layer),
-                "kept": kept[schema.EXPERT].tolist(),
-                "original": rows["original"].tolist(),
-                "proxy": kept["proxy"].tolist(),
-            })  # fmt: skip
-        out = {
-            "kind": _KIND,
-            "schema_version": schema.SCHEMA_VERSION,
-            "n_tokens": self.n_tokens,
-            "kl": self.kl,
-            "top1_agreement": self.top1_agreement,
-            "perplexity_original": self.perplexity_original,
-            "perplexity_proxy": self.perplexity_proxy,
-            "perplexity_ratio": self.perplexity_ratio,
-            "routing_distance_kind": DISTANCE,
-            "routing_distance": {str(k): v for k, v in self.routing_distance.items()},
-            "routing_coverage": {str(k): v for k, v in self.routing_coverage.items()},
-            "routing_shares": layers,
-            "task_accuracy": None if self.task_accuracy is None else self.task_accuracy.to_dict("records"),
-            "data": self.data,
-            "settings": self.settings,
-        }
-        return jsonable(out)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Fidelity:
-        """The inverse of :meth:`to_dict`."""
-        check_kind(d, _KIND, _FIX)
-        accuracy = None
-        if d["task_accuracy"] is not None:
-            accuracy = _accuracy_frame(pd.DataFrame.from_records(d["task_accuracy"]))
-        return cls(
-            n_tokens=int(d["n_tokens"]),
-            **{name: _float(d[name]) for name in _SCALARS},
-            task_accuracy=accuracy,
-            routing_distance={int(k): _float(v) for k, v in d["routing_distance"].items()},
-            routing_coverage={int(k): _float(v) for k, v in d["routing_coverage"].items()},
-            routing_shares=_shares_from_lists(d["routing_shares"]),
-            data=d.get("data", ""),
-            settings=d.get("settings", {}),
-        )
-
-    def save(self, path: str | Path) -> Path:
-        """Write JSON atomically (temporary sibling, then rename)."""
-        return write_record(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | Path) -> Fidelity:
-        """Read a file written by :meth:`save`."""
-        return cls.from_dict(read_record(path, _KIND, _FIX))
-
-
-_SCALARS = ("kl", "top1_agreement", "perplexity_original", "perplexity_proxy", "perplexity_ratio")
-_ACCURACY_COLUMNS = ["task", "mode", "n", "original", "proxy", "original_mixed", "proxy_mixed"]
-
-
-def _ratio(num: float, den: float) -> float:
-    return num / den if den else math.nan
-
-
-def _float(value: Any) -> float:
-    return math.nan if value is None else float(value)
-
-
-def _accuracy_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.reindex(columns=_ACCURACY_COLUMNS)
-    numbers = ["original", "proxy", "original_mixed", "proxy_mixed"]
-    frame[numbers] = frame[numbers].astype(float)
-    frame["n"] = frame["n"].astype(int)
-    return frame
-
-
-def _shares_from_lists(layers: list[dict[str, Any]]) -> pd.DataFrame:
-    rows = []
-    for entry in layers:
-        kept = entry["kept"]
-        original = np.asarray([_float(v) for v in entry["original"]])
-        proxy = dict(zip(kept, (_float(v) for v in entry["proxy"]), strict=True))
-        rows.append(_layer_shares(entry[schema.LAYER], original, kept, proxy))
-    return pd.concat(rows, ignore_index=True) if rows else _layer_shares(0, np.zeros(0), [], {})
-
 
 # --- routing --------------------------------------------------------------------------------------
-
-
-def _layer_shares(
-    layer: int, original: np.ndarray, kept: Sequence[int], proxy: dict[int, float]
-) -> pd.DataFrame:
-    is_kept = np.isin(np.arange(len(original)), kept)
-    mass = original[is_kept].sum()
-    return pd.DataFrame({
-        schema.LAYER: layer,
-        schema.EXPERT: np.arange(len(original)),
-        "kept": is_kept,
-        "original": original,
-        "original_kept": np.where(is_kept, original / mass if mass else np.nan, np.nan),
-        "proxy": [proxy.get(e, np.nan) for e in range(len(original))],
-    })  # fmt: skip
 
 
 def routing_shares(
@@ -277,7 +105,7 @@ def routing_shares(
     for row, layer in enumerate(original.layers):
         proxy_row = proxy.load_share[proxy.layer_index(layer)]
         frames.append(
-            _layer_shares(
+            layer_shares(
                 layer, original.load_share[row], kept[layer], dict(zip(kept[layer], proxy_row, strict=True))
             )
         )
@@ -327,7 +155,7 @@ def pair_accuracy(original: pd.DataFrame, proxy: pd.DataFrame) -> pd.DataFrame:
     frame = original.rename(columns={"accuracy": "original", "mixed": "original_mixed"})
     frame["proxy"] = proxy["accuracy"].to_numpy()
     frame["proxy_mixed"] = proxy["mixed"].to_numpy()
-    return _accuracy_frame(frame)
+    return accuracy_frame(frame)
 
 
 def _describe_tasks(tasks: TaskSpec) -> str | list[str] | None:
@@ -341,8 +169,6 @@ def _describe_tasks(tasks: TaskSpec) -> str | list[str] | None:
 
 def resolve_models(original: Any, proxy: Any, tokenizer: Any) -> tuple[Any, Any, Any]:
     """Load models given as paths or ``"toy"``; the tokenizer defaults to the original's."""
-    from moescope.models.loading import load_model
-
     loaded = []
     for model in (original, proxy):
         if isinstance(model, str | Path):
@@ -419,22 +245,6 @@ def measure_fidelity(
 
 
 # --- the manifest ---------------------------------------------------------------------------------
-
-
-def manifest_sections(
-    fidelity: Fidelity | None = None,
-    checklist: Sequence[Check] | None = None,
-    healing: HealingReport | None = None,
-) -> dict[str, Any]:
-    """The ``fidelity``, ``checklist`` and ``healing`` entries of ``moescope.json`` (given ones only)."""
-    sections: dict[str, Any] = {}
-    if fidelity is not None:
-        sections["fidelity"] = fidelity.to_dict()
-    if checklist is not None:
-        sections["checklist"] = [jsonable(check.to_dict()) for check in checklist]
-    if healing is not None:
-        sections["healing"] = healing.to_dict()
-    return sections
 
 
 def record_in_manifest(

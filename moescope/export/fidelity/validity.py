@@ -20,17 +20,18 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.export.fidelity.records import Check
 from moescope.export.manifest import read_manifest
 from moescope.export.surgery import expert_state_keys, weight_semantics
-from moescope.models.arch import MoELayer, MoEModel, adapt
 from moescope.models.routers import RoutingRule, describe
+from moescope.models.view import MoELayer, MoEModel, adapt
 from moescope.provenance import config_hash
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from moescope.explore.selection import Selection
-    from moescope.export.fidelity.measure import Fidelity
+    from moescope.export.fidelity.records import Fidelity
 
 BACKBONE = "backbone identical"
 ROUTING = "routing mechanism identical"
@@ -57,19 +58,6 @@ _RUNTIME = {
     "output_attentions",
 }
 _SHOWN = 3  # differences named in a figure; the details hold them all
-
-
-@dataclass(frozen=True)
-class Check:
-    """One property of the checklist: ``passed``, the ``figure`` that says why, and the evidence."""
-
-    name: str
-    passed: bool
-    figure: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def checklist_frame(checks: list[Check]) -> pd.DataFrame:

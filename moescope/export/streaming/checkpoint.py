@@ -19,8 +19,8 @@ import torch
 from moescope.errors import ModelLoadError
 from moescope.export.streaming.keys import ExpertKey, map_experts
 from moescope.export.streaming.shards import StoredTensor, read_header
-from moescope.models.arch import MoEModel, adapt
 from moescope.models.loading import INDEX_FILE, check_weights, load_config, resolve_model
+from moescope.models.view import MoEModel, adapt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

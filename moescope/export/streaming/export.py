@@ -42,9 +42,10 @@ import numpy as np
 
 from moescope._util.io import check_output_dir, readable, replace_dir
 from moescope.errors import MoescopeError
-from moescope.explore.clustering import METHODS, select_experts
+from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import ExpertEmbeddings, _Projector, model_facts
 from moescope.explore.selection import Selection
+from moescope.export.config import ExportConfig, configure
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
 from moescope.export.result import ExportResult
 from moescope.export.streaming.checkpoint import Checkpoint, open_checkpoint
@@ -52,8 +53,8 @@ from moescope.export.streaming.passes import EMBED_DIM, Pass, plan_outputs
 from moescope.export.streaming.weight_view import LayerRead, MemoryBudget, layer_vectors
 from moescope.export.surgery import given_selection, kept_count, proxy_config
 from moescope.keep import parse_keep
-from moescope.models.arch import language_config, spec_for
 from moescope.models.loading import load_config, resolve_model, weight_files
+from moescope.models.table import language_config, spec_for
 
 DEFAULT_SHARD_SIZE = "5GB"
 
@@ -86,35 +87,36 @@ def embed_checkpoint(model: str | Path, *, seed: int = 0, progress: bool = True)
 def export_streaming(
     model: str | Path,
     out: str | Path,
+    config: ExportConfig | None = None,
     *,
-    keep: str | float | int | None = None,
-    selection: Selection | str | Path | None = None,
-    method: str = "cluster",
-    seed: int = 0,
-    allow_top_k: bool = False,
     overwrite: bool = False,
     progress: bool = True,
     max_shard_size: int | str = DEFAULT_SHARD_SIZE,
+    **options: Any,
 ) -> ExportResult:
     """Write a proxy of ``model`` to ``out`` from its safetensors shards, in one read.
 
-    Parameters are those of :func:`moescope.export.pipeline.export_proxy`, plus ``max_shard_size`` (bytes,
-    or ``"5GB"``): the largest output shard. ``method="cluster"`` clusters the weight view;
-    ``frequency`` and ``reap`` need ``selection``. The result's ``embeddings`` are the clustered
-    vectors (``None`` when the selection was given or random).
+    Parameters are those of :func:`moescope.export.pipeline.export_proxy` (the config's ``keep``,
+    ``selection``, ``method``, ``seed`` and ``allow_top_k`` apply, or its fields as keywords),
+    plus ``max_shard_size`` (bytes, or ``"5GB"``): the largest output shard.
+    ``method="cluster"`` clusters the weight view; ``frequency`` and ``reap`` need ``selection``.
+    The result's ``embeddings`` are the clustered vectors (``None`` when the selection was given
+    or random).
     """
+    config, inputs = configure(config, options)
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before reading anything
     checkpoint = open_checkpoint(model)
-    keep_n, chosen = _selection_before_pass(checkpoint, keep, selection, method, seed, allow_top_k)
-    run = Pass(checkpoint, keep_n, chosen, seed, allow_top_k)
+    keep_n, chosen = _selection_before_pass(checkpoint, config, inputs.selection)
+    run = Pass(checkpoint, keep_n, chosen, config.seed, config.allow_top_k)
     shard_bytes = _shard_bytes(max_shard_size)
     done: dict[str, Any] = {}
 
     def fill(work: Path) -> None:
         cut_checkpoint(checkpoint, run, work, shard_bytes, progress)
         done["selection"] = run.selection()
-        config = proxy_config(checkpoint.moe.config, checkpoint.moe, keep_n)
-        done["manifest"] = make_manifest(checkpoint.path, checkpoint.moe.model, config, done["selection"])
+        cut = proxy_config(checkpoint.moe.config, checkpoint.moe, keep_n)
+        manifest = make_manifest(checkpoint.path, checkpoint.moe.model, cut, done["selection"])
+        done["manifest"] = {**manifest, "config": inputs.record}
         write_manifest(work, done["manifest"])
         readable(work)
 
@@ -143,31 +145,24 @@ def write_selected(model: str | Path, work: Path, selection: Selection, progress
 
 
 def _selection_before_pass(
-    checkpoint: Checkpoint,
-    keep: Any,
-    selection: Selection | str | Path | None,
-    method: str,
-    seed: int,
-    allow_top_k: bool,
+    checkpoint: Checkpoint, config: ExportConfig, selection: Selection | str | None
 ) -> tuple[int, Selection | None]:
     """The kept count, and the selection when it is known before the pass (``None``: clustered
     layer by layer during it)."""
-    moe = checkpoint.moe
+    moe, method = checkpoint.moe, config.method
     if selection is not None:
-        chosen = given_selection(moe, selection, keep)
+        chosen = given_selection(moe, selection, config.keep)
         return chosen.keep, chosen
-    if method not in METHODS:
-        raise MoescopeError(f"unknown selection method {method!r}; choose one of {', '.join(METHODS)}.")
     if method in ("frequency", "reap"):
         raise MoescopeError(
             f"the {method} selection ranks experts by a calibration pass through the loaded model, which "
             "a streaming export never loads; make a selection.json on a machine that can load it and pass "
             "--selection, or use --method cluster or random."
         )
-    count = kept_count(moe, keep, allow_top_k)
+    count = kept_count(moe, config.keep, config.allow_top_k)
     if method == "cluster":
         return count, None
-    return count, select_experts(moe, count, method=method, seed=seed, allow_top_k=allow_top_k)
+    return count, select_experts(moe, count, method=method, seed=config.seed, allow_top_k=config.allow_top_k)
 
 
 def _write_config(checkpoint: Checkpoint, work: Path, keep: int) -> None:

@@ -7,7 +7,7 @@ checkpoints do (``mlp.experts.7.gate_proj.weight``, Mixtral's
 goes through the conversion ``from_pretrained`` itself applies (transformers' renamings and its
 ``MergeModulelist`` / ``Concatenate`` converters, and ``Interleave`` of a fused tensor's gate and up
 rows, Inkling 2's original layout) onto a parameter of the model built on the meta device, and the
-architecture table (:func:`~moescope.models.arch.adapt`) says which parameters hold one slice per expert.
+architecture table (:func:`~moescope.models.view.adapt`) says which parameters hold one slice per expert.
 So the streaming export reads the layouts transformers loads and slices exactly the tensors the
 in-memory export slices; shapes and dtypes are checked against the config on the way. A converter
 it cannot read is refused in one sentence that names the in-memory export instead.
@@ -25,7 +25,7 @@ import torch
 from moescope.errors import ModelLoadError, UnsupportedArchitectureError
 from moescope.export.streaming.shards import StoredTensor
 from moescope.export.surgery import expert_state_keys
-from moescope.models.arch import MoEModel, expert_axis
+from moescope.models.view import MoEModel, expert_axis
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

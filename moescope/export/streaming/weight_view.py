@@ -6,7 +6,7 @@ filled ahead of the pass, so no byte is copied into the process first. Each mapp
 its size from a :class:`MemoryBudget` of one layer, and gives it back when released, which drops
 its pages from the process's resident memory. The experts module is stood in for by the stored
 tensors — fused ones as they are, per-expert keys joined on access — so
-:meth:`~moescope.models.arch.MoELayer.expert` reads every layout (GPT-OSS's transposed, interleaved one
+:meth:`~moescope.models.view.MoELayer.expert` reads every layout (GPT-OSS's transposed, interleaved one
 included) exactly as on the loaded model, and the vectors equal ``embed_experts(model, "weights")``.
 """
 
@@ -251,7 +251,7 @@ class _Stacked:
 class _Joined:
     """Tensors standing for their concatenation along the first axis, joined only when used.
 
-    :meth:`~moescope.models.arch.MoELayer.expert` splits a fused gate/up straight back into its halves
+    :meth:`~moescope.models.view.MoELayer.expert` splits a fused gate/up straight back into its halves
     (``chunk(2, dim=0)``), which here returns the stored parts themselves: joining them first
     copied every expert's gate and up, as long as sketching them took. Any other use joins them
     with ``join``, into a block :class:`_Stacked` reuses for every expert (``stacked[i]`` is then

@@ -1,0 +1,125 @@
+"""``grad_spike``, ``zero_grad`` and ``overflow``: what the gradient norm and the fp16 loss
+scaler say about the updates."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from typing import Any
+
+from moescope import schema as S
+from moescope.analyze.findings import Finding
+from moescope.analyze.rules.series import episodes, first_logged, series, step_of
+from moescope.analyze.rules.thresholds import (
+    GRAD_SPIKE_EXTREME,
+    GRAD_SPIKE_FACTOR,
+    GRAD_SPIKE_Z,
+    SUSTAIN,
+    WINDOW,
+)
+from moescope.traces import Trace
+
+
+def check_grad_spike(trace: Trace) -> list[Finding]:
+    key = first_logged(trace, (S.GRAD_NORM,))
+    if key is None:
+        return []
+    points = [(s, v) for s, v in series(trace, key) if v > 0]  # 0: a step without signal
+    spikes = []
+    for i in range(2, len(points)):
+        prev = [math.log(v) for _, v in points[max(0, i - WINDOW) : i]]
+        med = statistics.median(prev)
+        mad = statistics.median(abs(x - med) for x in prev) * 1.4826
+        rise = math.log(points[i][1]) - med
+        robust = (
+            len(prev) >= 3 and rise > math.log(GRAD_SPIKE_FACTOR) and rise > GRAD_SPIKE_Z * max(mad, 0.05)
+        )
+        # with little history, only an extreme jump counts: far above the median and the maximum
+        extreme = rise > math.log(GRAD_SPIKE_EXTREME) and rise > max(prev) - med + math.log(GRAD_SPIKE_FACTOR)
+        if robust or extreme:
+            spikes.append((points[i][0], points[i][1], math.exp(med)))
+    if not spikes:
+        return []
+    step, value, base = spikes[0]
+    return [
+        Finding(
+            "grad_spike",
+            step,
+            "warning",
+            f"Gradient norm spikes to {value:.3g} at step {step}, {value / base:.0f}x the running median "
+            f"{base:.3g}; {len(spikes)} spike(s) in all.",
+            {"key": key, "value": value, "baseline": base, "steps": [s for s, _, _ in spikes]},
+        )
+    ]
+
+
+def _reward_varies(rec: dict[str, Any]) -> bool | None:
+    std = rec.get(S.REWARD_STD)
+    if isinstance(std, int | float) and math.isfinite(std):
+        return std > 0
+    lo, hi = rec.get(S.REWARD_MIN), rec.get(S.REWARD_MAX)
+    if isinstance(lo, int | float) and isinstance(hi, int | float):
+        return hi > lo
+    return None
+
+
+def check_zero_grad(trace: Trace) -> list[Finding]:
+    key = first_logged(trace, (S.GRAD_NORM,))
+    if key is None:
+        return []
+    steps = [
+        step_of(rec, i)
+        for i, rec in enumerate(trace.steps)
+        if rec.get(key) == 0 and _reward_varies(rec) and rec.get(S.NO_SIGNAL_FRAC, 0.0) < 1.0
+    ]
+    if not steps:
+        return []
+    return [
+        Finding(
+            "zero_grad",
+            steps[0],
+            "warning",
+            f"Gradient norm is exactly 0 at step {steps[0]} while rewards still vary "
+            f"({len(steps)} such step(s)): the update saw no signal (a detached loss, a masked batch).",
+            {"key": key, "steps": steps},
+        )
+    ]
+
+
+def check_overflow(trace: Trace) -> list[Finding]:
+    """The largest episode of skipped fp16 steps; a short one at the start is the scaler settling."""
+    scale = series(trace, S.LOSS_SCALE)
+    if scale and all(v == 1.0 for _, v in scale):
+        return []  # no loss scaling: skipped steps were non-finite gradients (see nonfinite)
+    skipped = {s: v for s, v in series(trace, S.SKIPPED) if v > 0}
+    if not skipped:
+        return []
+    runs = episodes(sorted(skipped))
+    worst = max(runs, key=lambda run: (sum(skipped[s] for s in run), -run[0]))
+    halvings = [b[0] for a, b in itertools.pairwise(scale) if b[1] < a[1]]
+    lowest = min((v for _, v in scale), default=math.nan)
+    if lowest < 1:
+        severity = "error"
+    elif len(worst) > SUSTAIN:
+        severity = "warning"
+    else:
+        severity = "info"
+    total = sum(skipped.values())
+    return [
+        Finding(
+            "overflow",
+            worst[0],
+            severity,
+            f"fp16 overflow from step {worst[0]}: {int(sum(skipped[s] for s in worst))} update(s) skipped on "
+            f"{len(worst)} nearby step(s) ({int(total)} in the run), the loss scale fell {len(halvings)} "
+            f"time(s) (lowest {lowest:.3g}).",
+            {
+                "skipped_steps": sorted(skipped),
+                "episodes": runs,
+                "skipped": total,
+                "halvings": halvings,
+                "lowest_scale": lowest,
+            },
+        )
+    ]

@@ -1,0 +1,107 @@
+"""``load_collapse`` (per layer): tokens concentrating on few experts, read from the per-layer
+expert load, the load-balancing loss, or (a log with only the scalar) the load CV."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+
+from moescope import schema as S
+from moescope.analyze.findings import Finding
+from moescope.analyze.rules.series import first_logged, series, shift, step_of
+from moescope.analyze.rules.thresholds import LOAD_SHARE_FACTOR, SUSTAIN, WINDOW
+from moescope.traces import Trace
+
+
+def check_load_collapse(trace: Trace) -> list[Finding]:
+    steps, loads = _load_windows(trace)
+    out: list[Finding] = []
+    width = max(SUSTAIN, min(WINDOW, len(loads) // 4))
+    if len(loads) >= 2 * width:
+        for layer in range(len(loads[0])):
+            finding = _layer_collapse(layer, steps, [load[layer] for load in loads], width)
+            if finding is not None:
+                out.append(finding)
+    out += _aux_loss_rise(trace)
+    if not loads:  # a log with only the scalar: judge the load CV
+        out += _load_cv_rise(trace)
+    return out
+
+
+def _load_windows(trace: Trace) -> tuple[list[int], list[list[list[float]]]]:
+    """Steps that log the per-layer expert load, and those loads."""
+    steps, loads = [], []
+    for i, rec in enumerate(trace.steps):
+        load = rec.get(S.EXPERT_LOAD)
+        if isinstance(load, list) and load and all(isinstance(row, list) for row in load):
+            steps.append(step_of(rec, i))
+            loads.append(load)
+    return steps, loads
+
+
+def _mean_rows(rows: Iterable[list[float]]) -> list[float]:
+    rows = list(rows)
+    return [statistics.fmean(col) for col in zip(*rows, strict=True)]
+
+
+def _layer_collapse(layer: int, steps: list[int], shares: list[list[float]], width: int) -> Finding | None:
+    experts = len(shares[0])
+    early = _mean_rows(shares[:width])
+    early_max = max(early)
+    used_early = [v >= 0.5 / experts for v in early]  # experts a task mix never routes to do not count
+    for end in range(width, len(shares) + 1):
+        window = _mean_rows(shares[end - width : end])
+        top = max(window)
+        dead = sum(1 for v, used in zip(window, used_early, strict=True) if used and v == 0)
+        hot = top > LOAD_SHARE_FACTOR / experts and top > 2 * early_max
+        starving = dead >= experts / 4
+        if hot or starving:
+            step = steps[end - width]
+            what = (
+                f"expert {window.index(top)} takes {top:.1%} of the slots (uniform {1 / experts:.1%})"
+                if hot
+                else f"{dead} of {experts} experts that were busy early on receive no tokens"
+            )
+            return Finding(
+                "load_collapse",
+                step,
+                "warning",
+                f"Expert load collapses in layer {layer} from step {step}: {what}.",
+                {"max_share": top, "dead_experts": dead, "early_max_share": early_max},
+                layer=layer,
+            )
+    return None
+
+
+def _load_cv_rise(trace: Trace) -> list[Finding]:
+    rise = shift(series(trace, S.LOAD_CV), lambda v, base: v > max(2 * base, 1.0), min_points=2 * SUSTAIN + 3)
+    if rise is None:
+        return []
+    peak = max(rise.running)
+    message = (
+        f"The expert-load CV rises from {rise.base:.3g} to {peak:.3g} at step {rise.step}: tokens "
+        "concentrate on fewer experts."
+    )
+    return [rise.finding("load_collapse", "warning", message, key=S.LOAD_CV, baseline=rise.base, peak=peak)]
+
+
+def _aux_loss_rise(trace: Trace) -> list[Finding]:
+    key = first_logged(trace, (S.AUX_LOSS,))
+    rise = (
+        None
+        if key is None
+        else shift(
+            series(trace, key),
+            lambda v, base: v > 2 * base,
+            stat=statistics.median,
+            min_points=2 * SUSTAIN + 3,
+            positive_base=True,
+        )
+    )
+    if rise is None:
+        return []
+    message = (
+        f"The load-balancing loss {key} doubles from its early level {rise.base:.3g} at step "
+        f"{rise.step}: routing is concentrating on fewer experts."
+    )
+    return [rise.finding("load_collapse", "warning", message, key=key, baseline=rise.base)]

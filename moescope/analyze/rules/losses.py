@@ -1,0 +1,68 @@
+"""``loss_divergence`` and ``kl_blowup``: losses with a level that run away, and the policy
+leaving its reference in one step."""
+
+from __future__ import annotations
+
+import statistics
+
+from moescope import schema as S
+from moescope.analyze.findings import Finding
+from moescope.analyze.rules.series import first_logged, series, shift
+from moescope.analyze.rules.thresholds import DIVERGENCE_FACTOR, KL_BLOWUP_MIN, SUSTAIN, WINDOW
+from moescope.traces import Trace
+
+LEVEL_LOSSES = (S.VF_LOSS, S.CRITIC_LOSS, S.LM_LOSS, S.LM_LOSS_SPACED, S.SFT_LOSS)
+RL_SIGNS = (S.REWARD_MEAN, S.PG_LOSS, S.KL, S.NO_SIGNAL_FRAC)
+KL_KEYS = (S.KL, S.KL_LOSS)
+
+
+def level_losses(trace: Trace) -> tuple[str, ...]:
+    """Losses whose level means something: critic and LM losses; ``actor/loss`` only when the run
+    is not RL (a Megatron pre-training or SFT log maps its ``lm loss`` there)."""
+    rl = any(key in rec for rec in trace.steps for key in RL_SIGNS)
+    return LEVEL_LOSSES if rl else (*LEVEL_LOSSES, S.ACTOR_LOSS)
+
+
+def check_loss_divergence(trace: Trace) -> list[Finding]:
+    out = []
+    for key in level_losses(trace):
+        rise = shift(
+            series(trace, key),
+            lambda v, base: v > DIVERGENCE_FACTOR * base,
+            stat=statistics.median,
+            min_points=2 * SUSTAIN + 3,
+            positive_base=True,
+        )
+        if rise is not None:
+            peak = max(rise.running)
+            message = (
+                f"{key} diverges from step {rise.step}: its running median reaches {peak:.3g}, "
+                f"{peak / rise.base:.1f}x the early-run level {rise.base:.3g}."
+            )
+            out.append(
+                rise.finding("loss_divergence", "error", message, key=key, baseline=rise.base, peak=peak)
+            )
+    return out
+
+
+def check_kl_blowup(trace: Trace) -> list[Finding]:
+    key = first_logged(trace, KL_KEYS)
+    if key is None:
+        return []
+    points = series(trace, key)
+    for i in range(1, len(points)):
+        prev = [v for _, v in points[max(0, i - WINDOW) : i]]
+        med = statistics.median(prev)
+        step, value = points[i]
+        if value > KL_BLOWUP_MIN and value > 10 * max(med, 1e-3):
+            return [
+                Finding(
+                    "kl_blowup",
+                    step,
+                    "error",
+                    f"KL to the reference jumps to {value:.3g} nats at step {step} "
+                    f"(running median {med:.3g}): the policy left the reference in one step.",
+                    {"key": key, "value": value, "baseline": med},
+                )
+            ]
+    return []

@@ -1,0 +1,135 @@
+"""``nonfinite``: the first step with a NaN/±Inf, the metric family that went first, and losses
+that vanish from a step (a framework that drops a NaN loss)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from moescope import schema as S
+from moescope.analyze.findings import Finding
+from moescope.analyze.rules.series import step_of
+from moescope.analyze.rules.thresholds import SUSTAIN
+from moescope.traces import Trace
+
+# metric families in the order a training step computes them (forward before backward)
+FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "log-prob/KL",
+        (S.KL, S.PPO_KL, S.LOGPROB_MISMATCH, S.KL_LOSS, S.ENTROPY),
+    ),
+    ("policy loss", (S.ACTOR_LOSS, S.PG_LOSS, S.LM_LOSS, S.LM_LOSS_SPACED)),
+    ("critic", (S.VF_LOSS, S.CRITIC_LOSS, S.CRITIC_VALUES)),
+    ("gradients", (S.GRAD_NORM, S.CRITIC_GRAD_NORM, S.NONFINITE)),
+)
+SKIP_KEYS = {S.STEP, S.KIND, S.RAW, *S.TIMING_KEYS}
+
+
+def check_nonfinite(trace: Trace) -> list[Finding]:
+    """The first non-finite step (isolated or persistent), then any suspected non-finite loss."""
+    bad_steps = _bad_steps(trace)
+    findings = [_first_nonfinite(trace, bad_steps)] if bad_steps else []
+    return findings + _vanished_losses(trace, {s for s, _ in bad_steps})
+
+
+def _bad(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and not math.isfinite(value))
+
+
+def _family(key: str) -> str:
+    for name, keys in FAMILIES:
+        if key in keys:
+            return name
+    if "grad" in key or key == S.NONFINITE:
+        return "gradients"
+    if key.startswith("critic/"):
+        return "critic"
+    if "kl" in key or "logprob" in key or "log_prob" in key:
+        return "log-prob/KL"
+    if "loss" in key:
+        return "policy loss"
+    return "other"
+
+
+def _numeric_keys(trace: Trace) -> set[str]:
+    """Keys that hold a number on some step (a ``null`` there can stand for NaN)."""
+    return {
+        k
+        for rec in trace.steps
+        for k, v in rec.items()
+        if k not in SKIP_KEYS and isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def _fp16_skip(rec: dict[str, Any]) -> bool:
+    """A step that dynamic loss scaling skipped: its inf gradients are the scaler's business."""
+    scale = rec.get(S.LOSS_SCALE)
+    return bool(rec.get(S.SKIPPED)) and isinstance(scale, int | float) and scale != 1.0
+
+
+def _bad_steps(trace: Trace) -> list[tuple[int, list[str]]]:
+    """``(step, non-finite keys)`` of every step with one, fp16 skips of gradients left out."""
+    numeric = _numeric_keys(trace)
+    bad_steps: list[tuple[int, list[str]]] = []
+    for i, rec in enumerate(trace.steps):
+        keys = [k for k, v in rec.items() if k in numeric and _bad(v)]
+        if rec.get(S.NONFINITE) and S.NONFINITE not in keys:
+            keys.append(S.NONFINITE)
+        if keys and _fp16_skip(rec) and all(_family(k) == "gradients" for k in keys):
+            continue
+        if keys:
+            bad_steps.append((step_of(rec, i), keys))
+    return bad_steps
+
+
+def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Finding:
+    step, keys = bad_steps[0]
+    order = [name for name, _ in FAMILIES] + ["other"]
+    families = sorted({_family(k) for k in keys}, key=order.index)
+    later = [s for s, _ in bad_steps[1:]]
+    persistent = len(later) >= SUSTAIN or (later and later[0] == step + 1)
+    record = next(r for i, r in enumerate(trace.steps) if step_of(r, i) == step)
+    module = record.get(S.FIRST_NONFINITE_MODULE)
+    where = f", first in module {module}" if module else ""
+    return Finding(
+        "nonfinite",
+        step,
+        "error",
+        f"First non-finite value at step {step} in {', '.join(families)} "
+        f"({', '.join(sorted(keys)[:4])}){where}; {'persistent' if persistent else 'isolated'}: "
+        f"{len(bad_steps)} step(s) with non-finite values.",
+        {
+            "keys": sorted(keys),
+            "families": families,
+            "first_family": families[0],
+            "module": module,
+            "steps": [s for s, _ in bad_steps],
+            "persistent": persistent,
+            "null_only": all(record.get(k) is None for k in keys if k != S.NONFINITE),
+        },
+    )
+
+
+def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
+    """A loss logged on most steps but missing on some: a suspected non-finite loss."""
+    out = []
+    n = len(trace.steps)
+    for key in (S.ACTOR_LOSS, S.PG_LOSS, S.VF_LOSS):
+        present = [key in rec for rec in trace.steps]
+        if n < 4 or sum(present) < 0.8 * n or all(present):
+            continue
+        first_seen = present.index(True)
+        missing = [step_of(rec, i) for i, rec in enumerate(trace.steps) if i > first_seen and not present[i]]
+        missing = [s for s in missing if s not in known_bad]
+        if missing:
+            out.append(
+                Finding(
+                    "nonfinite",
+                    missing[0],
+                    "warning",
+                    f"Suspected non-finite {key} at step {missing[0]}: the field is logged on "
+                    f"{sum(present)} of {n} steps but vanishes there (frameworks drop a NaN loss).",
+                    {"key": key, "suspected": True, "steps": missing},
+                )
+            )
+    return out

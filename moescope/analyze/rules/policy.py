@@ -1,0 +1,107 @@
+"""``entropy_collapse`` / ``entropy_surge``, ``reward_collapse``, ``no_signal`` and
+``degenerate_output``: what the policy's samples and their rewards say."""
+
+from __future__ import annotations
+
+from moescope import schema as S
+from moescope.analyze.findings import Finding
+from moescope.analyze.rules.series import first_logged, series, shift, sustained
+from moescope.analyze.rules.thresholds import SUSTAIN
+from moescope.traces import Trace
+
+
+def _floor(trace: Trace) -> float | None:
+    """The OPEFO entropy floor of a moescope replay that ran with it."""
+    cfg = trace.header.get("replay_config") or {}
+    if cfg.get("token_entropy_flow_control"):
+        return float(cfg.get("min_entropy_floor", 0.3))
+    return None
+
+
+def check_entropy(trace: Trace) -> list[Finding]:
+    key = first_logged(trace, (S.ENTROPY,))
+    if key is None:
+        return []
+    points, floor = series(trace, key), _floor(trace)
+    out = []
+    low = shift(points, lambda v, base: v < 0.5 * base and (floor is None or v < floor), positive_base=True)
+    if low is not None:
+        lowest = min(low.running)
+        message = (
+            f"Token entropy collapses from step {low.step}: running mean {lowest:.3g} against an "
+            f"early level of {low.base:.3g}" + (f" and the OPEFO floor {floor}." if floor else ".")
+        )
+        evidence = {"key": key, "baseline": low.base, "lowest": lowest, "floor": floor}
+        out.append(low.finding("entropy_collapse", "warning", message, **evidence))
+    high = shift(points, lambda v, base: v > max(3 * base, base + 0.5))
+    if high is not None:
+        highest = max(high.running)
+        message = (
+            f"Token entropy surges from step {high.step}: running mean {highest:.3g} against an early "
+            f"level of {high.base:.3g} (the policy is drifting toward noise)."
+        )
+        out.append(
+            high.finding("entropy_surge", "warning", message, key=key, baseline=high.base, highest=highest)
+        )
+    return out
+
+
+def check_reward_collapse(trace: Trace) -> list[Finding]:
+    key = first_logged(trace, (S.REWARD_MEAN,))
+    fall = (
+        None if key is None else shift(series(trace, key), lambda v, base: v < 0.2 * base, positive_base=True)
+    )
+    if fall is None:
+        return []
+    lowest = min(fall.running)
+    message = (
+        f"Reward collapses from step {fall.step}: running mean {lowest:.3g} against an early level "
+        f"of {fall.base:.3g}."
+    )
+    return [fall.finding("reward_collapse", "error", message, key=key, baseline=fall.base, lowest=lowest)]
+
+
+def check_no_signal(trace: Trace) -> list[Finding]:
+    points = series(trace, S.NO_SIGNAL_FRAC)
+    if not points:
+        return []
+    dead = [s for s, v in points if v >= 1.0]
+    if len(dead) < max(SUSTAIN, len(points) // 2):
+        return []
+    return [
+        Finding(
+            "no_signal",
+            dead[0],
+            "warning",
+            f"No learning signal on {len(dead)} of {len(points)} steps: every group's rewards were equal, "
+            "so GRPO advantages were all 0 (prompts too easy or too hard).",
+            {"steps": dead},
+        )
+    ]
+
+
+def check_degenerate_output(trace: Trace) -> list[Finding]:
+    truncated = series(trace, S.TRUNCATED_FRAC)
+    lengths = series(trace, S.LENGTH_MEAN)
+    lo, hi = series(trace, S.LENGTH_MIN), series(trace, S.LENGTH_MAX)
+    start = sustained([v >= 0.99 for _, v in truncated])
+    if start is not None:
+        step = truncated[start][0]
+        why = "all responses hit the length limit"
+    else:
+        constant = [a[1] == b[1] for a, b in zip(lo, hi, strict=False)] if lo and hi else []
+        start = sustained(constant)
+        step = lo[start][0] if start is not None else None
+        why = "every response has the same length"
+    if step is None:
+        return []
+    return [
+        Finding(
+            "degenerate_output",
+            step,
+            "error",
+            f"Degenerate output from step {step}: {why} for {SUSTAIN}+ steps (a repetition loop or a "
+            "missing end-of-sequence).",
+            {"length_mean": [v for _, v in lengths][-1:]},
+        )
+    ]

@@ -1,0 +1,118 @@
+"""Reading a trace's step series, and the running statistics the rules judge them by."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from moescope.analyze.findings import Finding
+from moescope.analyze.rules.thresholds import SUSTAIN
+from moescope.traces import Trace
+
+Series = list[tuple[int, float]]
+
+
+def step_of(record: dict[str, Any], index: int) -> int:
+    """The record's ``step``, or its position when it logs none."""
+    step = record.get("step")
+    return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else index
+
+
+def series(trace: Trace, key: str, *, finite: bool = True) -> Series:
+    """``(step, value)`` of a scalar metric; non-finite values left out unless ``finite=False``."""
+    out = []
+    for i, rec in enumerate(trace.steps):
+        v = rec.get(key)
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        if finite and not math.isfinite(v):
+            continue
+        out.append((step_of(rec, i), float(v)))
+    return out
+
+
+def first_logged(trace: Trace, keys: Sequence[str]) -> str | None:
+    """The first of ``keys`` the trace logs at all."""
+    return next((k for k in keys if any(k in rec for rec in trace.steps)), None)
+
+
+def running(values: Sequence[float], width: int, fn: Callable[[Sequence[float]], float]) -> list[float]:
+    """``fn`` over the trailing window of ``width`` values at every position."""
+    return [fn(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
+
+
+def baseline(values: Sequence[float]) -> float:
+    """Median of the early run (the first tenth, at least 3 values)."""
+    n = max(3, len(values) // 10)
+    return statistics.median(values[:n])
+
+
+def backdate(values: Sequence[float], start: int, crossed: Callable[[float], bool]) -> int:
+    """Move an onset found on a running statistic back to the first raw value that crossed."""
+    first = start
+    for i in range(start, max(-1, start - SUSTAIN), -1):
+        if crossed(values[i]):
+            first = i
+        else:
+            break
+    return first
+
+
+def sustained(flags: Sequence[bool], length: int = SUSTAIN) -> int | None:
+    """Index where ``length`` consecutive True flags start, else None."""
+    run = 0
+    for i, flag in enumerate(flags):
+        run = run + 1 if flag else 0
+        if run == length:
+            return i - length + 1
+    return None
+
+
+def episodes(steps: Sequence[int], gap: int = 2) -> list[list[int]]:
+    """Runs of steps no more than ``gap`` apart."""
+    runs: list[list[int]] = []
+    for s in steps:
+        if runs and s - runs[-1][-1] <= gap:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return runs
+
+
+@dataclass(frozen=True)
+class Shift:
+    """A sustained move of a running statistic away from the early-run level."""
+
+    step: int
+    base: float
+    running: list[float]
+
+    def finding(self, type: str, severity: str, message: str, **data: Any) -> Finding:
+        """The finding this shift raises, dated at its onset; ``data`` is its evidence."""
+        return Finding(type, self.step, severity, message, data)
+
+
+def shift(
+    points: Series,
+    crossed: Callable[[float, float], bool],
+    *,
+    stat: Callable[[Sequence[float]], float] = statistics.fmean,
+    min_points: int = SUSTAIN + 3,
+    positive_base: bool = False,
+) -> Shift | None:
+    """Where ``crossed(running value, baseline)`` first holds for ``SUSTAIN`` steps, dated back to
+    the first raw value that crossed; None when it never does."""
+    values = [v for _, v in points]
+    if len(values) < min_points:
+        return None
+    base = baseline(values)
+    if positive_base and base <= 0:
+        return None
+    trail = running(values, SUSTAIN, stat)
+    start = sustained([crossed(r, base) for r in trail])
+    if start is None:
+        return None
+    return Shift(points[backdate(values, start, lambda v: crossed(v, base))][0], base, trail)

@@ -1,0 +1,16 @@
+"""The numbers the diagnosis rules are tuned by.
+
+Chosen so a healthy toy replay raises nothing (negative controls in ``tests/test_diagnosis.py``);
+:mod:`moescope.analyze.diagnosis` says which rule reads each one.
+"""
+
+from __future__ import annotations
+
+WINDOW = 10  # steps of history a spike or a jump is measured against
+SUSTAIN = 3  # steps a shift must hold before it counts (and a flag run, for degenerate output)
+GRAD_SPIKE_FACTOR = 10.0  # a gradient-norm spike: this many times the running median...
+GRAD_SPIKE_Z = 6.0  # ...and this many robust deviations (MAD of log norms) above it
+GRAD_SPIKE_EXTREME = 1000.0  # with under 3 earlier gradient steps, only this big a jump counts
+DIVERGENCE_FACTOR = 5.0  # a loss whose running median rises this many times its early level
+KL_BLOWUP_MIN = 1.0  # nats: a KL jump below this is never a blow-up
+LOAD_SHARE_FACTOR = 5.0  # an expert above this many times its uniform share is hot

@@ -1,0 +1,132 @@
+"""The trainer's forward passes: training precision, this step's faults, where a non-finite
+value started, and the no-gradient pass that gives the old and reference log-probs.
+
+The rollout engine stays clean: a NaN there would stop sampling itself, while the failures
+replayed here are those of the training side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+
+from moescope.errors import MoescopeError
+from moescope.replay.batch import Batch, token_logprobs
+from moescope.replay.config import ReplayConfig
+from moescope.replay.faults import FaultPlan
+from moescope.replay.instruments import NonfiniteWatch, watch_nonfinite
+from moescope.replay.losses import masked_sum
+from moescope.replay.models import Models
+from moescope.replay.precision import rounded_router
+from moescope.replay.sums import StepSums
+
+
+class TrainingForward:
+    """Forward passes of the policy in training, with the faults of the step installed."""
+
+    def __init__(self, models: Models, config: ReplayConfig, faults: FaultPlan) -> None:
+        self.m, self.c, self.faults = models, config, faults
+        self.routers = [(layer.router, layer.router_weight) for layer in models.moe.layers]
+        self.watch = NonfiniteWatch()
+
+    @contextmanager
+    def step_faults(self, step: int) -> Iterator[NonfiniteWatch]:
+        """Install this step's faults of the trainer's forward passes; yield the non-finite watch."""
+        with ExitStack() as stack:
+            nan = self.faults.get("nan_op", step)
+            if nan is not None:
+                stack.enter_context(_nan_output(self.m.policy, nan.arg or self._default_nan_module()))
+            self.watch = NonfiniteWatch()
+            yield self.watch
+
+    def context(self, step: int) -> ExitStack:
+        """Context of a training forward: precision, plus the router_precision fault."""
+        stack = ExitStack()
+        rp = self.faults.get("router_precision", step)
+        if rp is not None:
+            stack.enter_context(rounded_router(self.routers, rp.arg))
+        return stack
+
+    def logprobs(
+        self, model: torch.nn.Module, batch: Batch, precision: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """:func:`token_logprobs` at the run's temperature, in ``precision`` (default: training's)."""
+        return token_logprobs(
+            model, batch, temperature=self.c.temperature, precision=precision or self.c.precision
+        )
+
+    def attribute(self, out: Any, batch: Batch, step: int) -> None:
+        """When a training forward's logits are not finite, find the first module that went so.
+
+        The forward is deterministic, so it is run once more (no gradient) with a hook on every
+        module; healthy steps pay one ``isfinite`` on the logits and nothing else.
+        """
+        if not self.c.instruments or self.watch.first_module is not None:
+            return
+        if bool(torch.isfinite(out.logits).all()):
+            return
+        with torch.no_grad(), watch_nonfinite(self.m.policy) as watch, self.context(step):
+            self.logprobs(self.m.policy, batch)
+        self.watch.first_module = watch.first_module
+
+    @torch.no_grad()
+    def old_logprobs(self, batch: Batch, step: int, sums: StepSums) -> dict[str, torch.Tensor]:
+        """Old log-probs and entropy (the rollout's under ``rollout_logprob_precision``), the
+        reference's log-probs, and the rollout-vs-training log-prob mismatch."""
+        c, out = self.c, {}
+        if not len(batch.input_ids):
+            return out
+        mask = batch.response_mask
+        with self.context(step):
+            old, ent, raw = self.logprobs(self.m.policy, batch)
+        self.attribute(raw, batch, step)
+        out["old"], out["old_entropy"] = old, ent
+        sums.add("_old_entropy", masked_sum(ent, mask))
+        sums.add("_old_tokens", mask.sum())
+        low = self.faults.get("rollout_logprob_precision", step)
+        rollout_prec = low.arg if low is not None else c.rollout_dtype_name
+        if rollout_prec != c.precision or self.faults.get("router_precision", step) is not None:
+            roll, _, _ = self.logprobs(self.m.policy, batch, rollout_prec)
+            sums.add("mismatch_sum", masked_sum((roll - old).abs().nan_to_num(0.0), mask))
+            sums.add("mismatch_tokens", mask.sum())
+            if low is not None:
+                out["old"] = roll
+        if self.m.reference is not None:
+            out["ref"] = self.logprobs(self.m.reference, batch)[0]
+        return out
+
+    def _default_nan_module(self) -> str:
+        experts = self.m.moe.layers[-1].experts
+        return next(name for name, mod in self.m.policy.named_modules() if mod is experts)
+
+
+@contextmanager
+def _nan_output(model: torch.nn.Module, module_name: str) -> Iterator[None]:
+    """Write NaN into the output of ``module_name`` (the ``nan_op`` fault)."""
+    modules = dict(model.named_modules())
+    if module_name not in modules:
+        near = [n for n in modules if n.endswith(module_name.split(".")[-1])][:3]
+        raise MoescopeError(
+            f"nan_op names module {module_name!r}, which this model does not have"
+            + (f"; did you mean {', '.join(near)}?" if near else "; see model.named_modules().")
+        )
+
+    def hook(module, args, out):
+        return _poison(out)
+
+    handle = modules[module_name].register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _poison(out: Any) -> Any:
+    if torch.is_tensor(out) and out.is_floating_point():
+        return torch.full_like(out, float("nan"))
+    if isinstance(out, tuple):
+        return (_poison(out[0]), *out[1:])
+    return out

@@ -1,0 +1,86 @@
+"""The loss of one minibatch: PPO-clip with OPEFO's damping and entropy bonus, the KL to the
+reference and the router losses, plus the step sums the metrics are made of (instruments
+included)."""
+
+from __future__ import annotations
+
+import torch
+
+from moescope.replay.batch import Batch
+from moescope.replay.comm import Comm
+from moescope.replay.forward import TrainingForward
+from moescope.replay.instruments import RouterRecord, entropy_summary, record_routers, routing_sums
+from moescope.replay.losses import k3_kl, load_balancing, masked_sum, ppo_clip, z_loss
+from moescope.replay.opefo import EntropyFlowControl
+from moescope.replay.sums import StepSums
+
+
+class Objective:
+    """The replay's loss, built on the trainer's forward passes."""
+
+    def __init__(self, forward: TrainingForward, opefo: EntropyFlowControl, comm: Comm, vocab: int) -> None:
+        self.forward, self.opefo, self.comm, self.vocab = forward, opefo, comm, vocab
+
+    def loss(
+        self, batch: Batch, extra: dict[str, torch.Tensor], step: int, sums: StepSums, tokens: float
+    ) -> torch.Tensor:
+        """The minibatch's loss, normalised by ``tokens`` (response tokens over all ranks)."""
+        fwd, c, m = self.forward, self.forward.c, self.forward.m
+        mask = batch.response_mask
+        aux_on = c.aux_loss_coef > 0 and fwd.faults.get("aux_loss_off", step) is None
+        watch_routers = c.instruments or aux_on or c.z_loss_coef > 0
+        with record_routers(m.moe, enabled=watch_routers) as routers, fwd.context(step):
+            logp, ent, raw = fwd.logprobs(m.policy, batch)
+        fwd.attribute(raw, batch, step)
+        adv = batch.advantages[:, None].expand_as(logp)
+        adv, damped = self.opefo.damp(adv, extra["old_entropy"], mask)
+        pg, clipped = ppo_clip(logp, extra["old"], adv, c.clip_low, c.clip_high)
+        pg_loss = masked_sum(pg, mask) / tokens
+        ent_mean = masked_sum(ent, mask) / tokens
+        loss = pg_loss - self.opefo.coef * ent_mean
+        if "ref" in extra:
+            kl = masked_sum(k3_kl(logp, extra["ref"]), mask) / tokens
+            loss = loss + c.kl_beta * kl
+            sums.add("kl", kl.detach())
+        loss = self._router_terms(loss, routers, batch, aux_on, sums)
+        with torch.no_grad():
+            sums.add("loss", loss.detach())
+            sums.add("pg_loss", pg_loss.detach())
+            sums.add("entropy", ent_mean.detach())
+            sums.add("clipped", masked_sum(clipped, mask))
+            sums.add("tokens", mask.sum())
+            sums.add("ppo_kl", masked_sum(extra["old"] - logp, mask))
+            sums.add("damped", damped * float(mask.sum()))
+            sums.add("nonfinite_loss", float(not torch.isfinite(loss)))
+            if c.instruments:
+                for key, values in entropy_summary(ent, mask, batch.positions, self.vocab).items():
+                    sums.add(f"_te/{key}", torch.tensor(values, dtype=torch.float64))
+        return loss
+
+    def _router_terms(
+        self, loss: torch.Tensor, routers: RouterRecord, batch: Batch, aux_on: bool, sums: StepSums
+    ) -> torch.Tensor:
+        """``loss`` plus the load-balancing and z losses (weighted by this rank's share of the
+        tokens); the routing instruments' sums."""
+        c, moe = self.forward.c, self.forward.m.moe
+        valid = batch.attention_mask.reshape(-1).bool()
+        share = float(valid.sum()) / float(self.comm.sum_(torch.tensor(float(valid.sum()))))
+        if not routers.logits:
+            return loss
+        logits = [lg[valid] for lg in routers.logits]
+        index = [ix[valid] for ix in routers.index]
+        if aux_on:
+            probs = [torch.softmax(lg.float(), -1) for lg in logits]
+            aux = load_balancing(probs, index, moe.num_experts)
+            loss = loss + c.aux_loss_coef * aux * share
+            sums.add("aux", aux.detach() * share)
+        if c.z_loss_coef > 0:
+            z = z_loss(logits)
+            loss = loss + c.z_loss_coef * z * share
+            sums.add("z", z.detach() * share)
+        if c.instruments:
+            rs = routing_sums(routers, valid, len(moe.layers), moe.num_experts)
+            for key in ("counts", "entropy_sum", "tokens"):
+                sums.add(f"_r/{key}", rs[key])
+            sums.add("_r/max_logit_sum", rs["max_logit"])
+        return loss
