@@ -35,6 +35,8 @@ check-prereqs:
 	@test -x "$(CHROMIUM)" || { echo "make test needs chromium for its browser tests: install it \
 	with \`sudo apt-get install chromium\`." >&2; exit 1; }
 
+# One pytest process: torch already uses both cores, and pytest-xdist workers would each repeat
+# the session fixtures (the toy replay, JupyterLab); on two cores -n 2 made the fast tier slower.
 test: check-prereqs $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

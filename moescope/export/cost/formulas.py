@@ -163,7 +163,7 @@ def analytic_params(entry: Mapping[str, Any]) -> ParamCounts:
 
 
 def _param_counts(**counts: int) -> ParamCounts:
-    from moescope.models.summary import ParamCounts
+    from moescope.models.summary import ParamCounts  # torch: costing a published model needs none
 
     return ParamCounts(**counts)
 
@@ -221,7 +221,7 @@ def entry_from_config(config: PretrainedConfig) -> dict[str, Any]:
     >>> entry_from_config(tiny_config("mixtral"))["routed_experts"]
     8
     """
-    from moescope.models.table import config_value, spec_for
+    from moescope.models.table import config_value, spec_for  # torch: costing a published model needs none
 
     spec, model_type = spec_for(config), config.model_type
     if model_type not in _EXTRAS:

@@ -79,7 +79,7 @@ def hf_config(data: Mapping[str, Any], name: str | None) -> PretrainedConfig:
 
 def moe_text_config(config: PretrainedConfig) -> tuple[PretrainedConfig, str]:
     """The config itself, or the text model of a multimodal one; checked to be a supported MoE."""
-    from moescope.models.table import language_config
+    from moescope.models.table import language_config  # torch: costing a published model needs none
 
     text = language_config(config, loadable=False)  # a dense or unknown model fails here, in one sentence
     if text is config:
@@ -89,7 +89,7 @@ def moe_text_config(config: PretrainedConfig) -> tuple[PretrainedConfig, str]:
 
 def meta_summary(config: PretrainedConfig, name: str) -> ModelSummary:
     """The model's summary, built on the meta device (no weight read)."""
-    from moescope.models.summary import summarize
+    from moescope.models.summary import summarize  # torch: costing a published model needs none
 
     try:
         return summarize(config)
