@@ -8,13 +8,8 @@ import pytest
 import torch
 
 from moescope.errors import UnsupportedArchitectureError
-from moescope.models.table import (
-    ARCHITECTURES,
-    config_value,
-    language_config,
-    spec_for,
-    supported_architectures,
-)
+from moescope.models.support import language_config, spec_for
+from moescope.models.table import ARCHITECTURES, config_value, supported_architectures
 from moescope.models.view import adapt
 from moescope.models.zoo import TINY_ARCHS, tiny, tiny_config
 

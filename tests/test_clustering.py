@@ -20,7 +20,7 @@ from moescope.explore.clustering import ExpertClusterer, select_experts
 from moescope.explore.embeddings import ExpertEmbeddings, embed_experts
 from moescope.explore.selection import LayerSelection, Selection
 from moescope.keep import parse_keep
-from moescope.models.table import spec_for
+from moescope.models.support import spec_for
 from moescope.models.view import adapt
 from moescope.models.zoo import TINY_ARCHS, tiny
 from moescope.provenance import config_hash

@@ -18,7 +18,7 @@ from moescope.export.streaming.checkpoint import open_checkpoint
 from moescope.export.streaming.export import language_section
 from moescope.export.surgery import build_proxy
 from moescope.models.loading import load_model
-from moescope.models.table import language_config, spec_for
+from moescope.models.support import language_config, spec_for
 from moescope.models.zoo import TINY_MULTIMODAL, tiny_multimodal
 
 

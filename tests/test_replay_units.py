@@ -78,6 +78,13 @@ def test_config_round_trips_and_rejects_bad_values():
         ReplayConfig.from_dict({"stepz": 3})
     with pytest.raises(MoescopeError, match="wrong type"):
         ReplayConfig.from_dict({"steps": "ten"})
+    # a notebook or papermill parameter gives the faults as one comma-separated string
+    several = ReplayConfig(steps=8, faults=" no_grad_clip@3, lr_spike@6:10 ,")
+    assert several.faults == ("no_grad_clip@3", "lr_spike@6:10")
+    assert ReplayConfig.from_dict({"steps": 8, "faults": "no_grad_clip@3,lr_spike@6:10"}) == several
+    assert ReplayConfig(faults="").faults == ()
+    with pytest.raises(MoescopeError, match="Unknown fault 'explode'"):
+        ReplayConfig(faults="lr_spike@1, explode")
 
 
 def test_fault_syntax():

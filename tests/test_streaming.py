@@ -23,7 +23,8 @@ from moescope.export.pipeline import export_proxy
 from moescope.export.streaming.export import embed_checkpoint, export_streaming, needs_streaming
 from moescope.keep import parse_keep
 from moescope.models.loading import INDEX_FILE
-from moescope.models.table import set_config_value, spec_for
+from moescope.models.support import spec_for
+from moescope.models.table import set_config_value
 from moescope.models.view import adapt
 from moescope.models.zoo import tiny
 from moescope.provenance import config_hash

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,3 +138,24 @@ def manifest_summary(directory: str | Path) -> pd.Series:
         "files": ", ".join(sorted(p.name for p in Path(directory).iterdir())),
     }
     return pd.Series(summary, name="proxy", dtype=object)  # object: a view of None stays None
+
+
+def find_proxy(proxy: str | Path, default: str | Path) -> Path | None:
+    """The proxy checkpoint a notebook parameter names: ``"auto"`` is ``default`` (where notebook 02
+    writes it), ``""`` is none, anything else a directory. A directory without a checkpoint gives
+    ``None`` and a warning saying how to make one, so a report still runs, without the comparison.
+
+    >>> find_proxy("", "moescope-out/proxy") is None
+    True
+    """
+    if proxy == "":
+        return None
+    path = Path(default if proxy == "auto" else proxy)
+    if (path / "config.json").is_file():
+        return path
+    warnings.warn(
+        f"no proxy checkpoint at {path}: export one first (notebook 02 or `moescope export`), "
+        "or pass another proxy directory.",
+        stacklevel=2,
+    )
+    return None

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from moescope.explore.embeddings import ExpertEmbeddings
     from moescope.explore.selection import Selection
     from moescope.export.fidelity.measure import Fidelity
@@ -29,3 +31,23 @@ class ExportResult:
     fidelity: Fidelity | None = None
     checklist: list[Check] | None = None
     healing: HealingReport | None = None
+
+    def healing_frame(self) -> pd.DataFrame:
+        """Healing's record (:meth:`HealingReport.to_frame`), or one ``note`` row saying it was not done."""
+        if self.healing is not None:
+            return self.healing.to_frame()
+        return _note("not healed (heal_steps = 0)")
+
+    def accuracy_frame(self) -> pd.DataFrame:
+        """Task accuracy of original and proxy, or one ``note`` row saying why none was measured."""
+        if self.fidelity is None:
+            return _note("fidelity was not measured (fidelity=False)")
+        if self.fidelity.task_accuracy is None:
+            return _note("no tasks for this model: pass tasks= a .jsonl of prompts and answers")
+        return self.fidelity.task_accuracy
+
+
+def _note(text: str) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame({"note": [text]})

@@ -8,7 +8,7 @@ routing are left as they are (the selection guarantees they stay valid). The res
 plain Hugging Face directory that ``AutoModelForCausalLM.from_pretrained`` loads with no
 moescope code, plus ``moescope.json``, the manifest that says how it was made. A multimodal
 checkpoint whose language model is supported is read through that language model
-(:func:`~moescope.models.table.language_config`); its proxy is the whole checkpoint, written by
+(:func:`~moescope.models.support.language_config`); its proxy is the whole checkpoint, written by
 cutting the shards (:func:`moescope.export.streaming.export.write_selected`), so the vision
 tower and projector, which the loaded language model does not hold, are copied too.
 

@@ -67,7 +67,7 @@ def load_config(model: str | Path) -> PretrainedConfig:
     """The model's config, with moescope's architecture checks applied (no weights read)."""
     from transformers import AutoConfig
 
-    from moescope.models.table import language_config  # torch: Selection and report import this module
+    from moescope.models.support import language_config  # torch: Selection and report import this module
 
     path = resolve_model(model)
     try:

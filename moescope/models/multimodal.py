@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from moescope.models.loading import load_config
-from moescope.models.table import language_config
+from moescope.models.support import language_config
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from moescope.models.loading import check_weights, load_config, resolve_model
 from moescope.models.routers import describe
-from moescope.models.table import config_value, language_config
+from moescope.models.support import language_config
+from moescope.models.table import config_value
 from moescope.models.view import MoEModel, adapt
 
 if TYPE_CHECKING:

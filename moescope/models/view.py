@@ -30,7 +30,8 @@ from torch import nn
 
 from moescope.errors import MoescopeError, UnsupportedArchitectureError
 from moescope.models.routers import RoutingRule, cap_logits, route
-from moescope.models.table import ArchSpec, spec_for
+from moescope.models.support import spec_for
+from moescope.models.table import ArchSpec
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from moescope.models.table import ARCHITECTURES, spec_for
+from moescope.models.support import spec_for
+from moescope.models.table import ARCHITECTURES
 from moescope.models.view import adapt
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from moescope._util.configs import config_from_dict
 from moescope._util.flags import flag
 from moescope.errors import MoescopeError
-from moescope.replay.faults import check_faults
+from moescope.replay.faults import check_faults, split_faults
 
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -55,7 +55,8 @@ class ReplayConfig:
         ``precision`` for training, ``rollout_precision`` for the rollout engine (``None``: the
         same); fp16 uses dynamic loss scaling from ``initial_loss_scale``.
     Faults
-        ``faults``: ``NAME[@STEP][:ARG]`` strings (see :mod:`moescope.replay.faults`).
+        ``faults``: ``NAME[@STEP][:ARG]`` strings (see :mod:`moescope.replay.faults`), or one
+        comma-separated string of them.
     Instruments
         ``instruments=False`` drops per-layer routing, per-group gradient norms, the non-finite
         watch and token-entropy summaries (the bare step the bench compares against).
@@ -129,6 +130,7 @@ class ReplayConfig:
     instruments: bool = True
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "faults", split_faults(self.faults))
         _check(self)
 
     @property
@@ -149,6 +151,8 @@ class ReplayConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ReplayConfig:
         d = dict(d)
+        if isinstance(d.get("faults"), str):
+            d["faults"] = split_faults(d["faults"])
         for key in ("tasks", "betas", "faults"):
             if d.get(key) is not None:
                 d[key] = tuple(d[key])

@@ -134,6 +134,17 @@ def parse_fault(text: str) -> Fault:
     return Fault(kind, step, arg)
 
 
+def split_faults(faults: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Fault strings as a tuple: one comma-separated string (a notebook or papermill parameter,
+    ``"no_grad_clip@3, lr_spike@6"``) is split; ``""`` is a healthy run.
+
+    >>> split_faults("no_grad_clip@3, lr_spike@6:10"), split_faults("")
+    (('no_grad_clip@3', 'lr_spike@6:10'), ())
+    """
+    parts = faults.split(",") if isinstance(faults, str) else faults
+    return tuple(p.strip() for p in parts if p.strip())
+
+
 def parse_faults(texts: tuple[str, ...] | list[str]) -> list[Fault]:
     faults = [parse_fault(t) for t in texts]
     names = [f.name for f in faults]

@@ -221,7 +221,8 @@ def entry_from_config(config: PretrainedConfig) -> dict[str, Any]:
     >>> entry_from_config(tiny_config("mixtral"))["routed_experts"]
     8
     """
-    from moescope.models.table import config_value, spec_for  # torch: costing a published model needs none
+    from moescope.models.support import spec_for  # torch: costing a published model needs none
+    from moescope.models.table import config_value
 
     spec, model_type = spec_for(config), config.model_type
     if model_type not in _EXTRAS:

@@ -79,7 +79,7 @@ def hf_config(data: Mapping[str, Any], name: str | None) -> PretrainedConfig:
 
 def moe_text_config(config: PretrainedConfig) -> tuple[PretrainedConfig, str]:
     """The config itself, or the text model of a multimodal one; checked to be a supported MoE."""
-    from moescope.models.table import language_config  # torch: costing a published model needs none
+    from moescope.models.support import language_config  # torch: costing a published model needs none
 
     text = language_config(config, loadable=False)  # a dense or unknown model fails here, in one sentence
     if text is config:

@@ -54,7 +54,7 @@ from moescope.export.streaming.weight_view import LayerRead, MemoryBudget, layer
 from moescope.export.surgery import given_selection, kept_count, proxy_config
 from moescope.keep import parse_keep
 from moescope.models.loading import load_config, resolve_model, weight_files
-from moescope.models.table import language_config, spec_for
+from moescope.models.support import language_config, spec_for
 
 DEFAULT_SHARD_SIZE = "5GB"
 
