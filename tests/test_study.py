@@ -14,8 +14,11 @@ from moescope.export.study import (
     HEALED_STUDY_FILE,
     STUDY_FILE,
     fault_agreement,
+    fault_effects,
     healing_effect,
+    no_signal_table,
     read_study,
+    run_summary,
     study_frame,
     study_paths,
     study_summary,
@@ -134,3 +137,56 @@ def test_study_paths_find_the_study_and_the_healed_one_beside_it(tmp_path):
     other.write_text("{}")
     assert study_paths(tmp_path, other) == (tmp_path / STUDY_FILE, other)
     assert study_paths(tmp_path / "missing.json", other) == (None, None), "no study, so no healed one"
+
+
+def summary_of(kl, reward, mismatch=0.0, ppo_kl=0.0, no_signal=0.5):
+    steps = [
+        {
+            "actor/kl": kl,
+            "reward/mean": reward,
+            "rollout/logprob_mismatch": mismatch,
+            "actor/ppo_kl": ppo_kl,
+            "reward/no_signal_frac": no_signal,
+        }
+    ] * 4
+    return run_summary(steps)  # fmt: skip
+
+
+def test_run_summary_takes_the_second_half_and_the_whole_runs_no_signal_share():
+    steps = [{"actor/kl": 0.0, "reward/no_signal_frac": 1.0}, {"actor/kl": 0.0, "reward/no_signal_frac": 1.0},
+             {"actor/kl": 0.2, "reward/no_signal_frac": 0.0}, {"actor/kl": float("nan")}]  # fmt: skip
+    summary = run_summary(steps)
+    assert summary["actor/kl"] == pytest.approx(0.2), "second half, NaN left out"
+    assert summary["no_signal"] == pytest.approx(2 / 3)
+    assert math.isnan(summary["rollout/logprob_mismatch"]), "a metric the run never logged"
+
+
+def test_fault_effects_compare_each_fault_with_the_same_models_healthy_run():
+    healthy, omitted = summary_of(kl=0.02, reward=0.4), summary_of(kl=0.0, reward=0.3)
+    result = {
+        "originals": [
+            {"fault": "healthy", "seed": 0, "summary": healthy},
+            {"fault": "update_omission", "seed": 0, "summary": omitted},
+            {"fault": "rollout_logprob_precision", "seed": 0, "summary": summary_of(0.02, 0.4, 0.01, 0.01)},
+        ],
+        "rows": [
+            {"keep": "1/4", "method": m, "seed": 0, "fault": f, "summary": summary}
+            for m, runs in {
+                "paper": {"healthy": summary_of(0.03, 0.2), "update_omission": summary_of(0.0, 0.1),
+                          "rollout_logprob_precision": summary_of(0.03, 0.2, 0.02, 0.0)},
+                "random": {"healthy": summary_of(0.0, 0.0, no_signal=1.0),
+                           "update_omission": summary_of(0.0, 0.0, no_signal=1.0)},
+            }.items()
+            for f, summary in runs.items()
+        ],
+    }  # fmt: skip
+    effects = fault_effects(result).set_index(["method", "fault"])
+    assert effects.loc[("paper", "update_omission"), "agrees"], "KL and reward both fall, as on the original"
+    assert effects.loc[("paper", "update_omission"), "actor/kl proxy"] == pytest.approx(-0.03)
+    assert not effects.loc[("paper", "rollout_logprob_precision"), "agrees"], "the PPO KL did not rise"
+    assert not effects.loc[("random", "update_omission"), "agrees"], (
+        "a proxy that never learns shows no effect"
+    )
+    table = no_signal_table(result).set_index("method")
+    assert table.loc["random", "no_signal"] == 1.0 and table.loc["paper", "no_signal"] == 0.5
+    assert (table["original"] == 0.5).all()

@@ -27,6 +27,14 @@ STUDY_FILE = "fidelity-study.json"
 HEALED_STUDY_FILE = "fidelity-study-healed.json"  # the same study with every proxy healed first
 DOCS = Path(__file__).resolve().parents[2] / "docs"  # where a checkout keeps the committed study
 AGREEING_VERDICTS = ("reproduced", "both healthy")
+# The two faults the paper injected, each with the curves that show it there: old log-probs from a
+# low-precision rollout (log-prob drift, the PPO ratio's KL) and the actor update skipped (the
+# policy never leaves the reference, so its KL stays 0, and rewards stagnate).
+PAPER_FAULTS = {
+    "rollout_logprob_precision": (S.LOGPROB_MISMATCH, S.PPO_KL),
+    "update_omission": (S.KL, S.REWARD_MEAN),
+}
+EFFECT_METRICS = tuple(dict.fromkeys(m for ms in PAPER_FAULTS.values() for m in ms))
 
 
 def read_study(path: str | Path) -> dict[str, Any]:
@@ -142,3 +150,71 @@ def fault_agreement(frame: pd.DataFrame) -> pd.DataFrame:
     """
     agree = frame.assign(agree=frame["verdict"].isin(AGREEING_VERDICTS))
     return agree.pivot_table(index="fault", columns="method", values="agree", aggfunc="mean", sort=False)
+
+
+def run_summary(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """What the study keeps of one replay beside its comparison: the mean of each of
+    :data:`EFFECT_METRICS` over the run's second half (where a fault has acted), and the mean
+    share of GRPO groups with no reward variance over the whole run (``no_signal``).
+
+    >>> run_summary([{"reward/mean": 0.0, "reward/no_signal_frac": 1.0},
+    ...              {"reward/mean": 0.5, "reward/no_signal_frac": 0.5}])["no_signal"]
+    0.75
+    """
+    late = steps[len(steps) // 2 :]
+    summary = {m: mean_of([_number(s.get(m)) for s in late]) for m in EFFECT_METRICS}
+    summary["no_signal"] = mean_of([_number(s.get(S.NO_SIGNAL_FRAC)) for s in steps])
+    return summary
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def fault_effects(result: dict[str, Any]) -> pd.DataFrame:
+    """Per proxy run of one of :data:`PAPER_FAULTS`: the fault's effect on each of its curves
+    (the faulty run minus the healthy run of the same model and seed, second-half means), on the
+    original and on the proxy, and ``agrees``: every effect has the same sign on both. This is
+    the paper's criterion (same direction and trend, not the same values)."""
+    import pandas as pd
+
+    original = {(o["fault"], o["seed"]): o["summary"] for o in result.get("originals", [])}
+    proxy = {(r["keep"], r["method"], r["seed"], r["fault"]): r.get("summary") for r in result["rows"]}
+    rows = []
+    for (keep, method, seed, fault), summary in proxy.items():
+        healthy = proxy.get((keep, method, seed, "healthy"))
+        base = original.get(("healthy", seed))
+        if fault not in PAPER_FAULTS or None in (summary, healthy, base, original.get((fault, seed))):
+            continue
+        row: dict[str, Any] = {"keep": keep, "method": method, "seed": seed, "fault": fault}
+        signs = []
+        for metric in PAPER_FAULTS[fault]:
+            on_original = original[(fault, seed)][metric] - base[metric]
+            on_proxy = summary[metric] - healthy[metric]
+            row[f"{metric} original"], row[f"{metric} proxy"] = on_original, on_proxy
+            signs.append(_sign(on_original) == _sign(on_proxy))
+        row["agrees"] = all(signs)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _sign(value: float) -> float:
+    """The sign of an effect, with effects under 1e-6 counted as none."""
+    return 0.0 if math.isnan(value) or abs(value) < 1e-6 else math.copysign(1.0, value)
+
+
+def no_signal_table(result: dict[str, Any]) -> pd.DataFrame:
+    """Per keep ratio and method, the mean share of GRPO groups with no reward variance in the
+    proxies' healthy runs, beside the original's (``original``): a proxy near 1.0 gives RL no
+    learning signal, so a fault acting through gradients cannot show on it."""
+    import pandas as pd
+
+    healthy = [r for r in result["rows"] if r["fault"] == "healthy" and r.get("summary")]
+    frame = pd.DataFrame(
+        [{"keep": r["keep"], "method": r["method"], "no_signal": r["summary"]["no_signal"]} for r in healthy]
+    )
+    if frame.empty:
+        return frame
+    table = frame.groupby(["keep", "method"], sort=False)["no_signal"].mean().reset_index()
+    originals = [o["summary"]["no_signal"] for o in result.get("originals", []) if o["fault"] == "healthy"]
+    return table.assign(original=mean_of(originals))
