@@ -9,6 +9,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# OpenMP threads that spin while they wait take the cores a CLI subprocess or a second process
+# needs: on 2 busy cores a toy export ran 10x slower. Passive waiting costs nothing measurable alone.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 import torch
