@@ -1,19 +1,24 @@
-"""The fidelity study: do proxies of the toy reproduce what the toy does under RL faults?
+"""The fidelity study: do proxies of an embedded model reproduce what it does under RL faults?
 
-For keep in {1/2, 1/4, 1/8} x selection in {cluster (multi-view), frequency, REAP, random} x
-seed, a proxy of the toy is exported; then the toy and every proxy replay the same short GRPO
-run — healthy, and under each injected fault — with the same data, sampling seeds and
-precision. Each proxy trace is compared with the toy's trace of the same fault and seed
-(:func:`moescope.analyze.verdict.compare`): which findings it reproduces and how close their onsets are,
-and how well the loss, grad-norm, entropy, reward and KL curves agree. It also records each
-proxy's capability (held-out greedy accuracy relative to the toy) and measured step time.
+For keep in {1/2, 1/4, 1/8} x selection in {paper, cluster, frequency, REAP, random} x seed
+(plus the ``paper`` method's view ablations at the ``--ablation-keeps``), a proxy of the model
+(``toy``) is exported, unhealed or capability-targeted (``--targeted``: healed in
+rounds until it keeps the checklist's accuracy ratio or the budget is spent); then the model and
+every proxy replay the same short GRPO run — healthy, and under each injected fault — with the
+same data, sampling seeds and precision. Each proxy trace is compared with the original's trace
+of the same fault and seed (:func:`moescope.analyze.verdict.compare`): which findings it
+reproduces and how close their onsets are, and how well the loss, grad-norm, entropy, reward
+and KL curves agree. Every run also keeps a summary (:func:`moescope.export.study.run_summary`)
+from which the paper's two faults are judged the paper's way, and the share of GRPO groups
+with no reward variance is read. Each proxy's capability (accuracy ratio to the original) and
+measured step time are recorded.
 
-The hypothesis under test is the paper's: clustering-based proxies reproduce faults and preserve
-dynamics at least as well as the baselines. The script reports what the data shows.
+The hypothesis under test is the paper's: its clustering-based proxies reproduce faults and
+preserve dynamics at least as well as the baselines. The script reports what the data shows.
 
-    .venv/bin/python bench/fidelity_study.py [--seeds 3] [--steps 12] [--workers 2] [--out docs]
+    .venv/bin/python bench/fidelity_study.py [--model toy] [--targeted] [--seeds 3] [--steps 12]
 
-writes ``OUT/fidelity-study.json`` (every comparison) and ``OUT/fidelity-study.md`` (tables).
+writes ``OUT/fidelity-study[-MODEL][-targeted].json`` (every comparison) and ``.md`` (tables).
 """
 
 from __future__ import annotations
@@ -35,16 +40,29 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from moescope.export.study import (
     CURVE_METRICS,
-    STUDY_FILE,
+    PAPER_FAULTS,
+    fault_effects,
     healing_effect,
     mean_of,
+    no_signal_table,
     read_study,
+    run_summary,
     study_frame,
     study_summary,
 )
 
+MODELS = ("toy",)
 KEEPS = ("1/2", "1/4", "1/8")
-METHODS = ("cluster", "frequency", "reap", "random")
+METHODS = ("paper", "cluster", "frequency", "reap", "random")
+# the paper method on one view, or two, instead of all three: METHOD/VIEW[+VIEW]
+ABLATIONS = (
+    "paper/router",
+    "paper/coactivation",
+    "paper/context",
+    "paper/router+coactivation",
+    "paper/router+context",
+    "paper/coactivation+context",
+)
 # name -> ReplayConfig overrides; point faults strike mid-run (MID), settings hold from step 0
 FAULTS: dict[str, dict[str, Any]] = {
     "healthy": {},
@@ -86,69 +104,94 @@ def _replay(job: tuple[str, str, str, int, int, str]) -> dict[str, Any]:
     label, model, fault, seed, steps, out = job
     trace = moescope.replay(model, _config(fault, seed, steps), out=Path(out))
     times = [s["time/step_s"] for s in trace.steps[1:]]
-    return {"label": label, "fault": fault, "seed": seed, "trace": out, "step_s": statistics.median(times)}
+    return {
+        "label": label,
+        "fault": fault,
+        "seed": seed,
+        "trace": out,
+        "step_s": statistics.median(times),
+        "summary": run_summary(trace.steps),
+    }
 
 
-def _export(job: tuple[str, str, int, str, int]) -> dict[str, Any]:
-    """Worker: export one proxy of the toy (healed for ``heal_steps`` when not 0) and measure its
-    accuracy ratio."""
+def export_options(spec: str) -> dict[str, Any]:
+    """``METHOD`` or ``METHOD/VIEW[+VIEW]`` (an ablation of ``paper``) as export options."""
+    method, _, views = spec.partition("/")
+    return {"method": method, "views": tuple(views.split("+"))} if views else {"method": method}
+
+
+def _export(job: tuple[str, str, str, int, str, bool]) -> dict[str, Any]:
+    """Worker: export one proxy (capability-targeted when ``targeted``, else unhealed) and
+    read its accuracy ratio, healing spent and next-token KL from what the export measured."""
     import torch
 
     torch.set_num_threads(1)
     from moescope.export.fidelity.validity import CAPABILITY
     from moescope.export.pipeline import export_proxy
 
-    keep, method, seed, out, heal_steps = job
+    model, keep, spec, seed, out, targeted = job
     result = export_proxy(
-        "toy", out, keep=keep, method=method, seed=seed, n_tokens=4000, progress=False, overwrite=True,
-        heal_steps=heal_steps,
+        model, out, keep=keep, seed=seed, n_tokens=4000, progress=False, overwrite=True,
+        **export_options(spec), **({} if targeted else {"min_capability": 0.0}),
         fidelity={"n_tokens": 2048, "seed": seed, "n_prompts": 50, "samples": 2},
     )  # fmt: skip
     capability = next(c for c in result.checklist if c.name == CAPABILITY)
+    targeting = result.manifest.get("targeting") or {}
+    attempt = next((a for a in targeting.get("attempts", []) if a["keep"] == targeting.get("keep")), None)
     return {
         "keep": keep,
-        "method": method,
+        "method": spec,
         "seed": seed,
         "path": out,
         "kl": result.fidelity.kl,
         "capability": capability.figure,
         "capability_ratio": capability.details.get("ratio"),
+        "capability_unhealed": attempt["curve"][0]["ratio"] if attempt else capability.details.get("ratio"),
+        "heal_steps": attempt["curve"][-1]["steps"] if attempt else 0,
+        "passed": capability.passed,
     }
 
 
+def _tag(keep: str, spec: str, seed: int) -> str:
+    return f"{keep.replace('/', 'of')}-{spec.replace('/', '-').replace('+', '-')}-{seed}"
+
+
 def run(
+    model: str,
     seeds: int,
     steps: int,
     workers: int,
     keeps: tuple[str, ...] = KEEPS,
     methods: tuple[str, ...] = METHODS,
     faults: tuple[str, ...] = tuple(FAULTS),
-    heal_steps: int = 0,
+    targeted: bool = False,
+    ablation_keeps: tuple[str, ...] = ("1/4",),
 ) -> dict[str, Any]:
     from moescope.analyze.verdict import compare
     from moescope.traces import read_trace
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="moescope-study-"))
-    exports = [(k, m, s, str(work / f"proxy-{k.replace('/', 'of')}-{m}-{s}"), heal_steps) for k in keeps
-               for m in methods for s in range(seeds)]  # fmt: skip
+    specs = [(k, m) for k in keeps for m in methods if "/" not in m or k in ablation_keeps]
+    exports = [(model, k, m, s, str(work / f"proxy-{_tag(k, m, s)}"), targeted) for k, m in specs
+               for s in range(seeds)]  # fmt: skip
     with ProcessPoolExecutor(workers) as pool:
         proxies = list(pool.map(_export, exports))
         jobs = [
-            ("toy", "toy", f, s, steps, str(work / f"toy-{f}-{s}.jsonl"))
+            ("original", model, f, s, steps, str(work / f"original-{f}-{s}.jsonl"))
             for f in faults
             for s in range(seeds)
         ]
         for p in proxies:
-            tag = f"{p['keep'].replace('/', 'of')}-{p['method']}-{p['seed']}"
+            tag = _tag(p["keep"], p["method"], p["seed"])
             jobs += [(tag, p["path"], f, p["seed"], steps, str(work / f"{tag}-{f}.jsonl")) for f in faults]
         runs = list(pool.map(_replay, jobs))
-    toy = {(r["fault"], r["seed"]): r for r in runs if r["label"] == "toy"}
+    originals = {(r["fault"], r["seed"]): r for r in runs if r["label"] == "original"}
     rows = []
     for p in proxies:
-        tag = f"{p['keep'].replace('/', 'of')}-{p['method']}-{p['seed']}"
+        tag = _tag(p["keep"], p["method"], p["seed"])
         for r in (r for r in runs if r["label"] == tag):
-            original = toy[(r["fault"], r["seed"])]
+            original = originals[(r["fault"], r["seed"])]
             verdict = compare(read_trace(original["trace"]), read_trace(r["trace"]))
             rows.append(
                 {
@@ -162,19 +205,25 @@ def run(
                     "step_ratio": r["step_s"] / original["step_s"],
                     "capability": p["capability"],
                     "kl": p["kl"],
+                    "summary": r["summary"],
                 }
             )
+    full = (keeps, methods, faults) == (KEEPS, METHODS + ABLATIONS, tuple(FAULTS))
     return {
-        "command": f"python bench/fidelity_study.py --seeds {seeds} --steps {steps} --workers {workers}"
-        + (f" --heal-steps {heal_steps}" if heal_steps else "")
-        + ("" if (keeps, methods, faults) == (KEEPS, METHODS, tuple(FAULTS)) else " (a subset)"),
-        "heal_steps": heal_steps,
+        "command": f"python bench/fidelity_study.py --model {model} --seeds {seeds} --steps {steps} "
+        f"--workers {workers}" + (" --targeted" if targeted else "") + ("" if full else " (a subset)"),
+        "model": model,
+        "targeted": targeted,
+        "heal_steps": 0,
         "steps": steps,
         "seeds": seeds,
         "faults": {f: FAULTS[f] for f in faults},
         "keeps": keeps,
         "methods": methods,
         "proxies": proxies,
+        "originals": [
+            {"fault": f, "seed": seed, "summary": r["summary"]} for (f, seed), r in originals.items()
+        ],
         "rows": rows,
         "wall_s": time.perf_counter() - started,
     }
@@ -187,25 +236,30 @@ def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
     return "–" if value is None or value != value else pattern.format(value)  # None or NaN
 
 
+def _model(result: dict[str, Any]) -> str:
+    return result.get("model", "toy")
+
+
 def markdown(result: dict[str, Any], unhealed: dict[str, Any] | None = None) -> str:
-    rows, keeps, methods, faults = result["rows"], result["keeps"], result["methods"], result["faults"]
+    model, keeps, methods, faults = _model(result), result["keeps"], result["methods"], result["faults"]
     table = study_summary(study_frame(result))
-    healed = f", every proxy healed for {result['heal_steps']} steps" if result.get("heal_steps") else ""
+    how = ", capability-targeted proxies" if result.get("targeted") else ""
+    how += f", every proxy healed for {result['heal_steps']} steps" if result.get("heal_steps") else ""
     lines = [
-        f"# Fidelity study: proxies of the toy under RL faults{healed}",
+        f"# Fidelity study: proxies of {model} under RL faults{how}",
         "",
         f"Regenerate with `{result['command']}` "
         f"({result['wall_s'] / 60:.0f} min on the machine that wrote it).",
         f"{len(result['proxies'])} proxies ({', '.join(keeps)} kept × {', '.join(methods)} × "
         f"{result['seeds']} seeds), each replaying {len(faults)} runs (healthy and {len(faults) - 1} "
-        f"faults) of {result['steps']} GRPO steps, compared with the toy's run of the same fault and seed.",
+        f"faults) of {result['steps']} GRPO steps, compared with {model}'s run of the same fault and seed.",
         "",
-        "## Reproduction of the toy's findings, and curve agreement",
+        "## Reproduction of the original's findings, and curve agreement",
         "",
-        "*hit*: share of the toy's warnings and errors that the proxy raises too, with the onset within "
-        "10 % of the run (n = findings); *alarms*: findings only the proxy raises, per run; *trend*: share "
-        f"of ({', '.join(CURVE_METRICS)}) whose overall trend matches; *ρ*: mean Spearman correlation of "
-        "those curves; *step*: proxy step time / toy step time (measured).",
+        "*hit*: share of the original's warnings and errors that the proxy raises too, with the onset "
+        "within 10 % of the run (n = findings); *alarms*: findings only the proxy raises, per run; "
+        f"*trend*: share of ({', '.join(CURVE_METRICS)}) whose overall trend matches; *ρ*: mean Spearman "
+        "correlation of those curves; *step*: proxy step time / original step time (measured).",
         "",
         "| keep | method | hit | n | alarms | trend | ρ | step |",
         "|---|---|---|---|---|---|---|---|",
@@ -215,11 +269,121 @@ def markdown(result: dict[str, Any], unhealed: dict[str, Any] | None = None) -> 
             f"| {row.keep} | {row.method} | {_fmt(row.hit)} | {row.findings} | {_fmt(row.alarms)} | "
             f"{_fmt(row.trend)} | {_fmt(row.rho)} | {_fmt(row.step_ratio)} |"
         )
-    lines += ["", *cost_lines(table, keeps)]
-    lines += ["", "## The faults' own signatures: share reproduced on time (all keeps and seeds)", ""]
+    lines += ["", *capability_lines(result), "", *no_signal_lines(result), "", *paper_fault_lines(result)]
+    lines += ["", *healthy_curve_lines(result), "", *cost_lines(table, keeps, model)]
+    lines += ["", *signature_lines(result), "", *verdict_lines(result)]
+    if unhealed is not None:
+        lines += ["", *healing_lines(unhealed, result)]
+    return "\n".join(lines) + "\n"
+
+
+def capability_lines(result: dict[str, Any]) -> list[str]:
+    """Accuracy ratio to the original (mean over seeds) and next-token KL, per keep and method;
+    for targeted proxies also the ratio before healing and the healing steps spent."""
+    targeted = result.get("targeted")
+    lines = [
+        f"## Proxy capability: accuracy ratio proxy / {_model(result)} (mean over seeds), next-token KL",
+        "",
+        "Each cell: accuracy ratio (KL)"
+        + (", ratio before healing → after, mean healing steps" if targeted else "")
+        + ". The capability check of the validity checklist passes at 0.5.",
+        "",
+        "| keep | " + " | ".join(result["methods"]) + " |",
+        "|---|" + "---|" * len(result["methods"]),
+    ]
+    for keep in result["keeps"]:
+        cells = []
+        for method in result["methods"]:
+            picked = [p for p in result["proxies"] if p["keep"] == keep and p["method"] == method]
+            if not picked:
+                cells.append("–")
+                continue
+            ratio, kl = (mean_of([p[key] for p in picked]) for key in ("capability_ratio", "kl"))
+            cell = f"{_fmt(ratio)} (KL {_fmt(kl)})"
+            if targeted:
+                before = mean_of([p.get("capability_unhealed") for p in picked])
+                steps = mean_of([p.get("heal_steps") for p in picked])
+                cell += f", {_fmt(before)} → healed, {_fmt(steps, '{:.0f}')} steps"
+            cells.append(cell)
+        lines.append(f"| {keep} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def no_signal_lines(result: dict[str, Any]) -> list[str]:
+    """The share of GRPO groups with no reward variance in the healthy runs."""
+    table = no_signal_table(result)
+    if table.empty:
+        return []
+    lines = [
+        "## GRPO groups with no learning signal (healthy runs)",
+        "",
+        f"Mean share of groups whose rewards were all equal; {_model(result)} itself: "
+        f"{_fmt(table['original'].iloc[0])}. A proxy at 1.00 gives RL nothing to learn from.",
+        "",
+        "| keep | " + " | ".join(result["methods"]) + " |",
+        "|---|" + "---|" * len(result["methods"]),
+    ]
+    cell = {(r.keep, r.method): r.no_signal for r in table.itertuples()}
+    for keep in result["keeps"]:
+        lines.append(f"| {keep} | " + " | ".join(_fmt(cell.get((keep, m))) for m in result["methods"]) + " |")
+    return lines
+
+
+def paper_fault_lines(result: dict[str, Any]) -> list[str]:
+    """The paper's two faults judged the paper's way: does each fault move its curves in the same
+    direction on the proxy as on the original (each against its own healthy run)?"""
+    effects = fault_effects(result)
+    if effects.empty:
+        return []
+    lines = [
+        "## The paper's two faults: the same effect, in the same direction",
+        "",
+        "Share of proxy runs where the fault moves every one of its curves (second-half mean, against the "
+        "same model's healthy run of the same seed) in the direction it moves them on the original: "
+        + "; ".join(f"{fault}: {', '.join(metrics)}" for fault, metrics in PAPER_FAULTS.items())
+        + ".",
+        "",
+        "| fault | keep | " + " | ".join(result["methods"]) + " |",
+        "|---|---|" + "---|" * len(result["methods"]),
+    ]
+    share = effects.groupby(["fault", "keep", "method"])["agrees"].mean()
+    for fault in PAPER_FAULTS:
+        for keep in result["keeps"]:
+            cells = [_fmt(share.get((fault, keep, m))) for m in result["methods"]]
+            lines.append(f"| {fault} | {keep} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def healthy_curve_lines(result: dict[str, Any]) -> list[str]:
+    """Curve agreement on healthy runs, per curve: how the proxy's training dynamics follow."""
+    metrics = (CURVE_METRICS[0], CURVE_METRICS[1], CURVE_METRICS[2])
+    lines = [
+        "## Healthy runs: curve agreement per curve (mean Spearman ρ over seeds)",
+        "",
+        "| keep | method | " + " | ".join(metrics) + " |",
+        "|---|---|" + "---|" * len(metrics),
+    ]
+    for keep in result["keeps"]:
+        for method in result["methods"]:
+            runs = [
+                r
+                for r in result["rows"]
+                if r["fault"] == "healthy" and (r["keep"], r["method"]) == (keep, method)
+            ]
+            if not runs:
+                continue
+            cells = [_fmt(mean_of([r["curves"].get(m, {}).get("spearman") for r in runs])) for m in metrics]
+            lines.append(f"| {keep} | {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def signature_lines(result: dict[str, Any]) -> list[str]:
+    """The faults' own finding types, reproduced on time, per method."""
+    methods, rows = result["methods"], result["rows"]
+    lines = ["## The faults' own signatures: share reproduced on time (all keeps and seeds)", ""]
     lines += ["| fault | signature | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
     for fault, types in SIGNATURES.items():
-        if fault not in faults:
+        if fault not in result["faults"]:
             continue
         cells = []
         for method in methods:
@@ -232,41 +396,32 @@ def markdown(result: dict[str, Any], unhealed: dict[str, Any] | None = None) -> 
             ]
             cells.append(_fmt(mean_of(hits)))
         lines.append(f"| {fault} | {', '.join(types)} | " + " | ".join(cells) + " |")
-    lines += ["", "## Per fault: share of proxy runs whose verdict is *reproduced* or *both healthy*", ""]
+    return lines
+
+
+def verdict_lines(result: dict[str, Any]) -> list[str]:
+    """Per fault, the share of proxy runs whose verdict agrees with the original's."""
+    methods, rows = result["methods"], result["rows"]
+    lines = ["## Per fault: share of proxy runs whose verdict is *reproduced* or *both healthy*", ""]
     lines += ["| fault | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
-    for fault in faults:
+    for fault in result["faults"]:
         cells = []
         for method in methods:
             picked = [r for r in rows if r["fault"] == fault and r["method"] == method]
             good = [r["verdict"] in ("reproduced", "both healthy") for r in picked]
             cells.append(_fmt(mean_of([float(g) for g in good])))
         lines.append(f"| {fault} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "## Proxy capability: task accuracy ratio proxy / toy (mean over seeds), and next-token KL",
-        "",
-    ]
-    lines += ["| keep | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
-    for keep in keeps:
-        cells = []
-        for method in methods:
-            picked = [p for p in result["proxies"] if p["keep"] == keep and p["method"] == method]
-            ratio = mean_of([p["capability_ratio"] for p in picked])
-            kl = mean_of([p["kl"] for p in picked])
-            cells.append(f"{_fmt(ratio)} (KL {_fmt(kl)})")
-        lines.append(f"| {keep} | " + " | ".join(cells) + " |")
-    if unhealed is not None:
-        lines += ["", *healing_lines(unhealed, result)]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def healing_lines(unhealed: dict[str, Any], healed: dict[str, Any]) -> list[str]:
     """What healing changes: hit share and capability of the same proxies without and with it."""
+    what = "capability targeting" if healed.get("targeted") else f"{healed['heal_steps']} steps of healing"
     lines = [
-        f"## What healing changes ({healed['heal_steps']} steps of distillation toward the toy)",
+        f"## What {what} changes",
         "",
-        "The same exports without healing (`docs/fidelity-study.json`) and with it (this study): share of "
-        "the toy's findings reproduced on time, and task accuracy relative to the toy.",
+        "The same exports unhealed (the study beside this one) and here: share of the original's findings "
+        "reproduced on time, and task accuracy relative to the original.",
         "",
         "| keep | method | hit, unhealed | hit, healed | capability, unhealed | capability, healed |",
         "|---|---|---|---|---|---|",
@@ -279,9 +434,9 @@ def healing_lines(unhealed: dict[str, Any], healed: dict[str, Any]) -> list[str]
     return lines
 
 
-def cost_lines(table: Any, keeps: tuple[str, ...]) -> list[str]:
+def cost_lines(table: Any, keeps: tuple[str, ...], model: str = "toy") -> list[str]:
     """What each keep ratio costs: devices from the cost model for published models, and the
-    proxies' measured step time on the toy (mean over methods)."""
+    proxies' measured step time (mean over methods)."""
     from moescope.export.cost import reference_table
 
     ref = reference_table()
@@ -290,16 +445,16 @@ def cost_lines(table: Any, keeps: tuple[str, ...]) -> list[str]:
         "## What each keep ratio costs",
         "",
         "Accelerators to RL-train the model from the cost model (`moescope cost --reference`: 80 GB devices, "
-        "90 % usable); step time measured on the toy's proxies, relative to the toy (the same top-k, so "
+        f"90 % usable); step time measured on {model}'s proxies, relative to {model} (the same top-k, so "
         "per-token compute stays).",
         "",
-        "| keep | " + " | ".join(f"{m} devices" for m in models) + " | proxy step time / toy |",
+        "| keep | " + " | ".join(f"{m} devices" for m in models) + f" | proxy step time / {model} |",
         "|---|" + "---|" * (len(models) + 1),
     ]
     for keep in ("full", *keeps):
         cells = []
-        for model in models:
-            row = ref[(ref["model"] == model) & (ref["keep"] == keep)]
+        for name in models:
+            row = ref[(ref["model"] == name) & (ref["keep"] == keep)]
             cells.append("–" if row.empty else str(int(row["devices"].iloc[0])))
         step = "1.00" if keep == "full" else _fmt(table[table["keep"] == keep]["step_ratio"].mean())
         lines.append(f"| {keep} | " + " | ".join(cells) + f" | {step} |")
@@ -315,40 +470,46 @@ def write_chart(result: dict[str, Any], path: Path) -> None:
     path.write_text(vl_convert.vegalite_to_svg(study_chart(study_summary(study_frame(result))).to_dict()))
 
 
+def stem_for(out: Path, model: str, targeted: bool = False, heal_steps: int = 0) -> Path:
+    """``OUT/fidelity-study[-MODEL][-targeted|-healed]``: the toy's unhealed study keeps its old name."""
+    name = "fidelity-study" + ("" if model == "toy" else f"-{model}")
+    return out / (name + ("-targeted" if targeted else "-healed" if heal_steps else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="toy", choices=MODELS)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("docs"))
     parser.add_argument("--keeps", nargs="+", default=KEEPS, help="a subset, for a quick look")
-    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=METHODS + ABLATIONS, choices=METHODS + ABLATIONS)
+    parser.add_argument(
+        "--ablation-keeps", nargs="+", default=("1/4",), help="keeps the view ablations run at"
+    )
     parser.add_argument("--faults", nargs="+", default=tuple(FAULTS), choices=tuple(FAULTS))
     parser.add_argument(
-        "--heal-steps", type=int, default=0, help="heal every proxy first; writes fidelity-study-healed.*"
+        "--targeted", action="store_true", help="capability-targeted proxies; writes ...-targeted.*"
     )
     parser.add_argument("--tables-only", action="store_true", help="rewrite the .md from OUT's .json")
     args = parser.parse_args()
-    stem = args.out / ("fidelity-study-healed" if args.heal_steps else "fidelity-study")
+    stem = stem_for(args.out, args.model, args.targeted)
     if args.tables_only:
         result = read_study(stem.with_suffix(".json"))
     else:
         result = run(
-            args.seeds, args.steps, args.workers, tuple(args.keeps), tuple(args.methods), tuple(args.faults),
-            args.heal_steps,
+            args.model, args.seeds, args.steps, args.workers, tuple(args.keeps), tuple(args.methods),
+            tuple(args.faults), args.targeted, tuple(args.ablation_keeps),
         )  # fmt: skip
         args.out.mkdir(parents=True, exist_ok=True)
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    text = markdown(result, _unhealed(args.out) if args.heal_steps else None)
+    unhealed = stem_for(args.out, args.model).with_suffix(".json")
+    text = markdown(result, read_study(unhealed) if args.targeted and unhealed.is_file() else None)
     stem.with_suffix(".md").write_text(text)
     write_chart(result, stem.with_suffix(".svg"))
     print(text)
     print(f"wrote {stem}.md, .json and .svg", file=sys.stderr)
-
-
-def _unhealed(out: Path) -> dict[str, Any] | None:
-    """The study without healing, when OUT holds it: the baseline healing is compared with."""
-    return read_study(out) if (out / STUDY_FILE).is_file() else None
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from moescope import schema as S
 from moescope._util.flags import add_flags, config_field, flag_values, shown_default
@@ -22,6 +22,9 @@ from moescope._version import __version__
 from moescope.errors import MoescopeError
 from moescope.export.config import ExportConfig
 from moescope.replay.config import ReplayConfig
+
+if TYPE_CHECKING:
+    from moescope.export.targeting import Targeting
 
 DEMO_DIR = Path("moescope-demo")
 MODEL_HELP = "a local Hugging Face checkpoint directory, or 'toy' (the embedded model)"
@@ -31,9 +34,13 @@ MODEL_HELP = "a local Hugging Face checkpoint directory, or 'toy' (the embedded 
 
 
 def cmd_toy(args: argparse.Namespace) -> int:
-    from moescope.models.toy import toy_path, write_toy
+    from moescope.models.embedded import embedded_path, write_embedded
 
-    path = write_toy(args.out, overwrite=args.overwrite) if args.out else toy_path()
+    path = (
+        write_embedded(args.name, args.out, overwrite=args.overwrite)
+        if args.out
+        else embedded_path(args.name)
+    )
     print(path)
     return 0
 
@@ -59,7 +66,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     )
 
     if args.model is None and not args.reference:
-        raise MoescopeError("give a MODEL (checkpoint directory, config.json or 'toy'), or --reference.")
+        raise MoescopeError("give a MODEL (checkpoint directory, config.json, or 'toy'), or --reference.")
     given = {"device_memory_gb": args.device_memory, "usable_fraction": args.usable_fraction}
     memory = TrainingMemory(**{key: value for key, value in given.items() if value is not None})
     options = {"memory": memory, "step_time_s": args.step_time, "rounding": args.round}
@@ -88,6 +95,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     if result.healing is not None:
         h = result.healing
         print(f"healing: {h.steps} steps, held-out KL {h.kl_before:.4f} -> {h.kl_after:.4f}")
+    c = m.get("calibration", {})
+    if c.get("sampled"):
+        print(f"calibration: rl, {c['prompts']} replay prompts + own samples ({c['tokens']} tokens)")
+    if result.targeting is not None:
+        _print_targeting(result.targeting, m["source"]["num_experts"])
     if result.fidelity is not None:
         f = result.fidelity
         print(
@@ -96,7 +108,24 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
     for check in result.checklist or ():
         print(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.figure}")
+    if result.targeting is not None and not result.targeting.passed:
+        print(f"FAIL: the proxy misses its capability target: {result.targeting.reason}")
     return 0
+
+
+def _print_targeting(t: Targeting, num_experts: int) -> None:
+    """Each kept count tried: its accuracy ratio before and after healing, the curve, pass or fail."""
+    head = f"capability target {t.min_capability:g} (healing up to {t.heal_budget} steps"
+    print(f"{head}, {t.heal_round} per round{', keep auto' if t.search == 'auto' else ''}):")
+    for a in t.attempts:
+        curve = ", ".join(f"{steps}: {ratio:.2f}" for steps, ratio in a.curve)
+        verdict = "pass" if a.passed else "fail"
+        print(
+            f"  keep {a.keep} of {num_experts} ({a.keep_ratio:.1%}): accuracy ratio {a.before:.2f} -> "
+            f"{a.after:.2f} after {a.steps} healing steps, {verdict} (steps: ratio {curve})"
+        )
+    if t.search == "auto":
+        print(f"  chose keep {t.keep} of {num_experts}")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -222,7 +251,12 @@ def _command(
 
 
 def _add_toy(sub: argparse._SubParsersAction) -> None:
-    toy = _command(sub, "toy", cmd_toy, "write the embedded toy model; print its path")
+    from moescope.models.embedded import EMBEDDED
+
+    toy = _command(sub, "toy", cmd_toy, "write an embedded model (default: the toy); print its path")
+    toy.add_argument(
+        "--name", choices=list(EMBEDDED), default="toy", help="which embedded model (default: toy)"
+    )
     toy.add_argument("--out", type=Path, help="copy the checkpoint here (default: print the packaged copy)")
     toy.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
 

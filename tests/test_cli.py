@@ -89,7 +89,7 @@ REQUIRED = {"export": ["toy", "--out", "proxy"], "replay": ["toy", "--out", "tra
 FLAGS = {  # the flags of DESIGN's command line and of earlier releases
     "export": {"--keep", "--out", "--method", "--selection", "--seed", "--calibration", "--n-tokens",
                "--allow-top-k", "--streaming", "--no-streaming", "--heal-steps", "--heal-lr", "--prompts",
-               "--no-fidelity", "--overwrite"},
+               "--no-fidelity", "--overwrite", "--min-capability", "--heal-budget", "--heal-round"},
     "replay": {"--out", "--steps", "--algo", "--pivot", "--entropy-floor", "--precision",
                "--rollout-precision", "--fault", "--prompts", "--reward", "--group-size",
                "--prompts-per-step", "--lr", "--kl-beta", "--loop-times", "--config", "--seed",

@@ -30,9 +30,17 @@ def test_the_dict_is_json_and_reads_back() -> None:
         ({"heal_steps": -1}, "heal_steps=-1 must be 0 (no healing) or a positive number of steps."),
         (
             {"method": "best"},
-            "unknown selection method 'best'; choose one of cluster, frequency, reap, random.",
+            "unknown selection method 'best'; choose one of cluster, paper, frequency, reap, random.",
         ),
         ({"nope": 1}, "Unknown export config field(s) nope;"),
+        ({"min_capability": 1.5}, "min_capability=1.5 is no accuracy ratio; give one from 0"),
+        ({"heal_budget": 0}, "heal_budget=0 leaves no healing to reach min_capability=0.8;"),
+        ({"heal_round": 0}, "heal_round=0 leaves no healing to reach min_capability=0.8;"),
+        ({"keep": "auto", "tasks": []}, "keep=auto needs a task to measure;"),
+        ({"keep": "auto", "min_capability": 0}, "keep=auto needs a capability target;"),
+        ({"keep": "auto", "selection": "s.json"}, "keep=auto needs to choose the experts;"),
+        ({"keep": "auto", "streaming": True}, "keep=auto needs the model in memory;"),
+        ({"keep": "auto", "fidelity": False}, "keep=auto needs the fidelity measurement;"),
         ({"heal_steps": "3"}, "Export config has a field of the wrong type"),
     ],
 )

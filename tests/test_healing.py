@@ -108,7 +108,9 @@ def test_bad_step_count_is_one_clear_error(toy, selection) -> None:
 def test_heal_proxy_dir_rewrites_the_directory_and_the_manifest(tmp_path) -> None:
     from transformers import AutoModelForCausalLM
 
-    result = export_proxy("toy", tmp_path / "proxy", keep="1/4", method="random", progress=False)
+    result = export_proxy(
+        "toy", tmp_path / "proxy", keep="1/4", method="random", min_capability=0, progress=False
+    )
     old = AutoModelForCausalLM.from_pretrained(result.path).state_dict()
     report = heal_proxy_dir(
         result.path,

@@ -42,6 +42,7 @@ def test_export_frames_say_what_was_not_done(tmp_path):
         keep="1/2",
         method="random",
         heal_steps=2,
+        min_capability=0,
         tasks=("add2",),
         fidelity={"n_tokens": 256},
         progress=False,

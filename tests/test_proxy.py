@@ -146,7 +146,13 @@ def test_weight_semantics_by_architecture_lists_every_row_by_its_rule() -> None:
 def test_export_of_the_toy_by_clustering_writes_the_manifest(tmp_path: Path) -> None:
     fidelity = {"n_tokens": 1024, "n_prompts": 16, "samples": 2}
     result = export_proxy(
-        "toy", tmp_path / "proxy", keep="1/4", n_tokens=2000, fidelity=fidelity, progress=False
+        "toy",
+        tmp_path / "proxy",
+        keep="1/4",
+        n_tokens=2000,
+        fidelity=fidelity,
+        min_capability=0,
+        progress=False,
     )
     manifest = read_manifest(result.path)
     assert manifest["fidelity"]["kl"] == pytest.approx(result.fidelity.kl) and result.fidelity.kl > 0
@@ -189,7 +195,8 @@ def test_a_checkpoint_without_tokenizer_is_calibrated_on_seeded_random_ids_and_s
     source = tiny_checkpoint("mixtral")
     result = export_proxy(source, tmp_path / "p", keep=4, method="frequency", fidelity=False, progress=False)
     model = tiny("mixtral")
-    stats = collect_routing(model, calibration_data(model, None, seed=0), n_tokens=20_000, progress=False)
+    ids = calibration_data(model, None, "rl", n_tokens=20_000, seed=0)  # the export's default, random here
+    stats = collect_routing(model, ids, n_tokens=20_000, progress=False)
     assert result.selection.layers == select_experts(model, 4, method="frequency", stats=stats).layers
     summary = manifest_summary(result.path)
     assert summary.name == "proxy" and summary["method"] == "frequency" and summary["view"] is None
@@ -248,6 +255,8 @@ def test_cli_export_reloads_and_bad_input_exits_2(tmp_path: Path) -> None:
         "frequency",
         "--n-tokens",
         "2000",
+        "--min-capability",
+        "0",
         "--out",
         str(tmp_path / "proxy"),
     )

@@ -11,9 +11,10 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-import moescope.models.toy as toy_module
+import moescope.models.embedded as embedded_module
 from moescope._util.io import replace_dir
 from moescope.errors import MoescopeError
+from moescope.models.embedded import EMBEDDED, embedded_path, load_embedded
 from moescope.models.evaluation import evaluate_tasks, generate_answers
 from moescope.models.tasks import TASK_FAMILIES, Example, heldout, score
 from moescope.models.toy import load_toy, toy_card, toy_path, write_toy
@@ -58,7 +59,8 @@ def test_packaged_checkpoint_is_small_and_complete() -> None:
 
 
 @pytest.mark.slow
-def test_plain_transformers_loads_it_offline(toy) -> None:
+@pytest.mark.parametrize("name", list(EMBEDDED))
+def test_plain_transformers_loads_it_offline(name: str) -> None:
     # a fresh interpreter without moescope imported: the checkpoint must stand on its own
     code = (
         "import sys, torch; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
@@ -70,15 +72,15 @@ def test_plain_transformers_loads_it_offline(toy) -> None:
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     res = subprocess.run(
-        [sys.executable, "-c", code, str(toy_path())],
+        [sys.executable, "-c", code, str(embedded_path(name))],
         env=env,
         capture_output=True,
         text=True,
         check=True,
     )
-    model, tok = toy
+    model, tok = load_embedded(name)
     (answer,) = generate_answers(model, tok, [Example("add2", "12+34=", "46")], do_sample=False)
-    assert res.stdout.split() == ["Qwen3MoeForCausalLM", "torch.float32", answer]
+    assert res.stdout.split() == [*model.config.architectures, "torch.float32", answer]
 
 
 def test_is_a_stock_qwen3_moe_with_32_experts_top2(toy) -> None:
@@ -179,6 +181,6 @@ def test_failed_write_keeps_the_old_directory(tmp_path: Path) -> None:
 
 
 def test_missing_checkpoint_is_a_clear_error(monkeypatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(toy_module, "_CHECKPOINT", tmp_path / "nowhere")
+    monkeypatch.setattr(embedded_module, "_MODELS_DIR", tmp_path / "nowhere")
     with pytest.raises(MoescopeError, match=r"moescope\.models\.toy\.build"):
         toy_path()

@@ -1,4 +1,5 @@
-"""Calibration data for routing statistics: the task suite, a text or JSONL file, or token tensors.
+"""Calibration data for routing statistics: the RL task's own data, the task suite, a text or
+JSONL file, or token tensors.
 
 Every source becomes a stream of token-id rows (one document each, split into windows of at
 most ``seq_len``), batched with right padding and an attention mask, and cut so that exactly
@@ -26,10 +27,14 @@ from typing import Any
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.explore.rl_data import RL, RLCalibration, sample_rl_calibration
+from moescope.models.accuracy import TaskSpec
 from moescope.models.tasks import TASK_FAMILIES, make_examples
 
 TASKS = "tasks"
 """The ``data`` value that selects the toy task suite (:mod:`moescope.models.tasks`)."""
+SOURCES = (RL, TASKS)
+"""The named calibration sources; anything else named is a ``.txt`` / ``.jsonl`` file."""
 
 _TOKENIZE_CHUNK = 256  # texts per tokenizer call: batched calls are much faster than one by one
 _RANDOM_ROW = 64  # tokens per row of the random stand-in for the task suite
@@ -37,38 +42,71 @@ _FIRST_ID = 3  # below this, ids are special tokens (padding, start, end) in the
 
 
 def calibration_data(
-    model: Any, tokenizer: Any, source: Any = TASKS, *, n_tokens: int = 64 * _RANDOM_ROW, seed: int = 0
+    model: Any,
+    tokenizer: Any,
+    source: Any = TASKS,
+    *,
+    n_tokens: int = 64 * _RANDOM_ROW,
+    seed: int = 0,
+    prompts: TaskSpec = None,
 ) -> Any:
-    """``source`` itself, or seeded random token ids where the task suite has no tokenizer.
+    """The data a named source stands for, or ``source`` itself.
 
-    The task suite is text, and a checkpoint saved without a tokenizer (a test model) cannot
-    read it; random ids still route through every expert, so the calibration pass, healing and
-    fidelity run on such a model too. Any other source passes through unchanged: a text file
-    without a tokenizer is refused by :func:`calibration_batches` rather than silently replaced.
+    ``"rl"`` becomes the replay's prompts with the model's own sampled completions
+    (:func:`~moescope.explore.rl_data.sample_rl_calibration`, ``n_tokens`` of them). The named
+    sources are text, and a checkpoint saved without a tokenizer (a test model) cannot read
+    them: there they become seeded random token ids, which still route through every expert,
+    so the calibration pass, healing and fidelity run on such a model too. Any other source
+    passes through unchanged: a text file without a tokenizer is refused by
+    :func:`calibration_batches` rather than silently replaced.
 
     Parameters
     ----------
     model : the model the data is for; its ``config.vocab_size`` bounds the random ids.
     tokenizer : the model's tokenizer, or ``None``.
-    source : ``"tasks"``, a text or JSONL path, or token ids (see :func:`calibration_batches`).
-    n_tokens : random ids drawn, in rows of 64 (rounded up to whole rows).
-    seed : seed of the random ids: the same seed gives the same ids.
+    source : ``"rl"``, ``"tasks"``, a text or JSONL path, or token ids (see :func:`calibration_batches`).
+    n_tokens : tokens of the RL data, or random ids drawn in rows of 64 (rounded up to whole rows).
+    seed : seed of the prompts and samples, or of the random ids: the same seed gives the same data.
+    prompts : the replay's prompts that ``"rl"`` samples from: the task suite (``None``), some of
+        its families, or a ``.jsonl`` prompt file.
 
     Returns
     -------
-    ``source``, or a LongTensor ``(ceil(n_tokens / 64), 64)`` of ids in ``[3, vocab_size)``.
+    ``source``, an :class:`~moescope.explore.rl_data.RLCalibration`, or a LongTensor
+    ``(ceil(n_tokens / 64), 64)`` of ids in ``[3, vocab_size)``.
 
     Example
     -------
     >>> from moescope.models.zoo import tiny
-    >>> calibration_data(tiny("mixtral"), None, n_tokens=100, seed=0).shape
+    >>> calibration_data(tiny("mixtral"), None, "rl", n_tokens=100, seed=0).shape
     torch.Size([2, 64])
     """
-    if tokenizer is not None or not (isinstance(source, str) and source == TASKS):
+    if not _is_named(source):
         return source
-    rows = max(1, -(-n_tokens // _RANDOM_ROW))
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(_FIRST_ID, model.config.vocab_size, (rows, _RANDOM_ROW), generator=generator)
+    if tokenizer is None:
+        rows = max(1, -(-n_tokens // _RANDOM_ROW))
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randint(_FIRST_ID, model.config.vocab_size, (rows, _RANDOM_ROW), generator=generator)
+    if source == RL:
+        return sample_rl_calibration(model, tokenizer, n_tokens=n_tokens, seed=seed, prompts=prompts)
+    return source
+
+
+def _is_named(source: Any) -> bool:
+    return isinstance(source, str) and source in SOURCES
+
+
+def check_source(source: Any) -> None:
+    """Refuse, in a second and before any model loads, a calibration file that is missing or
+    holds no usable text (every line empty or blank); named sources and token ids pass."""
+    if not isinstance(source, str | Path) or _is_named(source):
+        return
+    if not any(text.strip() for text in _file_texts(Path(source))):
+        raise _no_text(describe_source(source))
+
+
+def _no_text(source: str) -> MoescopeError:
+    return MoescopeError(f"The calibration data ({source}) holds no text; give at least one non-empty line.")
 
 
 def check_budget(n_tokens: int, batch_size: int, seq_len: int) -> None:
@@ -86,6 +124,8 @@ def check_budget(n_tokens: int, batch_size: int, seq_len: int) -> None:
 
 def describe_source(data: Any, seed: int = 0) -> str:
     """One line saying what the calibration data was, stored in :class:`RoutingStats.source`."""
+    if isinstance(data, RLCalibration):
+        return data.describe()
     if isinstance(data, str) and data == TASKS:
         return f"task suite (seed {seed})"
     if isinstance(data, str | Path):
@@ -111,7 +151,8 @@ def calibration_batches(
         ``.jsonl`` file (one object per line with a ``"text"`` field, or ``"prompt"`` and
         ``"answer"``) or to any other text file (one document per non-empty line), or token ids:
         a LongTensor ``(B, T)`` / ``(T,)`` or a list of them, each row one document, taken as is
-        (every id counts: strip padding first).
+        (every id counts: strip padding first), or an
+        :class:`~moescope.explore.rl_data.RLCalibration` (prompt + completion per row).
     tokenizer : a Hugging Face tokenizer; needed for text sources, unused for token ids.
     n_tokens, batch_size, seq_len : token budget (padding excluded), rows per batch, longest row.
     seed : task-suite seed.
@@ -126,15 +167,19 @@ def calibration_batches(
     rows = _windows(_documents(data, tokenizer, seed), seq_len)
     first = next(rows, None)
     if first is None:
-        source = describe_source(data, seed)
-        raise MoescopeError(
-            f"The calibration data ({source}) holds no text; give at least one non-empty line."
-        )
+        raise _no_text(describe_source(data, seed))
     pad = getattr(tokenizer, "pad_token_id", None) or 0
     return _batches(itertools.chain([first], rows), n_tokens, batch_size, pad)
 
 
 def _documents(data: Any, tokenizer: Any, seed: int) -> Iterator[list[int]]:
+    if isinstance(data, RLCalibration):
+        return iter(data.rows())
+    if isinstance(data, str) and data == RL:
+        raise MoescopeError(
+            "calibration 'rl' is sampled from the model, which this pass is not given; make it with "
+            "calibration_data(model, tokenizer, 'rl') and pass the result."
+        )
     if torch.is_tensor(data) or (isinstance(data, list | tuple) and data and not isinstance(data[0], str)):
         return _tensor_rows(data)
     if isinstance(data, str | Path):

@@ -10,6 +10,8 @@ to the lower index.
 into a :class:`Selection`, the ``selection.json`` artifact, by one of ``METHODS``:
 
 - ``cluster``: cluster each layer into ``keep`` clusters and keep the representatives;
+- ``paper``: K-Medoids on fused router, co-activation and routed-context distances, keeping
+  each cluster's member of largest routed contribution (:mod:`moescope.explore.paper`);
 - ``frequency``: keep the most-routed experts (``RoutingStats.counts``);
 - ``reap``: keep the highest REAP saliency (mean gate weight × output norm over routed tokens);
 - ``random``: keep a seeded uniform draw.
@@ -19,7 +21,7 @@ MoE layer keeps the same number of experts, more than top-k (exactly top-k only 
 ``allow_top_k``). Under grouped routing (DeepSeek-V3 style, ``n_group > 1``) the experts form
 ``n_group`` contiguous groups and every group keeps ``keep / n_group`` of its own, so the kept
 count divides by ``n_group``, each group keeps at least two (a group is scored by its best
-two) and routing stays group-limited; ``cluster`` then clusters each group on its own.
+two) and routing stays group-limited; ``cluster`` and ``paper`` then cluster each group on its own.
 
 Examples
 --------
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +49,7 @@ from moescope.explore.embeddings import (
     embed_experts,
     model_facts,
 )
+from moescope.explore.paper import check_view_data, paper_layers, paper_params, paper_views
 from moescope.explore.selection import METHODS, LayerSelection, Selection
 from moescope.keep import parse_keep
 from moescope.models.view import MoEModel, adapt
@@ -70,6 +74,7 @@ LINKAGES = ("average", "complete", "single", "ward")
 METRICS = ("cosine", "euclidean")
 SCORES = {
     "cluster": "negative distance to the cluster centre",
+    "paper": "routed contribution: gate weight × expert output norm summed over routed tokens",
     "frequency": "routed tokens",
     "reap": "REAP saliency: mean gate weight × expert output norm over routed tokens",
     "random": "uniform random draw",
@@ -268,6 +273,8 @@ def select_experts(
     clusterer: ExpertClusterer | None = None,
     seed: int = 0,
     allow_top_k: bool = False,
+    views: str | Sequence[str] | None = None,
+    view_weights: str | Sequence[float] | None = None,
 ) -> Selection:
     """Choose the experts a proxy keeps in every MoE layer.
 
@@ -284,11 +291,12 @@ def select_experts(
     clusterer : template estimator; its ``n_clusters`` and ``random_state`` are set per layer
         (per group under grouped routing) from ``keep`` and ``seed``. Default agglomerative,
         average linkage, cosine.
-    seed : seed of the embeddings, k-means and the random baseline.
+    seed : seed of the embeddings, k-means, K-Medoids and the random baseline.
     allow_top_k : accept keeping exactly top-k experts.
+    views, view_weights : ``paper`` only: the distance views fused (default ``DEFAULT_VIEWS``)
+        and one weight per view (default 1 each); see :mod:`moescope.explore.paper`.
     """
-    if method not in METHODS:
-        raise MoescopeError(f"unknown selection method {method!r}; choose one of {', '.join(METHODS)}.")
+    _check_method(method, views, view_weights)
     source = _source(model_or_embeddings)
     k = source.kept(keep, allow_top_k)
     if stats is not None:
@@ -297,24 +305,23 @@ def select_experts(
     if method == "cluster":
         emb = _embeddings_for(model_or_embeddings, embeddings, stats, seed, source)
         template = clone(clusterer) if clusterer is not None else ExpertClusterer()
-        layers = _cluster_layers(emb, k, source, template, seed, stats)
-        view = emb.view
+        layers, view = _cluster_layers(emb, k, source, template, seed, stats), emb.view
         params["clusterer"] = {"class": type(template).__name__, **_json_params(template)}
+    elif method == "paper":
+        layers, view, params = _paper_layers(model_or_embeddings, k, source, stats, views, view_weights)
     else:
         layers = _baseline_layers(method, _baseline_scores(method, source, stats, seed), k, source)
+    facts = {name: getattr(source, name) for name in ("num_experts", "top_k", "n_group", "model_type")}
     return Selection(
         method=method,
         view=view,
         seed=seed,
         keep=k,
         keep_ratio=k / source.num_experts,
-        num_experts=source.num_experts,
-        top_k=source.top_k,
-        n_group=source.n_group,
-        model_type=source.model_type,
         config_hash=source.config_hash,
         layers=tuple(layers),
         params=params,
+        **facts,
     )
 
 
@@ -323,6 +330,32 @@ def _source(obj: Any) -> _Source:
         fields = ("layers", "num_experts", "config_hash", "model_type", "top_k", "n_group", "topk_group")
         return _Source(**{name: getattr(obj, name) for name in fields})
     return _Source(**model_facts(obj if isinstance(obj, MoEModel) else adapt(obj)))
+
+
+def _check_method(method: str, views: Any, view_weights: Any) -> None:
+    if method not in METHODS:
+        raise MoescopeError(f"unknown selection method {method!r}; choose one of {', '.join(METHODS)}.")
+    if method != "paper" and (views is not None or view_weights is not None):
+        raise MoescopeError(f"views and view weights apply to method 'paper', not {method!r}; drop them.")
+
+
+def _paper_layers(
+    obj: Any, k: int, source: _Source, stats: Any, views: Any, view_weights: Any
+) -> tuple[list[LayerSelection], str, dict[str, Any]]:
+    """The ``paper`` selection's layers, its view name (the views joined by ``+``) and params."""
+    names, weights = paper_views(views, view_weights)
+    routers = _router_rows(obj) if "router" in names else None
+    check_view_data(names, stats, has_router=routers is not None)
+    layers = paper_layers(source.layers, source.n_group, k, stats, routers, names, weights)
+    return layers, "+".join(names), {"score": SCORES["paper"], **paper_params(names, weights)}
+
+
+def _router_rows(obj: Any) -> dict[int, np.ndarray] | None:
+    """``{decoder layer: (E, H)}`` router rows of a model; ``None`` for embeddings."""
+    if isinstance(obj, ExpertEmbeddings):
+        return None
+    moe = obj if isinstance(obj, MoEModel) else adapt(obj)
+    return {layer.index: layer.router_weight.detach().float().cpu().numpy() for layer in moe.layers}
 
 
 def _embeddings_for(

@@ -1,10 +1,14 @@
 """The hooks behind :func:`moescope.explore.routing.observe_routing`: which tensors are read, and when.
 
 Per MoE layer, a forward hook on the router reads the model's own choice (logits and top-k
-index); a pre-hook on the experts module reads the gate weights it applies; a pass-through
-``post_expert_norm`` installed on transformers' fused experts reads the per-slot expert outputs
-they compute anyway. A pre-hook on the decoder stack reads the padding from the attention mask,
-and its forward hook folds the pass into :class:`~moescope.explore.routing_sums.RoutingSums`.
+index); a pre-hook on the MoE block reads its input (the hidden states whose gate-weighted sums
+per expert are the routed context); a pre-hook on the experts module reads the gate weights it
+applies; a pass-through ``post_expert_norm`` installed on transformers' fused experts reads the
+per-slot expert outputs they compute anyway. A pre-hook on the decoder stack reads the padding
+from the attention mask, and its forward hook folds the pass into
+:class:`~moescope.explore.routing_sums.RoutingSums`.
+Until then a pass holds, per layer, its routed-context sums ``(E, H)`` in float32 (not the
+hidden states), so a pass that fails half-way adds nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from moescope.explore.routing_sums import SLOT_ORDER, RoutingSums, recomputed_norms, slot_norms
+from moescope.explore.routing_sums import (
+    SLOT_ORDER,
+    RoutingSums,
+    recomputed_norms,
+    routed_context,
+    slot_norms,
+)
 from moescope.explore.stats import RoutingStats
 from moescope.models.view import decoder_model
 from moescope.provenance import config_hash
@@ -31,6 +41,7 @@ class _Pending:
     logits: torch.Tensor  # (T, E) raw router logits
     index: torch.Tensor  # (T, k) chosen experts
     saliency: torch.Tensor | None = None  # (T, k) gate weight × ‖expert output‖ per slot
+    context: tuple[torch.Tensor, torch.Tensor] | None = None  # (E, H), (E,): see routed_context
 
 
 class RoutingObserver:
@@ -50,6 +61,7 @@ class RoutingObserver:
         self._tapped: list[torch.nn.Module] = []
         self._pending: dict[int, _Pending] = {}
         self._experts_in: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._block_in: dict[int, torch.Tensor] = {}
         self._norms: dict[int, tuple[str, torch.Tensor]] = {}
         self._valid: torch.Tensor | None = None
         self.reset()
@@ -58,7 +70,8 @@ class RoutingObserver:
         """Start the sums again from zero (e.g. once per RL step)."""
         device = next(self.moe.model.parameters()).device
         sigmoid = self.moe.rule.scoring == "sigmoid"
-        self._sums = RoutingSums(len(self.moe.layers), self.moe.num_experts, device, sigmoid)
+        hidden = self.moe.layers[0].router_weight.shape[1]  # the router reads the block's input
+        self._sums = RoutingSums(len(self.moe.layers), self.moe.num_experts, device, sigmoid, hidden)
         self._pending.clear()
 
     @property
@@ -100,6 +113,8 @@ class RoutingObserver:
                 self._hook_experts(layer)
 
     def _hook_experts(self, layer: MoELayer) -> None:
+        block_hook = self._block_pre_hook(layer.index)
+        self._handles.append(layer.block.register_forward_pre_hook(block_hook, with_kwargs=True))
         experts, pre_hook = layer.experts, self._experts_pre_hook(layer.index)
         self._handles.append(experts.register_forward_pre_hook(pre_hook, with_kwargs=True))
         self._handles.append(experts.register_forward_hook(self._experts_hook(layer)))
@@ -129,6 +144,7 @@ class RoutingObserver:
             experts.has_post_expert_norm = False
         self._handles, self._tapped = [], []
         self._experts_in.clear()
+        self._block_in.clear()
         self._norms.clear()
 
     # --- hooks -------------------------------------------------------------------------------
@@ -160,7 +176,15 @@ class RoutingObserver:
             weights = scores.detach().gather(1, index).float()
             saliency = recomputed_norms(layer, hidden, index, self._valid) * weights
             self.saliency_source[layer.index] = "recomputed"
-            self._pending[layer.index] = _Pending(logits.detach(), index, saliency)
+            context = routed_context(hidden, index, weights, self._valid, layer.num_experts)
+            self._pending[layer.index] = _Pending(logits.detach(), index, saliency, context)
+
+        return hook
+
+    def _block_pre_hook(self, index: int) -> Any:
+        def hook(module: Any, args: tuple, kwargs: dict) -> None:
+            x = args[0] if args else kwargs["hidden_states"]
+            self._block_in[index] = x.detach().reshape(-1, x.shape[-1])
 
         return hook
 
@@ -182,7 +206,10 @@ class RoutingObserver:
             else:
                 norms, source = recomputed_norms(layer, hidden, index, self._valid), "recomputed"
             self.saliency_source[layer.index] = source
-            self._pending[layer.index].saliency = norms * weights.float()
+            pending = self._pending[layer.index]
+            pending.saliency = norms * weights.float()
+            block_in = self._block_in.pop(layer.index)
+            pending.context = routed_context(block_in, index, weights, self._valid, layer.num_experts)
 
         return hook
 
@@ -200,3 +227,6 @@ class RoutingObserver:
                 torch.stack([p.saliency for p in items]),
                 self._valid,
             )
+            for i, p in zip(group, items, strict=True):
+                if p.context is not None:
+                    self._sums.add_context(self._rows[i], *p.context)

@@ -2,7 +2,8 @@
 
 :func:`collect_routing` runs token batches through a model inside :func:`observe_routing`,
 which hooks every MoE layer found by :func:`moescope.models.view.adapt` and keeps running sums only
-(float64 / int64), never activations: memory is ``O(layers × experts²)`` however long the pass.
+(float64 / int64), never activations: memory is ``O(layers × experts × (experts + hidden))``
+however long the pass.
 
 What is recorded per MoE layer (padding tokens excluded through the attention mask):
 
@@ -10,7 +11,9 @@ What is recorded per MoE layer (padding tokens excluded through the attention ma
   router returns ``(scores, logits)``; its choice is re-taken with the router's own ``topk``);
 - the router's per-token distribution over experts (see :attr:`RoutingStats.prob_mass`), its
   entropy, and the largest raw router logit;
-- REAP-style saliency: over the routed slots, gate weight × ‖expert output‖₂.
+- REAP-style saliency: over the routed slots, gate weight × ‖expert output‖₂;
+- the routed context: per expert, the sum of gate weight × the MoE block's input over its routed
+  slots, and the sum of those gate weights (their ratio is :attr:`RoutingStats.routed_context`).
 
 Saliency costs no extra expert compute where transformers' fused ``grouped_mm`` /
 ``batched_mm`` experts run (the default): the observer installs a pass-through

@@ -2,7 +2,8 @@
 
 :class:`RoutingSums` holds float64 / int64 totals on the model's device and folds in one
 forward pass of all MoE layers at once (``(l, T, E)`` stacks), so the per-batch cost is a
-handful of batched operations whatever the layer count. :func:`slot_norms` reorders the norms
+handful of batched operations whatever the layer count, plus the routed-context sums (one
+``(E, H)`` scatter-add per layer, :func:`routed_context`). :func:`slot_norms` reorders the norms
 captured inside transformers' fused experts; :func:`recomputed_norms` is the fallback that runs
 each routed expert on its own routed tokens only.
 """
@@ -59,11 +60,15 @@ def _bincount(values: torch.Tensor, size: int, weights: torch.Tensor | None = No
 class RoutingSums:
     """Totals of ``n_layers`` MoE layers; ``add`` folds in one forward pass."""
 
-    def __init__(self, n_layers: int, n_experts: int, device: torch.device, sigmoid: bool) -> None:
+    def __init__(
+        self, n_layers: int, n_experts: int, device: torch.device, sigmoid: bool, hidden: int = 0
+    ) -> None:
         if device.type == "mps":  # no float64 there
             device = torch.device("cpu")
         f64, i64 = dict(dtype=torch.float64, device=device), dict(dtype=torch.int64, device=device)
         self.n_experts, self.sigmoid = n_experts, sigmoid
+        self.context = torch.zeros(n_layers, n_experts, hidden, **f64) if hidden else None
+        self.gate = torch.zeros(n_layers, n_experts, **f64)
         self.tokens = torch.zeros(n_layers, **i64)
         self.prob = torch.zeros(n_layers, n_experts, **f64)
         self.saliency = torch.zeros(n_layers, n_experts, **f64)
@@ -110,10 +115,19 @@ class RoutingSums:
         bins = (entropy * (ENTROPY_BINS / max_entropy(n_experts))).long().clamp_(0, ENTROPY_BINS - 1)
         self.hist[r] += _bincount(bins, ENTROPY_BINS)
 
-    def arrays(self) -> dict[str, np.ndarray]:
+    @torch.no_grad()
+    def add_context(self, row: int, context: torch.Tensor, gate: torch.Tensor) -> None:
+        """Add one pass of layer row ``row``: ``(E, H)`` gate-weighted input sums and ``(E,)``
+        gate-weight sums (:func:`routed_context`)."""
+        if self.context is not None:
+            self.context[row] += context.to(self.context.device, torch.float64)
+            self.gate[row] += gate.to(self.gate.device, torch.float64)
+
+    def arrays(self) -> dict[str, np.ndarray | None]:
         """The totals as ``RoutingStats`` fields (counts are the co-activation diagonal)."""
         coact = self.coact.cpu().numpy()
         expert_max = self.max.cpu().numpy()
+        context = None if self.context is None else self.context.cpu().numpy()
         return {
             "counts": np.ascontiguousarray(np.diagonal(coact, axis1=1, axis2=2)),
             "prob_mass": self.prob.cpu().numpy(),
@@ -125,7 +139,33 @@ class RoutingSums:
             "entropy_edges": np.linspace(0.0, max_entropy(self.n_experts), ENTROPY_BINS + 1),
             "max_logit": expert_max.max(axis=1),
             "expert_max_logit": expert_max,
+            "context_sum": context,
+            "context_weight": None if context is None else self.gate.cpu().numpy(),
         }
+
+
+@torch.no_grad()
+def routed_context(
+    hidden: torch.Tensor,
+    index: torch.Tensor,
+    weights: torch.Tensor,
+    valid: torch.Tensor | None,
+    n_experts: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's routed context of one pass: ``(E, H)`` sums of ``weight × hidden state`` over
+    the slots routed to each expert, and ``(E,)`` sums of those weights, in float32.
+
+    ``hidden`` ``(T, H)`` is the MoE block's input, ``index`` / ``weights`` ``(T, k)`` the chosen
+    experts and the gate weights the model applies; padding (``valid`` False) counts nothing.
+    """
+    weights = weights.float()
+    if valid is not None:
+        weights = weights * valid.to(weights.device).unsqueeze(1)
+    flat = index.reshape(-1)
+    slots = hidden.float().repeat_interleave(index.shape[1], dim=0) * weights.reshape(-1, 1)  # (T*k, H)
+    context = torch.zeros(n_experts, hidden.shape[1], device=hidden.device).index_add_(0, flat, slots)
+    gate = torch.zeros(n_experts, device=hidden.device).index_add_(0, flat, weights.reshape(-1))
+    return context, gate
 
 
 def slot_norms(impl: str, norms: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 The result of :func:`moescope.explore.routing.collect_routing` and of the routing observer, kept
 apart from both so that the observer (which builds it) and the public routing module (which
 runs the observer) each import it from here. Running sums only: counts, probability mass,
-co-activation, saliency and entropy totals; the shares are properties derived from them.
+co-activation, saliency, entropy and routed-context totals; the shares and means are properties
+derived from them.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class RoutingStats:
     entropy_edges : ``(ENTROPY_BINS + 1,)`` bin edges, ``0`` to ``ln E``.
     max_logit : ``(L,)`` largest raw router logit; ``expert_max_logit`` ``(L, E)`` per expert
         (``-inf`` for an expert never scored).
+    context_sum : ``(L, E, H)`` float64 sum over routed slots of gate weight × the MoE block's
+        input hidden state (the same gate weight as ``saliency_sum``); ``None`` in files written
+        before moescope collected it. The largest array here: 0.85 GB for DeepSeek-V3's
+        58 × 256 × 7168, in memory during the pass and in the saved file.
+    context_weight : ``(L, E)`` float64 sum of those gate weights (``None`` with ``context_sum``).
     """
 
     model_type: str
@@ -79,6 +85,8 @@ class RoutingStats:
     max_logit: np.ndarray
     expert_max_logit: np.ndarray
     passes: np.ndarray | None = None
+    context_sum: np.ndarray | None = None
+    context_weight: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.passes is None:  # statistics of a model without looped layers
@@ -103,6 +111,14 @@ class RoutingStats:
     def saliency(self) -> np.ndarray:
         """``(L, E)`` mean gate weight × ‖expert output‖ over the expert's routed tokens (nan if none)."""
         return _ratio(self.saliency_sum, self.counts)
+
+    @property
+    def routed_context(self) -> np.ndarray | None:
+        """``(L, E, H)`` gate-weighted mean of the hidden states routed to each expert (nan if
+        none was), or ``None`` when the statistics hold no routed-context sums."""
+        if self.context_sum is None or self.context_weight is None:
+            return None
+        return _ratio(self.context_sum, np.asarray(self.context_weight)[..., None])
 
     @property
     def mean_entropy(self) -> np.ndarray:

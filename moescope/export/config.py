@@ -17,7 +17,12 @@ from typing import Any
 from moescope._util.configs import config_from_dict
 from moescope._util.flags import flag
 from moescope.errors import MoescopeError
+from moescope.explore.paper import DEFAULT_VIEWS, paper_views
 from moescope.explore.selection import METHODS, Selection
+from moescope.export.fidelity import CAPABILITY_THRESHOLD
+
+AUTO = "auto"
+"""The ``keep`` that searches for the smallest kept share reaching ``min_capability``."""
 
 
 @dataclass(frozen=True)
@@ -26,12 +31,19 @@ class ExportConfig:
 
     Selection
         ``keep``: the routed experts kept per layer, a fraction (``0.25``), a ratio (``"1/4"``) or
-        a count (``8``); optional with a selection. ``selection``: a ``selection.json`` to reuse
-        (e.g. notebook 01's); without one, the experts are chosen by ``method`` with ``seed``.
+        a count (``8``), or ``"auto"``: the smallest share from 1/8 to 1/2 whose proxy reaches
+        ``min_capability`` (:func:`moescope.export.targeting.search_keep`); optional with a
+        selection. ``selection``: a ``selection.json`` to reuse (e.g. notebook 01's); without
+        one, the experts are chosen by ``method`` with ``seed``. ``views`` and ``view_weights``
+        (method ``paper``; :mod:`moescope.explore.paper`): the distance views fused (default the
+        router view) and one weight per view (default 1 each); a comma-separated string is split.
         ``allow_top_k`` accepts keeping exactly top-k experts (no routing choice left).
     Calibration
-        ``calibration`` (``"tasks"``, or a ``.txt`` / ``.jsonl`` file) and ``n_tokens``: the
-        routing statistics that ``cluster``, ``frequency`` and ``reap`` choose by.
+        ``calibration`` and ``n_tokens``: the tokens of the routing statistics that ``cluster``,
+        ``frequency`` and ``reap`` choose by, and that healing trains on: ``"rl"``, the RL
+        replay's prompts (the task suite, or the ``tasks`` prompt file) with the model's own
+        sampled completions (:mod:`moescope.explore.rl_data`), ``"tasks"`` (the task suite's
+        prompts and answers), or a ``.txt`` / ``.jsonl`` file.
     Cut
         ``streaming``: cut the safetensors shards without loading the model
         (:func:`~moescope.export.streaming.export.export_streaming`; ``cluster`` clusters the
@@ -39,19 +51,26 @@ class ExportConfig:
         in-memory export would not fit in the memory available now.
     Healing
         ``heal_steps`` of distillation toward the original at ``heal_lr`` (only router rows and
-        kept experts train; :func:`moescope.export.healing.heal`).
+        kept experts train; :func:`moescope.export.healing.heal`). Capability target
+        (:mod:`moescope.export.targeting`): while the proxy's accuracy ratio is under
+        ``min_capability`` (``0``: no target), heal ``heal_round`` more steps and measure again,
+        up to ``heal_budget`` steps; the checklist's capability check then asks for
+        ``min_capability``. It needs tasks to measure and ``fidelity`` on; where either is
+        missing (or the export streams) the manifest says the target was not measured.
     Measurement
         ``fidelity``: measure fidelity and run the validity checklist (``True``, or the options
         of :func:`~moescope.export.fidelity.measure.measure_fidelity`). ``tasks``: the tasks of
         the accuracy that healing and fidelity report, and that the checklist's task capability
-        compares: ``None`` (the task suite for the toy, none otherwise), ``"toy"``, family names
-        or a ``.jsonl`` of ``{"prompt", "answer"}`` lines. Both need the model in memory.
+        compares: ``None`` (the task suite for the embedded model ``toy``, none
+        otherwise), ``"toy"`` (the task suite), family names or a ``.jsonl`` of
+        ``{"prompt", "answer"}`` lines. Both need the model in memory.
     """
 
     keep: str | float | int | None = field(
         default=None,
         metadata=flag(
-            "experts kept per layer: 0.25, 1/4 or a count like 8",
+            "experts kept per layer: 0.25, 1/4, a count like 8, or auto (the smallest share "
+            "reaching --min-capability)",
             metavar="K",
             shown="the --selection's count",
         ),
@@ -61,9 +80,26 @@ class ExportConfig:
         metadata=flag("a selection.json (e.g. notebook 01's)", metavar="FILE", shown="chosen by --method"),
     )
     method: str = field(default="cluster", metadata=flag("selection method", choices=METHODS))
+    views: str | tuple[str, ...] = field(
+        default=DEFAULT_VIEWS,
+        metadata=flag(
+            "--method paper: the distance views fused, of router, coactivation, context",
+            metavar="V,V",
+            shown=",".join(DEFAULT_VIEWS),
+        ),
+    )
+    view_weights: str | tuple[float, ...] | None = field(
+        default=None,
+        metadata=flag("--method paper: one weight per view", metavar="W,W", shown="1 per view"),
+    )
     seed: int = field(default=0, metadata=flag("seed of the selection, healing and fidelity"))
     calibration: str = field(
-        default="tasks", metadata=flag("'tasks' or a .txt/.jsonl file for routing statistics", metavar="SRC")
+        default="rl",
+        metadata=flag(
+            "routing statistics and healing on 'rl' (the replay's prompts + the model's own samples), "
+            "'tasks' or a .txt/.jsonl file",
+            metavar="SRC",
+        ),
     )
     n_tokens: int = field(default=20_000, metadata=flag("calibration tokens", metavar="N"))
     allow_top_k: bool = field(default=False, metadata=flag("allow keeping exactly top-k experts"))
@@ -78,6 +114,16 @@ class ExportConfig:
         default=0, metadata=flag("distil the proxy N steps toward the original", metavar="N")
     )
     heal_lr: float = field(default=1e-3, metadata=flag("healing learning rate", metavar="LR"))
+    min_capability: float = field(
+        default=CAPABILITY_THRESHOLD,
+        metadata=flag("heal in rounds until the proxy keeps this accuracy ratio; 0: off", metavar="R"),
+    )
+    heal_budget: int = field(
+        default=400, metadata=flag("most healing steps spent reaching --min-capability", metavar="STEPS")
+    )
+    heal_round: int = field(
+        default=50, metadata=flag("healing steps between two measurements", metavar="STEPS")
+    )
     fidelity: bool | dict[str, Any] = field(
         default=True, metadata=flag("measure fidelity and run the validity checklist")
     )
@@ -87,7 +133,7 @@ class ExportConfig:
             'task accuracy on a .jsonl of {"prompt", "answer"} lines',
             metavar="FILE",
             name="--prompts",
-            shown="the toy's tasks, none for other models",
+            shown="the task suite for toy, none for other models",
         ),
     )
 
@@ -98,12 +144,17 @@ class ExportConfig:
                 object.__setattr__(self, name, str(value))
         if isinstance(self.tasks, list | tuple):
             object.__setattr__(self, "tasks", tuple(self.tasks))
+        views, weights = paper_views(self.views, self.view_weights)  # refuses a bad view or weight
+        object.__setattr__(self, "views", views)
+        object.__setattr__(self, "view_weights", None if self.view_weights is None else weights)
         _check(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON values, what ``moescope.json`` records under ``"config"``."""
         d = asdict(self)
         d["tasks"] = list(self.tasks) if isinstance(self.tasks, tuple) else self.tasks
+        d["views"] = list(self.views)
+        d["view_weights"] = None if self.view_weights is None else list(self.view_weights)
         return d
 
     @classmethod
@@ -120,6 +171,38 @@ def _check(c: ExportConfig) -> None:
         raise MoescopeError(
             f"heal_steps={c.heal_steps} must be 0 (no healing) or a positive number of steps."
         )
+    _check_target(c)
+    if c.keep == AUTO:
+        _check_auto(c)
+
+
+def _check_target(c: ExportConfig) -> None:
+    if isinstance(c.min_capability, bool) or not 0 <= c.min_capability <= 1:
+        raise MoescopeError(
+            f"min_capability={c.min_capability!r} is no accuracy ratio; give one from 0 (no target) to 1."
+        )
+    for name in ("heal_budget", "heal_round"):
+        value = getattr(c, name)
+        if c.min_capability > 0 and (isinstance(value, bool) or value <= 0):
+            raise MoescopeError(
+                f"{name}={value!r} leaves no healing to reach min_capability={c.min_capability:g}; "
+                "give a positive number of steps, or min_capability 0 for no target."
+            )
+
+
+def _check_auto(c: ExportConfig) -> None:
+    """``keep="auto"`` measures each candidate: it needs a target, tasks and the model in memory."""
+    problems = (
+        (c.min_capability == 0, "a capability target; give min_capability above 0"),
+        (c.tasks == (), 'a task to measure; give tasks (e.g. "toy") or a prompt file'),
+        (c.selection is not None, "to choose the experts; drop the selection (it fixes the count)"),
+        (c.streaming is True, "the model in memory; drop streaming"),
+        (c.heal_steps > 0, "to heal each candidate itself; drop heal_steps (heal_budget bounds it)"),
+        (not c.fidelity, "the fidelity measurement; drop no-fidelity"),
+    )
+    for bad, needs in problems:
+        if bad:
+            raise MoescopeError(f"keep=auto needs {needs}.")
 
 
 @dataclass(frozen=True)

@@ -45,11 +45,13 @@ import torch
 from moescope._util.io import readable, replace_dir
 from moescope.errors import MoescopeError
 from moescope.explore.calibration import TASKS, calibration_batches, describe_source
+from moescope.explore.rl_data import RLCalibration, rl_pairs
 from moescope.export.fidelity.agreement import (
     Batch,
     heldout_batches,
     kl_loss,
     next_token_agreement,
+    pad_scored,
     task_batches,
 )
 from moescope.export.fidelity.measure import measure_fidelity
@@ -68,6 +70,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = ["HealingReport", "heal", "heal_proxy_dir"]
+
+BATCH_SIZE, SEQ_LEN = 32, 128
+"""Rows per healing step and the longest row, unless told otherwise."""
 
 
 # --- what trains, and proof that nothing else did --------------------------------------------------
@@ -100,11 +105,22 @@ def _verify_frozen(before: dict[str, str], model: torch.nn.Module, skip: set[str
 
 
 def training_batches(
-    data: Any, tokenizer: Any, *, batch_size: int, seq_len: int, seed: int
+    data: Any, tokenizer: Any, *, batch_size: int, seq_len: int, seed: int, model: Any = None
 ) -> Iterator[Batch]:
-    """Endless calibration batches: the seeded task training stream, or ``data`` again and again."""
+    """Endless calibration batches: the seeded task training stream, or ``data`` again and again.
+
+    RL data is scored on its sampled completions, as task data on its answers; given the
+    ``model`` it was sampled from (the original), it goes on with fresh samples of the same
+    prompt stream once its own rows are used, else its rows come round again.
+    """
     if isinstance(data, str) and data == TASKS:
         return task_batches(mixed_examples(seed=seed), tokenizer, n_tokens=2**62, batch_size=batch_size)
+    if isinstance(data, RLCalibration):
+        pad = getattr(tokenizer, "pad_token_id", None) or 0
+        pairs = itertools.cycle(data.pairs()) if model is None else rl_pairs(data, model, tokenizer)
+        return (
+            pad_scored([list(p) for p in itertools.islice(pairs, batch_size)], pad) for _ in itertools.count()
+        )
 
     def passes() -> Iterator[Batch]:
         while True:
@@ -129,15 +145,57 @@ def _train(
     cosine = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
     losses, tokens = [], 0
     for batch in itertools.islice(batches, steps):
-        loss = kl_loss(original, proxy, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        optimizer.step()
+        losses.append(_step(original, proxy, params, optimizer, batch))
         cosine.step()
-        losses.append(float(loss.detach()))
         tokens += int(batch["attention_mask"].sum())
     return losses, tokens
+
+
+def _step(
+    original: PreTrainedModel,
+    proxy: PreTrainedModel,
+    params: dict[str, torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+) -> float:
+    """One update on the KL, gradients clipped to norm 1; the loss."""
+    loss = kl_loss(original, proxy, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+    optimizer.step()
+    return float(loss.detach())
+
+
+class Distillation:
+    """A healing run that pauses: :meth:`train` some steps, measure the proxy, train on.
+
+    One Adam state at a constant ``lr`` throughout (no decay: how long it runs is not known at
+    the start), on one stream of ``batches`` that goes on where it stopped; the rounds of a
+    capability-targeted export (:mod:`moescope.export.targeting`) are one such run. What trains
+    is what :func:`heal` trains; :meth:`verify` proves every other tensor bit-identical.
+    """
+
+    def __init__(
+        self, original: PreTrainedModel, proxy: PreTrainedModel, batches: Iterator[Batch], *, lr: float
+    ) -> None:
+        self.original, self.proxy, self.batches = original, proxy, batches
+        self.params = trainable_tensors(adapt(proxy))
+        self._frozen = _digests(proxy, set(self.params))
+        self._optimizer = torch.optim.Adam(self.params.values(), lr=lr)
+        self.losses: list[float] = []
+
+    def train(self, steps: int) -> list[float]:
+        """``steps`` more updates; their losses."""
+        _check_steps(steps)
+        with _training_only(self.original, self.proxy, self.params):
+            for batch in itertools.islice(self.batches, steps):
+                self.losses.append(_step(self.original, self.proxy, self.params, self._optimizer, batch))
+        return self.losses[-steps:]
+
+    def verify(self) -> int:
+        """How many frozen tensors are bit-identical to the start (raises if one is not)."""
+        return _verify_frozen(self._frozen, self.proxy, set(self.params))
 
 
 def heal(
@@ -149,8 +207,8 @@ def heal(
     steps: int = 50,
     lr: float = 1e-3,
     seed: int = 0,
-    batch_size: int = 32,
-    seq_len: int = 128,
+    batch_size: int = BATCH_SIZE,
+    seq_len: int = SEQ_LEN,
     heldout: Any = None,
     heldout_tokens: int = 4096,
     tasks: TaskSpec = None,
@@ -162,13 +220,13 @@ def heal(
     Parameters
     ----------
     original, proxy : the source model and its proxy (loaded; the proxy is changed in place).
-    data : ``"tasks"`` (the seeded training stream of the task suite) or calibration data
-        (``.txt`` / ``.jsonl`` path or token ids), cycled as long as ``steps`` needs.
+    data : ``"tasks"`` (the seeded task training stream), RL data (sampled on as needed), or
+        calibration data (``.txt`` / ``.jsonl`` path or token ids), cycled as ``steps`` needs.
     tokenizer : the models' tokenizer; needed for text data and tasks.
     steps, lr, seed, batch_size, seq_len : the run; the same seed gives the same healed weights.
     heldout, heldout_tokens : data and token budget of the KL before and after; by default the
-        task suite's held-out pool for ``"tasks"``, else ``data`` itself (then not held out,
-        which the report says).
+        task suite's held-out pool for ``"tasks"`` and RL data, else ``data`` itself (then not
+        held out, which the report says).
     tasks, n_prompts, samples : the accuracy before and after, as in
         :func:`moescope.export.fidelity.measure.measure_fidelity` (``()`` for none).
     """
@@ -178,8 +236,8 @@ def heal(
     check, check_text = _heldout_check(data, heldout, tokenizer, n_tokens=heldout_tokens, seed=seed)
     before, _ = next_token_agreement(original, proxy, check)
     accuracy = [_accuracy(m, tokenizer, resolved, accuracy_kw) for m in (original, proxy)]
-
-    batches = training_batches(data, tokenizer, batch_size=batch_size, seq_len=seq_len, seed=seed)
+    shape = {"batch_size": batch_size, "seq_len": seq_len, "seed": seed}
+    batches = training_batches(data, tokenizer, model=original, **shape)  # RL data goes on sampling
     trained, losses, tokens, verified = _distil(original, proxy, batches, steps=steps, lr=lr)
     after, _ = next_token_agreement(original, proxy, check)
     accuracy.append(_accuracy(proxy, tokenizer, resolved, accuracy_kw))
@@ -223,7 +281,10 @@ def _distil(
 def _heldout_check(
     data: Any, heldout: Any, tokenizer: Any, *, n_tokens: int, seed: int
 ) -> tuple[list[Batch], str]:
-    """The batches healing is judged on (``heldout``, else ``data`` itself), and how to name them."""
+    """The batches healing is judged on (``heldout``, else ``data`` itself: the held-out task pool
+    for RL data, whose prompts come from the task suite's training stream), and how to name them."""
+    if heldout is None and isinstance(data, RLCalibration):
+        heldout = TASKS
     check_data = data if heldout is None else heldout
     batches = heldout_batches(check_data, tokenizer, n_tokens=n_tokens, seed=seed)
     return batches, _describe_heldout(check_data, defaulted=heldout is None)

@@ -1,37 +1,57 @@
 """The whole export: ``export_proxy(model, config, out=...)`` from a model to a proxy directory.
 
-Resolve the model, choose the experts (or take a selection), cut the proxy in memory or over
-the shards, heal and measure it if asked, write it with its manifest (which records the
-:class:`~moescope.export.config.ExportConfig`) through a temporary sibling renamed into place.
+Resolve the model, make the calibration data once (on first use: the ``"rl"`` samples take a
+generation pass), choose the experts (or take a selection), cut the proxy in memory or over the
+shards, heal it if asked, heal it toward its capability target or search the kept count
+(:mod:`moescope.export.targeting`), measure it, and write it with its manifest (which records
+the :class:`~moescope.export.config.ExportConfig`, the calibration data and the targeting)
+through a temporary sibling renamed into place.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope._util.io import check_output_dir, readable, replace_dir
 from moescope.errors import MoescopeError
-from moescope.explore.calibration import calibration_data
+from moescope.explore.calibration import calibration_data, check_source, describe_source
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
+from moescope.explore.rl_data import RLCalibration
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
-from moescope.export.config import ExportConfig, ExportInputs, configure
+from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure
+from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.fidelity.measure import manifest_sections, measure_fidelity, validity_checklist
-from moescope.export.healing import heal
+from moescope.export.healing import BATCH_SIZE, SEQ_LEN, heal, training_batches
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
 from moescope.export.result import ExportResult
 from moescope.export.streaming.export import export_streaming, needs_streaming, write_selected
 from moescope.export.surgery import build_proxy, given_selection, kept_count
-from moescope.models.accuracy import check_task_spec
+from moescope.export.targeting import (
+    CapabilityProbe,
+    Targeting,
+    keep_candidates,
+    reach_target,
+    record_fixed,
+    target_auto,
+)
+from moescope.models.accuracy import check_task_spec, resolve_tasks
 from moescope.models.loading import load_model, resolve_model
 from moescope.models.multimodal import is_multimodal, save_with_language_model
 from moescope.models.view import adapt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from moescope.export.fidelity.agreement import Batch
+
+Data = Callable[[], Any]  # the calibration data, made on the first call
 
 
 def export_proxy(
@@ -75,6 +95,7 @@ def export_proxy(
     source = resolve_model(model)
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before loading anything
     named_tasks = check_task_spec(config.tasks)  # a bad prompt file fails before anything loads
+    check_source(inputs.calibration)  # so does a calibration file without text
     streaming = config.streaming
     if streaming is None:
         streaming = needs_streaming(source, keep=config.keep, selection=inputs.selection)
@@ -119,15 +140,22 @@ def _export_in_memory(
             f"task accuracy needs a tokenizer, and {source} holds none; save the model's tokenizer "
             "into that directory, or export without prompts."
         )
-    chosen = _resolve_selection(lm, tokenizer, config, inputs, progress)
-    proxy = build_proxy(lm, chosen)
-    assessed = _heal_and_assess(lm, proxy, tokenizer, chosen, config, inputs.calibration)
+    if config.keep == AUTO and (why := _unmeasured(lm, tokenizer, config)):
+        raise MoescopeError(
+            f"keep=auto measures each candidate's task accuracy, which is not possible here: {why}."
+        )
+    data = _calibration(lm, tokenizer, config, inputs)
+    select = _selector(lm, tokenizer, config, inputs, data, progress)
+    chosen, proxy, healing, targeting = _cut_and_heal(lm, tokenizer, config, data, select)
+    assessed = _assess(lm, proxy, tokenizer, chosen, config)
     manifest = make_manifest(source, lm, proxy, chosen)
-    manifest.update(_manifest_sections(**assessed), config=inputs.record)
+    manifest.update(manifest_sections(assessed["fidelity"], assessed["checklist"], healing))
+    manifest.update(config=inputs.record, calibration=_calibration_record(data, inputs.record["calibration"]))
+    manifest.update(_targeting_section(lm, tokenizer, config, targeting))
 
     def fill(work: Path) -> None:
         if multimodal:  # the loaded language model lacks the vision tower: cut the shards instead
-            healed = bool(config.heal_steps)
+            healed = bool(healing or (targeting and targeting.chosen.steps))
             _write_multimodal(source, work, proxy, chosen, healed=healed, progress=progress)
         else:
             proxy.save_pretrained(work)
@@ -136,7 +164,9 @@ def _export_in_memory(
         readable(work)
 
     path = replace_dir(out, fill, overwrite=overwrite)
-    return ExportResult(path=path, manifest=manifest, selection=chosen, **assessed)
+    return ExportResult(
+        path=path, manifest=manifest, selection=chosen, healing=healing, targeting=targeting, **assessed
+    )
 
 
 def _write_multimodal(
@@ -164,7 +194,10 @@ def _needs_memory(what: str, later: str) -> MoescopeError:
 
 
 def _refuse_in_memory_steps(config: ExportConfig, named_tasks: Any) -> None:
-    """Healing and task accuracy need the model in memory, which a streaming export never loads."""
+    """Healing, task accuracy and ``keep=auto`` need the model in memory, which a streaming
+    export never loads."""
+    if config.keep == AUTO:
+        raise _needs_memory("keep=auto", "give a --keep")
     if config.heal_steps:
         raise _needs_memory(
             "healing", "heal the streamed proxy later with moescope.export.healing.heal_proxy_dir"
@@ -177,51 +210,136 @@ def _refuse_in_memory_steps(config: ExportConfig, named_tasks: Any) -> None:
         )
 
 
-def _heal_and_assess(
+def _calibration(lm: PreTrainedModel, tokenizer: Any, config: ExportConfig, inputs: ExportInputs) -> Data:
+    """The calibration data, made once and only when first needed (the routing pass, healing)."""
+    source, seed, n = inputs.calibration, config.seed, config.n_tokens
+    prompts = config.tasks  # "rl" samples the replay's prompts: the task suite or the prompt file
+    return functools.cache(
+        lambda: calibration_data(lm, tokenizer, source, n_tokens=n, seed=seed, prompts=prompts)
+    )
+
+
+def _calibration_record(data: Data, source: str) -> dict[str, Any]:
+    """What the manifest says of the calibration data: the RL data's counts, else its source."""
+    if not data.cache_info().currsize:  # type: ignore[attr-defined]
+        return {"source": source, "used": False}
+    made = data()
+    return (
+        made.record()
+        if isinstance(made, RLCalibration)
+        else {"source": source, "data": describe_source(made)}
+    )
+
+
+def _selector(
     lm: PreTrainedModel,
-    proxy: PreTrainedModel,
     tokenizer: Any,
-    chosen: Selection,
     config: ExportConfig,
-    calibration: Any,
-) -> dict[str, Any]:
-    """Healing (in place), then fidelity and the validity checklist of the proxy as it will be saved."""
-    seed, tasks, fidelity = config.seed, config.tasks, config.fidelity
-    healing = None
-    if config.heal_steps:
-        data = calibration_data(lm, tokenizer, calibration, seed=seed)
-        steps, lr = config.heal_steps, config.heal_lr
-        healing = heal(lm, proxy, data, tokenizer=tokenizer, steps=steps, lr=lr, seed=seed, tasks=tasks)
-    if not fidelity:
-        return {"fidelity": None, "checklist": None, "healing": healing}
-    options = {"seed": seed, "tasks": tasks, **(fidelity if isinstance(fidelity, dict) else {})}
-    held_out = calibration_data(lm, tokenizer, seed=seed + 1)
-    measured = measure_fidelity(lm, proxy, held_out, tokenizer=tokenizer, selection=chosen, **options)
-    checks = validity_checklist(lm, proxy, measured, selection=chosen)
-    return {"fidelity": measured, "checklist": checks, "healing": healing}
-
-
-def _manifest_sections(**assessed: Any) -> dict[str, Any]:
-    return manifest_sections(assessed["fidelity"], assessed["checklist"], assessed["healing"])
-
-
-def _resolve_selection(
-    lm: PreTrainedModel, tokenizer: Any, config: ExportConfig, inputs: ExportInputs, progress: bool
-) -> Selection:
-    """The given selection checked against the model, or one chosen by ``config.method``."""
+    inputs: ExportInputs,
+    data: Data,
+    progress: bool,
+) -> Callable[[Any], Selection]:
+    """``keep → Selection``: the given selection checked against the model, or experts chosen by
+    ``config.method`` from one calibration pass, whatever counts are asked of it."""
     moe = adapt(lm)
-    keep, method, seed = config.keep, config.method, config.seed
+    method, seed = config.method, config.seed
     if inputs.selection is not None:
-        return given_selection(moe, inputs.selection, keep)
-    kept_count(moe, keep, config.allow_top_k)  # refuse an impossible keep before the calibration pass
+        if config.keep == AUTO:
+            raise MoescopeError(
+                "keep=auto chooses the experts itself; drop the selection (it fixes the count)."
+            )
+        return lambda keep: given_selection(moe, inputs.selection, keep)  # type: ignore[arg-type]
+    if config.keep == AUTO:
+        keep_candidates(moe, config.allow_top_k)  # refuse a model with no count to try, before any pass
+    else:
+        kept_count(moe, config.keep, config.allow_top_k)  # refuse an impossible keep before the pass
     stats, embeddings = None, None
     if method != "random":
-        data = calibration_data(lm, tokenizer, inputs.calibration, seed=seed)
         stats = collect_routing(
-            lm, data, tokenizer=tokenizer, n_tokens=config.n_tokens, seed=seed, progress=progress
+            lm, data(), tokenizer=tokenizer, n_tokens=config.n_tokens, seed=seed, progress=progress
         )
     if method == "cluster":
         embeddings = embed_experts(lm, "multiview", stats=stats, seed=seed, progress=progress)
-    return select_experts(
-        lm, keep, method=method, embeddings=embeddings, stats=stats, seed=seed, allow_top_k=config.allow_top_k
+    options = {"method": method, "embeddings": embeddings, "stats": stats, "seed": seed}
+    if method == "paper":
+        options.update(views=config.views, view_weights=config.view_weights)
+    return lambda keep: select_experts(lm, keep, allow_top_k=config.allow_top_k, **options)
+
+
+def _cut_and_heal(
+    lm: PreTrainedModel, tokenizer: Any, config: ExportConfig, data: Data, select: Callable[[Any], Selection]
+) -> tuple[Selection, PreTrainedModel, Any, Targeting | None]:
+    """The proxy of ``config.keep`` (healed ``heal_steps``, then toward the target), or of the
+    count ``keep="auto"`` finds; with its selection, healing report and targeting record."""
+    probe = _probe(lm, tokenizer, config)
+
+    def batches() -> Iterator[Batch]:
+        options = {"batch_size": BATCH_SIZE, "seq_len": SEQ_LEN, "seed": config.seed}
+        return training_batches(data(), tokenizer, model=lm, **options)
+
+    if config.keep == AUTO:
+        assert probe is not None  # refused before the calibration pass otherwise
+        chosen, proxy, targeting = target_auto(lm, select, probe, batches(), config)
+        return chosen, proxy, None, targeting
+    chosen = select(config.keep)
+    proxy = build_proxy(lm, chosen)
+    healing = None
+    if config.heal_steps:
+        steps, lr, seed, tasks = config.heal_steps, config.heal_lr, config.seed, config.tasks
+        healing = heal(lm, proxy, data(), tokenizer=tokenizer, steps=steps, lr=lr, seed=seed, tasks=tasks)
+    if probe is None:
+        return chosen, proxy, healing, None
+    attempt = reach_target(lm, proxy, chosen, probe, batches(), config)
+    return chosen, proxy, healing, record_fixed(attempt, config)
+
+
+def _unmeasured(lm: PreTrainedModel, tokenizer: Any, config: ExportConfig) -> str:
+    """Why a capability target cannot be measured ("" when it can, or there is none)."""
+    if config.min_capability <= 0:
+        return ""
+    if not config.fidelity:
+        return "fidelity is off, so nothing is measured"
+    if tokenizer is None or resolve_tasks(config.tasks, lm) is None:
+        return 'no tasks for this model; give --prompts FILE (a .jsonl of {"prompt", "answer"} lines)'
+    return ""
+
+
+def _targeting_section(
+    lm: PreTrainedModel, tokenizer: Any, config: ExportConfig, targeting: Targeting | None
+) -> dict[str, Any]:
+    """The manifest's ``"targeting"``: the record, or why a target was not measured (or nothing)."""
+    if targeting is not None:
+        return {"targeting": targeting.to_dict()}
+    why = _unmeasured(lm, tokenizer, config)
+    return (
+        {"targeting": {"min_capability": config.min_capability, "measured": False, "why": why}} if why else {}
     )
+
+
+def _probe(lm: PreTrainedModel, tokenizer: Any, config: ExportConfig) -> CapabilityProbe | None:
+    """The capability measurement of the target, as the fidelity measurement will take it; ``None``
+    without a target, or where it cannot be measured (:func:`_unmeasured`)."""
+    if config.min_capability <= 0 or _unmeasured(lm, tokenizer, config):
+        return None
+    tasks = resolve_tasks(config.tasks, lm)
+    given = config.fidelity if isinstance(config.fidelity, dict) else {}
+    defaults = inspect.signature(measure_fidelity).parameters
+    options = {name: given.get(name, defaults[name].default) for name in ("n_prompts", "samples")}
+    seed = given.get("seed", config.seed)
+    return CapabilityProbe(lm, tokenizer, tasks, threshold=config.min_capability, seed=seed, **options)
+
+
+def _assess(
+    lm: PreTrainedModel, proxy: PreTrainedModel, tokenizer: Any, chosen: Selection, config: ExportConfig
+) -> dict[str, Any]:
+    """Fidelity and the validity checklist of the proxy as it will be saved; the capability check
+    asks for the target (the checklist's own threshold without one)."""
+    seed, tasks, fidelity = config.seed, config.tasks, config.fidelity
+    if not fidelity:
+        return {"fidelity": None, "checklist": None}
+    options = {"seed": seed, "tasks": tasks, **(fidelity if isinstance(fidelity, dict) else {})}
+    held_out = calibration_data(lm, tokenizer, seed=seed + 1)
+    measured = measure_fidelity(lm, proxy, held_out, tokenizer=tokenizer, selection=chosen, **options)
+    threshold = config.min_capability or CAPABILITY_THRESHOLD
+    checks = validity_checklist(lm, proxy, measured, selection=chosen, accuracy_threshold=threshold)
+    return {"fidelity": measured, "checklist": checks}

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from moescope.export.fidelity.measure import Fidelity
     from moescope.export.fidelity.validity import Check
     from moescope.export.healing import HealingReport
+    from moescope.export.targeting import Targeting
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class ExportResult:
     """What :func:`export_proxy` wrote, and what it measured on the way.
 
     ``embeddings`` are the weight-view vectors a streaming export clustered (when it did);
-    ``fidelity``, ``checklist`` and ``healing`` are ``None`` when not measured or not done.
+    ``fidelity``, ``checklist``, ``healing`` and ``targeting`` (the capability target's rounds
+    and, for ``keep="auto"``, the kept counts tried) are ``None`` when not measured or not done.
     """
 
     path: Path
@@ -31,12 +33,28 @@ class ExportResult:
     fidelity: Fidelity | None = None
     checklist: list[Check] | None = None
     healing: HealingReport | None = None
+    targeting: Targeting | None = None
 
     def healing_frame(self) -> pd.DataFrame:
         """Healing's record (:meth:`HealingReport.to_frame`), or one ``note`` row saying it was not done."""
         if self.healing is not None:
             return self.healing.to_frame()
+        if self.targeting is not None and self.targeting.chosen.steps:
+            steps = self.targeting.chosen.steps
+            return _note(
+                f"not healed by heal_steps; the capability target healed {steps} steps (targeting_frame)"
+            )
         return _note("not healed (heal_steps = 0)")
+
+    def targeting_frame(self) -> pd.DataFrame:
+        """The capability target's curves (:meth:`Targeting.to_frame`), or one ``note`` row saying
+        why there were none."""
+        if self.targeting is not None:
+            return self.targeting.to_frame()
+        why = self.manifest.get("targeting", {}).get("why")
+        return _note(
+            f"capability target not measured: {why}" if why else "no capability target (min_capability = 0)"
+        )
 
     def accuracy_frame(self) -> pd.DataFrame:
         """Task accuracy of original and proxy, or one ``note`` row saying why none was measured."""

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.models.embedded import EMBEDDED, embedded_path
 from moescope.models.evaluation import GREEDY, decode_completions, evaluate_tasks
 from moescope.models.tasks import TASK_FAMILIES, Example, check_tasks, score
-from moescope.models.toy import toy_path
 from moescope.provenance import config_hash
 
 if TYPE_CHECKING:
@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 TaskSpec = None | str | Path | Sequence[str]
-"""``None`` (the toy suite for the toy, else none), ``"toy"``, family names (``()``: none) or a
+"""``None`` (the task suite for an embedded model, else none), ``"toy"`` (the task suite), family
+names (``()``: none) or a
 ``.jsonl`` path of prompts and answers."""
 
 _SHAPE = 'one {"prompt": "...", "answer": "..."} object per line'
@@ -127,22 +128,30 @@ def _complete(model: Any, tokenizer: Any, examples: Sequence[Example], budget: i
 
 
 @cache
-def _toy_hash() -> str:
+def _embedded_hashes() -> frozenset[str]:
     from transformers import AutoConfig
 
-    return config_hash(AutoConfig.from_pretrained(toy_path()))
+    hashes = set()
+    for name in EMBEDDED:
+        try:
+            path = embedded_path(name)
+        except MoescopeError:  # not in this installation, so no model at hand is it
+            continue
+        hashes.add(config_hash(AutoConfig.from_pretrained(path)))
+    return frozenset(hashes)
 
 
-def is_toy(model: PreTrainedModel) -> bool:
-    """True for the embedded toy model (by config hash): the task suite is what it was trained on."""
-    return config_hash(model.config) == _toy_hash()
+def is_embedded_model(model: PreTrainedModel) -> bool:
+    """True for an embedded model such as the toy (by config hash): the task suite is what it was
+    trained on."""
+    return config_hash(model.config) in _embedded_hashes()
 
 
 def resolve_tasks(tasks: TaskSpec, original: PreTrainedModel) -> tuple[str, ...] | list[Example] | None:
     """Family names, the examples of a prompt file, or ``None`` for no task; checked before any
     model runs, so a malformed file fails in a second."""
     if tasks is None:
-        tasks = "toy" if is_toy(original) else ()
+        tasks = "toy" if is_embedded_model(original) else ()
     return check_task_spec(tasks)
 
 

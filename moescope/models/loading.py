@@ -1,4 +1,4 @@
-"""Finding, checking and loading a model given as ``toy`` or a checkpoint directory.
+"""Finding, checking and loading a model given by name (``toy``) or as a checkpoint directory.
 
 Every entry point (CLI, notebooks, library) goes through here, so a wrong path, a directory
 that is not a checkpoint, a truncated safetensors file or a dense model fails the same way:
@@ -15,30 +15,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope.errors import ModelLoadError
-from moescope.models.toy import toy_path
+from moescope.models.embedded import EMBEDDED, embedded_path, is_embedded
 
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-TOY = "toy"
+_NAMES = " or ".join(repr(name) for name in EMBEDDED)
 INDEX_FILE = "model.safetensors.index.json"
 
 
 def resolve_model(model: str | Path) -> Path:
-    """The checkpoint directory for ``model`` (``"toy"`` or a path), checked to hold a config.
+    """The checkpoint directory for ``model`` (an embedded model's name or a path), checked to hold a config.
 
     Raises
     ------
     ModelLoadError
         When the path is missing, is a file, or holds no readable ``config.json``.
     """
-    if str(model) == TOY:
-        return toy_path()
+    if is_embedded(model):
+        return embedded_path(str(model))
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelLoadError(
-            f"no such model directory: {path}; pass a local Hugging Face checkpoint directory or 'toy'."
+            f"no such model directory: {path}; pass a local Hugging Face checkpoint directory or {_NAMES}."
         )
     if path.is_file():
         raise ModelLoadError(
@@ -48,7 +48,7 @@ def resolve_model(model: str | Path) -> Path:
     if not config_file.is_file():
         raise ModelLoadError(
             f"{path} has no config.json, so it is not a Hugging Face checkpoint; pass the directory "
-            "that save_pretrained wrote (or 'toy')."
+            f"that save_pretrained wrote (or {_NAMES})."
         )
     _read_json(config_file)
     return path
@@ -138,7 +138,7 @@ def load_model(
     experts_implementation: str | None = None,
     with_tokenizer: bool = True,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
-    """Load ``model`` (``"toy"`` or a checkpoint directory) for analysis, in eval mode.
+    """Load ``model`` (an embedded model's name or a checkpoint directory) for analysis, in eval mode.
 
     Parameters
     ----------

@@ -9,35 +9,21 @@ the same data in the same order, and a resumed run sees what the killed one woul
 from __future__ import annotations
 
 import itertools
-import random
 from collections.abc import Sequence
 
-from moescope.models.accuracy import load_prompts
-from moescope.models.tasks import Example, max_answer_chars, mixed_examples
+from moescope.models.prompts import FILE_ANSWER_TOKENS, prompt_stream
+from moescope.models.tasks import Example, max_answer_chars
 from moescope.replay.config import ReplayConfig
 
-DEFAULT_MAX_NEW_TOKENS = 32
+DEFAULT_MAX_NEW_TOKENS = FILE_ANSWER_TOKENS
 
 
 def prompt_schedule(config: ReplayConfig) -> list[list[Example]]:
     """``steps`` lists of ``prompts_per_step`` examples."""
     n, per = config.steps * config.prompts_per_step, config.prompts_per_step
-    if config.prompts == "toy":
-        stream = list(itertools.islice(mixed_examples(config.tasks, seed=config.seed), n))
-    else:
-        stream = _file_stream(load_prompts(config.prompts), n, config.seed)
+    source = config.tasks if config.prompts == "toy" else config.prompts
+    stream = list(itertools.islice(prompt_stream(source, seed=config.seed), n))
     return [stream[i : i + per] for i in range(0, n, per)]
-
-
-def _file_stream(examples: Sequence[Example], n: int, seed: int) -> list[Example]:
-    out: list[Example] = []
-    for epoch in itertools.count():
-        order = list(examples)
-        random.Random(f"moescope-replay:{seed}:{epoch}").shuffle(order)
-        out += order
-        if len(out) >= n:
-            return out[:n]
-    raise AssertionError("unreachable")
 
 
 def max_new_tokens(config: ReplayConfig, schedule: Sequence[Sequence[Example]]) -> int:

@@ -48,6 +48,7 @@ from moescope._util.io import fresh_sibling, swap_into_place
 from moescope._version import __version__
 from moescope.display.notebook import QUIET_ENV
 from moescope.errors import MoescopeError
+from moescope.models.embedded import is_embedded
 from moescope.models.loading import resolve_model
 from moescope.report.html import notebook_html
 
@@ -127,7 +128,7 @@ def run_report(
     Parameters
     ----------
     model
-        ``"toy"`` or a local Hugging Face checkpoint directory.
+        ``"toy"`` (the embedded model) or a local Hugging Face checkpoint directory.
     out_dir
         Report directory; it must not exist or be empty, unless ``overwrite``.
     overwrite
@@ -216,9 +217,9 @@ def _manifest(directory: Path) -> dict[str, Any]:
 
 
 def _model_parameter(model: str | Path) -> str:
-    """The ``model`` value the notebooks get: ``"toy"`` or an absolute checkpoint path."""
+    """The ``model`` value the notebooks get: an embedded model's name or an absolute checkpoint path."""
     path = resolve_model(model)
-    return "toy" if str(model) == "toy" else str(path.absolute())
+    return str(model) if is_embedded(model) else str(path.absolute())
 
 
 def _notebook_list(notebooks: Sequence[Path] | None) -> list[Path]:

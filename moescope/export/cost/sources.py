@@ -1,4 +1,4 @@
-"""Reading what a cost is asked of: ``"toy"``, a checkpoint directory, a ``config.json``, a
+"""Reading what a cost is asked of: an embedded model's name, a checkpoint directory, a ``config.json``, a
 Hugging Face config; each refusal says in one sentence what to pass instead."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from moescope._util.io import read_json_object
 from moescope.errors import MoescopeError
-from moescope.models.loading import TOY, resolve_model
+from moescope.models.embedded import is_embedded
+from moescope.models.loading import resolve_model
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -19,9 +20,10 @@ if TYPE_CHECKING:
 
 
 def read_source(source: str | Path) -> tuple[dict[str, Any], str]:
-    """The JSON of ``"toy"``, a checkpoint directory or a config file, and a name for it."""
-    if str(source) == TOY:
-        return _read_json(resolve_model(TOY) / "config.json"), TOY
+    """The JSON of an embedded model (``"toy"``), a checkpoint directory or a config
+    file, and a name for it."""
+    if is_embedded(source):
+        return _read_json(resolve_model(source) / "config.json"), str(source)
     path = Path(source).expanduser()
     if not path.exists():
         raise MoescopeError(

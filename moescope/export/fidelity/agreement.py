@@ -77,15 +77,16 @@ def task_batches(
         answers = tokenizer([ex.answer for ex in chunk], add_special_tokens=False)["input_ids"]
         rows = [(p, a + eos) for p, a in zip(prompts, answers, strict=True)]
         left -= sum(len(p) + len(a) for p, a in rows)
-        yield _pad_scored(rows, tokenizer.pad_token_id or 0)
+        yield pad_scored(rows, tokenizer.pad_token_id or 0)
 
 
-def _pad_scored(rows: list[tuple[list[int], list[int]]], pad: int) -> Batch:
+def pad_scored(rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad: int) -> Batch:
+    """One right-padded batch of ``(context, scored)`` token rows: ``scored`` marks the second part."""
     width = max(len(p) + len(a) for p, a in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask, scored = torch.zeros_like(ids), torch.zeros((len(rows), width), dtype=torch.bool)
     for i, (prompt, answer) in enumerate(rows):
-        ids[i, : len(prompt) + len(answer)] = torch.tensor(prompt + answer, dtype=torch.long)
+        ids[i, : len(prompt) + len(answer)] = torch.tensor([*prompt, *answer], dtype=torch.long)
         mask[i, : len(prompt) + len(answer)] = 1
         scored[i, len(prompt) : len(prompt) + len(answer)] = True
     return {"input_ids": ids, "attention_mask": mask, "scored": scored}

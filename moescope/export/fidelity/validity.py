@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.fidelity.records import Check
 from moescope.export.manifest import read_manifest
 from moescope.export.surgery import expert_state_keys, weight_semantics
@@ -72,7 +73,7 @@ def validity_checklist(
     proxy: PreTrainedModel,
     fidelity: Fidelity | None = None,
     *,
-    accuracy_threshold: float = 0.8,
+    accuracy_threshold: float = CAPABILITY_THRESHOLD,
     selection: Selection | None = None,
 ) -> list[Check]:
     """The three properties, in order: backbone, routing mechanism, task capability.
@@ -426,7 +427,7 @@ def _bias_summary(moe: MoEModel) -> str:
 # --- task capability -------------------------------------------------------------------------------
 
 
-def capability_check(fidelity: Fidelity | None, threshold: float = 0.8) -> Check:
+def capability_check(fidelity: Fidelity | None, threshold: float = CAPABILITY_THRESHOLD) -> Check:
     """Proxy / original accuracy, a ratio of means over the in-window tasks (see the module docstring)."""
     frame = None if fidelity is None else fidelity.task_accuracy
     if frame is None or frame.empty:
@@ -437,14 +438,26 @@ def capability_check(fidelity: Fidelity | None, threshold: float = 0.8) -> Check
             "(moescope export --prompts FILE, or tasks= in Python)",
             {"measured": False, "threshold": threshold},
         )
+    return capability_of(frame, threshold)
+
+
+def capability_rows(frame: pd.DataFrame) -> tuple[str, pd.DataFrame, bool]:
+    """The rows of a task-accuracy frame (a :class:`Fidelity`'s ``task_accuracy``) that the
+    capability check compares: ``(mode, rows, in_window)``; sampled where measured, the tasks
+    whose original accuracy is in :data:`WINDOW`, all tasks when none is."""
     mode = "sampled" if (frame["mode"] == "sampled").any() else "greedy"
     rows = frame[frame["mode"] == mode]
     window = rows[rows["original"].between(*WINDOW)]
-    used = window if len(window) else rows
+    return mode, (window if len(window) else rows), bool(len(window))
+
+
+def capability_of(frame: pd.DataFrame, threshold: float = CAPABILITY_THRESHOLD) -> Check:
+    """The capability check of a non-empty task-accuracy frame (``task, mode, original, proxy``)."""
+    mode, used, in_window = capability_rows(frame)
     original, proxy = float(used["original"].mean()), float(used["proxy"].mean())
     ratio = proxy / original if original > 0 else math.nan
     passed = bool(ratio >= threshold)
-    scope = f"in-window tasks {list(used['task'])}" if len(window) else "all tasks (none in the window)"
+    scope = f"in-window tasks {list(used['task'])}" if in_window else "all tasks (none in the window)"
     sides = ", ".join(f"{r.task} {r.original:.2f} → {r.proxy:.2f}" for r in used.itertuples())
     figure = (
         f"accuracy ratio {ratio:.2f} {'≥' if passed else '<'} {threshold:g} ({mode}; {sides})"

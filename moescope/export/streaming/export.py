@@ -18,8 +18,9 @@ pass holds one copy buffer. With ``method="cluster"`` it holds one MoE layer's e
 a time: their weight-view sketches (the vectors ``embed_experts(model, "weights")`` gives) are
 clustered as soon as the layer is mapped, and the kept experts are written from the mapping. So
 the peak is one layer's experts plus a fixed overhead, whatever the size of the model.
-``frequency`` and ``reap`` rank experts by a calibration pass through the loaded model, so
-streaming takes them only as a selection file made beforehand.
+``frequency``, ``reap`` and ``paper`` choose by a calibration pass through the loaded model
+(``paper``'s co-activation and routed-context views are its running sums), so streaming takes
+them only as a selection file made beforehand.
 
 Examples
 --------
@@ -116,12 +117,23 @@ def export_streaming(
         done["selection"] = run.selection()
         cut = proxy_config(checkpoint.moe.config, checkpoint.moe, keep_n)
         manifest = make_manifest(checkpoint.path, checkpoint.moe.model, cut, done["selection"])
-        done["manifest"] = {**manifest, "config": inputs.record}
+        done["manifest"] = {**manifest, "config": inputs.record, **_unused_steps(config, inputs.record)}
         write_manifest(work, done["manifest"])
         readable(work)
 
     path = replace_dir(out, fill, overwrite=overwrite)
     return ExportResult(path, done["manifest"], done["selection"], embeddings=run.embeddings())
+
+
+def _unused_steps(config: ExportConfig, record: dict[str, Any]) -> dict[str, Any]:
+    """What the manifest says of the steps a streaming export skips. It reads no calibration data
+    (it clusters the weight view, or takes a selection), so ``"rl"`` has no model to sample and
+    nothing to feed; and it never loads the model, so no capability target is measured."""
+    why = "a streaming export never loads the model"
+    notes: dict[str, Any] = {"calibration": {"source": record["calibration"], "used": False, "why": why}}
+    if config.min_capability > 0:
+        notes["targeting"] = {"min_capability": config.min_capability, "measured": False, "why": why}
+    return notes
 
 
 def cut_checkpoint(checkpoint: Checkpoint, run: Pass, work: Path, shard_bytes: int, progress: bool) -> None:
@@ -153,9 +165,9 @@ def _selection_before_pass(
     if selection is not None:
         chosen = given_selection(moe, selection, config.keep)
         return chosen.keep, chosen
-    if method in ("frequency", "reap"):
+    if method in ("frequency", "reap", "paper"):
         raise MoescopeError(
-            f"the {method} selection ranks experts by a calibration pass through the loaded model, which "
+            f"the {method} selection chooses experts by a calibration pass through the loaded model, which "
             "a streaming export never loads; make a selection.json on a machine that can load it and pass "
             "--selection, or use --method cluster or random."
         )

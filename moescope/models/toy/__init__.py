@@ -3,7 +3,8 @@
 It ships inside the package (``moescope/models/toy/checkpoint/``, a standard Hugging Face checkpoint
 of a few MB), so every tour, test and demo runs offline without training. ``toy_card.json``
 beside the weights holds the recipe and the measured accuracy; ``python -m moescope.models.toy.build``
-regenerates the checkpoint.
+regenerates the checkpoint. The functions here are :mod:`moescope.models.embedded`'s for the
+name ``"toy"``.
 
 Example
 -------
@@ -15,21 +16,17 @@ Example
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moescope._util.io import replace_dir
-from moescope.errors import MoescopeError
+from moescope.models.embedded import CARD_NAME, embedded_card, embedded_path, load_embedded, write_embedded
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["CARD_NAME", "load_toy", "toy_card", "toy_path", "write_toy"]
+__all__ = ["CARD_NAME", "NAME", "load_toy", "toy_card", "toy_path", "write_toy"]
 
-CARD_NAME = "toy_card.json"
-_CHECKPOINT = Path(__file__).parent / "checkpoint"
+NAME = "toy"
 
 
 def toy_path() -> Path:
@@ -40,33 +37,17 @@ def toy_path() -> Path:
     MoescopeError
         If the checkpoint is missing from this installation.
     """
-    if not (_CHECKPOINT / "model.safetensors").is_file():
-        raise MoescopeError(
-            f"The toy checkpoint is missing from {_CHECKPOINT}; reinstall moescope or rebuild it with "
-            f"`python -m moescope.models.toy.build --out {_CHECKPOINT} --overwrite`."
-        )
-    return _CHECKPOINT
+    return embedded_path(NAME)
 
 
 def toy_card() -> dict[str, Any]:
     """The toy's card: recipe, measured accuracy, expert load, wall time and versions."""
-    return json.loads((toy_path() / CARD_NAME).read_text())
+    return embedded_card(NAME)
 
 
 def load_toy(dtype: torch.dtype | None = None) -> tuple[Any, Any]:
-    """Load the toy model (eval mode) and its tokenizer.
-
-    Parameters
-    ----------
-    dtype : torch.dtype, optional
-        Weight dtype; ``torch.float32`` (the stored precision) by default.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = toy_path()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
-    return model.eval(), AutoTokenizer.from_pretrained(path)
+    """Load the toy model (eval mode) and its tokenizer; ``dtype`` defaults to float32 (as stored)."""
+    return load_embedded(NAME, dtype)
 
 
 def write_toy(out: str | Path, *, overwrite: bool = False) -> Path:
@@ -77,9 +58,4 @@ def write_toy(out: str | Path, *, overwrite: bool = False) -> Path:
     MoescopeError
         If ``out`` exists and is not empty, unless ``overwrite``.
     """
-    src = toy_path()
-
-    def fill(tmp: Path) -> None:
-        shutil.copytree(src, tmp, dirs_exist_ok=True)
-
-    return replace_dir(Path(out), fill, overwrite=overwrite)
+    return write_embedded(NAME, out, overwrite=overwrite)

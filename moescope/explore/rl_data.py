@@ -1,0 +1,220 @@
+"""Calibration on the RL task's own data: the replay's prompts and the model's own sampled answers.
+
+Which experts a pruned model keeps is decided by the tokens its routing statistics were taken
+on (REAP found the calibration domain matters more than the method). The tokens RL trains on
+are the replay's prompts followed by the policy's own completions sampled at temperature 1, so
+that is what ``calibration="rl"`` routes: the replay's prompt stream
+(:func:`moescope.models.prompts.prompt_stream`: the task suite, or the user's prompt file; with
+the same seed the calibration prompts are the replay's first prompts), each prompt tokenized as
+a rollout tokenizes it, then one completion the model samples for it (pure temperature
+sampling, seeded, within the replay's budget of new tokens).
+
+The result, :class:`RLCalibration`, is plain token ids: the routing pass reads its rows as it
+reads any token ids, healing scores the completion tokens only (as it scores the answers of task
+data) and, given the model, goes on sampling fresh rows of the same stream
+(:func:`rl_pairs`), and :meth:`RLCalibration.record` is what the proxy's manifest says of it.
+
+Example
+-------
+>>> from moescope.models.toy import load_toy
+>>> model, tok = load_toy()
+>>> data = sample_rl_calibration(model, tok, n_tokens=200, seed=0)
+>>> data.n_tokens >= 200 and data.record()["completions"] == len(data.prompts)
+True
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moescope.errors import MoescopeError
+from moescope.models.accuracy import TaskSpec
+from moescope.models.prompts import answer_budget, is_prompt_file, prompt_stream
+
+RL = "rl"
+"""The ``calibration`` value that selects the replay's prompts plus the model's own completions."""
+
+_BATCH = 128  # prompts per generate call; part of what a seed reproduces
+Pair = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class RLCalibration:
+    """Replay prompts and one sampled completion each, as token ids.
+
+    Attributes
+    ----------
+    prompts : the prompt token ids, as a rollout tokenizes them (special tokens included).
+    completions : the sampled token ids, up to and including end-of-sequence (all
+        ``max_new_tokens`` of them when the model never ended).
+    seed, temperature, max_new_tokens : how they were sampled.
+    source : the prompt source (``None``: the task suite; family names; a prompt file).
+    eos_token_id : the tokenizer's end-of-sequence id, which ends a completion.
+    """
+
+    prompts: tuple[tuple[int, ...], ...]
+    completions: tuple[tuple[int, ...], ...]
+    seed: int
+    temperature: float
+    max_new_tokens: int
+    source: TaskSpec = None
+    eos_token_id: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def rows(self) -> list[list[int]]:
+        """``prompt + completion`` per prompt: the documents of the routing pass."""
+        return [list(p) + list(c) for p, c in zip(self.prompts, self.completions, strict=True)]
+
+    def pairs(self) -> list[Pair]:
+        """``(prompt, completion)`` per prompt: healing scores the completion's tokens."""
+        return list(zip(self.prompts, self.completions, strict=True))
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(p) + len(c) for p, c in zip(self.prompts, self.completions, strict=True))
+
+    def record(self) -> dict[str, Any]:
+        """What the manifest records of the calibration data (JSON values)."""
+        completion_tokens = sum(len(c) for c in self.completions)
+        ended = sum(bool(c) and c[-1] == self.eos_token_id for c in self.completions)
+        return {
+            "source": RL,
+            "prompt_source": _name(self.source),
+            "prompts": len(self.prompts),
+            "completions": len(self.completions),
+            "tokens": self.n_tokens,
+            "prompt_tokens": self.n_tokens - completion_tokens,
+            "completion_tokens": completion_tokens,
+            "truncated": len(self.completions) - ended,
+            "sampled": True,
+            "temperature": self.temperature,
+            "max_new_tokens": self.max_new_tokens,
+            "seed": self.seed,
+        }
+
+    def describe(self) -> str:
+        """One line, as :func:`moescope.explore.calibration.describe_source` names data."""
+        return f"RL prompts + own samples ({len(self)} prompts, {self.n_tokens} tokens, seed {self.seed})"
+
+
+def sample_rl_calibration(
+    model: Any,
+    tokenizer: Any,
+    *,
+    n_tokens: int,
+    seed: int = 0,
+    prompts: TaskSpec = None,
+    temperature: float = 1.0,
+) -> RLCalibration:
+    """Replay prompts and the model's own completions, until they hold at least ``n_tokens`` tokens.
+
+    Parameters
+    ----------
+    model, tokenizer : a causal LM and its tokenizer (end-of-sequence defined).
+    n_tokens : tokens wanted, prompts and completions together (the calibration budget).
+    seed : the prompt stream's seed (the replay's ``seed``) and the sampling seed: the same seed
+        gives the same rows.
+    prompts : the replay's prompts: the task suite (``None``), some of its families, or a
+        ``.jsonl`` prompt file (see :func:`moescope.models.prompts.prompt_stream`).
+    temperature : sampling temperature (the replay's default, 1).
+    """
+    pairs: list[Pair] = []
+    total = 0
+    for chunk in _chunks(model, tokenizer, prompts, seed, temperature, first=0):
+        pairs += chunk
+        total += sum(len(p) + len(c) for p, c in chunk)
+        if total >= n_tokens:  # whole chunks only, so that rl_pairs can go on from here
+            break
+    return RLCalibration(
+        tuple(p for p, _ in pairs),
+        tuple(c for _, c in pairs),
+        seed,
+        temperature,
+        answer_budget(prompts),
+        prompts,
+        tokenizer.eos_token_id,
+    )
+
+
+def rl_pairs(data: RLCalibration, model: Any, tokenizer: Any) -> Iterator[Pair]:
+    """Endless ``(prompt, completion)`` pairs: those of ``data``, then fresh ones sampled from
+    ``model`` further along the same stream (healing trains on new rows, never the same again)."""
+    yield from data.pairs()
+    first = len(data) // _BATCH
+    for chunk in _chunks(model, tokenizer, data.source, data.seed, data.temperature, first=first):
+        yield from chunk
+
+
+def _chunks(
+    model: Any, tokenizer: Any, source: TaskSpec, seed: int, temperature: float, *, first: int
+) -> Iterator[list[Pair]]:
+    """Chunks of :data:`_BATCH` sampled pairs of the prompt stream, from chunk ``first`` on."""
+    if tokenizer is None or tokenizer.eos_token_id is None:
+        raise MoescopeError(
+            "calibration 'rl' samples the model's own answers and needs its tokenizer with an "
+            "end-of-sequence token; save the tokenizer with the model, or pass --calibration tasks."
+        )
+    budget = answer_budget(source)
+    stream = itertools.islice(prompt_stream(source, seed=seed), first * _BATCH, None)
+    for chunk in itertools.count(first):
+        texts = [ex.prompt for ex in itertools.islice(stream, _BATCH)]
+        ids = [tuple(row) for row in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+        sampled = _sample(model, tokenizer, ids, budget, temperature, _chunk_seed(seed, chunk))
+        yield list(zip(ids, sampled, strict=True))
+
+
+def _name(source: TaskSpec) -> str | list[str]:
+    if is_prompt_file(source):
+        return Path(source).name  # type: ignore[arg-type]
+    return "task suite" if source is None or isinstance(source, str) or not source else list(source)
+
+
+def _chunk_seed(seed: int, chunk: int) -> int:
+    return zlib.crc32(f"moescope-rl-calibration:{seed}:{chunk}".encode())
+
+
+def _sample(
+    model: Any, tokenizer: Any, prompts: list[tuple[int, ...]], budget: int, temperature: float, seed: int
+) -> list[tuple[int, ...]]:
+    """One completion per prompt (left-padded batch), cut after end-of-sequence."""
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    device = next(model.parameters()).device
+    rows = [torch.tensor(p, dtype=torch.long) for p in prompts]
+    ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad, padding_side="left")
+    mask = torch.nn.utils.rnn.pad_sequence(
+        [torch.ones_like(r) for r in rows], batch_first=True, padding_side="left"
+    )
+    was_training = model.training
+    devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):  # leaves the caller's stream as is
+            torch.manual_seed(seed)
+            out = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=budget,
+                pad_token_id=pad,
+                eos_token_id=eos,
+            )
+    finally:
+        model.train(was_training)
+    return [_until_eos(row, eos) for row in out[:, ids.shape[1] :].tolist()]
+
+
+def _until_eos(row: list[int], eos: int) -> tuple[int, ...]:
+    return tuple(row[: row.index(eos) + 1]) if eos in row else tuple(row)
