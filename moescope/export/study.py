@@ -29,12 +29,16 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"  # where a checkout keeps th
 AGREEING_VERDICTS = ("reproduced", "both healthy")
 # The two faults the paper injected, each with the curves that show it there: old log-probs from a
 # low-precision rollout (log-prob drift, the PPO ratio's KL) and the actor update skipped (the
-# policy never leaves the reference, so its KL stays 0, and rewards stagnate).
+# policy stops moving away from the reference, so its KL stops growing). The paper also reads
+# reward stagnation; over a short replay the reward's second-half mean moves by noise (+0.005 on
+# the toy under omission, 12 steps, measured), so it is not a criterion here.
 PAPER_FAULTS = {
     "rollout_logprob_precision": (S.LOGPROB_MISMATCH, S.PPO_KL),
-    "update_omission": (S.KL, S.REWARD_MEAN),
+    "update_omission": (S.KL,),
 }
-EFFECT_METRICS = tuple(dict.fromkeys(m for ms in PAPER_FAULTS.values() for m in ms))
+# Logged only where a separate rollout engine computes log-probs: a run without it has none.
+_ZERO_WHEN_ABSENT = (S.LOGPROB_MISMATCH,)
+EFFECT_METRICS = (*dict.fromkeys(m for ms in PAPER_FAULTS.values() for m in ms), S.REWARD_MEAN)
 
 
 def read_study(path: str | Path) -> dict[str, Any]:
@@ -162,7 +166,8 @@ def run_summary(steps: list[dict[str, Any]]) -> dict[str, float]:
     0.75
     """
     late = steps[len(steps) // 2 :]
-    summary = {m: mean_of([_number(s.get(m)) for s in late]) for m in EFFECT_METRICS}
+    summary = {m: mean_of([_number(s.get(m, 0.0 if m in _ZERO_WHEN_ABSENT else None)) for s in late])
+               for m in EFFECT_METRICS}  # fmt: skip
     summary["no_signal"] = mean_of([_number(s.get(S.NO_SIGNAL_FRAC)) for s in steps])
     return summary
 
