@@ -2,7 +2,7 @@
 
 For keep in {1/2, 1/4, 1/8} x selection in {paper, cluster, frequency, REAP, random} x seed
 (plus the ``paper`` method's view ablations at the ``--ablation-keeps``), a proxy of the model
-(``toy``) is exported, unhealed or capability-targeted (``--targeted``: healed in
+(``toy`` or ``toy-v3``) is exported, unhealed or capability-targeted (``--targeted``: healed in
 rounds until it keeps the checklist's accuracy ratio or the budget is spent); then the model and
 every proxy replay the same short GRPO run — healthy, and under each injected fault — with the
 same data, sampling seeds and precision. Each proxy trace is compared with the original's trace
@@ -51,7 +51,7 @@ from moescope.export.study import (
     study_summary,
 )
 
-MODELS = ("toy",)
+MODELS = ("toy", "toy-v3")
 KEEPS = ("1/2", "1/4", "1/8")
 METHODS = ("paper", "cluster", "frequency", "reap", "random")
 # the paper method on one view, or two, instead of all three: METHOD/VIEW[+VIEW]

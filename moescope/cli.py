@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from moescope.export.targeting import Targeting
 
 DEMO_DIR = Path("moescope-demo")
-MODEL_HELP = "a local Hugging Face checkpoint directory, or 'toy' (the embedded model)"
+MODEL_HELP = "a local Hugging Face checkpoint directory, or 'toy' / 'toy-v3' (the embedded models)"
 
 # Each command imports its stage when it runs, not at the top: torch and transformers take
 # seconds to import, and `moescope --help` or `moescope diagnose` never need them.
@@ -66,7 +66,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
     )
 
     if args.model is None and not args.reference:
-        raise MoescopeError("give a MODEL (checkpoint directory, config.json, or 'toy'), or --reference.")
+        raise MoescopeError(
+            "give a MODEL (checkpoint directory, config.json, 'toy' or 'toy-v3'), or --reference."
+        )
     given = {"device_memory_gb": args.device_memory, "usable_fraction": args.usable_fraction}
     memory = TrainingMemory(**{key: value for key, value in given.items() if value is not None})
     options = {"memory": memory, "step_time_s": args.step_time, "rounding": args.round}

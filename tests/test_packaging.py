@@ -81,3 +81,12 @@ def test_every_subpackage_ships_in_a_wheel() -> None:
         if "checkpoint" not in init.parts
     }
     assert found <= listed, sorted(found - listed)
+
+
+def test_every_embedded_checkpoint_ships_in_a_wheel() -> None:
+    """Each embedded model's checkpoint (weights, tokenizer, card) is package data of its subpackage."""
+    from moescope.models.embedded import EMBEDDED
+
+    data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    assert {f"moescope.models.{package}" for package in EMBEDDED.values()} <= set(data)
+    assert all(data[f"moescope.models.{package}"] == ["checkpoint/*"] for package in EMBEDDED.values())

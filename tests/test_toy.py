@@ -14,7 +14,7 @@ from transformers import AutoConfig
 import moescope.models.embedded as embedded_module
 from moescope._util.io import replace_dir
 from moescope.errors import MoescopeError
-from moescope.models.embedded import EMBEDDED, embedded_path, load_embedded
+from moescope.models.embedded import EMBEDDED, embedded_card, embedded_path, load_embedded
 from moescope.models.evaluation import evaluate_tasks, generate_answers
 from moescope.models.tasks import TASK_FAMILIES, Example, heldout, score
 from moescope.models.toy import load_toy, toy_card, toy_path, write_toy
@@ -126,8 +126,13 @@ def test_easy_families_are_solved_greedily(toy) -> None:
 
 
 @pytest.mark.slow
-def test_measurement_agrees_with_the_card(measured) -> None:
-    card = {r["task"]: r for r in toy_card()["accuracy"]["results"]}
+@pytest.mark.parametrize("name", list(EMBEDDED))
+def test_measurement_agrees_with_the_card(name: str, measured) -> None:
+    card = embedded_card(name)
+    if name != "toy":  # the toy's own measurement is shared with the test above
+        model, tok = load_embedded(name)
+        measured = evaluate_tasks(model, tok, MIXED_FAMILIES, **eval_settings(card["recipe"]))
+    card = {r["task"]: r for r in card["accuracy"]["results"]}
     for r in measured.results:
         for mode, count in (("greedy", r.n), ("sampled", r.n * measured.samples)):
             p = card[r.task][mode]
@@ -184,3 +189,5 @@ def test_missing_checkpoint_is_a_clear_error(monkeypatch, tmp_path: Path) -> Non
     monkeypatch.setattr(embedded_module, "_MODELS_DIR", tmp_path / "nowhere")
     with pytest.raises(MoescopeError, match=r"moescope\.models\.toy\.build"):
         toy_path()
+    with pytest.raises(MoescopeError, match=r"moescope\.models\.toy_v3\.build"):
+        embedded_module.embedded_path("toy-v3")

@@ -61,7 +61,7 @@ class ExportConfig:
         ``fidelity``: measure fidelity and run the validity checklist (``True``, or the options
         of :func:`~moescope.export.fidelity.measure.measure_fidelity`). ``tasks``: the tasks of
         the accuracy that healing and fidelity report, and that the checklist's task capability
-        compares: ``None`` (the task suite for the embedded model ``toy``, none
+        compares: ``None`` (the task suite for the embedded models ``toy`` and ``toy-v3``, none
         otherwise), ``"toy"`` (the task suite), family names or a ``.jsonl`` of
         ``{"prompt", "answer"}`` lines. Both need the model in memory.
     """
@@ -133,7 +133,7 @@ class ExportConfig:
             'task accuracy on a .jsonl of {"prompt", "answer"} lines',
             metavar="FILE",
             name="--prompts",
-            shown="the task suite for toy, none for other models",
+            shown="the task suite for toy and toy-v3, none for other models",
         ),
     )
 

@@ -142,7 +142,7 @@ def _embedded_hashes() -> frozenset[str]:
 
 
 def is_embedded_model(model: PreTrainedModel) -> bool:
-    """True for an embedded model such as the toy (by config hash): the task suite is what it was
+    """True for an embedded model, toy or toy-v3 (by config hash): the task suite is what it was
     trained on."""
     return config_hash(model.config) in _embedded_hashes()
 

@@ -7,10 +7,12 @@ table from name to subpackage, so loading, the command line, cost and task accur
 embedded model by name without an ``if`` per model.
 
 - ``toy``: a Qwen3-MoE, 32 routed experts, top-2, softmax routing (:mod:`moescope.models.toy`).
+- ``toy-v3``: a DeepSeek-V3, 64 fine-grained routed experts, top-6, 4 shared experts, sigmoid
+  routing with a correction bias and grouped top-k (:mod:`moescope.models.toy_v3`).
 
 Example
 -------
->>> embedded_path("toy").name, is_embedded("toy"), is_embedded("toy.json")
+>>> embedded_path("toy-v3").name, is_embedded("toy"), is_embedded("toy.json")
 ('checkpoint', True, False)
 """
 
@@ -40,7 +42,7 @@ __all__ = [
 CARD_NAME = "toy_card.json"
 """The card beside each embedded checkpoint (the same name for every embedded model)."""
 
-EMBEDDED: dict[str, str] = {"toy": "toy"}
+EMBEDDED: dict[str, str] = {"toy": "toy", "toy-v3": "toy_v3"}
 """Embedded model name → its subpackage of :mod:`moescope.models`."""
 
 _MODELS_DIR = Path(__file__).parent

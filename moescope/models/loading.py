@@ -1,4 +1,4 @@
-"""Finding, checking and loading a model given by name (``toy``) or as a checkpoint directory.
+"""Finding, checking and loading a model given by name (``toy``, ``toy-v3``) or as a checkpoint directory.
 
 Every entry point (CLI, notebooks, library) goes through here, so a wrong path, a directory
 that is not a checkpoint, a truncated safetensors file or a dense model fails the same way:

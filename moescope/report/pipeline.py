@@ -128,7 +128,7 @@ def run_report(
     Parameters
     ----------
     model
-        ``"toy"`` (the embedded model) or a local Hugging Face checkpoint directory.
+        ``"toy"``, ``"toy-v3"`` (the embedded models) or a local Hugging Face checkpoint directory.
     out_dir
         Report directory; it must not exist or be empty, unless ``overwrite``.
     overwrite

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def read_source(source: str | Path) -> tuple[dict[str, Any], str]:
-    """The JSON of an embedded model (``"toy"``), a checkpoint directory or a config
+    """The JSON of an embedded model (``"toy"``, ``"toy-v3"``), a checkpoint directory or a config
     file, and a name for it."""
     if is_embedded(source):
         return _read_json(resolve_model(source) / "config.json"), str(source)

@@ -207,7 +207,7 @@ def measure_fidelity(
     data : ``"tasks"`` (the task suite's held-out pool) or held-out calibration data.
     tokenizer : the original's; loaded with it when the original is a path.
     n_tokens : real-token budget of the held-out pass.
-    tasks : ``None`` (the task suite for toy, else none), ``"toy"``, family names, ``()`` or a
+    tasks : ``None`` (the task suite for toy and toy-v3, else none), ``"toy"``, family names, ``()`` or a
         ``.jsonl`` path of ``{"prompt", "answer"}`` (see :func:`task_accuracy`).
     seed : sampling seed of the task accuracy.
     selection : which original experts the proxy keeps; found from the proxy's manifest or its

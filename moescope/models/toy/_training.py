@@ -302,20 +302,20 @@ def _card(model: PreTrainedModel, r: Recipe, history: list[dict], measured: tupl
     }
 
 
-Fit = Callable[["PreTrainedModel", Any, Callable[[int, dict], None]], list[dict[str, float]]]
-"""``(model, tokenizer, on_step) → history``: a build's training run (see :func:`train`)."""
+Fit = Callable[["PreTrainedModel", Any, Any, Callable[[int, dict], None]], list[dict[str, float]]]
+"""``(model, tokenizer, recipe, on_step) → history``: a build's training run (see :func:`train`)."""
 
 
 def build_embedded(
     out: str | Path,
     r: Recipe,
-    make_model: Callable[[], PreTrainedModel],
+    make_model: Callable[[Any], PreTrainedModel],
     fit: Fit,
     *,
     overwrite: bool = False,
     log: Callable[[str], Any] = print,
 ) -> Path:
-    """Make a model, train it with ``fit``, measure it and write it plus its card to ``out`` atomically.
+    """``make_model(r)``, train it with ``fit``, measure it and write it plus its card to ``out`` atomically.
 
     Runs on ``r.threads`` threads (part of what makes the weights bit-identical) and restores the
     caller's thread count afterwards.
@@ -332,7 +332,7 @@ def build_embedded(
 def _build(
     out: str | Path,
     r: Recipe,
-    make_model: Callable[[], PreTrainedModel],
+    make_model: Callable[[Any], PreTrainedModel],
     fit: Fit,
     *,
     overwrite: bool,
@@ -341,14 +341,14 @@ def _build(
     t0 = time.perf_counter()
     torch.manual_seed(r.seed)
     tok = build_tokenizer()
-    model = make_model()
+    model = make_model(r)
 
     def progress(step: int, parts: dict) -> None:
         if (step + 1) % 100 == 0:
             losses = "  ".join(f"{k} {v:.3f}" for k, v in parts.items())
             log(f"step {step + 1}/{r.steps}  {losses}  {time.perf_counter() - t0:.0f} s")
 
-    history = fit(model, tok, progress)
+    history = fit(model, tok, r, progress)
     train_s = time.perf_counter() - t0
 
     def fill(tmp: Path) -> None:

@@ -30,7 +30,15 @@ from moescope.models.toy._training import (
 )
 from moescope.models.toy.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 
-__all__ = ["ToyRecipe", "build", "eval_settings", "model_config", "per_layer_aux_loss", "train_toy"]
+__all__ = [
+    "ToyRecipe",
+    "build",
+    "eval_settings",
+    "make_model",
+    "model_config",
+    "per_layer_aux_loss",
+    "train_toy",
+]
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,11 @@ def model_config(r: ToyRecipe) -> Qwen3MoeConfig:
     )
 
 
+def make_model(r: ToyRecipe) -> Qwen3MoeForCausalLM:
+    """A freshly initialised toy (under the caller's seed)."""
+    return Qwen3MoeForCausalLM(model_config(r))
+
+
 def per_layer_aux_loss(
     router_logits: tuple[torch.Tensor, ...], mask: torch.Tensor, r: ToyRecipe
 ) -> torch.Tensor:
@@ -107,20 +120,8 @@ def build(
     out: str | Path, r: ToyRecipe | None = None, *, overwrite: bool = False, log: Callable[[str], Any] = print
 ) -> Path:
     """Train the toy model under recipe ``r``, measure it and write it to ``out`` atomically."""
-    r = r or ToyRecipe()
-    return build_embedded(
-        out,
-        r,
-        lambda: Qwen3MoeForCausalLM(model_config(r)),
-        lambda model, tok, on_step: train_toy(model, tok, r, on_step),
-        overwrite=overwrite,
-        log=log,
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    return build_main(argv, "python -m moescope.models.toy.build", __doc__, build)
+    return build_embedded(out, r or ToyRecipe(), make_model, train_toy, overwrite=overwrite, log=log)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(build_main(None, "python -m moescope.models.toy.build", __doc__, build))
