@@ -38,15 +38,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.study import (
+    ALSO_REPORTED,
     CURVE_METRICS,
     PAPER_FAULTS,
-    fault_effects,
     healing_effect,
     mean_of,
     no_signal_table,
+    paper_fault_agreement,
     read_study,
     run_summary,
+    study_file,
     study_frame,
     study_summary,
 )
@@ -208,10 +211,15 @@ def run(
                     "summary": r["summary"],
                 }
             )
-    full = (keeps, methods, faults) == (KEEPS, METHODS + ABLATIONS, tuple(FAULTS))
+    subset = [
+        f"--{name} {' '.join(given)}"
+        for name, given, default in (("keeps", keeps, KEEPS), ("methods", methods, METHODS + ABLATIONS),
+                                     ("faults", faults, tuple(FAULTS)))
+        if tuple(given) != default
+    ]  # fmt: skip
     return {
         "command": f"python bench/fidelity_study.py --model {model} --seeds {seeds} --steps {steps} "
-        f"--workers {workers}" + (" --targeted" if targeted else "") + ("" if full else " (a subset)"),
+        f"--workers {workers}" + (" --targeted" if targeted else "") + "".join(f" {s}" for s in subset),
         "model": model,
         "targeted": targeted,
         "heal_steps": 0,
@@ -285,8 +293,8 @@ def capability_lines(result: dict[str, Any]) -> list[str]:
         f"## Proxy capability: accuracy ratio proxy / {_model(result)} (mean over seeds), next-token KL",
         "",
         "Each cell: accuracy ratio (KL)"
-        + (", ratio before healing → after, mean healing steps" if targeted else "")
-        + ". The capability check of the validity checklist passes at 0.5.",
+        + ("; from: the ratio before healing, and the mean healing steps spent" if targeted else "")
+        + f". The validity checklist's capability check passes at {CAPABILITY_THRESHOLD:g}.",
         "",
         "| keep | " + " | ".join(result["methods"]) + " |",
         "|---|" + "---|" * len(result["methods"]),
@@ -303,7 +311,7 @@ def capability_lines(result: dict[str, Any]) -> list[str]:
             if targeted:
                 before = mean_of([p.get("capability_unhealed") for p in picked])
                 steps = mean_of([p.get("heal_steps") for p in picked])
-                cell += f", {_fmt(before)} → healed, {_fmt(steps, '{:.0f}')} steps"
+                cell += f", from {_fmt(before)} in {_fmt(steps, '{:.0f}')} steps"
             cells.append(cell)
         lines.append(f"| {keep} | " + " | ".join(cells) + " |")
     return lines
@@ -332,10 +340,10 @@ def no_signal_lines(result: dict[str, Any]) -> list[str]:
 def paper_fault_lines(result: dict[str, Any]) -> list[str]:
     """The paper's two faults judged the paper's way: does each fault move its curves in the same
     direction on the proxy as on the original (each against its own healthy run)?"""
-    effects = fault_effects(result)
-    if effects.empty:
+    agrees = paper_fault_agreement(result)
+    if agrees.empty:
         return []
-    lines = [
+    return [
         "## The paper's two faults: the same effect, in the same direction",
         "",
         "Share of proxy runs where the fault moves every one of its curves (second-half mean, against the "
@@ -343,14 +351,22 @@ def paper_fault_lines(result: dict[str, Any]) -> list[str]:
         + "; ".join(f"{fault}: {', '.join(metrics)}" for fault, metrics in PAPER_FAULTS.items())
         + ".",
         "",
-        "| fault | keep | " + " | ".join(result["methods"]) + " |",
-        "|---|---|" + "---|" * len(result["methods"]),
+        *_share_table(agrees, result),
+        "",
+        "Outside the criterion, the same share for curves that over a 12-step run move by less than "
+        "the original's own noise (their sign is chance): "
+        + "; ".join(f"{fault}: {', '.join(metrics)}" for fault, metrics in ALSO_REPORTED.items())
+        + ".",
+        "",
+        *_share_table(paper_fault_agreement(result, "also agrees"), result),
     ]
-    share = effects.groupby(["fault", "keep", "method"])["agrees"].mean()
-    for fault in PAPER_FAULTS:
-        for keep in result["keeps"]:
-            cells = [_fmt(share.get((fault, keep, m))) for m in result["methods"]]
-            lines.append(f"| {fault} | {keep} | " + " | ".join(cells) + " |")
+
+
+def _share_table(shares: Any, result: dict[str, Any]) -> list[str]:
+    methods = result["methods"]
+    lines = ["| fault | keep | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    for (fault, keep), row in shares.iterrows():
+        lines.append(f"| {fault} | {keep} | " + " | ".join(_fmt(row.get(m)) for m in methods) + " |")
     return lines
 
 
@@ -470,10 +486,9 @@ def write_chart(result: dict[str, Any], path: Path) -> None:
     path.write_text(vl_convert.vegalite_to_svg(study_chart(study_summary(study_frame(result))).to_dict()))
 
 
-def stem_for(out: Path, model: str, targeted: bool = False, heal_steps: int = 0) -> Path:
-    """``OUT/fidelity-study[-MODEL][-targeted|-healed]``: the toy's unhealed study keeps its old name."""
-    name = "fidelity-study" + ("" if model == "toy" else f"-{model}")
-    return out / (name + ("-targeted" if targeted else "-healed" if heal_steps else ""))
+def stem_for(out: Path, model: str, targeted: bool = False) -> Path:
+    """``OUT/fidelity-study[-MODEL][-targeted]`` (:func:`moescope.export.study.study_file`)."""
+    return out / Path(study_file(model, targeted)).stem
 
 
 def main() -> None:

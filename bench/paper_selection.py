@@ -1,21 +1,23 @@
-"""How much task skill each selection keeps on the embedded toy: ``paper`` by view, and the baselines.
+"""How much task skill each selection keeps on an embedded model: ``paper`` by view, and the baselines.
 
-For every keep, method (and view subset of ``paper``) and calibration seed, the experts are
-chosen from one calibration pass over the task suite (20,000 tokens, as ``moescope export``
-does), the proxy is cut in memory and its sampled accuracy measured on the held-out prompts at
-each sampling seed. The figure is the capability ratio pooled over all of those runs: the
-proxy's summed accuracy over the original's, on the tasks whose original accuracy lies in the
-validity checklist's RL window (``add2`` and ``add3`` on the toy). One run moves a lot: a single
-kept expert can change a task's accuracy by 0.2, and the checklist's own ratio counts whichever
-tasks are in the window at its sampling seed, so the pooled figure is the one to compare;
-``check`` is the checklist's ratio at calibration and sampling seed 0 (what
+For every keep, method (and view subset of ``paper``) and calibration seed, the experts are chosen
+from one calibration pass (20,000 tokens, as ``moescope export`` does; ``--calibration``
+``tasks``, the task suite's prompts and answers, or ``rl``, the replay's prompts with the model's
+own samples, the export's default), the proxy is cut in memory and its sampled accuracy measured
+on the held-out prompts at each sampling seed. The figure is the capability ratio pooled over all
+of those runs: the proxy's summed accuracy over the original's, on the tasks whose original
+accuracy lies in the validity checklist's RL window (``add2`` and ``add3`` on the toy). One run
+moves a lot: a single kept expert can change a task's accuracy by 0.2, and the checklist's own
+ratio counts whichever tasks are in the window at its sampling seed, so the pooled figure is the
+one to compare; ``check`` is the checklist's ratio at calibration and sampling seed 0 (what
 ``moescope export toy --calibration tasks`` prints).
 
 ``paper (routed tokens)`` is the paper's own representative rule (the most frequently routed
 member, K-Medoids started from the most routed experts) in place of moescope's (largest routed
 contribution), with all three views: the measurement behind that choice.
 
-    .venv/bin/python bench/paper_selection.py [--keeps 1/2 1/4] [--calibration-seeds 3] [--sampling-seeds 2]
+    .venv/bin/python bench/paper_selection.py [--model toy] [--calibration tasks] [--keeps 1/2 1/4]
+        [--calibration-seeds 3] [--sampling-seeds 2]
 
 prints one markdown table (and writes it to ``--out`` when given). It reports; it does not pass or fail.
 """
@@ -46,11 +48,12 @@ from moescope.export.fidelity.measure import pair_accuracy
 from moescope.export.fidelity.validity import WINDOW, capability_check
 from moescope.export.surgery import build_proxy
 from moescope.models.accuracy import model_accuracy, resolve_tasks
-from moescope.models.toy import load_toy
+from moescope.models.embedded import EMBEDDED, load_embedded
 
 ALL_VIEWS = "router,coactivation,context"
 VARIANTS: dict[str, dict[str, Any]] = {
-    "paper (default: router)": {"method": "paper"},
+    f"paper (default: {'+'.join(paper.DEFAULT_VIEWS)})": {"method": "paper"},
+    "paper router": {"method": "paper", "views": "router"},
     "paper coactivation": {"method": "paper", "views": "coactivation"},
     "paper context": {"method": "paper", "views": "context"},
     "paper router+coactivation": {"method": "paper", "views": "router,coactivation"},
@@ -78,15 +81,15 @@ def routed_tokens_importance(on: bool) -> Iterator[None]:
 
 
 class Bench:
-    """The toy, its calibration statistics per seed, and the original's accuracy per sampling seed."""
+    """The model, its calibration statistics per seed, and the original's accuracy per sampling seed."""
 
-    def __init__(self, calibration_seeds: int, sampling_seeds: int) -> None:
-        self.model, self.tokenizer = load_toy()
+    def __init__(self, model: str, calibration: str, calibration_seeds: int, sampling_seeds: int) -> None:
+        self.model, self.tokenizer = load_embedded(model)
         self.tasks = resolve_tasks("toy", self.model)
         self.stats = {
             seed: collect_routing(
                 self.model,
-                calibration_data(self.model, self.tokenizer, TASKS, seed=seed),
+                calibration_data(self.model, self.tokenizer, calibration, seed=seed),
                 tokenizer=self.tokenizer,
                 n_tokens=20_000,
                 seed=seed,
@@ -128,10 +131,12 @@ class Bench:
         return {"pooled": pooled["proxy"].sum() / pooled["original"].sum(), "check": check}
 
 
-def table(results: dict[tuple[str, str], dict[str, float]], keeps: list[str], window: list[str]) -> str:
+def table(
+    results: dict[tuple[str, str], dict[str, float]], keeps: list[str], window: list[str], how: str
+) -> str:
     head = " | ".join(f"keep {k} pooled | keep {k} check" for k in keeps)
     lines = [
-        f"Capability ratio on the toy's in-window tasks ({', '.join(window)}), sampled.",
+        f"Capability ratio on {how}'s in-window tasks ({', '.join(window)}), sampled.",
         "",
         f"| selection | {head} |",
         "|---|" + "---:|" * (2 * len(keeps)),
@@ -146,19 +151,21 @@ def table(results: dict[tuple[str, str], dict[str, float]], keeps: list[str], wi
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="toy", choices=tuple(EMBEDDED))
+    parser.add_argument("--calibration", default=TASKS, choices=(TASKS, "rl"))
     parser.add_argument("--keeps", nargs="+", default=["1/2", "1/4"])
     parser.add_argument("--calibration-seeds", type=int, default=3)
     parser.add_argument("--sampling-seeds", type=int, default=2)
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     args = parser.parse_args()
     torch.set_num_threads(1)  # tiny problems; a second thread only waits on shared cores
-    bench = Bench(args.calibration_seeds, args.sampling_seeds)
+    bench = Bench(args.model, args.calibration, args.calibration_seeds, args.sampling_seeds)
     results = {}
     for keep in args.keeps:
         for name, variant in VARIANTS.items():
             results[keep, name] = bench.measure(keep, variant)
             print(f"keep {keep} {name}: {results[keep, name]}", flush=True)
-    text = table(results, args.keeps, bench.window)
+    text = table(results, args.keeps, bench.window, f"{args.model} (calibration {args.calibration})")
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

@@ -170,6 +170,10 @@ LOGPROB_MISMATCH = _declare(
     "rollout/logprob_mismatch",
     "mean |rollout − training log-prob| per token (when their precisions differ)",
 )
+MISMATCH_KL = _declare(
+    "rollout/k3_kl",
+    "k3 estimate of KL(rollout ‖ training) per token, on the rollout's samples (verl's rollout_corr/k3_kl)",
+)
 AUX_LOSS = _declare("moe/aux_loss", "router load-balancing loss (when its coefficient > 0, or as logged)")
 Z_LOSS = _declare("moe/z_loss", "router z-loss (when its coefficient > 0, or as logged)")
 OPEFO_ACTIVE = _declare("opefo/active", "1 while OPEFO's entropy floor is undercut")

@@ -149,6 +149,7 @@ def test_export_of_the_toy_by_clustering_writes_the_manifest(tmp_path: Path) -> 
         "toy",
         tmp_path / "proxy",
         keep="1/4",
+        method="cluster",
         n_tokens=2000,
         fidelity=fidelity,
         min_capability=0,
@@ -187,6 +188,18 @@ def test_a_selection_file_is_reused_and_checked(tmp_path: Path, tiny_checkpoint)
     with pytest.raises(MoescopeError, match="selection keeps 4"):
         export_proxy(source, tmp_path / "q", selection=selection, keep=6, progress=False)
     assert not (tmp_path / "q").exists()
+
+
+def test_the_default_method_is_the_papers_in_memory(tmp_path: Path, tiny_checkpoint) -> None:
+    """Without --method an in-memory export chooses by the paper's selection (a streaming export,
+    which never runs the model, clusters the weights: test_streaming) and records it."""
+    source = tiny_checkpoint("qwen3_moe")
+    result = export_proxy(source, tmp_path / "p", keep=4, fidelity=False, progress=False)
+    model = tiny("qwen3_moe")
+    ids = calibration_data(model, None, "rl", n_tokens=20_000, seed=0)
+    stats = collect_routing(model, ids, n_tokens=20_000, progress=False)
+    assert result.selection.layers == select_experts(model, 4, method="paper", stats=stats).layers
+    assert result.manifest["method"] == result.manifest["config"]["method"] == "paper"
 
 
 def test_a_checkpoint_without_tokenizer_is_calibrated_on_seeded_random_ids_and_summarised(

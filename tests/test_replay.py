@@ -108,9 +108,10 @@ def test_update_omission_freezes_the_weights(tmp_path):
 @pytest.mark.parametrize("fault", ["router_precision", "rollout_logprob_precision"])
 def test_precision_faults_open_a_rollout_training_gap(tmp_path, healthy, fault):
     t = run(tmp_path, steps=3, faults=(f"{fault}@1",))
-    gap = series(t, "rollout/logprob_mismatch")
-    assert gap[0] is None and all(g > 0 for g in gap[1:])
-    assert "rollout/logprob_mismatch" not in healthy.steps[1]
+    for key in ("rollout/logprob_mismatch", "rollout/k3_kl"):
+        gap = series(t, key)
+        assert gap[0] is None and all(g > 0 for g in gap[1:]), key
+        assert key not in healthy.steps[1]
 
 
 def test_persistent_faults_compose(tmp_path, healthy):

@@ -333,6 +333,11 @@ def test_report_on_the_toy_end_to_end(tmp_path: Path) -> None:
     assert len(original.steps) == len(proxy.steps) > 0 and proxy.header["proxy"]["keep"] == 8
     assert "verdict: " in report.html[-2].read_text()
     assert (report.artifacts / "study" / "summary.csv").read_text().startswith("keep,method,hit,")
-    healing = (report.artifacts / "study" / "healing.csv").read_text()  # the committed healed study
-    assert healing.startswith("keep,method,hit_unhealed,hit_healed,")
+    targeting = (report.artifacts / "study" / "targeting.csv").read_text()  # the committed targeted study
+    assert targeting.startswith("keep,method,hit_unhealed,hit_healed,")
+    assert (
+        (report.artifacts / "study" / "no_signal.csv")
+        .read_text()
+        .startswith("keep,method,no_signal,original")
+    )
     assert no_partial_dirs(tmp_path)

@@ -11,14 +11,15 @@ import pytest
 from moescope.display.charts import study_chart
 from moescope.errors import MoescopeError
 from moescope.export.study import (
-    HEALED_STUDY_FILE,
     STUDY_FILE,
     fault_agreement,
     fault_effects,
     healing_effect,
     no_signal_table,
+    paper_fault_agreement,
     read_study,
     run_summary,
+    study_file,
     study_frame,
     study_paths,
     study_summary,
@@ -97,22 +98,21 @@ def test_bad_study_files(tmp_path):
         read_study(tmp_path)
 
 
-def test_the_committed_study_matches_its_tables():
-    """docs/fidelity-study.md was written from docs/fidelity-study.json: the table rows agree."""
-    summary = study_summary(study_frame(read_study(DOCS)))
-    table = (DOCS / "fidelity-study.md").read_text()
-    for row in summary.itertuples():
-        assert f"| {row.keep} | {row.method} | {row.hit:.2f} | {row.findings} |" in table
-
-
-def test_the_committed_healed_study_matches_its_tables():
-    """docs/fidelity-study-healed.md was written from its JSON, next to the study without healing."""
-    healed = read_study(DOCS / HEALED_STUDY_FILE)
-    assert healed["heal_steps"] > 0
-    table = (DOCS / "fidelity-study-healed.md").read_text()
-    for row in study_summary(study_frame(healed)).itertuples():
-        assert f"| {row.keep} | {row.method} | {row.hit:.2f} | {row.findings} |" in table
-    for row in healing_effect(read_study(DOCS), healed).itertuples():
+@pytest.mark.parametrize("model", ["toy", "toy-v3"])
+def test_the_committed_studies_match_their_tables(model):
+    """docs/ holds each embedded model's study, unhealed and capability-targeted; each .md was
+    written from its .json, and the targeted one sets the same proxies side by side."""
+    unhealed = read_study(DOCS / study_file(model))
+    targeted = read_study(DOCS / study_file(model, targeted=True))
+    assert (
+        not unhealed["targeted"] and targeted["targeted"] and unhealed["model"] == targeted["model"] == model
+    )
+    for result, name in ((unhealed, study_file(model)), (targeted, study_file(model, targeted=True))):
+        table = (DOCS / name).with_suffix(".md").read_text()
+        for row in study_summary(study_frame(result)).itertuples():
+            assert f"| {row.keep} | {row.method} | {row.hit:.2f} | {row.findings} |" in table
+    table = (DOCS / study_file(model, targeted=True)).with_suffix(".md").read_text()
+    for row in healing_effect(unhealed, targeted).itertuples():
         assert f"| {row.keep} | {row.method} | {row.hit_unhealed:.2f} | {row.hit_healed:.2f} |" in table
 
 
@@ -124,19 +124,24 @@ def test_fault_agreement_counts_reproduced_and_both_healthy_runs():
     assert agreement.loc["healthy", "cluster"] == 1.0 and math.isnan(agreement.loc["healthy", "random"])
 
 
-def test_study_paths_find_the_study_and_the_healed_one_beside_it(tmp_path):
-    assert study_paths() == (DOCS / STUDY_FILE, DOCS / HEALED_STUDY_FILE), "auto: this checkout's docs/"
+def test_study_paths_find_the_study_and_the_targeted_one_beside_it(tmp_path):
+    assert study_paths() == (DOCS / STUDY_FILE, DOCS / study_file(targeted=True)), (
+        "auto: this checkout's docs/"
+    )
+    assert study_paths(model="toy-v3")[0] == DOCS / "fidelity-study-toy-v3.json"
     assert study_paths(tmp_path) == (None, None)
     (tmp_path / STUDY_FILE).write_text("{}")
-    assert study_paths(tmp_path) == (tmp_path / STUDY_FILE, None), "no healed study beside it"
-    (tmp_path / HEALED_STUDY_FILE).write_text("{}")
-    assert study_paths(str(tmp_path / STUDY_FILE)) == (tmp_path / STUDY_FILE, tmp_path / HEALED_STUDY_FILE)
-    assert study_paths(tmp_path, "") == (tmp_path / STUDY_FILE, None), "'' asks for no healed study"
+    assert study_paths(tmp_path) == (tmp_path / STUDY_FILE, None), "no targeted study beside it"
+    targeted = tmp_path / study_file(targeted=True)
+    targeted.write_text("{}")
+    assert study_paths(str(tmp_path / STUDY_FILE)) == (tmp_path / STUDY_FILE, targeted)
+    assert study_paths(tmp_path, "") == (tmp_path / STUDY_FILE, None), "'' asks for no targeted study"
     other = tmp_path / "elsewhere.json"
-    assert study_paths(tmp_path, other) == (tmp_path / STUDY_FILE, None), "a healed file that is not there"
+    assert study_paths(tmp_path, other) == (tmp_path / STUDY_FILE, None), "a targeted file that is not there"
     other.write_text("{}")
     assert study_paths(tmp_path, other) == (tmp_path / STUDY_FILE, other)
-    assert study_paths(tmp_path / "missing.json", other) == (None, None), "no study, so no healed one"
+    assert study_paths(tmp_path / "missing.json", other) == (None, None), "no study, so no targeted one"
+    assert study_paths(tmp_path, model="toy-v3") == (None, None), "another model's study is not there"
 
 
 def summary_of(kl, reward, mismatch=0.0, ppo_kl=0.0, no_signal=0.5):
@@ -145,6 +150,7 @@ def summary_of(kl, reward, mismatch=0.0, ppo_kl=0.0, no_signal=0.5):
             "actor/kl": kl,
             "reward/mean": reward,
             "rollout/logprob_mismatch": mismatch,
+            "rollout/k3_kl": mismatch / 10,
             "actor/ppo_kl": ppo_kl,
             "reward/no_signal_frac": no_signal,
         }
@@ -176,7 +182,8 @@ def test_fault_effects_compare_each_fault_with_the_same_models_healthy_run():
                 "paper": {"healthy": summary_of(0.03, 0.2), "update_omission": summary_of(0.0, 0.1),
                           "rollout_logprob_precision": summary_of(0.03, 0.2, 0.02, 0.0)},
                 "random": {"healthy": summary_of(0.0, 0.0, no_signal=1.0),
-                           "update_omission": summary_of(0.0, 0.0, no_signal=1.0)},
+                           "update_omission": summary_of(0.0, 0.0, no_signal=1.0),
+                           "rollout_logprob_precision": summary_of(0.0, 0.0, no_signal=1.0)},
             }.items()
             for f, summary in runs.items()
         ],
@@ -184,10 +191,18 @@ def test_fault_effects_compare_each_fault_with_the_same_models_healthy_run():
     effects = fault_effects(result).set_index(["method", "fault"])
     assert effects.loc[("paper", "update_omission"), "agrees"], "KL falls, as on the original"
     assert effects.loc[("paper", "update_omission"), "actor/kl proxy"] == pytest.approx(-0.03)
-    assert not effects.loc[("paper", "rollout_logprob_precision"), "agrees"], "the PPO KL did not rise"
+    assert effects.loc[("paper", "rollout_logprob_precision"), "agrees"], "drift and its KL rise on both"
+    assert not effects.loc[("paper", "rollout_logprob_precision"), "also agrees"], "the PPO KL did not rise"
+    assert effects.loc[("paper", "update_omission"), "also agrees"], "the reward fell on both"
+    assert not effects.loc[("random", "rollout_logprob_precision"), "agrees"], "no drift on the proxy"
     assert not effects.loc[("random", "update_omission"), "agrees"], (
         "a proxy that never learns shows no effect"
     )
+    shares = paper_fault_agreement(result)
+    assert shares.loc[("update_omission", "1/4"), "paper"] == 1.0
+    assert shares.loc[("update_omission", "1/4"), "random"] == 0.0
+    assert shares.loc[("rollout_logprob_precision", "1/4"), "random"] == 0.0
+    assert paper_fault_agreement({"rows": [], "originals": []}).empty
     table = no_signal_table(result).set_index("method")
     assert table.loc["random", "no_signal"] == 1.0 and table.loc["paper", "no_signal"] == 0.5
     assert (table["original"] == 0.5).all()

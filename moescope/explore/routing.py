@@ -99,7 +99,9 @@ def collect_routing(
     Parameters
     ----------
     model : a supported transformers MoE causal LM (see :func:`moescope.models.view.adapt`).
-    data : ``"tasks"``, a ``.txt`` / ``.jsonl`` path, or token ids (see :func:`calibration_batches`).
+    data : ``"tasks"``, a ``.txt`` / ``.jsonl`` path, token ids, or an
+        :class:`~moescope.explore.rl_data.RLCalibration` (the RL task's prompts with the model's
+        own samples, an export's default ``"rl"`` source; see :func:`calibration_batches`).
     tokenizer : needed for text data.
     n_tokens : token budget, padding excluded (fewer when a finite source runs out).
     batch_size, seq_len : rows per forward pass and longest row.

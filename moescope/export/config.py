@@ -18,7 +18,7 @@ from moescope._util.configs import config_from_dict
 from moescope._util.flags import flag
 from moescope.errors import MoescopeError
 from moescope.explore.paper import DEFAULT_VIEWS, paper_views
-from moescope.explore.selection import METHODS, Selection
+from moescope.explore.selection import DEFAULT_METHOD, METHODS, STREAMING_METHOD, Selection
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
 
 AUTO = "auto"
@@ -34,9 +34,11 @@ class ExportConfig:
         a count (``8``), or ``"auto"``: the smallest share from 1/8 to 1/2 whose proxy reaches
         ``min_capability`` (:func:`moescope.export.targeting.search_keep`); optional with a
         selection. ``selection``: a ``selection.json`` to reuse (e.g. notebook 01's); without
-        one, the experts are chosen by ``method`` with ``seed``. ``views`` and ``view_weights``
-        (method ``paper``; :mod:`moescope.explore.paper`): the distance views fused (default the
-        router view) and one weight per view (default 1 each); a comma-separated string is split.
+        one, the experts are chosen by ``method`` with ``seed`` (``None``: ``"paper"`` in memory,
+        ``"cluster"`` when streaming; :data:`~moescope.explore.selection.DEFAULT_METHOD`).
+        ``views`` and ``view_weights`` (method ``paper``; :mod:`moescope.explore.paper`): the
+        distance views fused (default the router view) and one weight per view (default 1 each);
+        a comma-separated string is split.
         ``allow_top_k`` accepts keeping exactly top-k experts (no routing choice left).
     Calibration
         ``calibration`` and ``n_tokens``: the tokens of the routing statistics that ``cluster``,
@@ -79,7 +81,14 @@ class ExportConfig:
         default=None,
         metadata=flag("a selection.json (e.g. notebook 01's)", metavar="FILE", shown="chosen by --method"),
     )
-    method: str = field(default="cluster", metadata=flag("selection method", choices=METHODS))
+    method: str | None = field(
+        default=None,
+        metadata=flag(
+            "selection method",
+            choices=METHODS,
+            shown=f"{DEFAULT_METHOD}; {STREAMING_METHOD} when streaming",
+        ),
+    )
     views: str | tuple[str, ...] = field(
         default=DEFAULT_VIEWS,
         metadata=flag(
@@ -165,7 +174,7 @@ class ExportConfig:
 
 def _check(c: ExportConfig) -> None:
     """One sentence per impossible setting, naming the fix."""
-    if c.method not in METHODS:
+    if c.method is not None and c.method not in METHODS:
         raise MoescopeError(f"unknown selection method {c.method!r}; choose one of {', '.join(METHODS)}.")
     if c.heal_steps < 0:
         raise MoescopeError(
@@ -248,3 +257,13 @@ def configure(config: ExportConfig | None, options: dict[str, Any]) -> tuple[Exp
 def _is_data(calibration: Any) -> bool:
     """Calibration given as data (token ids) rather than named (``"tasks"`` or a file)."""
     return calibration is not None and not isinstance(calibration, str | Path)
+
+
+def resolve_method(
+    config: ExportConfig, inputs: ExportInputs, streaming: bool
+) -> tuple[ExportConfig, ExportInputs]:
+    """The config and its manifest record with the selection method in effect: the one asked for,
+    else :data:`~moescope.explore.selection.DEFAULT_METHOD` in memory and
+    :data:`~moescope.explore.selection.STREAMING_METHOD` when streaming (no forward pass there)."""
+    method = config.method or (STREAMING_METHOD if streaming else DEFAULT_METHOD)
+    return replace(config, method=method), replace(inputs, record={**inputs.record, "method": method})

@@ -25,7 +25,7 @@ from moescope.explore.embeddings import embed_experts
 from moescope.explore.rl_data import RLCalibration
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
-from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure
+from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.fidelity.measure import manifest_sections, measure_fidelity, validity_checklist
 from moescope.export.healing import BATCH_SIZE, SEQ_LEN, heal, training_batches
@@ -99,6 +99,7 @@ def export_proxy(
     streaming = config.streaming
     if streaming is None:
         streaming = needs_streaming(source, keep=config.keep, selection=inputs.selection)
+    config, inputs = resolve_method(config, inputs, streaming)
     if streaming:
         _refuse_in_memory_steps(config, named_tasks)
         objects = inputs.objects()

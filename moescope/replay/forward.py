@@ -18,7 +18,7 @@ from moescope.replay.batch import Batch, token_logprobs
 from moescope.replay.config import ReplayConfig
 from moescope.replay.faults import FaultPlan
 from moescope.replay.instruments import NonfiniteWatch, watch_nonfinite
-from moescope.replay.losses import masked_sum
+from moescope.replay.losses import k3_kl, masked_sum
 from moescope.replay.models import Models
 from moescope.replay.precision import rounded_router
 from moescope.replay.sums import StepSums
@@ -91,6 +91,7 @@ class TrainingForward:
         if rollout_prec != c.precision or self.faults.get("router_precision", step) is not None:
             roll, _, _ = self.logprobs(self.m.policy, batch, rollout_prec)
             sums.add("mismatch_sum", masked_sum((roll - old).abs().nan_to_num(0.0), mask))
+            sums.add("mismatch_k3", masked_sum(k3_kl(roll, old).nan_to_num(0.0), mask))
             sums.add("mismatch_tokens", mask.sum())
             if low is not None:
                 out["old"] = roll

@@ -35,6 +35,7 @@ def step_metrics(
             rec[S.GRAD_NORM_GROUP + name] = math.sqrt(t[f"_gsq/{name}"] / n_mb)  # RMS over minibatches
     if "mismatch_tokens" in t:
         rec[S.LOGPROB_MISMATCH] = t["mismatch_sum"] / max(t["mismatch_tokens"], 1.0)
+        rec[S.MISMATCH_KL] = t["mismatch_k3"] / max(t["mismatch_tokens"], 1.0)
     if c.aux_loss_coef > 0:
         rec[S.AUX_LOSS] = t.get("aux", 0.0) / n_mb
     if c.z_loss_coef > 0:

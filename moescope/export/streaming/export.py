@@ -46,7 +46,7 @@ from moescope.errors import MoescopeError
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import ExpertEmbeddings, _Projector, model_facts
 from moescope.explore.selection import Selection
-from moescope.export.config import ExportConfig, configure
+from moescope.export.config import ExportConfig, configure, resolve_method
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
 from moescope.export.result import ExportResult
 from moescope.export.streaming.checkpoint import Checkpoint, open_checkpoint
@@ -105,6 +105,7 @@ def export_streaming(
     or random).
     """
     config, inputs = configure(config, options)
+    config, inputs = resolve_method(config, inputs, streaming=True)
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before reading anything
     checkpoint = open_checkpoint(model)
     keep_n, chosen = _selection_before_pass(checkpoint, config, inputs.selection)
