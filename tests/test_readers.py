@@ -502,6 +502,22 @@ def test_key_map_targets_are_canonical_schema_names() -> None:
     assert KEY_MAP["megatron"]["number of skipped iterations"] == S.SKIPPED
 
 
+def test_rollout_mismatch_keys_of_each_framework_become_the_replays_own(tmp_path: Path) -> None:
+    """The rollout-vs-training mismatch under the replay's names: the k3 KL and the mean
+    |Δ log-prob| (TRL's sampling difference is of log-probs, absolute; verl's probability
+    differences are another quantity and keep their names)."""
+    verl = read_log(
+        write(
+            tmp_path, "v.log", "step:1 - rollout_corr/k3_kl:0.002 - training/rollout_probs_diff_mean:0.01\n"
+        )
+    )
+    assert verl.steps[0][S.MISMATCH_KL] == 0.002 and verl.steps[0]["training/rollout_probs_diff_mean"] == 0.01
+    assert keymap.canonical("trl", "sampling/sampling_logp_difference/mean") == S.LOGPROB_MISMATCH
+    assert keymap.canonical("trl", "sampling/sampling_logp_difference/max") is None
+    assert keymap.canonical("ms-swift", "k3_kl") == S.MISMATCH_KL
+    assert keymap.canonical("slime", "train/train_rollout_logprob_abs_diff") == S.LOGPROB_MISMATCH
+
+
 def test_rename_keeps_the_loser_of_a_collision_under_its_own_name() -> None:
     renamed, kept = keymap.rename("verl", {"actor/entropy_loss": 0.1, "actor/entropy": 0.2, "x": 1})
     assert renamed == {"actor/entropy": 0.2, "actor/entropy_loss": 0.1, "x": 1} and kept == [

@@ -25,6 +25,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | verl | `critic/grad_norm` | `critic/grad_norm` |
 | verl | `response_length/mean` | `response/length_mean` |
 | verl | `response_length/clip_ratio` | `response/truncated_frac` |
+| verl | `rollout_corr/k3_kl` | `rollout/k3_kl` |
 | trl | `loss` | `actor/loss` |
 | trl | `policy_loss` | `actor/pg_loss` |
 | trl | `grad_norm` | `actor/grad_norm` |
@@ -39,8 +40,10 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | trl | `completion_length` | `response/length_mean` |
 | trl | `completions/clipped_ratio` | `response/truncated_frac` |
 | trl | `aux_loss` | `moe/aux_loss` |
+| trl | `sampling/sampling_logp_difference/mean` | `rollout/logprob_mismatch` |
 | ms-swift | (every trl row) | |
 | ms-swift | `entropy/mean` | `actor/entropy` |
+| ms-swift | `k3_kl` | `rollout/k3_kl` |
 | openrlhf | `train/policy_loss` | `actor/pg_loss` |
 | openrlhf | `train/actor_grad_norm` | `actor/grad_norm` |
 | openrlhf | `train/actor_lr` | `optim/lr` |
@@ -81,6 +84,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | slime | `train/lr-pg_0` | `optim/lr` |
 | slime | `rollout/raw_reward` | `reward/mean` |
 | slime | `response_len/mean` | `response/length_mean` |
+| slime | `train/train_rollout_logprob_abs_diff` | `rollout/logprob_mismatch` |
 | roll | `actor/total_loss` | `actor/loss` |
 | roll | `actor/pg_loss` | `actor/pg_loss` |
 | roll | `actor_train/grad_norm` | `actor/grad_norm` |
@@ -125,6 +129,7 @@ _TRL = {
     "completion_length": S.LENGTH_MEAN,  # TRL <= 0.16
     "completions/clipped_ratio": S.TRUNCATED_FRAC,
     "aux_loss": S.AUX_LOSS,
+    "sampling/sampling_logp_difference/mean": S.LOGPROB_MISMATCH,  # mean |old − rollout log-prob|
 }
 
 KEY_MAP: dict[str, dict[str, str]] = {
@@ -146,9 +151,10 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "critic/grad_norm": S.CRITIC_GRAD_NORM,
         "response_length/mean": S.LENGTH_MEAN,
         "response_length/clip_ratio": S.TRUNCATED_FRAC,
+        "rollout_corr/k3_kl": S.MISMATCH_KL,
     },
     "trl": _TRL,
-    "ms-swift": {**_TRL, "entropy/mean": S.ENTROPY},
+    "ms-swift": {**_TRL, "entropy/mean": S.ENTROPY, "k3_kl": S.MISMATCH_KL},
     "openrlhf": {
         "train/policy_loss": S.PG_LOSS,
         "train/actor_grad_norm": S.GRAD_NORM,
@@ -196,6 +202,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "train/lr-pg_0": S.LR,
         "rollout/raw_reward": S.REWARD_MEAN,
         "response_len/mean": S.LENGTH_MEAN,
+        "train/train_rollout_logprob_abs_diff": S.LOGPROB_MISMATCH,
     },
     "roll": {
         "actor/total_loss": S.ACTOR_LOSS,
