@@ -211,15 +211,10 @@ def run(
                     "summary": r["summary"],
                 }
             )
-    subset = [
-        f"--{name} {' '.join(given)}"
-        for name, given, default in (("keeps", keeps, KEEPS), ("methods", methods, METHODS + ABLATIONS),
-                                     ("faults", faults, tuple(FAULTS)))
-        if tuple(given) != default
-    ]  # fmt: skip
+    options = {"keeps": keeps, "methods": methods, "faults": faults}
     return {
         "command": f"python bench/fidelity_study.py --model {model} --seeds {seeds} --steps {steps} "
-        f"--workers {workers}" + (" --targeted" if targeted else "") + "".join(f" {s}" for s in subset),
+        f"--workers {workers}" + (" --targeted" if targeted else "") + _subset_flags(options),
         "model": model,
         "targeted": targeted,
         "heal_steps": 0,
@@ -237,6 +232,14 @@ def run(
     }
 
 
+def _subset_flags(given: dict[str, tuple[str, ...]]) -> str:
+    """The ``--keeps`` / ``--methods`` / ``--faults`` flags of a run that did not use their defaults."""
+    defaults = {"keeps": KEEPS, "methods": METHODS + ABLATIONS, "faults": tuple(FAULTS)}
+    return "".join(
+        f" --{name} {' '.join(values)}" for name, values in given.items() if tuple(values) != defaults[name]
+    )
+
+
 # --- the tables ----------------------------------------------------------------------------------
 
 
@@ -248,9 +251,26 @@ def _model(result: dict[str, Any]) -> str:
     return result.get("model", "toy")
 
 
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table: the header, its rule, one line per row of cells."""
+    return [_row(header), "|" + "---|" * len(header), *(_row(cells) for cells in rows)]
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _curves(faults: dict[str, tuple[str, ...]]) -> str:
+    return "; ".join(f"{fault}: {', '.join(metrics)}" for fault, metrics in faults.items())
+
+
 def markdown(result: dict[str, Any], unhealed: dict[str, Any] | None = None) -> str:
     model, keeps, methods, faults = _model(result), result["keeps"], result["methods"], result["faults"]
     table = study_summary(study_frame(result))
+    summary_rows = [
+        [r.keep, r.method, _fmt(r.hit), str(r.findings), *map(_fmt, (r.alarms, r.trend, r.rho, r.step_ratio))]
+        for r in table.itertuples()
+    ]
     how = ", capability-targeted proxies" if result.get("targeted") else ""
     how += f", every proxy healed for {result['heal_steps']} steps" if result.get("heal_steps") else ""
     lines = [
@@ -269,14 +289,8 @@ def markdown(result: dict[str, Any], unhealed: dict[str, Any] | None = None) -> 
         f"*trend*: share of ({', '.join(CURVE_METRICS)}) whose overall trend matches; *ρ*: mean Spearman "
         "correlation of those curves; *step*: proxy step time / original step time (measured).",
         "",
-        "| keep | method | hit | n | alarms | trend | ρ | step |",
-        "|---|---|---|---|---|---|---|---|",
+        *_table(["keep", "method", "hit", "n", "alarms", "trend", "ρ", "step"], summary_rows),
     ]
-    for row in table.itertuples():
-        lines.append(
-            f"| {row.keep} | {row.method} | {_fmt(row.hit)} | {row.findings} | {_fmt(row.alarms)} | "
-            f"{_fmt(row.trend)} | {_fmt(row.rho)} | {_fmt(row.step_ratio)} |"
-        )
     lines += ["", *capability_lines(result), "", *no_signal_lines(result), "", *paper_fault_lines(result)]
     lines += ["", *healthy_curve_lines(result), "", *cost_lines(table, keeps, model)]
     lines += ["", *signature_lines(result), "", *verdict_lines(result)]
@@ -296,11 +310,10 @@ def capability_lines(result: dict[str, Any]) -> list[str]:
         + ("; from: the ratio before healing, and the mean healing steps spent" if targeted else "")
         + f". The validity checklist's capability check passes at {CAPABILITY_THRESHOLD:g}.",
         "",
-        "| keep | " + " | ".join(result["methods"]) + " |",
-        "|---|" + "---|" * len(result["methods"]),
     ]
+    rows = []
     for keep in result["keeps"]:
-        cells = []
+        cells = [keep]
         for method in result["methods"]:
             picked = [p for p in result["proxies"] if p["keep"] == keep and p["method"] == method]
             if not picked:
@@ -313,8 +326,8 @@ def capability_lines(result: dict[str, Any]) -> list[str]:
                 steps = mean_of([p.get("heal_steps") for p in picked])
                 cell += f", from {_fmt(before)} in {_fmt(steps, '{:.0f}')} steps"
             cells.append(cell)
-        lines.append(f"| {keep} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return lines + _table(["keep", *result["methods"]], rows)
 
 
 def no_signal_lines(result: dict[str, Any]) -> list[str]:
@@ -322,19 +335,18 @@ def no_signal_lines(result: dict[str, Any]) -> list[str]:
     table = no_signal_table(result)
     if table.empty:
         return []
-    lines = [
+    cell = {(r.keep, r.method): r.no_signal for r in table.itertuples()}
+    return [
         "## GRPO groups with no learning signal (healthy runs)",
         "",
         f"Mean share of groups whose rewards were all equal; {_model(result)} itself: "
         f"{_fmt(table['original'].iloc[0])}. A proxy at 1.00 gives RL nothing to learn from.",
         "",
-        "| keep | " + " | ".join(result["methods"]) + " |",
-        "|---|" + "---|" * len(result["methods"]),
+        *_table(
+            ["keep", *result["methods"]],
+            [[keep, *(_fmt(cell.get((keep, m))) for m in result["methods"])] for keep in result["keeps"]],
+        ),
     ]
-    cell = {(r.keep, r.method): r.no_signal for r in table.itertuples()}
-    for keep in result["keeps"]:
-        lines.append(f"| {keep} | " + " | ".join(_fmt(cell.get((keep, m))) for m in result["methods"]) + " |")
-    return lines
 
 
 def paper_fault_lines(result: dict[str, Any]) -> list[str]:
@@ -347,16 +359,13 @@ def paper_fault_lines(result: dict[str, Any]) -> list[str]:
         "## The paper's two faults: the same effect, in the same direction",
         "",
         "Share of proxy runs where the fault moves every one of its curves (second-half mean, against the "
-        "same model's healthy run of the same seed) in the direction it moves them on the original: "
-        + "; ".join(f"{fault}: {', '.join(metrics)}" for fault, metrics in PAPER_FAULTS.items())
-        + ".",
+        f"same model's healthy run of the same seed) in the direction it moves them on the original: "
+        f"{_curves(PAPER_FAULTS)}.",
         "",
         *_share_table(agrees, result),
         "",
         "Outside the criterion, the same share for curves that over a 12-step run move by less than "
-        "the original's own noise (their sign is chance): "
-        + "; ".join(f"{fault}: {', '.join(metrics)}" for fault, metrics in ALSO_REPORTED.items())
-        + ".",
+        f"the original's own noise (their sign is chance): {_curves(ALSO_REPORTED)}.",
         "",
         *_share_table(paper_fault_agreement(result, "also agrees"), result),
     ]
@@ -364,21 +373,14 @@ def paper_fault_lines(result: dict[str, Any]) -> list[str]:
 
 def _share_table(shares: Any, result: dict[str, Any]) -> list[str]:
     methods = result["methods"]
-    lines = ["| fault | keep | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
-    for (fault, keep), row in shares.iterrows():
-        lines.append(f"| {fault} | {keep} | " + " | ".join(_fmt(row.get(m)) for m in methods) + " |")
-    return lines
+    rows = [[fault, keep, *(_fmt(row.get(m)) for m in methods)] for (fault, keep), row in shares.iterrows()]
+    return _table(["fault", "keep", *methods], rows)
 
 
 def healthy_curve_lines(result: dict[str, Any]) -> list[str]:
     """Curve agreement on healthy runs, per curve: how the proxy's training dynamics follow."""
     metrics = (CURVE_METRICS[0], CURVE_METRICS[1], CURVE_METRICS[2])
-    lines = [
-        "## Healthy runs: curve agreement per curve (mean Spearman ρ over seeds)",
-        "",
-        "| keep | method | " + " | ".join(metrics) + " |",
-        "|---|---|" + "---|" * len(metrics),
-    ]
+    rows = []
     for keep in result["keeps"]:
         for method in result["methods"]:
             runs = [
@@ -389,15 +391,15 @@ def healthy_curve_lines(result: dict[str, Any]) -> list[str]:
             if not runs:
                 continue
             cells = [_fmt(mean_of([r["curves"].get(m, {}).get("spearman") for r in runs])) for m in metrics]
-            lines.append(f"| {keep} | {method} | " + " | ".join(cells) + " |")
-    return lines
+            rows.append([keep, method, *cells])
+    heading = "## Healthy runs: curve agreement per curve (mean Spearman ρ over seeds)"
+    return [heading, "", *_table(["keep", "method", *metrics], rows)]
 
 
 def signature_lines(result: dict[str, Any]) -> list[str]:
     """The faults' own finding types, reproduced on time, per method."""
     methods, rows = result["methods"], result["rows"]
-    lines = ["## The faults' own signatures: share reproduced on time (all keeps and seeds)", ""]
-    lines += ["| fault | signature | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    table = []
     for fault, types in SIGNATURES.items():
         if fault not in result["faults"]:
             continue
@@ -411,23 +413,24 @@ def signature_lines(result: dict[str, Any]) -> list[str]:
                 if f["type"] in types and not f["false_alarm"]
             ]
             cells.append(_fmt(mean_of(hits)))
-        lines.append(f"| {fault} | {', '.join(types)} | " + " | ".join(cells) + " |")
-    return lines
+        table.append([fault, ", ".join(types), *cells])
+    heading = "## The faults' own signatures: share reproduced on time (all keeps and seeds)"
+    return [heading, "", *_table(["fault", "signature", *methods], table)]
 
 
 def verdict_lines(result: dict[str, Any]) -> list[str]:
     """Per fault, the share of proxy runs whose verdict agrees with the original's."""
     methods, rows = result["methods"], result["rows"]
-    lines = ["## Per fault: share of proxy runs whose verdict is *reproduced* or *both healthy*", ""]
-    lines += ["| fault | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    table = []
     for fault in result["faults"]:
-        cells = []
+        cells = [fault]
         for method in methods:
             picked = [r for r in rows if r["fault"] == fault and r["method"] == method]
             good = [r["verdict"] in ("reproduced", "both healthy") for r in picked]
             cells.append(_fmt(mean_of([float(g) for g in good])))
-        lines.append(f"| {fault} | " + " | ".join(cells) + " |")
-    return lines
+        table.append(cells)
+    heading = "## Per fault: share of proxy runs whose verdict is *reproduced* or *both healthy*"
+    return [heading, "", *_table(["fault", *methods], table)]
 
 
 def healing_lines(unhealed: dict[str, Any], healed: dict[str, Any]) -> list[str]:
@@ -439,15 +442,14 @@ def healing_lines(unhealed: dict[str, Any], healed: dict[str, Any]) -> list[str]
         "The same exports unhealed (the study beside this one) and here: share of the original's findings "
         "reproduced on time, and task accuracy relative to the original.",
         "",
-        "| keep | method | hit, unhealed | hit, healed | capability, unhealed | capability, healed |",
-        "|---|---|---|---|---|---|",
     ]
-    for row in healing_effect(unhealed, healed).itertuples():
-        lines.append(
-            f"| {row.keep} | {row.method} | {_fmt(row.hit_unhealed)} | {_fmt(row.hit_healed)} | "
-            f"{_fmt(row.capability_unhealed)} | {_fmt(row.capability_healed)} |"
-        )
-    return lines
+    header = ["keep", "method", "hit, unhealed", "hit, healed", "capability, unhealed", "capability, healed"]
+    rows = [
+        [row.keep, row.method, _fmt(row.hit_unhealed), _fmt(row.hit_healed),
+         _fmt(row.capability_unhealed), _fmt(row.capability_healed)]
+        for row in healing_effect(unhealed, healed).itertuples()
+    ]  # fmt: skip
+    return lines + _table(header, rows)
 
 
 def cost_lines(table: Any, keeps: tuple[str, ...], model: str = "toy") -> list[str]:
@@ -464,17 +466,16 @@ def cost_lines(table: Any, keeps: tuple[str, ...], model: str = "toy") -> list[s
         f"90 % usable); step time measured on {model}'s proxies, relative to {model} (the same top-k, so "
         "per-token compute stays).",
         "",
-        "| keep | " + " | ".join(f"{m} devices" for m in models) + f" | proxy step time / {model} |",
-        "|---|" + "---|" * (len(models) + 1),
     ]
+    rows = []
     for keep in ("full", *keeps):
-        cells = []
+        cells = [keep]
         for name in models:
             row = ref[(ref["model"] == name) & (ref["keep"] == keep)]
             cells.append("–" if row.empty else str(int(row["devices"].iloc[0])))
         step = "1.00" if keep == "full" else _fmt(table[table["keep"] == keep]["step_ratio"].mean())
-        lines.append(f"| {keep} | " + " | ".join(cells) + f" | {step} |")
-    return lines
+        rows.append([*cells, step])
+    return lines + _table(["keep", *(f"{m} devices" for m in models), f"proxy step time / {model}"], rows)
 
 
 def write_chart(result: dict[str, Any], path: Path) -> None:
