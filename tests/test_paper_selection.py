@@ -235,6 +235,7 @@ def test_grouped_routing_keeps_an_equal_share_of_every_group() -> None:
     stats = collect_routing(model, ids, n_tokens=256, progress=False)
     sel = select_experts(model, 8, method="paper", stats=stats)
     assert sel.n_group == 4 and sel.layer_indices == [1, 2]
+    assert sel.view == "router+context" == "+".join(paper.default_views("sigmoid"))  # its sigmoid router
     for entry in sel.layers:
         assert np.bincount(np.array(entry.kept) // 4, minlength=4).tolist() == [2, 2, 2, 2]
         labels = np.array(entry.labels)
@@ -251,10 +252,13 @@ def test_selection_file_records_the_views_and_weights(qwen, tmp_path) -> None:
     assert sel.params["views"] == ["router", "context"] and sel.params["view_weights"] == [2.0, 1.0]
     again = Selection.load(sel.save(tmp_path / "selection.json"))
     assert again == sel
-    default = select_experts(model, "1/4", method="paper", stats=stats)
+    default = select_experts(model, "1/4", method="paper", stats=stats)  # a softmax router
     weights = [paper.DEFAULT_VIEW_WEIGHTS[v] for v in paper.DEFAULT_VIEWS]
     assert default.params["views"] == list(paper.DEFAULT_VIEWS) and default.params["view_weights"] == weights
-    assert ExportConfig().views == paper.DEFAULT_VIEWS and ExportConfig().view_weights is None
+    assert ExportConfig().views is None and ExportConfig().view_weights is None  # chosen by the router
+    assert ExportConfig(views="context").views == ("context",)
+    with pytest.raises(MoescopeError, match="without the views they weigh"):
+        ExportConfig(view_weights="2,1")
 
 
 def test_export_records_the_paper_method_and_streaming_refuses_it(tiny_checkpoint, tmp_path: Path) -> None:
@@ -285,7 +289,11 @@ def test_command_line_flags_and_bad_input(tiny_checkpoint, tmp_path: Path, capsy
     assert main([*base, "--views", "router,context", "--view-weights", "1,1", "--out", str(out)]) == 0
     manifest = json.loads((out / "moescope.json").read_text())
     assert manifest["selection"]["params"]["views"] == ["router", "context"]
-    for bad, match in (("--view-weights=-1", "non-negative"), ("--views=router,mood", "unknown view")):
+    for bad, match in (
+        (["--views=router", "--view-weights=-1"], "non-negative"),
+        (["--views=router,mood"], "unknown view"),
+        (["--view-weights=1"], "without the views"),
+    ):
         capsys.readouterr()
-        assert main([*base, bad, "--out", str(tmp_path / "bad")]) == 2
+        assert main([*base, *bad, "--out", str(tmp_path / "bad")]) == 2
         assert match in capsys.readouterr().err and not (tmp_path / "bad").exists()

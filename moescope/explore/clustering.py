@@ -49,7 +49,13 @@ from moescope.explore.embeddings import (
     embed_experts,
     model_facts,
 )
-from moescope.explore.paper import check_view_data, paper_layers, paper_params, paper_views
+from moescope.explore.paper import (
+    check_view_data,
+    default_views,
+    paper_layers,
+    paper_params,
+    paper_views,
+)
 from moescope.explore.selection import METHODS, LayerSelection, Selection
 from moescope.keep import parse_keep
 from moescope.models.view import MoEModel, adapt
@@ -293,8 +299,9 @@ def select_experts(
         average linkage, cosine.
     seed : seed of the embeddings, k-means, K-Medoids and the random baseline.
     allow_top_k : accept keeping exactly top-k experts.
-    views, view_weights : ``paper`` only: the distance views fused (default ``DEFAULT_VIEWS``)
-        and one weight per view (default 1 each); see :mod:`moescope.explore.paper`.
+    views, view_weights : ``paper`` only: the distance views fused (default by the router:
+        :func:`~moescope.explore.paper.default_views`) and one weight per view (default 1
+        each); see :mod:`moescope.explore.paper`.
     """
     _check_method(method, views, view_weights)
     source = _source(model_or_embeddings)
@@ -343,18 +350,18 @@ def _paper_layers(
     obj: Any, k: int, source: _Source, stats: Any, views: Any, view_weights: Any
 ) -> tuple[list[LayerSelection], str, dict[str, Any]]:
     """The ``paper`` selection's layers, its view name (the views joined by ``+``) and params."""
+    moe = None if isinstance(obj, ExpertEmbeddings) else obj if isinstance(obj, MoEModel) else adapt(obj)
+    if views is None:
+        views = default_views(None if moe is None else moe.rule.scoring)
     names, weights = paper_views(views, view_weights)
-    routers = _router_rows(obj) if "router" in names else None
+    routers = _router_rows(moe) if "router" in names and moe is not None else None
     check_view_data(names, stats, has_router=routers is not None)
     layers = paper_layers(source.layers, source.n_group, k, stats, routers, names, weights)
     return layers, "+".join(names), {"score": SCORES["paper"], **paper_params(names, weights)}
 
 
-def _router_rows(obj: Any) -> dict[int, np.ndarray] | None:
-    """``{decoder layer: (E, H)}`` router rows of a model; ``None`` for embeddings."""
-    if isinstance(obj, ExpertEmbeddings):
-        return None
-    moe = obj if isinstance(obj, MoEModel) else adapt(obj)
+def _router_rows(moe: MoEModel) -> dict[int, np.ndarray]:
+    """``{decoder layer: (E, H)}`` router rows of a model."""
     return {layer.index: layer.router_weight.detach().float().cpu().numpy() for layer in moe.layers}
 
 

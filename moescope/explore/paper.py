@@ -30,11 +30,14 @@ carried weight, not merely a central one.
 times its REAP saliency. The paper prefers the most frequently routed experts; on the embedded
 toy, routed tokens as importance kept 0.10 of the accuracy at keep 1/2 where the routed
 contribution kept 0.56 (three views, equal weights), and frequency alone is the weakest
-baseline there. The default views are the router view alone: on the toy it kept 0.78 (1/2) and
-0.35 (1/4), all three views at equal weights 0.56 and 0.14, co-activation alone 0.31 and 0.23
-(``bench/paper_selection.py``; README, *The paper's selection*). On toy-v3 (DeepSeek-V3 routing,
-top-6 of 64) router and context together keep more: 0.32 against the router's 0.24 at 1/4, 0.60
-against 0.47 at 1/2 (``--model toy-v3 --calibration rl``), so pass them for such models.
+baseline there. The default views depend on the router (:func:`default_views`). Under a
+softmax (or any non-sigmoid) router, the router view alone: on the toy it kept 0.78 (1/2) and
+0.35 (1/4), all three views at equal weights 0.56 and 0.14, co-activation alone 0.31 and 0.23,
+router and context 0.59 and 0.13 (``bench/paper_selection.py``; README, *The paper's
+selection*). Under a sigmoid router (DeepSeek-V3's family), router and context together: on
+toy-v3 (top-6 of 64) they kept 0.32 against the router's 0.24 at 1/4 and 0.60 against 0.47 at
+1/2 (``--model toy-v3 --calibration rl``), and healed to the capability target in fewer steps.
+One model of each family decided this; name the views to choose otherwise.
 
 Under grouped routing every contiguous expert group is clustered on its own into its equal
 share of the kept count, as the ``cluster`` method does. The method and its inputs follow the
@@ -61,8 +64,12 @@ PAPER_VIEWS = ("router", "coactivation", "context")
 """The distance views of the ``paper`` method, in the order weights are given."""
 
 DEFAULT_VIEWS = ("router",)
-"""The views fused when none are named: the best on the embedded toy; on toy-v3 router and
-context together keep more (module docstring)."""
+"""The views fused when none are named and the router is not a sigmoid one: the best on the
+embedded toy (module docstring)."""
+
+SIGMOID_VIEWS = ("router", "context")
+"""The views fused when none are named under a sigmoid router (DeepSeek-V3's family): the best
+on toy-v3 (module docstring)."""
 
 DEFAULT_VIEW_WEIGHTS = {"router": 1.0, "coactivation": 1.0, "context": 1.0}
 """Weight of each named view in the fused distance when no weights are given."""
@@ -70,6 +77,18 @@ DEFAULT_VIEW_WEIGHTS = {"router": 1.0, "coactivation": 1.0, "context": 1.0}
 NORMALISATION = "each view divided by its mean off-diagonal distance"
 REPRESENTATIVE = "the member of each K-Medoids cluster with the largest routed contribution"
 _MAX_ITER = 100  # FasterPAM swap rounds; it stops earlier when no swap improves
+
+
+def default_views(scoring: str | None) -> tuple[str, ...]:
+    """The views fused when none are named, for a router scoring its logits with ``scoring``
+    (:class:`~moescope.models.routers.RoutingRule`; ``None`` when unknown, as for embeddings).
+
+    Example
+    -------
+    >>> default_views("sigmoid"), default_views("softmax")
+    (('router', 'context'), ('router',))
+    """
+    return SIGMOID_VIEWS if scoring == "sigmoid" else DEFAULT_VIEWS
 
 
 def paper_views(

@@ -17,7 +17,7 @@ from typing import Any
 from moescope._util.configs import config_from_dict
 from moescope._util.flags import flag
 from moescope.errors import MoescopeError
-from moescope.explore.paper import DEFAULT_VIEWS, paper_views
+from moescope.explore.paper import DEFAULT_VIEWS, SIGMOID_VIEWS, paper_views
 from moescope.explore.selection import DEFAULT_METHOD, METHODS, STREAMING_METHOD, Selection
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
 
@@ -37,8 +37,9 @@ class ExportConfig:
         one, the experts are chosen by ``method`` with ``seed`` (``None``: ``"paper"`` in memory,
         ``"cluster"`` when streaming; :data:`~moescope.explore.selection.DEFAULT_METHOD`).
         ``views`` and ``view_weights`` (method ``paper``; :mod:`moescope.explore.paper`): the
-        distance views fused (default the router view) and one weight per view (default 1 each);
-        a comma-separated string is split.
+        distance views fused (``None``: router and context under a sigmoid router, the router
+        view alone otherwise; :func:`~moescope.explore.paper.default_views`) and one weight per
+        view (default 1 each; give the views with them); a comma-separated string is split.
         ``allow_top_k`` accepts keeping exactly top-k experts (no routing choice left).
     Calibration
         ``calibration`` and ``n_tokens``: the tokens of the routing statistics that ``cluster``,
@@ -89,12 +90,12 @@ class ExportConfig:
             shown=f"{DEFAULT_METHOD}; {STREAMING_METHOD} when streaming",
         ),
     )
-    views: str | tuple[str, ...] = field(
-        default=DEFAULT_VIEWS,
+    views: str | tuple[str, ...] | None = field(
+        default=None,
         metadata=flag(
             "--method paper: the distance views fused, of router, coactivation, context",
             metavar="V,V",
-            shown=",".join(DEFAULT_VIEWS),
+            shown=f"{','.join(SIGMOID_VIEWS)} for a sigmoid router, else {','.join(DEFAULT_VIEWS)}",
         ),
     )
     view_weights: str | tuple[float, ...] | None = field(
@@ -153,16 +154,22 @@ class ExportConfig:
                 object.__setattr__(self, name, str(value))
         if isinstance(self.tasks, list | tuple):
             object.__setattr__(self, "tasks", tuple(self.tasks))
-        views, weights = paper_views(self.views, self.view_weights)  # refuses a bad view or weight
-        object.__setattr__(self, "views", views)
-        object.__setattr__(self, "view_weights", None if self.view_weights is None else weights)
+        if self.views is not None:  # None: the router's default views, chosen at selection
+            views, weights = paper_views(self.views, self.view_weights)  # refuses a bad view or weight
+            object.__setattr__(self, "views", views)
+            object.__setattr__(self, "view_weights", None if self.view_weights is None else weights)
+        elif self.view_weights is not None:
+            raise MoescopeError(
+                "view weights were given without the views they weigh; name them too, "
+                "e.g. --views router,context --view-weights 2,1."
+            )
         _check(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON values, what ``moescope.json`` records under ``"config"``."""
         d = asdict(self)
         d["tasks"] = list(self.tasks) if isinstance(self.tasks, tuple) else self.tasks
-        d["views"] = list(self.views)
+        d["views"] = None if self.views is None else list(self.views)
         d["view_weights"] = None if self.view_weights is None else list(self.view_weights)
         return d
 
