@@ -57,6 +57,10 @@ FIXTURE_FORMATS = {
     "expert_load.log": "expert-load",
     "plain_nan.log": "plain",
     "mixed.log": "verl-console",
+    "prime_rl.log": "step-lines",
+    "generic_steps.log": "step-lines",
+    "nemo_rl_console.log": "key-values",
+    "verl_snapshot.txt": "key-values",
 }
 
 
@@ -356,7 +360,7 @@ def test_tensorboard_openrlhf_run_directory(tmp_path: Path) -> None:
         (
             "nemo-rl",
             {"train/loss": [0.2], "train/approx_entropy": [0.7], "train/gen_kl_error": [0.001]},
-            {S.ACTOR_LOSS: 0.2, S.ENTROPY: 0.7, "train/gen_kl_error": 0.001},
+            {S.ACTOR_LOSS: 0.2, S.ENTROPY: 0.7, S.MISMATCH_KL: 0.001},
         ),
         (
             "slime",
@@ -462,6 +466,99 @@ def test_plain_text_counts_nonfinite_lines_per_step() -> None:
     assert {s: r[S.NONFINITE] for s, r in steps.items()} == {2: 2, 3: 1}  # 'info'/'inference' do not count
     assert "found NaN in local grad norm" in steps[2]["raw"]
     assert trace.header["framework"] is None
+
+
+# --- step lines and pasted key-values ---------------------------------------------------------
+
+
+def test_prime_rl_trainer_and_orchestrator_lines_old_and_new_layouts() -> None:
+    trace, steps = read_fixture("prime_rl.log", "prime-rl", [1, 2, 3])
+    one = steps[1]
+    assert one[S.ACTOR_LOSS] == 0.0123 and one[S.ENTROPY] == 0.5312 and one[S.MISMATCH_KL] == 0.0011
+    assert one[S.GRAD_NORM] == 0.4121 and one[S.LR] == 1e-06 and one["Max Vio"] == 0.8123
+    assert one["Throughput"] == 1234 and one["MFU"] == 12.3 and one[S.TIME_STEP] == 12.31
+    assert math.isnan(steps[2][S.GRAD_NORM])
+    three = steps[3]  # the new bare layout, then the orchestrator's line of the same step
+    assert three[S.ACTOR_LOSS] == 0.0101 and three["Routing Conf."] == 0.5 and three[S.REWARD_MEAN] == 0.4123
+    assert three["Seq. Length"] == 512.3 and "Peak Mem." in one
+    assert three["raw"].count("Step 3") == 2
+    assert any("1 of 5 non-empty lines are not step-lines records" in n for n in trace.notes)
+
+
+def test_generic_step_lines_use_the_generic_names(tmp_path: Path) -> None:
+    trace, steps = read_fixture("generic_steps.log", None, [1, 2, 3])
+    assert steps[1][S.ACTOR_LOSS] == 0.532 and steps[1][S.GRAD_NORM] == 0.81
+    assert math.isnan(steps[2][S.ACTOR_LOSS]) and steps[3][S.ACTOR_LOSS] == math.inf
+    text = "step 10/100 | loss 0.51 | Grad Norm 1e9 | lr 1e-5 | reward 0.3\nStep 11: loss=0.5, kl=0.01\n"
+    trace = read_log(write(tmp_path, "other.log", text))
+    assert trace.header["format"] == "step-lines" and trace.header["framework"] is None
+    ten, eleven = trace.steps
+    assert (ten["step"], ten[S.GRAD_NORM], ten[S.LR], ten[S.REWARD_MEAN]) == (10, 1e9, 1e-05, 0.3)
+    assert (eleven["step"], eleven[S.ACTOR_LOSS], eleven[S.KL]) == (11, 0.5, 0.01)
+
+
+@pytest.mark.parametrize(
+    ("piece", "expected"),
+    [
+        ("Grad. Norm: 0.41", ("Grad. Norm", 0.41)),
+        ("Grad. Norm nan", ("Grad. Norm", "nan")),
+        ("Throughput: 1234 tokens/s", ("Throughput", 1234)),
+        ("MFU 12.3%", ("MFU", 12.3)),
+        ("  3.21s", ("Time", 3.21)),
+        ("lr=1e-06", ("lr", 1e-06)),
+        ("training info", None),  # 'info' is not inf followed by a unit
+        ("Peak Mem. 40.1/80.0 GiB (50.1%)", None),
+        ("starting the run", None),
+    ],
+)
+def test_a_field_is_a_name_then_a_number(piece: str, expected) -> None:
+    from moescope.analyze.readers._fields import field
+
+    found = field(piece)
+    if expected is not None and expected[1] == "nan":
+        assert found[0] == expected[0] and math.isnan(found[1])
+    else:
+        assert found == expected
+
+
+def test_nemo_rl_console_blocks_under_step_banners() -> None:
+    trace, steps = read_fixture("nemo_rl_console.log", "nemo-rl", [1, 2])
+    one = steps[1]
+    assert one[S.ACTOR_LOSS] == 0.0123 and one[S.MISMATCH_KL] == 0.0011
+    assert one[S.REWARD_MEAN] == 0.4531 and one[S.LENGTH_MEAN] == 1597.9 and one["Total step time"] == 51.23
+    assert "learning_rate" not in one and "max_grad_norm" not in one  # the config dump before step 1
+    assert "generation" not in one  # "20.10s (39.2%)" is no single value
+    assert steps[2][S.MISMATCH_KL] == 0.0013 and "Total step time" not in steps[2]
+    assert any("not key-values records and were skipped (the first is line 1)" in n for n in trace.notes)
+
+
+def test_a_pasted_snapshot_is_one_step_whose_framework_is_guessed(tmp_path: Path) -> None:
+    trace, steps = read_fixture("verl_snapshot.txt", "verl", [0])
+    zero = steps[0]
+    assert zero[S.ENTROPY] == 0.021 and zero[S.REWARD_MEAN] == 0.0 and zero[S.LENGTH_MEAN] == 1024.0
+    assert any("snapshot without steps" in n for n in trace.notes)
+    other = read_log(write(tmp_path, "mine.txt", "- Loss: 0.0\n- Grad Norm: 0.0\n- reward_std: 0\n"))
+    assert other.header["framework"] is None
+    assert other.steps[0][S.ACTOR_LOSS] == 0.0 and other.steps[0][S.REWARD_STD] == 0
+
+
+def test_key_value_lines_do_not_outvote_a_real_log(tmp_path: Path) -> None:
+    config = "".join(f"  option_{i}: {i}\n" for i in range(40))
+    text = config + "step:1 - actor/entropy:0.5 - actor/grad_norm:0.3\n"
+    assert detect_format(write(tmp_path, "verl.log", text)) == "verl-console"
+    nan_lines = "loss went NaN here\nand Inf there\nand NaN again\n"
+    assert detect_format(write(tmp_path, "p.log", "seed: 1\n" + nan_lines)) == "plain"
+
+
+def test_slime_rollout_and_eval_lines_go_on_their_rollout_step(tmp_path: Path) -> None:
+    text = (
+        "step 3: {'train/loss': 0.012, 'train/grad_norm': 0.45}\n"
+        "rollout 4: {'rollout/raw_reward': 0.5}\n"
+        "step 4: {'train/loss': 0.011, 'train/grad_norm': 0.41}\n"
+    )
+    steps = steps_of(read_log(write(tmp_path, "slime.log", text)))
+    assert steps[4][S.REWARD_MEAN] == 0.5 and steps[4][S.ACTOR_LOSS] == 0.011
+    assert S.REWARD_MEAN not in steps[3]
 
 
 def test_explicit_format_overrides_detection() -> None:
@@ -629,7 +726,8 @@ TOKENS = [
     " iteration       10/     100 | ", "lm loss: 1.2E+00 |", "[deepspeed] OVERFLOW! Rank 0 Skipping step. ",
     "Attempted loss scale: 65536, reducing to 32768", 'metrics_tag: {"step": 1, "metrics": {',
     '{"step": 2, "data": {', '"log_history": [', "NaN", "Infinity", "null", "  3/10 [", "step 4: ", "# ",
-    "layer=1 ", "17 ", "9" * 30,
+    "layer=1 ", "17 ", "9" * 30, "Step 3 | ", "Time: 3.2s | ", "Grad. Norm ", " tokens/s", "%", "• Loss: ",
+    "===== Step 2/10 =====", "rollout 5: ", "lr=",
 ]
 # fmt: on
 FUZZ = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

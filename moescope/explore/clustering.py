@@ -299,9 +299,8 @@ def select_experts(
         average linkage, cosine.
     seed : seed of the embeddings, k-means, K-Medoids and the random baseline.
     allow_top_k : accept keeping exactly top-k experts.
-    views, view_weights : ``paper`` only: the distance views fused (default by the router:
-        :func:`~moescope.explore.paper.default_views`) and one weight per view (default 1
-        each); see :mod:`moescope.explore.paper`.
+    views, view_weights : ``paper`` only: the distance views fused (default by the router,
+        :func:`~moescope.explore.paper.default_views`) and one weight per view (default 1 each).
     """
     _check_method(method, views, view_weights)
     source = _source(model_or_embeddings)

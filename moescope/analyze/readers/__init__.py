@@ -3,7 +3,9 @@
 A failed run's evidence comes in whatever its framework wrote: verl's console or JSONL file,
 TRL / HF Trainer's ``trainer_state.json`` or console, Megatron-LM iteration lines with DeepSpeed
 overflow lines, ms-swift and ROLL JSON lines, TensorBoard event files (OpenRLHF, NeMo-RL, slime),
-the simple column files of a deployment guide, or just any text with NaNs in it.
+prime-rl's ``Step N | …`` lines (and any trainer's ``step N`` lines of ``name value`` fields),
+NeMo-RL's console blocks, a snapshot of metrics pasted one per line, the simple column files of
+a deployment guide, or just any text with NaNs in it.
 :func:`read_log` turns each into a :class:`~moescope.traces.Trace` that the diagnosis reads:
 
 - ``header``: ``{"kind": "header", "format": <name>, "source": <path>, "framework": <name or None>}``;
@@ -31,7 +33,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from moescope.analyze.readers import columns, jsonl, megatron, plain, tensorboard, trl, verl
+from moescope.analyze.readers import (
+    columns,
+    jsonl,
+    keyvalues,
+    megatron,
+    plain,
+    steplines,
+    tensorboard,
+    trl,
+    verl,
+)
 from moescope.analyze.readers._rows import Parsed, assemble
 from moescope.analyze.readers._text import LogFile
 from moescope.analyze.readers.detect import detect_format, sniff
@@ -48,9 +60,11 @@ READERS: dict[str, Callable[[LogFile], Parsed]] = {
     "jsonl": jsonl.read_flat,
     "roll": jsonl.read_roll,
     "megatron": megatron.read,
+    "step-lines": steplines.read,
     "tensorboard": tensorboard.read,
     "entropy-log": columns.read_entropy,
     "expert-load": columns.read_expert_load,
+    "key-values": keyvalues.read,
     "plain": plain.read,
 }
 FORMATS: tuple[str, ...] = tuple(READERS)

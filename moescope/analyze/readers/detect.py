@@ -5,12 +5,14 @@ whose first record is a TensorBoard ``brain.Event``) → ``tensorboard``; a dire
 ``trainer_state.json``, or a JSON document with ``log_history`` → ``trainer-state``; a first line
 that is a moescope trace header → ``moescope``. Otherwise every line is classified — verl's
 ``step:N - ``, Megatron's ``iteration N/ M |`` and DeepSpeed's ``OVERFLOW!``, a Python dict, a
-JSON object (verl's ``{"step","data"}``, ROLL's ``metrics_tag:``, a flat one), whitespace
-columns — and the format with most lines wins; the scan stops once enough lines are
+JSON object (verl's ``{"step","data"}``, ROLL's ``metrics_tag:``, a flat one), a ``Step N |
+name value`` line (prime-rl and trainers not listed), whitespace columns — and the format with
+most lines wins; the scan stops once enough lines are
 recognised, so a long preamble (verl prints its whole config first) costs a pass, not a guess.
 Columns are ``entropy-log`` or ``expert-load`` by the file name when it says (``entropy_log.txt``,
-``expert_load.log``), else by their shape. A text log with none of these but lines mentioning
-NaN/Inf is ``plain``.
+``expert_load.log``), else by their shape. A text log with none of these is ``key-values``
+when it has ``name: value`` lines (a pasted snapshot, NeMo-RL's console blocks) at least as
+many as its other lines mentioning NaN/Inf, else ``plain`` when it has such lines.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from pathlib import Path
 
 import moescope.analyze.readers.columns as columns
 import moescope.analyze.readers.jsonl as jsonl
+import moescope.analyze.readers.keyvalues as keyvalues
 import moescope.analyze.readers.megatron as megatron
 import moescope.analyze.readers.plain as plain
+import moescope.analyze.readers.steplines as steplines
 import moescope.analyze.readers.tensorboard as tensorboard
 import moescope.analyze.readers.trl as trl
 import moescope.analyze.readers.verl as verl
@@ -35,7 +39,8 @@ _LINE_KINDS = (
     lambda line: "verl-console" if verl.is_record(line) else None,
     lambda line: "megatron" if megatron.is_record(line) else None,
     lambda line: "trl-console" if trl.is_record(line) else None,
-    columns.kind,
+    columns.kind,  # before step lines: "step=7 layer=1 expert=3 tokens=30" is an expert-load row
+    lambda line: "step-lines" if steplines.is_record(line) else None,
 )
 
 
@@ -72,7 +77,11 @@ def sniff(log: LogFile) -> Sniff:
     counts = _vote(log.lines)
     if counts:
         return Sniff(_columns_by_name(path, counts.most_common(1)[0][0]), counts)
-    if any(plain.is_record(line) for line in log.lines):
+    pairs = sum(1 for line in log.lines if keyvalues.is_record(line))
+    mentions = sum(1 for line in log.lines if plain.is_record(line) and not keyvalues.is_record(line))
+    if pairs and pairs >= mentions:
+        return Sniff("key-values", Counter({"key-values": pairs}))
+    if mentions:
         return Sniff("plain", counts)
     raise MoescopeError(
         f"{path} has no step this reader recognises; pass format=... (see moescope.analyze.readers.FORMATS) "

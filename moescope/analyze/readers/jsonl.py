@@ -26,7 +26,7 @@ from moescope.errors import MoescopeError
 from moescope.traces import TRACE_KIND, read_trace
 
 _ROLL = re.compile(r"metrics_tag:\s*(\{.*)$")
-FLAT_FRAMEWORKS = ("ms-swift", "trl", "verl", "roll", "openrlhf", "nemo-rl", "slime")
+FLAT_FRAMEWORKS = ("ms-swift", "trl", "verl", "roll", "openrlhf", "nemo-rl", "slime", "prime-rl")
 
 
 def load_json(text: str) -> Any:
@@ -101,6 +101,7 @@ def read_flat(log: LogFile) -> Parsed:
     """Flat JSON lines (ms-swift ``logging.jsonl`` and the like); the framework is guessed."""
     parsed = scan(log.lines, _reader("jsonl"))
     parsed.framework = guess_framework({k for row in parsed.rows for k in row.metrics}, FLAT_FRAMEWORKS)
+    parsed.keymap = None if parsed.framework else "generic"  # a trainer not listed: its common names
     return parsed
 
 

@@ -74,6 +74,26 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | nemo-rl | `train/approx_entropy` | `actor/entropy` |
 | nemo-rl | `train/moe/load_balancing_loss` | `moe/aux_loss` |
 | nemo-rl | `train/moe/z_loss` | `moe/z_loss` |
+| nemo-rl | `train/gen_kl_error` | `rollout/k3_kl` |
+| nemo-rl | `Loss` | `actor/loss` |
+| nemo-rl | `Generation KL Error` | `rollout/k3_kl` |
+| nemo-rl | `Avg Reward` | `reward/mean` |
+| nemo-rl | `Mean Generation Length` | `response/length_mean` |
+| prime-rl | `Loss` | `actor/loss` |
+| prime-rl | `Entropy` | `actor/entropy` |
+| prime-rl | `Mismatch KL` | `rollout/k3_kl` |
+| prime-rl | `Grad. Norm` | `actor/grad_norm` |
+| prime-rl | `LR` | `optim/lr` |
+| prime-rl | `Reward` | `reward/mean` |
+| prime-rl | `Time` | `time/step_s` |
+| prime-rl | `loss/mean` | `actor/loss` |
+| prime-rl | `entropy/all/mean` | `actor/entropy` |
+| prime-rl | `entropy/mean` | `actor/entropy` |
+| prime-rl | `mismatch_kl/all/mean` | `rollout/k3_kl` |
+| prime-rl | `mismatch_kl/mean` | `rollout/k3_kl` |
+| prime-rl | `optim/grad_norm` | `actor/grad_norm` |
+| prime-rl | `optim/lr` | `optim/lr` |
+| prime-rl | `reward/mean` | `reward/mean` |
 | slime | `train/loss` | `actor/loss` |
 | slime | `train/pg_loss` | `actor/pg_loss` |
 | slime | `train/grad_norm` | `actor/grad_norm` |
@@ -95,6 +115,27 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | roll | `critic/score/max` | `reward/max` |
 | roll | `critic/score/min` | `reward/min` |
 | roll | `tokens/response_length/mean` | `response/length_mean` |
+| generic | `loss` | `actor/loss` |
+| generic | `policy_loss` | `actor/pg_loss` |
+| generic | `pg_loss` | `actor/pg_loss` |
+| generic | `grad_norm` | `actor/grad_norm` |
+| generic | `gradient_norm` | `actor/grad_norm` |
+| generic | `lr` | `optim/lr` |
+| generic | `learning_rate` | `optim/lr` |
+| generic | `entropy` | `actor/entropy` |
+| generic | `kl` | `actor/kl` |
+| generic | `reward` | `reward/mean` |
+| generic | `reward_mean` | `reward/mean` |
+| generic | `reward_std` | `reward/std` |
+| generic | `clipfrac` | `actor/clipfrac` |
+| generic | `clip_frac` | `actor/clipfrac` |
+| generic | `response_length` | `response/length_mean` |
+| generic | `loss_scale` | `optim/loss_scale` |
+
+The ``generic`` table serves logs of trainers not listed (:mod:`moescope.analyze.readers.steplines`,
+:mod:`moescope.analyze.readers.keyvalues`); a key is looked up there in lower case with runs of
+spaces, dots and hyphens made one ``_`` (``Grad Norm`` → ``grad_norm``). NeMo-RL's
+``gen_kl_error`` is its ``kl_type`` estimate, k3 by default; prime-rl's ``Mismatch KL`` is k3.
 
 Not keys but lines: a DeepSpeed ``OVERFLOW! … Attempted loss scale: X, reducing to Y`` line
 becomes ``optim/skipped`` and ``optim/loss_scale`` (see :mod:`moescope.analyze.readers.megatron`);
@@ -109,6 +150,7 @@ the other keeps its own, with a note.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -190,6 +232,31 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "train/approx_entropy": S.ENTROPY,
         "train/moe/load_balancing_loss": S.AUX_LOSS,
         "train/moe/z_loss": S.Z_LOSS,
+        "train/gen_kl_error": S.MISMATCH_KL,  # its kl_type estimate, k3 by default
+        # the console block under each "===== Step N/M =====" banner
+        "Loss": S.ACTOR_LOSS,
+        "Generation KL Error": S.MISMATCH_KL,
+        "Avg Reward": S.REWARD_MEAN,
+        "Mean Generation Length": S.LENGTH_MEAN,
+    },
+    "prime-rl": {
+        # the trainer's and orchestrator's "Step N | …" lines
+        "Loss": S.ACTOR_LOSS,
+        "Entropy": S.ENTROPY,
+        "Mismatch KL": S.MISMATCH_KL,  # k3 of trainer vs inference log-probs
+        "Grad. Norm": S.GRAD_NORM,
+        "LR": S.LR,
+        "Reward": S.REWARD_MEAN,
+        "Time": S.TIME_STEP,
+        # its W&B keys
+        "loss/mean": S.ACTOR_LOSS,
+        "entropy/all/mean": S.ENTROPY,
+        "entropy/mean": S.ENTROPY,
+        "mismatch_kl/all/mean": S.MISMATCH_KL,
+        "mismatch_kl/mean": S.MISMATCH_KL,
+        "optim/grad_norm": S.GRAD_NORM,
+        "optim/lr": S.LR,
+        "reward/mean": S.REWARD_MEAN,
     },
     "slime": {
         "train/loss": S.ACTOR_LOSS,
@@ -216,7 +283,28 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "critic/score/min": S.REWARD_MIN,
         "tokens/response_length/mean": S.LENGTH_MEAN,
     },
+    "generic": {  # looked up normalised (see the module docstring)
+        "loss": S.ACTOR_LOSS,
+        "policy_loss": S.PG_LOSS,
+        "pg_loss": S.PG_LOSS,
+        "grad_norm": S.GRAD_NORM,
+        "gradient_norm": S.GRAD_NORM,
+        "lr": S.LR,
+        "learning_rate": S.LR,
+        "entropy": S.ENTROPY,
+        "kl": S.KL,
+        "reward": S.REWARD_MEAN,
+        "reward_mean": S.REWARD_MEAN,
+        "reward_std": S.REWARD_STD,
+        "clipfrac": S.CLIPFRAC,
+        "clip_frac": S.CLIPFRAC,
+        "response_length": S.LENGTH_MEAN,
+        "loss_scale": S.LOSS_SCALE,
+    },
 }
+NORMALISED = frozenset({"generic"})
+"""Tables whose keys are looked up normalised: lower case, spaces, dots and hyphens as one ``_``."""
+_SEPARATORS = re.compile(r"[\s.\-]+")
 
 # keys that name a framework without being metrics (they tip the guess between look-alikes)
 MARKERS: dict[str, frozenset[str]] = {
@@ -224,12 +312,26 @@ MARKERS: dict[str, frozenset[str]] = {
     "openrlhf": frozenset({"train/global_step", "train/return"}),
     "nemo-rl": frozenset({"train/token_mult_prob_error", "train/gen_kl_error", "train/mean_prompt_length"}),
     "slime": frozenset({"train/train_rollout_logprob_abs_diff", "train/global_batch_size"}),
+    "prime-rl": frozenset(
+        {
+            "Grad. Norm",
+            "Mismatch KL",
+            "Max Vio",
+            "Seq. Length",
+            "Async Level",
+            "Max. Off-Policy Level",
+            "Routing Conf.",
+            "Peak Mem.",
+        }
+    ),
 }
 
 
 def canonical(framework: str | None, key: str) -> str | None:
     """The canonical name of ``key`` as ``framework`` logs it, or ``None`` when it has none."""
     table = KEY_MAP.get(framework or "", {})
+    if framework in NORMALISED:
+        key = _SEPARATORS.sub("_", key.strip().lower()).strip("_")
     if key in table:
         return table[key]
     return table.get(key[len("train/") :]) if key.startswith("train/") else None

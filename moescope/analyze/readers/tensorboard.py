@@ -21,7 +21,7 @@ from moescope.analyze.readers.keymap import guess_framework
 from moescope.errors import MoescopeError
 
 MARK = "tfevents"
-FRAMEWORKS = ("openrlhf", "nemo-rl", "slime", "verl", "trl")
+FRAMEWORKS = ("openrlhf", "nemo-rl", "slime", "verl", "trl", "prime-rl")
 
 
 def event_files(path: Path) -> list[Path]:

@@ -6,10 +6,12 @@
 - ``trl-console``: one ``{'loss': 0.1, 'grad_norm': nan, …}`` line per logging step (a Python
   ``dict`` repr, so ``nan``/``inf`` and ``np.float64(…)`` appear bare), often glued to tqdm's
   progress bar by ``\\r``. The same shape is printed by ms-swift (with ``global_step/max_steps``)
-  and by slime (``step 3: {...}``). The step is the record's own step key, else slime's
-  ``step N:`` prefix, else the count of the progress bar glued in front — HF's bar counts
-  optimizer steps and is drawn before the record is printed — when that bar is the training
-  bar (the most common total); otherwise the record joins the step before it.
+  and by slime (``step 3: {...}`` for training, ``rollout 3: {...}`` / ``eval 3: {...}`` for the
+  rollout and evaluation of rollout 3, put on step 3: one training step per rollout, slime's
+  default, makes them the same). The step is the record's own step key, else slime's prefix,
+  else the count of the progress bar glued in front — HF's bar counts optimizer steps and is
+  drawn before the record is printed — when that bar is the training bar (the most common
+  total); otherwise the record joins the step before it.
 
 The dict is read with :func:`ast.parse` and never evaluated.
 """
@@ -31,7 +33,7 @@ from moescope.errors import MoescopeError
 
 DICT_START = re.compile(r"\{\s*['\"]")
 _BAR = re.compile(rf"({INT})/({INT})\s*\[")
-_SLIME_STEP = re.compile(rf"\bstep\s+({INT}):\s*$")
+_SLIME_STEP = re.compile(rf"\b(?:step|rollout|eval)\s+({INT}):\s*$")
 _LOG_HISTORY = re.compile(r'"log_history"\s*:\s*\[')
 CONSOLE_FRAMEWORKS = ("trl", "ms-swift", "slime", "openrlhf", "nemo-rl", "verl")
 

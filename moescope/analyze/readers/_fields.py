@@ -1,0 +1,51 @@
+"""``name: value`` fields as trainers print them in free text (step lines, pasted snapshots).
+
+A field is a name, then ``:`` / ``=`` or a space, then a number and an optional unit:
+``Loss: 0.0123``, ``Grad. Norm 0.41``, ``lr=1e-06``, ``Throughput: 1234 tokens/s``,
+``MFU 12.3%``. A bare duration (``3.21s``, prime-rl's newer trainer line) is the line's
+``Time``. A piece that is none of these but holds ``key: value`` / ``key=value`` pairs with
+one-word keys (``loss: 0.5 grad_norm: 1.2``) gives those pairs. Anything else gives nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from moescope.analyze.readers._text import NUMBER, parse_number
+
+_UNIT = r"[A-Za-z%]+(?:/[A-Za-z]+)?"
+_FIELD = re.compile(
+    rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*(?:[:=]\s*|\s+)(?P<value>{NUMBER})\s*(?P<unit>{_UNIT})?"
+)
+_LABELLED = re.compile(
+    rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*[:=]\s*(?P<value>{NUMBER})\s*(?P<unit>{_UNIT})?"
+)
+_DURATION = re.compile(rf"(?P<value>{NUMBER})\s*s")
+_PAIR = re.compile(rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)\s*[:=]\s*(?P<value>{NUMBER})(?![\w.])")
+SEPARATORS = re.compile(r"\s*\|\s*|\s*,\s+|\s+-\s+|\t+")
+DURATION_KEY = "Time"
+
+
+def field(piece: str, labelled: bool = False) -> tuple[str, Any] | None:
+    """The one ``(name, value)`` field ``piece`` is, or ``None``; ``labelled``: only with a
+    ``:`` or ``=`` between them (a line of prose is not a field then)."""
+    piece = piece.strip()
+    match = (_LABELLED if labelled else _FIELD).fullmatch(piece)
+    if match and not (match.group("unit") and match.group("value")[-1].isalpha()):  # "info" is no inf + "o"
+        return match.group("key").strip(), parse_number(match.group("value"))
+    match = None if labelled else _DURATION.fullmatch(piece)
+    return (DURATION_KEY, parse_number(match.group("value"))) if match else None
+
+
+def fields(text: str) -> dict[str, Any]:
+    """Every field of ``text``, split at ``|``, ``, ``, `` - `` or tabs; a later name wins."""
+    out: dict[str, Any] = {}
+    for piece in SEPARATORS.split(text):
+        found = field(piece)
+        if found:
+            out[found[0]] = found[1]
+            continue
+        for pair in _PAIR.finditer(piece):
+            out[pair.group("key")] = parse_number(pair.group("value"))
+    return out

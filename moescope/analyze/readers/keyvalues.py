@@ -1,0 +1,89 @@
+"""Metrics pasted one per line: a snapshot without steps, or NeMo-RL's console blocks.
+
+A user copies a run's latest metrics out of W&B or a console, one ``name: value`` per line
+(``actor/entropy:0.021``, ``  • Loss: 0.0123``; a leading bullet ``•``, ``-``, ``*`` is passed
+over). With no step anywhere, those lines are one step, step 0. NeMo-RL prints a banner before
+each step's block::
+
+    ========================= Step 3/100 =========================
+    📊 Training Results:
+      • Loss: 0.0123
+      • Generation KL Error: 0.0011
+      • Avg Reward: 0.4531
+
+so a banner starts a step and the ``name: value`` lines up to the next banner are its metrics
+(the timing block's durations too, under their own names). In a log that has banners, lines
+before the first one (a config dump) are skipped. The framework is guessed from the keys
+against every table of the key map; when none recognises more of them than the ``generic``
+table of common names does, that table renames them and no framework is named.
+
+This format is detected only when no other line format is found in the file: a config dump's
+``key: value`` lines must not outvote a real log's records.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from moescope.analyze.readers._fields import field
+from moescope.analyze.readers._rows import Parsed, Row, scan
+from moescope.analyze.readers._text import INT, LogFile
+from moescope.analyze.readers.keymap import KEY_MAP, guess_framework
+
+BANNER = re.compile(rf"[\s=#*\-─]*step\s+({INT})(?:\s*/\s*{INT})?[\s=#*\-─:]*", re.IGNORECASE)
+_BULLET = re.compile(r"\s*(?:[•·*\-–]\s*)?")
+_FRAMEWORKS = tuple(name for name in KEY_MAP if name not in ("moescope", "generic"))
+
+
+def line_field(line: str) -> tuple[str, Any] | None:
+    """The ``name: value`` a line is (after a bullet), or ``None``."""
+    return field(line[_BULLET.match(line).end() :], labelled=True)
+
+
+def is_record(line: str) -> bool:
+    """A ``name: value`` line."""
+    return line_field(line) is not None
+
+
+def read(log: LogFile) -> Parsed:
+    """One row per banner's block, or one row for a snapshot without banners."""
+    banners = any(BANNER.fullmatch(line) for line in log.lines)
+    step: int | None = None
+
+    def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        nonlocal step
+        banner = BANNER.fullmatch(lines[i])
+        if banner:
+            step = int(banner.group(1))
+            return [], i + 1
+        found = line_field(lines[i])
+        if found is None or (banners and step is None):
+            return None
+        return [Row(step if banners else 0, dict([found]), lines[i], i + 1)], i + 1
+
+    parsed = scan(log.lines, parse_at)
+    parsed.rows = _blocks(parsed.rows)
+    if not banners and parsed.rows:
+        parsed.notes.append(
+            f"a snapshot without steps: its {len(parsed.rows[0].metrics)} metrics are read as step 0"
+        )
+    keys = {key for row in parsed.rows for key in row.metrics}
+    guess = guess_framework(
+        keys, (*_FRAMEWORKS, "generic")
+    )  # a framework must name more than the common names
+    parsed.framework = None if guess == "generic" else guess
+    parsed.keymap = guess or "generic"
+    return parsed
+
+
+def _blocks(rows: list[Row]) -> list[Row]:
+    """The lines of one step as one row (a later value of a name wins)."""
+    out: dict[int | None, Row] = {}
+    for row in rows:
+        if row.step in out:
+            out[row.step].metrics.update(row.metrics)
+            out[row.step].raw += "\n" + row.raw
+        else:
+            out[row.step] = Row(row.step, dict(row.metrics), row.raw, row.line)
+    return list(out.values())

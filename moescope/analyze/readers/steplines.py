@@ -1,0 +1,56 @@
+"""One line per step that starts with its step number: prime-rl, and trainers not listed.
+
+prime-rl's trainer and orchestrator print (through loguru, behind torchrun's ``[default0]:``
+when run with it)::
+
+    10:01:02 SUCCESS Step 12 | Time: 3.21s | Loss: 0.0123 | Entropy: 0.53 | Mismatch KL: 0.0012
+    | Grad. Norm: 0.41 | LR: 1.00e-06 | Throughput: 1234 tokens/s | MFU: 12.3% | Max Vio: 0.82
+    10:00:55 SUCCESS Step 12 | Time: 30.2s | Reward: 0.4123 | Seq. Length: 512.3 tokens/sample
+
+(newer trainers drop the colons and print the time bare: ``Step 12 |   3.21s | Loss 0.0123``).
+The trainer's and the orchestrator's line of one step are merged. Any other trainer that prints
+``step N[/M]`` and then ``name value`` fields separated by ``|``, ``,`` or `` - ``
+(``step 10/100 | loss 0.51 | grad_norm 1.2 | lr 1e-5``, ``Step 3: loss=0.5, reward=0.2``) is read
+the same way (:mod:`moescope.analyze.readers._fields`); its common names (``loss``, ``grad_norm``,
+``lr``, ``reward``, …) are mapped by the ``generic`` table of the key map.
+"""
+
+from __future__ import annotations
+
+import re
+
+from moescope.analyze.readers._fields import fields
+from moescope.analyze.readers._rows import Parsed, Row, scan
+from moescope.analyze.readers._text import INT, LogFile
+from moescope.analyze.readers.keymap import MARKERS
+
+STEP = re.compile(rf"(?<![\w/])step\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.])\s*[|,:\-]?", re.IGNORECASE)
+
+
+def _fields_after_step(line: str) -> tuple[int, dict] | None:
+    match = STEP.search(line)
+    if match is None:
+        return None
+    found = fields(line[match.end() :])
+    return (int(match.group(1)), found) if found else None
+
+
+def is_record(line: str) -> bool:
+    """``step N`` followed by at least one ``name value`` field."""
+    return _fields_after_step(line) is not None
+
+
+def read(log: LogFile) -> Parsed:
+    """One row per step line; lines of the same step (trainer and orchestrator) merge."""
+
+    def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        found = _fields_after_step(lines[i])
+        if found is None:
+            return None
+        return [Row(found[0], found[1], lines[i], i + 1)], i + 1
+
+    parsed = scan(log.lines, parse_at)
+    keys = {key for row in parsed.rows for key in row.metrics}
+    parsed.framework = "prime-rl" if keys & MARKERS["prime-rl"] else None
+    parsed.keymap = parsed.framework or "generic"
+    return parsed
