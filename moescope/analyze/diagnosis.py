@@ -8,13 +8,17 @@ nothing (negative controls in the tests):
 
 - ``nonfinite``: the first step with a NaN/±Inf (or a ``null`` that stands for one) and the
   metric families that went first, in pipeline order — log-prob/KL, policy loss, critic,
-  gradients; a loss field that vanishes from a step where it is usually logged (Megatron drops
-  it) is a *suspected* non-finite loss. Isolated (finite again on the next step) or persistent.
+  gradients; a loss field that vanishes from a step logging the same other metrics, in a log
+  where it is present at least as often as missing (Megatron drops a NaN loss; two pasted lines
+  can say it), is a *suspected* non-finite loss. Isolated (finite again on the next step) or
+  persistent.
 - ``grad_spike``: a gradient norm ``GRAD_SPIKE_FACTOR`` times above the median of the previous
   ``WINDOW`` steps and more than ``GRAD_SPIKE_Z`` robust deviations (MAD of log norms) away; with
   fewer than 3 earlier steps that had a gradient, ``GRAD_SPIKE_EXTREME`` times the median and
-  ``GRAD_SPIKE_FACTOR`` times the largest. Steps with a norm of 0 (no signal) are left out.
-- ``zero_grad``: a gradient norm of exactly 0 while rewards still vary.
+  ``GRAD_SPIKE_FACTOR`` times the largest. Steps with a norm of 0 (no signal) are left out. A
+  norm of ``GRAD_NORM_CEILING`` or more needs no history (a pasted excerpt's first line).
+- ``zero_grad``: a gradient norm of exactly 0 while rewards still vary, or, with no reward
+  statistic logged, together with a loss of exactly 0.
 - ``overflow``: the largest episode of fp16 steps skipped by the loss scaler; a short one (the
   scaler settling at the start) is ``info``, a longer one a ``warning``, a scale below 1 an
   ``error``.
@@ -30,10 +34,16 @@ nothing (negative controls in the tests):
 - ``no_signal``: every group's rewards were equal (no GRPO gradient) on most steps.
 - ``degenerate_output``: all responses truncated, or a constant response length, for ``SUSTAIN``
   steps.
+
+Those two, and the load-balancing level below, are also decisive in an excerpt shorter than
+``SUSTAIN`` records when every record says it (``series.throughout``): one TRL line with
+``frac_reward_zero_std: 1.0`` is no signal, one with ``completions/clipped_ratio: 1.0`` is
+degenerate output.
 - ``load_collapse`` (per layer): over a window of steps, one expert takes more than
   ``LOAD_SHARE_FACTOR`` times its uniform share and twice its early-run share, or a quarter of
   the experts that were busy early on receive nothing; or a load-balancing loss twice its early
-  value; or, for a log with only the scalar, a load CV above 1 and twice its early value.
+  value, or (Megatron's, logged unscaled: 1 when balanced) at ``LBL_IMBALANCED`` or more; or,
+  for a log with only the scalar, a load CV above 1 and twice its early value.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.series import episodes, first_logged, series, step_of
 from moescope.analyze.rules.thresholds import (
+    GRAD_NORM_CEILING,
     GRAD_SPIKE_EXTREME,
     GRAD_SPIKE_FACTOR,
     GRAD_SPIKE_Z,
@@ -26,6 +27,7 @@ def check_grad_spike(trace: Trace) -> list[Finding]:
     if key is None:
         return []
     points = [(s, v) for s, v in series(trace, key) if v > 0]  # 0: a step without signal
+    absurd = next(((s, v) for s, v in points if v >= GRAD_NORM_CEILING), None)
     spikes = []
     for i in range(2, len(points)):
         prev = [math.log(v) for _, v in points[max(0, i - WINDOW) : i]]
@@ -39,6 +41,8 @@ def check_grad_spike(trace: Trace) -> list[Finding]:
         extreme = rise > math.log(GRAD_SPIKE_EXTREME) and rise > max(prev) - med + math.log(GRAD_SPIKE_FACTOR)
         if robust or extreme:
             spikes.append((points[i][0], points[i][1], math.exp(med)))
+    if absurd is not None and (not spikes or absurd[0] < spikes[0][0]):
+        return [_absurd_norm(key, *absurd)]
     if not spikes:
         return []
     step, value, base = spikes[0]
@@ -52,6 +56,18 @@ def check_grad_spike(trace: Trace) -> list[Finding]:
             {"key": key, "value": value, "baseline": base, "steps": [s for s, _, _ in spikes]},
         )
     ]
+
+
+def _absurd_norm(key: str, step: int, value: float) -> Finding:
+    """A gradient norm no healthy run logs, judged without history (a pasted excerpt)."""
+    return Finding(
+        "grad_spike",
+        step,
+        "warning",
+        f"Gradient norm {value:.3g} at step {step}: above {GRAD_NORM_CEILING:.0e}, which no healthy "
+        "run logs, whatever came before (an overflow or a non-finite value upstream).",
+        {"key": key, "value": value, "ceiling": GRAD_NORM_CEILING, "steps": [step]},
+    )
 
 
 def _reward_varies(rec: dict[str, Any]) -> bool | None:
@@ -68,23 +84,37 @@ def check_zero_grad(trace: Trace) -> list[Finding]:
     key = first_logged(trace, (S.GRAD_NORM,))
     if key is None:
         return []
-    steps = [
-        step_of(rec, i)
-        for i, rec in enumerate(trace.steps)
-        if rec.get(key) == 0 and _reward_varies(rec) and rec.get(S.NO_SIGNAL_FRAC, 0.0) < 1.0
-    ]
-    if not steps:
+    hits = [(step_of(rec, i), rec) for i, rec in enumerate(trace.steps) if _no_update(rec, key)]
+    if not hits:
         return []
+    steps, blind = [s for s, _ in hits], _reward_varies(hits[0][1]) is None
+    why = (
+        "and so is the loss, with no reward statistics logged to tell whether every group's rewards "
+        "were equal"
+        if blind
+        else "while rewards still vary"
+    )
     return [
         Finding(
             "zero_grad",
             steps[0],
             "warning",
-            f"Gradient norm is exactly 0 at step {steps[0]} while rewards still vary "
-            f"({len(steps)} such step(s)): the update saw no signal (a detached loss, a masked batch).",
-            {"key": key, "steps": steps},
+            f"Gradient norm is exactly 0 at step {steps[0]} {why} ({len(steps)} such step(s)): the "
+            "update saw no signal (a detached loss, a masked batch).",
+            {"key": key, "steps": steps, "rewards_logged": not blind},
         )
     ]
+
+
+def _no_update(rec: dict[str, Any], key: str) -> bool:
+    """A zero gradient that no reward statistic explains: rewards vary, or none are logged and
+    the loss is exactly 0 too (one pasted record of ``loss: 0.0, grad_norm: 0.0``)."""
+    if rec.get(key) != 0 or rec.get(S.NO_SIGNAL_FRAC, 0.0) >= 1.0:
+        return False
+    varies = _reward_varies(rec)
+    if varies is None:
+        return S.NO_SIGNAL_FRAC not in rec and rec.get(S.ACTOR_LOSS) == 0
+    return varies
 
 
 def check_overflow(trace: Trace) -> list[Finding]:

@@ -1,5 +1,6 @@
 """``load_collapse`` (per layer): tokens concentrating on few experts, read from the per-layer
-expert load, the load-balancing loss, or (a log with only the scalar) the load CV."""
+expert load, the load-balancing loss (its rise, or in Megatron's normalisation its level against
+the balanced value, which a few pasted lines settle), or (a log with only the scalar) the load CV."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from collections.abc import Iterable
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import first_logged, series, shift, step_of
-from moescope.analyze.rules.thresholds import LOAD_SHARE_FACTOR, SUSTAIN, WINDOW
+from moescope.analyze.rules.series import first_logged, series, shift, step_of, throughout
+from moescope.analyze.rules.thresholds import LBL_IMBALANCED, LOAD_SHARE_FACTOR, SUSTAIN, WINDOW
 from moescope.traces import Trace
+
+UNSCALED_LBL = ("megatron", "nemo-rl")
+"""Frameworks that log Megatron's load-balancing loss divided by its coefficient: 1 when balanced.
+(transformers' is top-k when balanced, which a log does not say, so its level is not judged.)"""
 
 
 def check_load_collapse(trace: Trace) -> list[Finding]:
@@ -22,7 +27,7 @@ def check_load_collapse(trace: Trace) -> list[Finding]:
             finding = _layer_collapse(layer, steps, [load[layer] for load in loads], width)
             if finding is not None:
                 out.append(finding)
-    out += _aux_loss_rise(trace)
+    out += _aux_loss_rise(trace) or _aux_loss_level(trace)
     if not loads:  # a log with only the scalar: judge the load CV
         out += _load_cv_rise(trace)
     return out
@@ -105,3 +110,24 @@ def _aux_loss_rise(trace: Trace) -> list[Finding]:
         f"{rise.step}: routing is concentrating on fewer experts."
     )
     return [rise.finding("load_collapse", "warning", message, key=key, baseline=rise.base)]
+
+
+def _aux_loss_level(trace: Trace) -> list[Finding]:
+    """Megatron's load-balancing loss at ``LBL_IMBALANCED`` times its balanced value or more, on
+    ``SUSTAIN`` steps in a row or on every record of a shorter excerpt."""
+    points = series(trace, S.AUX_LOSS)
+    if trace.header.get("framework") not in UNSCALED_LBL or not points:
+        return []
+    start = throughout([v >= LBL_IMBALANCED for _, v in points])
+    if start is None:
+        return []
+    step, value = points[start]
+    message = (
+        f"The load-balancing loss is {value:.3g} at step {step}, {value:.1f}x its balanced value 1: "
+        f"routing is as uneven as half the experts idle or worse (Megatron's loss peaks at experts / top-k)."
+    )
+    return [
+        Finding(
+            "load_collapse", step, "warning", message, {"key": S.AUX_LOSS, "value": value, "balanced": 1.0}
+        )
+    ]

@@ -111,15 +111,22 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
 
 
 def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
-    """A loss logged on most steps but missing on some: a suspected non-finite loss."""
+    """A loss logged on at least as many steps as it is missing from, missing from a step that
+    logs the same other metrics (the same kind of record, not an evaluation line): a suspected
+    non-finite loss. One such step in a two-line excerpt counts."""
     out = []
     n = len(trace.steps)
     for key in (S.ACTOR_LOSS, S.PG_LOSS, S.VF_LOSS):
         present = [key in rec for rec in trace.steps]
-        if n < 4 or sum(present) < 0.8 * n or all(present):
+        if not any(present) or all(present) or 2 * sum(present) < n:
             continue
-        first_seen = present.index(True)
-        missing = [step_of(rec, i) for i, rec in enumerate(trace.steps) if i > first_seen and not present[i]]
+        peers = set.intersection(*(set(r) for r, p in zip(trace.steps, present, strict=True) if p))
+        peers -= {key, *SKIP_KEYS}
+        missing = [
+            step_of(rec, i)
+            for i, rec in enumerate(trace.steps)
+            if not present[i] and peers and 2 * len(peers & rec.keys()) >= len(peers)
+        ]
         missing = [s for s in missing if s not in known_bad]
         if missing:
             out.append(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import first_logged, series, shift, sustained
+from moescope.analyze.rules.series import first_logged, series, shift, throughout
 from moescope.analyze.rules.thresholds import SUSTAIN
 from moescope.traces import Trace
 
@@ -66,7 +66,8 @@ def check_no_signal(trace: Trace) -> list[Finding]:
     if not points:
         return []
     dead = [s for s, v in points if v >= 1.0]
-    if len(dead) < max(SUSTAIN, len(points) // 2):
+    excerpt = len(points) < SUSTAIN and len(dead) == len(points)  # a few pasted records, all dead
+    if len(dead) < max(SUSTAIN, len(points) // 2) and not excerpt:
         return []
     return [
         Finding(
@@ -84,24 +85,27 @@ def check_degenerate_output(trace: Trace) -> list[Finding]:
     truncated = series(trace, S.TRUNCATED_FRAC)
     lengths = series(trace, S.LENGTH_MEAN)
     lo, hi = series(trace, S.LENGTH_MIN), series(trace, S.LENGTH_MAX)
-    start = sustained([v >= 0.99 for _, v in truncated])
+    start = throughout([v >= 0.99 for _, v in truncated])
     if start is not None:
-        step = truncated[start][0]
+        step, records = truncated[start][0], len(truncated)
         why = "all responses hit the length limit"
     else:
         constant = [a[1] == b[1] for a, b in zip(lo, hi, strict=False)] if lo and hi else []
-        start = sustained(constant)
-        step = lo[start][0] if start is not None else None
+        start = throughout(constant)
+        step, records = (lo[start][0] if start is not None else None), len(constant)
         why = "every response has the same length"
     if step is None:
         return []
+    span = (
+        f"for {SUSTAIN}+ steps" if records >= SUSTAIN else f"on every one of the {records} record(s) logged"
+    )
     return [
         Finding(
             "degenerate_output",
             step,
             "error",
-            f"Degenerate output from step {step}: {why} for {SUSTAIN}+ steps (a repetition loop or a "
-            "missing end-of-sequence).",
+            f"Degenerate output from step {step}: {why} {span} (a repetition loop or a missing "
+            "end-of-sequence).",
             {"length_mean": [v for _, v in lengths][-1:]},
         )
     ]

@@ -71,6 +71,13 @@ def sustained(flags: Sequence[bool], length: int = SUSTAIN) -> int | None:
     return None
 
 
+def throughout(flags: Sequence[bool], length: int = SUSTAIN) -> int | None:
+    """Where ``length`` consecutive True flags start; in an excerpt shorter than that whose
+    every flag is True, 0 (a few pasted records that all say it are decisive). Else None."""
+    start = sustained(flags, length)
+    return 0 if start is None and 0 < len(flags) < length and all(flags) else start
+
+
 def episodes(steps: Sequence[int], gap: int = 2) -> list[list[int]]:
     """Runs of steps no more than ``gap`` apart."""
     runs: list[list[int]] = []

@@ -1,0 +1,151 @@
+"""Pasted excerpts: a few records whose own fields settle a finding, read as a user pastes them.
+
+Each rule has a positive control (the decisive records) and a negative one (the same shape,
+healthy); healthy excerpts of every pasted format raise nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from moescope.analyze.diagnosis import diagnose
+from moescope.analyze.readers import read_log
+
+
+def findings_of(tmp_path: Path, text: str, name: str = "paste.log") -> dict:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return {f.type: f for f in diagnose(read_log(path))}
+
+
+TRL_DEAD = (
+    "{'loss': 0.0, 'grad_norm': 0.0, 'learning_rate': 1e-06, 'reward': 0.0, 'reward_std': 0.0, "
+    "'frac_reward_zero_std': 1.0, 'completions/mean_length': 312.5, 'epoch': 0.01}\n"
+)
+TRL_HEALTHY = (
+    "{'loss': 0.0123, 'grad_norm': 0.41, 'learning_rate': 1e-06, 'reward': 0.44, 'reward_std': 0.31, "
+    "'frac_reward_zero_std': 0.25, 'completions/mean_length': 312.5, 'completions/clipped_ratio': 0.05, "
+    "'epoch': 0.01}\n"
+)
+
+
+def test_one_record_with_no_reward_variance_is_no_signal(tmp_path: Path) -> None:
+    found = findings_of(tmp_path, TRL_DEAD)
+    assert found["no_signal"].step == 0 and found["no_signal"].severity == "warning"
+    assert "zero_grad" not in found  # the zero gradient is explained by the dead groups
+    assert "no_signal" not in findings_of(tmp_path, TRL_HEALTHY)
+
+
+def test_one_record_with_every_completion_truncated_is_degenerate(tmp_path: Path) -> None:
+    cut = TRL_HEALTHY.replace("'completions/clipped_ratio': 0.05", "'completions/clipped_ratio': 1.0")
+    found = findings_of(tmp_path, cut)
+    assert (
+        found["degenerate_output"].severity == "error"
+        and "every one of the 1 record" in found["degenerate_output"].message
+    )
+    half = TRL_HEALTHY.replace("'completions/clipped_ratio': 0.05", "'completions/clipped_ratio': 0.5")
+    assert "degenerate_output" not in findings_of(tmp_path, half)
+
+
+def test_loss_and_gradient_exactly_zero_without_reward_statistics_is_zero_grad(tmp_path: Path) -> None:
+    text = "{'loss': 0.0, 'grad_norm': 0.0, 'learning_rate': 1e-06, 'epoch': 0.02}\n"
+    found = findings_of(tmp_path, text)
+    assert found["zero_grad"].step == 0 and not found["zero_grad"].evidence["rewards_logged"]
+    moving = (
+        "{'loss': 0.0, 'grad_norm': 0.37, 'learning_rate': 1e-06, 'epoch': 0.02}\n"  # GRPO loss ~0 is normal
+    )
+    assert "zero_grad" not in findings_of(tmp_path, moving)
+
+
+def test_a_vanished_megatron_loss_in_two_lines_is_a_suspected_non_finite(tmp_path: Path) -> None:
+    line = (
+        " [2025-03-01 10:00:{s:02d}] iteration {i:8d}/    1000 | consumed samples: {c} | learning rate: "
+        "1.000000E-06 | global batch size:    64 | {loss}loss scale: 1.0 | grad norm: 0.812 | "
+        "number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+    )
+    text = line.format(s=1, i=10, c=640, loss="lm loss: 1.234000E+00 | ") + line.format(
+        s=2, i=11, c=704, loss=""
+    )
+    nf = findings_of(tmp_path, text)["nonfinite"]
+    assert nf.step == 11 and nf.evidence["suspected"] and nf.severity == "warning"
+    healthy = line.format(s=1, i=10, c=640, loss="lm loss: 1.234000E+00 | ") + line.format(
+        s=2, i=11, c=704, loss="lm loss: 1.229000E+00 | "
+    )
+    assert "nonfinite" not in findings_of(tmp_path, healthy)
+
+
+def test_a_vanished_loss_is_judged_only_against_records_of_the_same_kind(tmp_path: Path) -> None:
+    text = (
+        "step:1 - actor/pg_loss:0.01 - actor/grad_norm:0.4 - actor/entropy:0.6 - critic/score/mean:0.3\n"
+        "step:2 - val-core/acc:0.41\n"  # a validation line: no training metric to compare
+        "step:2 - actor/pg_loss:0.02 - actor/grad_norm:0.38 - actor/entropy:0.59 - critic/score/mean:0.31\n"
+        "step:3 - val-core/acc:0.44\n"
+    )
+    assert "nonfinite" not in findings_of(tmp_path, text)
+
+
+@pytest.mark.parametrize(
+    ("framework_line", "fires"),
+    [
+        # Megatron logs its load-balancing loss divided by the coefficient: 1 when balanced
+        ("load_balancing_loss: 2.801638E+00 | ", True),
+        ("load_balancing_loss: 1.031000E+00 | ", False),
+    ],
+)
+def test_megatron_load_balancing_loss_against_its_balanced_value(
+    tmp_path: Path, framework_line: str, fires: bool
+) -> None:
+    text = "".join(
+        f" iteration {i:8d}/    1000 | learning rate: 1.000000E-06 | lm loss: 1.2E+00 | "
+        f"{framework_line}grad norm: 0.5 | number of skipped iterations:   0 |\n"
+        for i in (20, 21)
+    )
+    found = findings_of(tmp_path, text)
+    assert ("load_collapse" in found) is fires
+    if fires:
+        assert found["load_collapse"].step == 20 and found["load_collapse"].evidence["balanced"] == 1.0
+
+
+def test_transformers_aux_loss_level_is_not_judged(tmp_path: Path) -> None:
+    # transformers' router aux loss is top-k when balanced, which a log does not say
+    text = "{'loss': 0.01, 'grad_norm': 0.4, 'aux_loss': 7.9, 'reward': 0.4, 'reward_std': 0.3}\n" * 2
+    assert "load_collapse" not in findings_of(tmp_path, text)
+
+
+def test_an_absurd_gradient_norm_needs_no_history(tmp_path: Path) -> None:
+    text = (
+        "step 1/100 | loss 0.51 | grad_norm 1e9 | lr 1e-7\nstep 2/100 | loss 0.50 | grad_norm 3e8 | lr 1e-7\n"
+    )
+    spike = findings_of(tmp_path, text)["grad_spike"]
+    assert spike.step == 1 and spike.evidence["value"] == 1e9
+    calm = text.replace("1e9", "0.9").replace("3e8", "0.8")
+    assert "grad_spike" not in findings_of(tmp_path, calm)
+
+
+HEALTHY_EXCERPTS = {
+    "trl.log": TRL_HEALTHY * 2,
+    "prime.log": (
+        "Step 7 | Time: 3.21s | Loss: 0.0123 | Entropy: 0.53 | Mismatch KL: 0.0012 | Grad. Norm: 0.41 "
+        "| LR: 1.00e-06 | Max Vio: 0.42\n"
+        "Step 7 | Time: 30.2s | Reward: 0.4123 | Seq. Length: 512.3 tokens/sample | Async Level: 1\n"
+    ),
+    "nemo.log": (
+        "========================= Step 3/100 =========================\n"
+        "  • Loss: 0.0123\n  • Generation KL Error: 0.0011\n  • Avg Reward: 0.4531\n"
+        "  • Mean Generation Length: 1597.9\n"
+    ),
+    "snapshot.txt": (
+        "actor/entropy:0.61\nactor/grad_norm:0.31\nactor/pg_clipfrac:0.002\ncritic/score/mean:0.42\n"
+    ),
+    "slime.log": (
+        "step 3: {'train/loss': 0.012, 'train/grad_norm': 0.45, 'train/entropy_loss': 0.6}\n"
+        "rollout 3: {'rollout/raw_reward': 0.5}\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HEALTHY_EXCERPTS))
+def test_healthy_excerpts_raise_nothing(tmp_path: Path, name: str) -> None:
+    assert findings_of(tmp_path, HEALTHY_EXCERPTS[name], name) == {}
