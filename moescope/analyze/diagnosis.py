@@ -44,6 +44,8 @@ degenerate output.
   the experts that were busy early on receive nothing; or a load-balancing loss twice its early
   value, or (Megatron's, logged unscaled: 1 when balanced) at ``LBL_IMBALANCED`` or more; or,
   for a log with only the scalar, a load CV above 1 and twice its early value.
+- ``rollout_mismatch``: the rollout engine's log-probs drift from the trainer's, by the level,
+  the rise or the onset of any mismatch metric (:mod:`moescope.analyze.rules.mismatch`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from moescope.analyze.findings import Finding
 from moescope.analyze.rules.gradients import check_grad_spike, check_overflow, check_zero_grad
 from moescope.analyze.rules.load import check_load_collapse
 from moescope.analyze.rules.losses import check_kl_blowup, check_loss_divergence
+from moescope.analyze.rules.mismatch import check_rollout_mismatch
 from moescope.analyze.rules.nonfinite import check_nonfinite
 from moescope.analyze.rules.policy import (
     check_degenerate_output,
@@ -75,6 +78,7 @@ CHECKS: tuple[Callable[[Trace], list[Finding]], ...] = (
     check_no_signal,
     check_degenerate_output,
     check_load_collapse,
+    check_rollout_mismatch,
 )
 
 

@@ -28,6 +28,7 @@ FINDING_TYPES = (
     "degenerate_output",
     "load_collapse",
     "kl_blowup",
+    "rollout_mismatch",
 )
 SEVERITIES = ("info", "warning", "error")
 Severity = Literal["info", "warning", "error"]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from moescope.display.charts._common import sig
-from moescope.schema import ACTOR_LOSS, ENTROPY, GRAD_NORM, KL, LOAD_CV, REWARD_MEAN, STEP
+from moescope.schema import ACTOR_LOSS, ENTROPY, GRAD_NORM, KL, LOAD_CV, MISMATCH_KL, REWARD_MEAN, STEP
 
 if TYPE_CHECKING:
     from moescope.analyze.findings import Finding
@@ -37,6 +37,7 @@ FINDING_PANELS = {
     "degenerate_output": REWARD_MEAN,
     "load_collapse": LOAD_CV,
     "kl_blowup": KL,
+    "rollout_mismatch": MISMATCH_KL,
 }
 # Values a scale cannot place, drawn as markers on the panel's edge instead of being dropped.
 OFF_SCALE = ("NaN", "+Inf", "-Inf", "≤ 0")

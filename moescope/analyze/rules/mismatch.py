@@ -1,0 +1,148 @@
+"""``rollout_mismatch``: the rollout engine's log-probs drift from the trainer's.
+
+The most discussed MoE failure of RL (routing flips near ties, kernels, precision): the two
+sides score the same tokens differently, and a growing gap precedes collapse. Read from any
+mismatch metric a log carries (the key map gives each framework's under these names):
+
+- ``rollout/k3_kl``, the k3 estimate of KL(rollout ‖ training) (verl ``rollout_corr/k3_kl``,
+  ms-swift ``k3_kl``, prime-rl ``Mismatch KL``, NeMo-RL ``gen_kl_error``): a level of
+  ``MISMATCH_K3_HIGH`` or more is a warning, ten times that an error. Practitioners see about
+  1e-5–1e-3 on dense models and 1e-3–1e-1 on MoE (``rl-mismatch`` reference: verl's rollout
+  correction, NeMo-RL#1801, vime#64);
+- ``rollout/logprob_mismatch``, the mean |Δ log-prob| (TRL ``sampling_logp_difference/mean``,
+  slime ``train_rollout_logprob_abs_diff``): judged by its trend (vime#64: flat at 0.011 with a
+  sound engine, climbing to 0.036 with a faulty one);
+- NeMo-RL's ``token_mult_prob_error``, the mean exp|Δ log-prob| (1 when equal): above
+  ``MISMATCH_MULT_PROB_HIGH``, the bound a NeMo-RL recipe asserts;
+- verl's ``training/rollout_probs_diff_mean`` (of probabilities): judged by its trend.
+
+Besides a level, two shapes count, because "a rising trend matters more than a level": a
+**rise**, the running median ``MISMATCH_RISE`` times its early-run level or more for ``SUSTAIN``
+steps (for the k3 KL also above ``MISMATCH_K3_FLOOR``, the top of the dense band); and an
+**onset**, a metric absent or exactly 0 on the first ``SUSTAIN`` records that is then positive on
+``SUSTAIN`` records in a row: the two sides stopped agreeing bit for bit. A moescope replay logs
+both of its metrics from the step a ``rollout_logprob_precision`` or ``router_precision`` fault
+starts, so such a replay raises it at that step. One finding per trace, the earliest.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from moescope import schema as S
+from moescope.analyze.findings import Finding
+from moescope.analyze.rules.series import series, shift, step_of, sustained
+from moescope.analyze.rules.thresholds import (
+    MISMATCH_K3_FLOOR,
+    MISMATCH_K3_HIGH,
+    MISMATCH_MULT_PROB_HIGH,
+    MISMATCH_RISE,
+    SUSTAIN,
+)
+from moescope.traces import Trace
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """How one mismatch metric is judged: its level (``None``: trend only), the part of it
+    that rises (``excess`` over its equal value) and the least a rise must reach."""
+
+    keys: tuple[str, ...]
+    high: float | None = None
+    excess: Callable[[float], float] = lambda v: v
+    floor: float = 0.0
+
+
+GAUGES = (
+    Gauge((S.MISMATCH_KL,), high=MISMATCH_K3_HIGH, floor=MISMATCH_K3_FLOOR),
+    Gauge((S.LOGPROB_MISMATCH,)),
+    Gauge(
+        ("token_mult_prob_error", "train/token_mult_prob_error"),
+        high=MISMATCH_MULT_PROB_HIGH,
+        excess=lambda v: v - 1.0,
+    ),
+    Gauge(("training/rollout_probs_diff_mean",)),
+)
+
+
+def check_rollout_mismatch(trace: Trace) -> list[Finding]:
+    found = [f for gauge in GAUGES for f in _judge(trace, gauge)]
+    return [min(found, key=lambda f: (f.step, f.severity != "error"))] if found else []
+
+
+def _judge(trace: Trace, gauge: Gauge) -> list[Finding]:
+    key = next((k for k in gauge.keys if any(k in rec for rec in trace.steps)), None)
+    if key is None:
+        return []
+    points = series(trace, key)
+    out = []
+    if gauge.high is not None:
+        high = next(((s, v) for s, v in points if v >= gauge.high), None)
+        if high is not None:
+            error = gauge.excess(high[1]) >= 10 * gauge.excess(gauge.high)
+            out.append(
+                _finding(
+                    key,
+                    high[0],
+                    "error" if error else "warning",
+                    f"{key} reaches {high[1]:.3g}, at or above {gauge.high:g}",
+                    value=high[1],
+                    rule="level",
+                )
+            )
+    excess = [(s, gauge.excess(v)) for s, v in points]
+    rise = shift(
+        excess,
+        lambda v, base: v >= MISMATCH_RISE * base and v >= gauge.floor,
+        stat=statistics.median,
+        positive_base=True,
+    )
+    if rise is not None:
+        out.append(
+            _finding(
+                key,
+                rise.step,
+                "warning",
+                f"{key} rises to {MISMATCH_RISE:g}x its early level {rise.base:.3g} or more",
+                baseline=rise.base,
+                rule="rise",
+            )
+        )
+    onset = _onset(trace, key)
+    if onset is not None:
+        out.append(
+            _finding(
+                key,
+                onset,
+                "warning",
+                f"{key} turns positive after {SUSTAIN}+ records where the two "
+                "sides agreed bit for bit (absent or 0)",
+                rule="onset",
+            )
+        )
+    return out
+
+
+def _onset(trace: Trace, key: str) -> int | None:
+    """The step a metric absent or 0 on the first ``SUSTAIN`` records turns positive for good."""
+    values = [rec.get(key) for rec in trace.steps]
+    positive = [isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in values]
+    if len(positive) < 2 * SUSTAIN or any(positive[:SUSTAIN]):
+        return None
+    start = sustained(positive)
+    return None if start is None else step_of(trace.steps[start], start)
+
+
+def _finding(key: str, step: int, severity: str, what: str, **evidence: object) -> Finding:
+    return Finding(
+        "rollout_mismatch",
+        step,
+        severity,
+        f"Rollout and training log-probs drift apart from step {step}: {what} (routing flips, "
+        "kernels or precision differ between the engines; see routing replay, importance-sampling "
+        "correction, an fp32 router).",
+        {"key": key, **evidence},
+    )

@@ -1,0 +1,101 @@
+"""``rollout_mismatch``: level, rise and onset of every framework's mismatch metric, on read logs,
+synthetic traces and real toy replays, each with its negative control."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import moescope
+from moescope import schema as S
+from moescope.analyze.diagnosis import diagnose
+from moescope.analyze.readers import read_log
+from moescope.replay import ReplayConfig
+from moescope.traces import Trace
+
+BASE = {"steps": 12, "prompts_per_step": 4, "group_size": 8, "tasks": ("add2", "add3")}
+
+
+def mismatch(steps: list[dict], header: dict | None = None):
+    found = [f for f in diagnose(Trace(header=header or {}, steps=steps)) if f.type == "rollout_mismatch"]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def rows(key: str, values: list[float]) -> list[dict]:
+    return [{"step": i, key: v, S.GRAD_NORM: 0.5} for i, v in enumerate(values)]
+
+
+def test_a_k3_kl_above_the_moe_band_is_a_warning_and_far_above_an_error() -> None:
+    found = mismatch(rows(S.MISMATCH_KL, [0.02, 0.03, 0.15]))
+    assert found.step == 2 and found.severity == "warning" and found.evidence["rule"] == "level"
+    assert mismatch(rows(S.MISMATCH_KL, [0.02, 1.3])).severity == "error"
+    assert mismatch(rows(S.MISMATCH_KL, [0.02, 0.03, 0.05, 0.04])) is None  # inside the MoE band
+
+
+def test_a_rising_mismatch_is_a_warning_even_at_a_low_level() -> None:
+    climbing = [0.011] * 6 + [0.036] * 6  # vime#64: 0.011 with one engine, 0.036 with another
+    found = mismatch(rows(S.LOGPROB_MISMATCH, climbing))
+    assert found.step == 6 and found.evidence["rule"] == "rise"
+    flat = [0.011, 0.012, 0.010, 0.011, 0.013, 0.011, 0.012, 0.010, 0.011, 0.012, 0.011, 0.012]
+    assert mismatch(rows(S.LOGPROB_MISMATCH, flat)) is None
+
+
+def test_a_k3_rise_counts_only_above_the_dense_band() -> None:
+    tiny = [1e-6] * 6 + [5e-6] * 6  # five times, but noise far below anything that matters
+    assert mismatch(rows(S.MISMATCH_KL, tiny)) is None
+    grown = [1e-3] * 6 + [5e-3] * 6
+    assert mismatch(rows(S.MISMATCH_KL, grown)).step == 6
+
+
+def test_nemo_rl_token_mult_prob_error_against_its_recipe_bound(tmp_path: Path) -> None:
+    found = mismatch(rows("train/token_mult_prob_error", [1.01, 1.02, 1.08]))
+    assert found.step == 2 and found.severity == "warning"
+    assert mismatch(rows("train/token_mult_prob_error", [1.01, 6.55e9])).severity == "error"  # NeMo-RL#1801
+    assert mismatch(rows("train/token_mult_prob_error", [1.01, 1.02, 1.03])) is None
+
+
+def test_read_logs_of_three_frameworks(tmp_path: Path) -> None:
+    prime = tmp_path / "prime.log"
+    prime.write_text(
+        "".join(
+            f"Step {i} | Loss: 0.01 | Mismatch KL: {k} | Grad. Norm: 0.4\n" for i, k in enumerate([0.02, 0.2])
+        )
+    )
+    assert {f.type for f in diagnose(read_log(prime))} == {"rollout_mismatch"}
+    nemo = tmp_path / "nemo.log"
+    nemo.write_text(
+        "===== Step 1/9 =====\n  • Loss: 0.01\n  • Generation KL Error: 0.0009\n"
+        "===== Step 2/9 =====\n  • Loss: 0.01\n  • Generation KL Error: 0.0011\n"
+    )
+    assert diagnose(read_log(nemo)) == []
+    verl = tmp_path / "verl.log"
+    verl.write_text("step:1 - actor/grad_norm:0.4 - rollout_corr/k3_kl:0.31\n")
+    assert [f.type for f in diagnose(read_log(verl))] == ["rollout_mismatch"]
+
+
+@pytest.fixture(scope="module")
+def replays(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mismatch")
+    runs = {
+        "bf16_rollout": {"rollout_precision": "bf16"},  # a configured mismatch from the start: healthy
+        "rollout_logprob_precision": {"faults": ("rollout_logprob_precision@6",)},
+        "router_precision": {"faults": ("router_precision@6",)},
+    }
+    return {
+        name: moescope.replay("toy", ReplayConfig(**{**BASE, **kw}), out=root / f"{name}.jsonl")
+        for name, kw in runs.items()
+    }
+
+
+@pytest.mark.parametrize("fault", ["rollout_logprob_precision", "router_precision"])
+def test_a_replay_with_a_precision_fault_raises_it_at_the_fault(replays, fault: str) -> None:
+    found = mismatch(replays[fault].steps)
+    assert found.step == 6 and found.evidence["rule"] == "onset"
+
+
+def test_a_replay_with_a_configured_low_precision_rollout_raises_nothing(replays) -> None:
+    trace = replays["bf16_rollout"]
+    assert all(S.MISMATCH_KL in step for step in trace.steps)  # logged from the start
+    assert [f for f in diagnose(trace) if f.severity != "info"] == []
