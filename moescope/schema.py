@@ -199,6 +199,12 @@ EXPERT_LOAD_LAYERS = _declare(
     "array",
     "readers",
 )
+ALERTS = _declare(
+    "health/alerts",
+    "the framework's own warning lines at the step (Megatron's NaN checks, DeepSpeed overflows, ...)",
+    "text",
+    "readers",
+)
 
 # --- foreign keys the diagnosis reads under their own names (no canonical row) --------------------
 _FOREIGN = "as some frameworks log it; no canonical key, read as is"

@@ -124,6 +124,17 @@ def test_an_absurd_gradient_norm_needs_no_history(tmp_path: Path) -> None:
     assert "grad_spike" not in findings_of(tmp_path, calm)
 
 
+def test_a_framework_warning_is_the_evidence_of_its_finding(tmp_path: Path) -> None:
+    text = (
+        " iteration       10/    1000 | learning rate: 1.0E-06 | lm loss: 1.2E+00 | grad norm: 0.8 |\n"
+        "ERROR found NaN in local grad norm for bucket #0 in backward pass before data-parallel communication\n"
+        " iteration       11/    1000 | learning rate: 1.0E-06 | lm loss: 1.2E+00 | grad norm: 0.7 |\n"
+    )
+    nf = findings_of(tmp_path, text)["nonfinite"]
+    assert nf.step == 11 and "found NaN in local grad norm" in nf.message
+    assert nf.evidence["alerts"][0].startswith("ERROR found NaN")
+
+
 HEALTHY_EXCERPTS = {
     "trl.log": TRL_HEALTHY * 2,
     "prime.log": (

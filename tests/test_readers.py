@@ -571,6 +571,39 @@ def test_explicit_format_overrides_detection() -> None:
     assert plain.header["format"] == "plain" and steps_of(plain)[3][S.NONFINITE] >= 1
 
 
+# --- the frameworks' own warning lines ---------------------------------------------------------
+
+
+def test_a_megatron_nan_check_between_iteration_lines_goes_on_the_next_one(tmp_path: Path) -> None:
+    line = " iteration {i:8d}/    1000 | learning rate: 1.0E-06 | {loss}number of nan iterations:   0 |\n"
+    alert = "WARNING:megatron.core.rerun_state_machine:Bad grad_norm detected (grad_norm=nan) on rank 3"
+    text = line.format(i=10, loss="lm loss: 1.2E+00 | ") + alert + "\n" + line.format(i=11, loss="")
+    trace = read_log(write(tmp_path, "m.log", text))
+    steps = steps_of(trace)
+    assert steps[11][S.NONFINITE] == 1 and steps[11][S.ALERTS] == alert and alert in steps[11]["raw"]
+    assert steps[10][S.NONFINITE] == 0 and S.ALERTS not in steps[10]
+    assert any("1 warning line(s) of the framework itself" in n for n in trace.notes)
+    assert not any("kept their own names" in n for n in trace.notes)  # added to Megatron's own counter
+
+
+def test_overflow_anomaly_and_counter_lines_in_other_formats(tmp_path: Path) -> None:
+    text = (
+        "{'loss': 0.1, 'grad_norm': 0.5, 'step': 1}\n"
+        "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768\n"
+        "{'loss': 0.1, 'grad_norm': 0.4, 'step': 2}\n"
+        "step 3: RuntimeError: Function 'MulBackward0' returned nan values in its 0th output.\n"
+        "{'loss': 0.1, 'grad_norm': 0.4, 'step': 4}\n"
+        "number of skipped iterations: 2\n"
+        "number of nan iterations: 0\n"
+        "INFO inference done\n"
+    )
+    steps = steps_of(read_log(write(tmp_path, "console.log", text)))
+    assert steps[2][S.SKIPPED] == 1 and steps[2][S.LOSS_SCALE] == 32768  # printed before step 2's record
+    assert steps[3][S.NONFINITE] == 1 and "MulBackward0" in steps[3][S.ALERTS]  # the line names its step
+    assert steps[4][S.SKIPPED] == 2 and S.NONFINITE not in steps[4]  # after the last record: on it
+    assert S.ALERTS not in steps[1]
+
+
 # --- the key map ----------------------------------------------------------------------------------
 
 

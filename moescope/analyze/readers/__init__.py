@@ -15,6 +15,9 @@ a deployment guide, or just any text with NaNs in it.
 - ``notes``: what the reader had to decide (duplicate steps merged, rows without a step,
   skipped lines, a second format in the same file).
 
+Lines between the records where the framework itself warns (Megatron's NaN checks, DeepSpeed
+overflows, PyTorch's anomaly mode) are folded into their steps (:mod:`~moescope.analyze.readers.alerts`).
+
 Bad input — a missing path, an empty or binary file, a log with no step a reader recognises —
 raises a :class:`~moescope.errors.MoescopeError` whose message names the problem and the fix.
 
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moescope.analyze.readers import (
+    alerts,
     columns,
     jsonl,
     keyvalues,
@@ -103,6 +107,9 @@ def read_log(path: str | Path, format: str | None = None, *, num_experts: int | 
         if format != "trainer-state" or not state.is_file():
             raise MoescopeError(f"{log.path} is a directory; pass the {format} log file in it.")
         log = LogFile(state)
-    trace = assemble(READERS[format](log), format, Path(path))
+    parsed = READERS[format](log)
+    if parsed.skipped:  # a text log: the framework's warning lines among the non-records
+        parsed = alerts.fold(parsed, log.lines)
+    trace = assemble(parsed, format, Path(path))
     trace.notes.extend(notes)
     return trace

@@ -91,6 +91,8 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
     record = next(r for i, r in enumerate(trace.steps) if step_of(r, i) == step)
     module = record.get(S.FIRST_NONFINITE_MODULE)
     where = f", first in module {module}" if module else ""
+    alerts = str(record.get(S.ALERTS) or "").splitlines()
+    where += f"; the log says: {alerts[0][:160]!r}" if alerts else ""
     return Finding(
         "nonfinite",
         step,
@@ -106,6 +108,7 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
             "steps": [s for s, _ in bad_steps],
             "persistent": persistent,
             "null_only": all(record.get(k) is None for k in keys if k != S.NONFINITE),
+            "alerts": alerts,
         },
     )
 

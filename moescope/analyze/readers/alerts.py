@@ -1,0 +1,110 @@
+"""The frameworks' own words: warning lines between the records, folded into the steps.
+
+A reader keeps the records of its format and skips every other line; some of those lines are
+the framework saying what went wrong, often before any metric shows it. Each line that matches
+one of :data:`ALERTS` adds its count to the step it belongs to and is kept, verbatim, in that
+step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evidence:
+
+- Megatron's NaN checks (``Bad grad_norm detected (grad_norm=nan)``, ``found NaN in local grad
+  norm …``, ``found NaN in local forward loss …``) and PyTorch's anomaly mode (``Function
+  'MulBackward0' returned nan values in its 0th output``) → ``health/nonfinite``;
+- DeepSpeed / apex overflow lines in a log of another format (``[deepspeed] OVERFLOW! Rank 0
+  Skipping step. Attempted loss scale: 65536, reducing to 32768``) → ``optim/skipped``, and the
+  reduced scale as ``optim/loss_scale``;
+- Megatron's counters printed on a line of their own (``number of skipped iterations: 2``,
+  ``number of nan iterations: 1``) → ``optim/skipped`` / ``health/nonfinite`` when above 0.
+
+A line belongs to the step its own ``step N`` / ``iteration N`` names, else to the record printed
+after it (frameworks print a step's record once the step is done, so a warning raised during
+the step comes first), else, at the end of the log, to the last record. A log without records
+(only such lines) gives one step per line, indexed in order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from moescope import schema as S
+from moescope.analyze.readers._rows import Parsed, Row
+from moescope.analyze.readers._text import INT, NUMBER, parse_number
+from moescope.analyze.readers.keymap import canonical
+
+_STEP = re.compile(rf"\b(?:step|iteration|iter)\b\s*[:=#]?\s*({INT})", re.IGNORECASE)
+_SCALE = re.compile(rf"reducing\s*(?:loss\s*scale\s*)?to\s*({NUMBER})", re.IGNORECASE)
+_COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.IGNORECASE)
+
+
+def _count(key: str) -> Callable[[re.Match[str], str], dict[str, Any]]:
+    return lambda match, line: {key: 1}
+
+
+def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
+    scale = _SCALE.search(line)
+    return {S.SKIPPED: 1, **({S.LOSS_SCALE: parse_number(scale.group(1))} if scale else {})}
+
+
+def _counter(match: re.Match[str], line: str) -> dict[str, Any]:
+    n = int(match.group(2))
+    key = S.SKIPPED if match.group(1).lower() == "skipped" else S.NONFINITE
+    return {key: n} if n > 0 else {}
+
+
+ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, Any]]], ...] = (
+    (re.compile(r"bad grad_?norm detected", re.IGNORECASE), _count(S.NONFINITE)),
+    (
+        re.compile(r"found (?:nan|inf) in local (?:grad norm|forward loss)", re.IGNORECASE),
+        _count(S.NONFINITE),
+    ),
+    (re.compile(r"returned (?:nan|inf) values in its \d+\w* output", re.IGNORECASE), _count(S.NONFINITE)),
+    (re.compile(r"OVERFLOW!|Gradient overflow\.\s*Skipping step"), _overflow),
+    (_COUNTER, _counter),
+)
+"""``(pattern, what a matching line says)``: the metrics one line adds to its step."""
+
+
+def said(line: str) -> dict[str, Any]:
+    """The metrics an alert line adds to its step; empty for any other line."""
+    for pattern, reading in ALERTS:
+        match = pattern.search(line)
+        if match:
+            return reading(match, line)
+    return {}
+
+
+def fold(parsed: Parsed, lines: list[str]) -> Parsed:
+    """``parsed`` with the alert lines among its skipped ones folded into their steps."""
+    alerts = [(n, lines[n - 1].strip(), found) for n in parsed.skipped if (found := said(lines[n - 1]))]
+    if not alerts:
+        return parsed
+    records = sorted((r for r in parsed.rows if r.line is not None), key=lambda r: r.line)
+    table = parsed.keymap or parsed.framework
+    for number, text, found in alerts:
+        own = _STEP.search(text)
+        after = next((r for r in records if r.line > number), records[-1] if records else None)
+        if own is None and after is not None:
+            _add(after, found, text, table)
+            continue
+        step = int(own.group(1)) if own else None
+        parsed.rows.append(Row(step, {**found, S.ALERTS: text}, text, number))
+    parsed.skipped = [n for n in parsed.skipped if n not in {a[0] for a in alerts}]
+    parsed.notes.append(
+        f"{len(alerts)} warning line(s) of the framework itself were read into their steps "
+        f"(health/alerts; the first is line {alerts[0][0]})"
+    )
+    return parsed
+
+
+def _add(row: Row, found: dict[str, Any], text: str, table: str | None) -> None:
+    """Fold one alert into a record: counts add to the record's own counter (under the
+    framework's name when it logs one), a reduced loss scale is kept if none is logged."""
+    for key, value in found.items():
+        name = next((k for k in row.metrics if canonical(table, k) == key), key)
+        if key == S.LOSS_SCALE:
+            row.metrics.setdefault(name, value)
+        else:
+            logged = row.metrics.get(name, 0)
+            row.metrics[name] = (logged if isinstance(logged, int | float) else 0) + value
+    row.metrics[S.ALERTS] = "\n".join(filter(None, [row.metrics.get(S.ALERTS), text]))
+    row.raw = f"{text}\n{row.raw}"
