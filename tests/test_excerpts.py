@@ -127,7 +127,7 @@ def test_an_absurd_gradient_norm_needs_no_history(tmp_path: Path) -> None:
 def test_a_framework_warning_is_the_evidence_of_its_finding(tmp_path: Path) -> None:
     text = (
         " iteration       10/    1000 | learning rate: 1.0E-06 | lm loss: 1.2E+00 | grad norm: 0.8 |\n"
-        "ERROR found NaN in local grad norm for bucket #0 in backward pass before data-parallel communication\n"
+        "ERROR found NaN in local grad norm for bucket #0 in backward pass before data-parallel\n"
         " iteration       11/    1000 | learning rate: 1.0E-06 | lm loss: 1.2E+00 | grad norm: 0.7 |\n"
     )
     nf = findings_of(tmp_path, text)["nonfinite"]
