@@ -174,6 +174,10 @@ MISMATCH_KL = _declare(
     "rollout/k3_kl",
     "k3 estimate of KL(rollout ‖ training) per token, on the rollout's samples (verl's rollout_corr/k3_kl)",
 )
+IS_RATIO_MEAN = _declare(
+    "rollout/is_ratio_mean", "mean training / rollout probability ratio per token (1 when they agree)"
+)
+IS_RATIO_STD = _declare("rollout/is_ratio_std", "standard deviation of that ratio over the step's tokens")
 AUX_LOSS = _declare("moe/aux_loss", "router load-balancing loss (when its coefficient > 0, or as logged)")
 Z_LOSS = _declare("moe/z_loss", "router z-loss (when its coefficient > 0, or as logged)")
 OPEFO_ACTIVE = _declare("opefo/active", "1 while OPEFO's entropy floor is undercut")
@@ -199,6 +203,35 @@ EXPERT_LOAD_LAYERS = _declare(
     "array",
     "readers",
 )
+IS_RATIO_MAX = _declare(
+    "rollout/is_ratio_max", "largest training / rollout ratio of the step", source="readers"
+)
+IS_RATIO_MIN = _declare(
+    "rollout/is_ratio_min", "smallest training / rollout ratio of the step", source="readers"
+)
+IS_TRUNCATED_FRAC = _declare(
+    "rollout/is_truncated_frac",
+    "share of tokens (or sequences) whose importance weight was truncated or masked",
+    source="readers",
+)
+PROBS_DIFF_MEAN = _declare(
+    "rollout/probs_diff_mean",
+    "mean |rollout − training probability| per token (not log-prob)",
+    source="readers",
+)
+PROBS_DIFF_MAX = _declare(
+    "rollout/probs_diff_max", "largest |rollout − training probability| of the step", source="readers"
+)
+MULT_PROB_ERROR = _declare(
+    "rollout/mult_prob_error",
+    "mean exp|rollout − training log-prob| per token (1 when equal)",
+    source="readers",
+)
+LOG_PPL_DIFF = _declare(
+    "rollout/log_ppl_diff", "training − rollout log-perplexity of the responses", source="readers"
+)
+CHI2_TOKEN = _declare("rollout/chi2_token", "χ² divergence of the token-level ratio", source="readers")
+CHI2_SEQ = _declare("rollout/chi2_seq", "χ² divergence of the sequence-level ratio", source="readers")
 ALERTS = _declare(
     "health/alerts",
     "the framework's own warning lines at the step (Megatron's NaN checks, DeepSpeed overflows, ...)",

@@ -50,10 +50,10 @@ def test_a_k3_rise_counts_only_above_the_dense_band() -> None:
 
 
 def test_nemo_rl_token_mult_prob_error_against_its_recipe_bound(tmp_path: Path) -> None:
-    found = mismatch(rows("train/token_mult_prob_error", [1.01, 1.02, 1.08]))
+    found = mismatch(rows(S.MULT_PROB_ERROR, [1.01, 1.02, 1.08]))
     assert found.step == 2 and found.severity == "warning"
-    assert mismatch(rows("train/token_mult_prob_error", [1.01, 6.55e9])).severity == "error"  # NeMo-RL#1801
-    assert mismatch(rows("train/token_mult_prob_error", [1.01, 1.02, 1.03])) is None
+    assert mismatch(rows(S.MULT_PROB_ERROR, [1.01, 6.55e9])).severity == "error"  # NeMo-RL#1801
+    assert mismatch(rows(S.MULT_PROB_ERROR, [1.01, 1.02, 1.03])) is None
 
 
 def test_read_logs_of_three_frameworks(tmp_path: Path) -> None:
@@ -98,4 +98,6 @@ def test_a_replay_with_a_precision_fault_raises_it_at_the_fault(replays, fault: 
 def test_a_replay_with_a_configured_low_precision_rollout_raises_nothing(replays) -> None:
     trace = replays["bf16_rollout"]
     assert all(S.MISMATCH_KL in step for step in trace.steps)  # logged from the start
+    for step in trace.steps:  # the importance ratio training / rollout: near 1, some spread
+        assert abs(step[S.IS_RATIO_MEAN] - 1) < 0.05 and 0 < step[S.IS_RATIO_STD] < 0.5
     assert [f for f in diagnose(trace) if f.severity != "info"] == []

@@ -635,17 +635,20 @@ def test_key_map_targets_are_canonical_schema_names() -> None:
 def test_rollout_mismatch_keys_of_each_framework_become_the_replays_own(tmp_path: Path) -> None:
     """The rollout-vs-training mismatch under the replay's names: the k3 KL and the mean
     |Δ log-prob| (TRL's sampling difference is of log-probs, absolute; verl's probability
-    differences are another quantity and keep their names)."""
+    differences are another quantity, with a canonical name of their own)."""
     verl = read_log(
         write(
             tmp_path, "v.log", "step:1 - rollout_corr/k3_kl:0.002 - training/rollout_probs_diff_mean:0.01\n"
         )
     )
-    assert verl.steps[0][S.MISMATCH_KL] == 0.002 and verl.steps[0]["training/rollout_probs_diff_mean"] == 0.01
+    assert verl.steps[0][S.MISMATCH_KL] == 0.002 and verl.steps[0][S.PROBS_DIFF_MEAN] == 0.01
     assert keymap.canonical("trl", "sampling/sampling_logp_difference/mean") == S.LOGPROB_MISMATCH
     assert keymap.canonical("trl", "sampling/sampling_logp_difference/max") is None
     assert keymap.canonical("ms-swift", "k3_kl") == S.MISMATCH_KL
     assert keymap.canonical("slime", "train/train_rollout_logprob_abs_diff") == S.LOGPROB_MISMATCH
+    assert keymap.canonical("trl", "sampling/importance_sampling_ratio/max") == S.IS_RATIO_MAX
+    assert keymap.canonical("nemo-rl", "train/token_mult_prob_error") == S.MULT_PROB_ERROR
+    assert keymap.canonical("ms-swift", "chi2_seq") == keymap.canonical("verl", "rollout_corr/chi2_seq")
 
 
 def test_rename_keeps_the_loser_of_a_collision_under_its_own_name() -> None:

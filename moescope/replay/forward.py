@@ -92,6 +92,9 @@ class TrainingForward:
             roll, _, _ = self.logprobs(self.m.policy, batch, rollout_prec)
             sums.add("mismatch_sum", masked_sum((roll - old).abs().nan_to_num(0.0), mask))
             sums.add("mismatch_k3", masked_sum(k3_kl(roll, old).nan_to_num(0.0), mask))
+            ratio = (old - roll).exp().nan_to_num(0.0, posinf=0.0)  # training / rollout, per token
+            sums.add("is_ratio", masked_sum(ratio, mask))
+            sums.add("is_ratio_sq", masked_sum(ratio.square(), mask))
             sums.add("mismatch_tokens", mask.sum())
             if low is not None:
                 out["old"] = roll

@@ -36,6 +36,11 @@ def step_metrics(
     if "mismatch_tokens" in t:
         rec[S.LOGPROB_MISMATCH] = t["mismatch_sum"] / max(t["mismatch_tokens"], 1.0)
         rec[S.MISMATCH_KL] = t["mismatch_k3"] / max(t["mismatch_tokens"], 1.0)
+        mean = t["is_ratio"] / max(t["mismatch_tokens"], 1.0)
+        rec[S.IS_RATIO_MEAN] = mean
+        rec[S.IS_RATIO_STD] = math.sqrt(
+            max(t["is_ratio_sq"] / max(t["mismatch_tokens"], 1.0) - mean * mean, 0.0)
+        )
     if c.aux_loss_coef > 0:
         rec[S.AUX_LOSS] = t.get("aux", 0.0) / n_mb
     if c.z_loss_coef > 0:

@@ -26,6 +26,16 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | verl | `response_length/mean` | `response/length_mean` |
 | verl | `response_length/clip_ratio` | `response/truncated_frac` |
 | verl | `rollout_corr/k3_kl` | `rollout/k3_kl` |
+| verl | `rollout_corr/rollout_is_mean` | `rollout/is_ratio_mean` |
+| verl | `rollout_corr/rollout_is_std` | `rollout/is_ratio_std` |
+| verl | `rollout_corr/rollout_is_max` | `rollout/is_ratio_max` |
+| verl | `rollout_corr/rollout_is_min` | `rollout/is_ratio_min` |
+| verl | `rollout_corr/rollout_rs_masked_fraction` | `rollout/is_truncated_frac` |
+| verl | `rollout_corr/log_ppl_diff` | `rollout/log_ppl_diff` |
+| verl | `rollout_corr/chi2_token` | `rollout/chi2_token` |
+| verl | `rollout_corr/chi2_seq` | `rollout/chi2_seq` |
+| verl | `training/rollout_probs_diff_mean` | `rollout/probs_diff_mean` |
+| verl | `training/rollout_probs_diff_max` | `rollout/probs_diff_max` |
 | trl | `loss` | `actor/loss` |
 | trl | `policy_loss` | `actor/pg_loss` |
 | trl | `grad_norm` | `actor/grad_norm` |
@@ -41,9 +51,15 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | trl | `completions/clipped_ratio` | `response/truncated_frac` |
 | trl | `aux_loss` | `moe/aux_loss` |
 | trl | `sampling/sampling_logp_difference/mean` | `rollout/logprob_mismatch` |
+| trl | `sampling/importance_sampling_ratio/mean` | `rollout/is_ratio_mean` |
+| trl | `sampling/importance_sampling_ratio/max` | `rollout/is_ratio_max` |
+| trl | `sampling/importance_sampling_ratio/min` | `rollout/is_ratio_min` |
 | ms-swift | (every trl row) | |
 | ms-swift | `entropy/mean` | `actor/entropy` |
 | ms-swift | `k3_kl` | `rollout/k3_kl` |
+| ms-swift | `log_ppl_diff` | `rollout/log_ppl_diff` |
+| ms-swift | `chi2_token` | `rollout/chi2_token` |
+| ms-swift | `chi2_seq` | `rollout/chi2_seq` |
 | openrlhf | `train/policy_loss` | `actor/pg_loss` |
 | openrlhf | `train/actor_grad_norm` | `actor/grad_norm` |
 | openrlhf | `train/actor_lr` | `optim/lr` |
@@ -79,6 +95,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | nemo-rl | `Generation KL Error` | `rollout/k3_kl` |
 | nemo-rl | `Avg Reward` | `reward/mean` |
 | nemo-rl | `Mean Generation Length` | `response/length_mean` |
+| nemo-rl | `train/token_mult_prob_error` | `rollout/mult_prob_error` |
+| nemo-rl | `train/sampling_importance_ratio` | `rollout/is_ratio_mean` |
 | prime-rl | `Loss` | `actor/loss` |
 | prime-rl | `Entropy` | `actor/entropy` |
 | prime-rl | `Mismatch KL` | `rollout/k3_kl` |
@@ -105,6 +123,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | slime | `rollout/raw_reward` | `reward/mean` |
 | slime | `response_len/mean` | `response/length_mean` |
 | slime | `train/train_rollout_logprob_abs_diff` | `rollout/logprob_mismatch` |
+| slime | `train/tis` | `rollout/is_ratio_mean` |
+| slime | `train/tis_clipfrac` | `rollout/is_truncated_frac` |
 | roll | `actor/total_loss` | `actor/loss` |
 | roll | `actor/pg_loss` | `actor/pg_loss` |
 | roll | `actor_train/grad_norm` | `actor/grad_norm` |
@@ -134,7 +154,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 
 The ``generic`` table serves logs of trainers not listed (:mod:`moescope.analyze.readers.steplines`,
 :mod:`moescope.analyze.readers.keyvalues`); a key is looked up there in lower case with runs of
-spaces, dots and hyphens made one ``_`` (``Grad Norm`` → ``grad_norm``). NeMo-RL's
+spaces, dots and hyphens made one ``_`` (``Grad Norm`` → ``grad_norm``). slime's ``train/tis``
+is the mean importance weight after its truncation. NeMo-RL's
 ``gen_kl_error`` is its ``kl_type`` estimate, k3 by default; prime-rl's ``Mismatch KL`` is k3.
 
 Not keys but lines: a DeepSpeed ``OVERFLOW! … Attempted loss scale: X, reducing to Y`` line
@@ -172,6 +193,9 @@ _TRL = {
     "completions/clipped_ratio": S.TRUNCATED_FRAC,
     "aux_loss": S.AUX_LOSS,
     "sampling/sampling_logp_difference/mean": S.LOGPROB_MISMATCH,  # mean |old − rollout log-prob|
+    "sampling/importance_sampling_ratio/mean": S.IS_RATIO_MEAN,
+    "sampling/importance_sampling_ratio/max": S.IS_RATIO_MAX,
+    "sampling/importance_sampling_ratio/min": S.IS_RATIO_MIN,
 }
 
 KEY_MAP: dict[str, dict[str, str]] = {
@@ -194,9 +218,26 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "response_length/mean": S.LENGTH_MEAN,
         "response_length/clip_ratio": S.TRUNCATED_FRAC,
         "rollout_corr/k3_kl": S.MISMATCH_KL,
+        "rollout_corr/rollout_is_mean": S.IS_RATIO_MEAN,
+        "rollout_corr/rollout_is_std": S.IS_RATIO_STD,
+        "rollout_corr/rollout_is_max": S.IS_RATIO_MAX,
+        "rollout_corr/rollout_is_min": S.IS_RATIO_MIN,
+        "rollout_corr/rollout_rs_masked_fraction": S.IS_TRUNCATED_FRAC,
+        "rollout_corr/log_ppl_diff": S.LOG_PPL_DIFF,
+        "rollout_corr/chi2_token": S.CHI2_TOKEN,
+        "rollout_corr/chi2_seq": S.CHI2_SEQ,
+        "training/rollout_probs_diff_mean": S.PROBS_DIFF_MEAN,
+        "training/rollout_probs_diff_max": S.PROBS_DIFF_MAX,
     },
     "trl": _TRL,
-    "ms-swift": {**_TRL, "entropy/mean": S.ENTROPY, "k3_kl": S.MISMATCH_KL},
+    "ms-swift": {
+        **_TRL,
+        "entropy/mean": S.ENTROPY,
+        "k3_kl": S.MISMATCH_KL,
+        "log_ppl_diff": S.LOG_PPL_DIFF,
+        "chi2_token": S.CHI2_TOKEN,
+        "chi2_seq": S.CHI2_SEQ,
+    },
     "openrlhf": {
         "train/policy_loss": S.PG_LOSS,
         "train/actor_grad_norm": S.GRAD_NORM,
@@ -233,6 +274,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "train/moe/load_balancing_loss": S.AUX_LOSS,
         "train/moe/z_loss": S.Z_LOSS,
         "train/gen_kl_error": S.MISMATCH_KL,  # its kl_type estimate, k3 by default
+        "train/token_mult_prob_error": S.MULT_PROB_ERROR,
+        "train/sampling_importance_ratio": S.IS_RATIO_MEAN,
         # the console block under each "===== Step N/M =====" banner
         "Loss": S.ACTOR_LOSS,
         "Generation KL Error": S.MISMATCH_KL,
@@ -270,6 +313,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "rollout/raw_reward": S.REWARD_MEAN,
         "response_len/mean": S.LENGTH_MEAN,
         "train/train_rollout_logprob_abs_diff": S.LOGPROB_MISMATCH,
+        "train/tis": S.IS_RATIO_MEAN,
+        "train/tis_clipfrac": S.IS_TRUNCATED_FRAC,
     },
     "roll": {
         "actor/total_loss": S.ACTOR_LOSS,

@@ -12,9 +12,10 @@ mismatch metric a log carries (the key map gives each framework's under these na
 - ``rollout/logprob_mismatch``, the mean |Δ log-prob| (TRL ``sampling_logp_difference/mean``,
   slime ``train_rollout_logprob_abs_diff``): judged by its trend (vime#64: flat at 0.011 with a
   sound engine, climbing to 0.036 with a faulty one);
-- NeMo-RL's ``token_mult_prob_error``, the mean exp|Δ log-prob| (1 when equal): above
-  ``MISMATCH_MULT_PROB_HIGH``, the bound a NeMo-RL recipe asserts;
-- verl's ``training/rollout_probs_diff_mean`` (of probabilities): judged by its trend.
+- ``rollout/mult_prob_error``, NeMo-RL's ``token_mult_prob_error``, the mean exp|Δ log-prob| (1
+  when equal): above ``MISMATCH_MULT_PROB_HIGH``, the bound a NeMo-RL recipe asserts;
+- ``rollout/probs_diff_mean``, verl's ``training/rollout_probs_diff_mean`` (of probabilities):
+  judged by its trend.
 
 Besides a level, two shapes count, because "a rising trend matters more than a level": a
 **rise**, the running median ``MISMATCH_RISE`` times its early-run level or more for ``SUSTAIN``
@@ -59,12 +60,8 @@ class Gauge:
 GAUGES = (
     Gauge((S.MISMATCH_KL,), high=MISMATCH_K3_HIGH, floor=MISMATCH_K3_FLOOR),
     Gauge((S.LOGPROB_MISMATCH,)),
-    Gauge(
-        ("token_mult_prob_error", "train/token_mult_prob_error"),
-        high=MISMATCH_MULT_PROB_HIGH,
-        excess=lambda v: v - 1.0,
-    ),
-    Gauge(("training/rollout_probs_diff_mean",)),
+    Gauge((S.MULT_PROB_ERROR,), high=MISMATCH_MULT_PROB_HIGH, excess=lambda v: v - 1.0),
+    Gauge((S.PROBS_DIFF_MEAN,)),
 )
 
 
