@@ -61,6 +61,7 @@ FIXTURE_FORMATS = {
     "generic_steps.log": "step-lines",
     "nemo_rl_console.log": "key-values",
     "verl_snapshot.txt": "key-values",
+    "openrlhf_console.log": "openrlhf-console",
 }
 
 
@@ -521,6 +522,27 @@ def test_a_field_is_a_name_then_a_number(piece: str, expected) -> None:
         assert found == expected
 
 
+def test_openrlhf_episode_bar_postfix_one_step_per_status() -> None:
+    trace, steps = read_fixture("openrlhf_console.log", "openrlhf", [2, 3])
+    two = steps[2]  # drawn at 1/50 by set_postfix, then at 2/50 by update: one step, the later count
+    assert two[S.PG_LOSS] == 0.0123 and two[S.LR] == 1e-06 and two[S.REWARD_MEAN] == 0.5
+    assert two[S.CLIPFRAC] == 0.02 and two[S.LENGTH_MEAN] == 312 and two["total_length"] == 512
+    assert math.isnan(steps[3][S.PG_LOSS])
+    assert any("1 of 5 non-empty lines" in n for n in trace.notes)  # the first bar, drawn without a postfix
+
+
+def test_openrlhf_inner_bars_alone_are_read_in_order(tmp_path: Path) -> None:
+    bar = "Train epoch [1/1]: {p}%|##| {n}/4 [00:10<00:00,act_loss={a}, reward=0.5, gen_len=300, act_lr=1e-6]"
+    line = "\r".join(bar.format(p=25 * n, n=n, a=0.1 + n) for n in range(1, 5))
+    text = line + "\n" + line.replace("act_loss=4.1", "act_loss=9.0") + "\n"
+    trace = read_log(write(tmp_path, "inner.log", text))
+    assert [(s["step"], s[S.PG_LOSS], s[S.LENGTH_MEAN]) for s in trace.steps] == [
+        (0, 4.1, 300),
+        (1, 9.0, 300),
+    ]
+    assert any("no Episode bar" in n for n in trace.notes)
+
+
 def test_nemo_rl_console_blocks_under_step_banners() -> None:
     trace, steps = read_fixture("nemo_rl_console.log", "nemo-rl", [1, 2])
     one = steps[1]
@@ -763,7 +785,7 @@ TOKENS = [
     "Attempted loss scale: 65536, reducing to 32768", 'metrics_tag: {"step": 1, "metrics": {',
     '{"step": 2, "data": {', '"log_history": [', "NaN", "Infinity", "null", "  3/10 [", "step 4: ", "# ",
     "layer=1 ", "17 ", "9" * 30, "Step 3 | ", "Time: 3.2s | ", "Grad. Norm ", " tokens/s", "%", "• Loss: ",
-    "===== Step 2/10 =====", "rollout 5: ", "lr=",
+    "===== Step 2/10 =====", "rollout 5: ", "lr=", "Episode [1/1]:  4%|#| 2/50 [01:00<24:00, ", "act_loss=",
 ]
 # fmt: on
 FUZZ = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

@@ -3,9 +3,9 @@
 A failed run's evidence comes in whatever its framework wrote: verl's console or JSONL file,
 TRL / HF Trainer's ``trainer_state.json`` or console, Megatron-LM iteration lines with DeepSpeed
 overflow lines, ms-swift and ROLL JSON lines, TensorBoard event files (OpenRLHF, NeMo-RL, slime),
-prime-rl's ``Step N | …`` lines (and any trainer's ``step N`` lines of ``name value`` fields),
-NeMo-RL's console blocks, a snapshot of metrics pasted one per line, the simple column files of
-a deployment guide, or just any text with NaNs in it.
+OpenRLHF's progress-bar postfixes, prime-rl's ``Step N | …`` lines (and any trainer's ``step N``
+lines of ``name value`` fields), NeMo-RL's console blocks, a snapshot of metrics pasted one per
+line, the simple column files of a deployment guide, or just any text with NaNs in it.
 :func:`read_log` turns each into a :class:`~moescope.traces.Trace` that the diagnosis reads:
 
 - ``header``: ``{"kind": "header", "format": <name>, "source": <path>, "framework": <name or None>}``;
@@ -42,6 +42,7 @@ from moescope.analyze.readers import (
     jsonl,
     keyvalues,
     megatron,
+    openrlhf,
     plain,
     steplines,
     tensorboard,
@@ -64,6 +65,7 @@ READERS: dict[str, Callable[[LogFile], Parsed]] = {
     "jsonl": jsonl.read_flat,
     "roll": jsonl.read_roll,
     "megatron": megatron.read,
+    "openrlhf-console": openrlhf.read,
     "step-lines": steplines.read,
     "tensorboard": tensorboard.read,
     "entropy-log": columns.read_entropy,

@@ -5,7 +5,8 @@ whose first record is a TensorBoard ``brain.Event``) → ``tensorboard``; a dire
 ``trainer_state.json``, or a JSON document with ``log_history`` → ``trainer-state``; a first line
 that is a moescope trace header → ``moescope``. Otherwise every line is classified — verl's
 ``step:N - ``, Megatron's ``iteration N/ M |`` and DeepSpeed's ``OVERFLOW!``, a Python dict, a
-JSON object (verl's ``{"step","data"}``, ROLL's ``metrics_tag:``, a flat one), a ``Step N |
+JSON object (verl's ``{"step","data"}``, ROLL's ``metrics_tag:``, a flat one), a progress bar
+with a ``key=value`` postfix (OpenRLHF), a ``Step N |
 name value`` line (prime-rl and trainers not listed), whitespace columns — and the format with
 most lines wins; the scan stops once enough lines are
 recognised, so a long preamble (verl prints its whole config first) costs a pass, not a guess.
@@ -25,6 +26,7 @@ import moescope.analyze.readers.columns as columns
 import moescope.analyze.readers.jsonl as jsonl
 import moescope.analyze.readers.keyvalues as keyvalues
 import moescope.analyze.readers.megatron as megatron
+import moescope.analyze.readers.openrlhf as openrlhf
 import moescope.analyze.readers.plain as plain
 import moescope.analyze.readers.steplines as steplines
 import moescope.analyze.readers.tensorboard as tensorboard
@@ -39,6 +41,7 @@ _LINE_KINDS = (
     lambda line: "verl-console" if verl.is_record(line) else None,
     lambda line: "megatron" if megatron.is_record(line) else None,
     lambda line: "trl-console" if trl.is_record(line) else None,
+    lambda line: "openrlhf-console" if openrlhf.is_record(line) else None,
     columns.kind,  # before step lines: "step=7 layer=1 expert=3 tokens=30" is an expert-load row
     lambda line: "step-lines" if steplines.is_record(line) else None,
 )

@@ -73,6 +73,22 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | openrlhf | `train/response_clip_ratio` | `response/truncated_frac` |
 | openrlhf | `train/critic_loss` | `critic/vf_loss` |
 | openrlhf | `train/critic_grad_norm` | `critic/grad_norm` |
+| openrlhf | `policy_loss` | `actor/pg_loss` |
+| openrlhf | `actor_grad_norm` | `actor/grad_norm` |
+| openrlhf | `actor_lr` | `optim/lr` |
+| openrlhf | `entropy_loss` | `actor/entropy` |
+| openrlhf | `kl` | `actor/kl` |
+| openrlhf | `ppo_kl` | `actor/ppo_kl` |
+| openrlhf | `ppo_clip_ratio` | `actor/clipfrac` |
+| openrlhf | `reward` | `reward/mean` |
+| openrlhf | `group_reward_std` | `reward/std` |
+| openrlhf | `response_length` | `response/length_mean` |
+| openrlhf | `response_clip_ratio` | `response/truncated_frac` |
+| openrlhf | `critic_loss` | `critic/vf_loss` |
+| openrlhf | `act_loss` | `actor/pg_loss` |
+| openrlhf | `act_lr` | `optim/lr` |
+| openrlhf | `gen_len` | `response/length_mean` |
+| openrlhf | `ent_loss` | `actor/entropy` |
 | megatron | `lm loss` | `actor/loss` |
 | megatron | `grad norm` | `actor/grad_norm` |
 | megatron | `learning rate` | `optim/lr` |
@@ -252,6 +268,23 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "train/response_clip_ratio": S.TRUNCATED_FRAC,
         "train/critic_loss": S.VF_LOSS,
         "train/critic_grad_norm": S.CRITIC_GRAD_NORM,
+        # the console's progress-bar postfix: the Episode bar's full names, the inner bar's short ones
+        "policy_loss": S.PG_LOSS,
+        "actor_grad_norm": S.GRAD_NORM,
+        "actor_lr": S.LR,
+        "entropy_loss": S.ENTROPY,
+        "kl": S.KL,
+        "ppo_kl": S.PPO_KL,
+        "ppo_clip_ratio": S.CLIPFRAC,
+        "reward": S.REWARD_MEAN,
+        "group_reward_std": S.REWARD_STD,
+        "response_length": S.LENGTH_MEAN,
+        "response_clip_ratio": S.TRUNCATED_FRAC,
+        "critic_loss": S.VF_LOSS,
+        "act_loss": S.PG_LOSS,
+        "act_lr": S.LR,
+        "gen_len": S.LENGTH_MEAN,
+        "ent_loss": S.ENTROPY,
     },
     "megatron": {
         "lm loss": S.ACTOR_LOSS,

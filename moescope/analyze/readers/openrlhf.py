@@ -1,0 +1,90 @@
+"""OpenRLHF's console: the metrics it shows in its progress bars' postfix.
+
+OpenRLHF has no structured console log; what a user can paste is tqdm's bars, redrawn with
+``\\r`` (a file keeps every redraw on one line)::
+
+    Episode [1/1]:  10%|█         | 5/50 [01:23<12:30, 16.7s/it, policy_loss=0.0123, actor_lr=1e-06,
+    reward=0.5, response_length=312, kl=0.001, ppo_clip_ratio=0.02]
+    Train epoch [1/1]: 100%|██████████| 8/8 [00:10<00:00, act_loss=0.12, reward=0.5, kl=0.001, act_lr=1e-06]
+
+The outer ``Episode`` bar carries a training step's whole status (``pbar.set_postfix(logs_dict)``
+then ``pbar.update()``), so each distinct postfix is one step, numbered by the bar's count after
+the update (the largest count drawn with that postfix). The inner ``Train epoch`` bars show one
+minibatch's short status (``act_loss``, ``gen_len``, ``act_lr``, …); they are read only when a
+paste has no ``Episode`` bar, one step per completed inner bar (its last postfix), in order.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from moescope.analyze.readers._rows import Parsed, Row
+from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number
+
+BAR = re.compile(
+    rf"(?P<desc>[A-Za-z][\w ]*?(?:\[\d+/\d+\])?)\s*:\s*\d+%\|[^|]*\|\s*(?P<n>{INT})/(?P<total>{INT})"
+    r"\s*\[(?P<inside>[^\]]*)\]"
+)
+_PAIR = re.compile(rf"(?P<key>[A-Za-z_][\w/.\-]*)=(?P<value>{NUMBER})(?=\s*(?:,|$))")
+OUTER = "Episode"
+
+
+def renders(line: str) -> list[tuple[str, int, int, dict[str, Any], str]]:
+    """``(desc, n, total, postfix, text)`` of every bar drawn on ``line`` that has a postfix."""
+    out = []
+    for piece in line.split("\r"):
+        for bar in BAR.finditer(piece):
+            pairs = {
+                m.group("key"): parse_number(m.group("value")) for m in _PAIR.finditer(bar.group("inside"))
+            }
+            if pairs:
+                out.append(
+                    (
+                        bar.group("desc").strip(),
+                        int(bar.group("n")),
+                        int(bar.group("total")),
+                        pairs,
+                        bar.group(0),
+                    )
+                )
+    return out
+
+
+def is_record(line: str) -> bool:
+    """A line with at least one progress bar whose postfix holds ``key=value`` metrics."""
+    return bool(renders(line))
+
+
+def read(log: LogFile) -> Parsed:
+    """One row per Episode-bar postfix, or per completed inner bar when there is no Episode bar."""
+    drawn = [(i + 1, r) for i, line in enumerate(log.lines) for r in renders(line)]
+    outer = [(n, r) for n, r in drawn if r[0].startswith(OUTER)]
+    rows = _outer_rows(outer) if outer else _inner_rows(drawn)
+    used = {n for n, _ in drawn}  # inner bars beside an Episode bar are passed over, not unread
+    skipped = [i + 1 for i, line in enumerate(log.lines) if line.strip() and i + 1 not in used]
+    notes = [] if outer else ["no Episode bar: one step per completed inner bar, numbered in order"]
+    return Parsed(
+        rows, "openrlhf", notes=notes, skipped=skipped, lines=sum(1 for x in log.lines if x.strip())
+    )
+
+
+def _outer_rows(outer: list[tuple[int, tuple]]) -> list[Row]:
+    """Each distinct postfix once, on the largest count drawn with it."""
+    rows: list[Row] = []
+    for line, (_, n, _, pairs, text) in outer:
+        if rows and rows[-1].metrics == pairs:
+            rows[-1].step = max(rows[-1].step or 0, n)
+            continue
+        rows.append(Row(n, dict(pairs), text, line))
+    return rows
+
+
+def _inner_rows(drawn: list[tuple[int, tuple]]) -> list[Row]:
+    """The last postfix of every completed bar (count = total), numbered from 0."""
+    done = [(line, r) for line, r in drawn if r[1] == r[2]]
+    last: list[tuple[int, tuple]] = []
+    for line, r in done:  # a finished bar redrawn with the same postfix counts once
+        if not last or last[-1][1][3] != r[3]:
+            last.append((line, r))
+    return [Row(i, dict(r[3]), r[4], line) for i, (line, r) in enumerate(last)]
