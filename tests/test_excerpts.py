@@ -108,6 +108,31 @@ def test_megatron_load_balancing_loss_against_its_balanced_value(
         assert found["load_collapse"].step == 20 and found["load_collapse"].evidence["balanced"] == 1.0
 
 
+def test_megatron_named_load_balancing_loss_in_ms_swift_lines(tmp_path: Path) -> None:
+    line = (
+        '{{"loss": 0.01, "grad_norm": 0.4, "load_balancing_loss": {v}, "global_step/max_steps": "{i}/100"}}\n'
+    )
+    found = findings_of(tmp_path, line.format(v=3.1, i=5) + line.format(v=3.2, i=6), "logging.jsonl")
+    assert (
+        found["load_collapse"].evidence["key"] == "load_balancing_loss" and found["load_collapse"].step == 5
+    )
+    calm = line.format(v=1.02, i=5) + line.format(v=1.05, i=6)
+    assert "load_collapse" not in findings_of(tmp_path, calm, "logging.jsonl")
+
+
+def test_megatron_per_layer_load_balancing_loss_names_the_layer(tmp_path: Path) -> None:
+    from moescope.traces import Trace
+
+    steps = [
+        {"step": s, "moe/load_balancing_loss_layer_0": 1.01, "moe/load_balancing_loss_layer_7": 2.9}
+        for s in (100, 101)
+    ]
+    found = [
+        f for f in diagnose(Trace(header={"framework": "megatron"}, steps=steps)) if f.type == "load_collapse"
+    ]
+    assert [(f.layer, f.step) for f in found] == [(7, 100)]
+
+
 def test_transformers_aux_loss_level_is_not_judged(tmp_path: Path) -> None:
     # transformers' router aux loss is top-k when balanced, which a log does not say
     text = "{'loss': 0.01, 'grad_norm': 0.4, 'aux_loss': 7.9, 'reward': 0.4, 'reward_std': 0.3}\n" * 2

@@ -42,7 +42,8 @@ degenerate output.
 - ``load_collapse`` (per layer): over a window of steps, one expert takes more than
   ``LOAD_SHARE_FACTOR`` times its uniform share and twice its early-run share, or a quarter of
   the experts that were busy early on receive nothing; or a load-balancing loss twice its early
-  value, or (Megatron's, logged unscaled: 1 when balanced) at ``LBL_IMBALANCED`` or more; or,
+  value, or (Megatron's, logged unscaled: 1 when balanced; also per layer) at ``LBL_IMBALANCED``
+  or more; or,
   for a log with only the scalar, a load CV above 1 and twice its early value.
 - ``rollout_mismatch``: the rollout engine's log-probs drift from the trainer's, by the level,
   the rise or the onset of any mismatch metric (:mod:`moescope.analyze.rules.mismatch`).

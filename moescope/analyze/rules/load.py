@@ -4,6 +4,7 @@ the balanced value, which a few pasted lines settle), or (a log with only the sc
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Iterable
 
@@ -16,6 +17,10 @@ from moescope.traces import Trace
 UNSCALED_LBL = ("megatron", "nemo-rl")
 """Frameworks that log Megatron's load-balancing loss divided by its coefficient: 1 when balanced.
 (transformers' is top-k when balanced, which a log does not say, so its level is not judged.)"""
+MEGATRON_LBL_KEYS = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss")
+"""Megatron's names, judged under any framework that logs them as is (ms-swift's Megatron backend)."""
+PER_LAYER_LBL = re.compile(r"(?:train/)?moe/(?:seq_|global_)?load_balancing_loss_layer_(\d+)")
+"""Megatron's per-layer load-balancing loss (``--moe-per-layer-logging``), read under its own name."""
 
 
 def check_load_collapse(trace: Trace) -> list[Finding]:
@@ -114,20 +119,33 @@ def _aux_loss_rise(trace: Trace) -> list[Finding]:
 
 def _aux_loss_level(trace: Trace) -> list[Finding]:
     """Megatron's load-balancing loss at ``LBL_IMBALANCED`` times its balanced value or more, on
-    ``SUSTAIN`` steps in a row or on every record of a shorter excerpt."""
-    points = series(trace, S.AUX_LOSS)
-    if trace.header.get("framework") not in UNSCALED_LBL or not points:
-        return []
+    ``SUSTAIN`` steps in a row or on every record of a shorter excerpt: the model's, then each
+    layer's (``--moe-per-layer-logging``: ``moe/load_balancing_loss_layer_<i>``)."""
+    unscaled = trace.header.get("framework") in UNSCALED_LBL
+    key = S.AUX_LOSS if unscaled else first_logged(trace, MEGATRON_LBL_KEYS)
+    whole = _lbl_level(trace, key, None) if key else None
+    layers = sorted(
+        {
+            m.group(0): int(m.group(1))
+            for rec in trace.steps
+            for k in rec
+            if (m := PER_LAYER_LBL.fullmatch(k))
+        }.items()
+    )
+    found = [f for k, layer in layers if (f := _lbl_level(trace, k, layer)) is not None]
+    return ([whole] if whole else []) + found
+
+
+def _lbl_level(trace: Trace, key: str, layer: int | None) -> Finding | None:
+    points = series(trace, key)
     start = throughout([v >= LBL_IMBALANCED for _, v in points])
     if start is None:
-        return []
+        return None
     step, value = points[start]
+    where = f" in layer {layer}" if layer is not None else ""
     message = (
-        f"The load-balancing loss is {value:.3g} at step {step}, {value:.1f}x its balanced value 1: "
-        f"routing is as uneven as half the experts idle or worse (Megatron's loss peaks at experts / top-k)."
+        f"The load-balancing loss{where} is {value:.3g} at step {step}, {value:.1f}x its balanced value 1: "
+        "routing is as uneven as half the experts idle or worse (Megatron's loss peaks at experts / top-k)."
     )
-    return [
-        Finding(
-            "load_collapse", step, "warning", message, {"key": S.AUX_LOSS, "value": value, "balanced": 1.0}
-        )
-    ]
+    evidence = {"key": key, "value": value, "balanced": 1.0}
+    return Finding("load_collapse", step, "warning", message, evidence, layer=layer)
