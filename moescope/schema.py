@@ -166,6 +166,11 @@ PPO_KL = _declare("actor/ppo_kl", "mean old − current log-prob per token: the 
 CLIP_COEF = _declare("optim/clip_coef", "gradient clipping factor applied (1: not clipped)")
 UPDATE_APPLIED = _declare("actor/update_applied", "optimizer steps applied (not skipped, not omitted)")
 ROUTER_LOGIT_MAX = _declare("moe/router_logit_max", "largest |router logit| of the step")
+TOPK_MARGIN = _declare(
+    "moe/topk_margin",
+    "mean gap between the k-th and the next selection score, over tokens and layers (small: flip risk)",
+)
+TOPK_MARGIN_LAYERS = _declare("moe/topk_margin_layers", "that gap per MoE layer", "array")
 LOGPROB_MISMATCH = _declare(
     "rollout/logprob_mismatch",
     "mean |rollout − training log-prob| per token (when their precisions differ)",

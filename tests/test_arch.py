@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from moescope.errors import UnsupportedArchitectureError
+from moescope.models.routers import selection_scores, topk_margin
 from moescope.models.support import language_config, spec_for
 from moescope.models.table import ARCHITECTURES, config_value, supported_architectures
 from moescope.models.view import adapt
@@ -127,6 +128,11 @@ def test_routing_equals_the_model_router(arch: str, overrides: dict) -> None:
             out = (out, *layer.block.route_tokens_to_experts(out))
         stock_logits, stock_weights, stock_index = out
         torch.testing.assert_close(logits, stock_logits.float())
+        scores = selection_scores(logits, layer.rule, layer.correction_bias)  # what top-k is taken over
+        taken = torch.topk(scores, layer.top_k, dim=-1).indices
+        assert torch.equal(taken.sort(-1).values, stock_index.sort(-1).values)
+        margin = topk_margin(scores, layer.top_k)
+        assert bool((margin[torch.isfinite(margin)] >= 0).all()) and bool(torch.isfinite(margin).any())
         order, stock_order = index.argsort(-1), stock_index.argsort(-1)
         assert torch.equal(index.gather(1, order), stock_index.gather(1, stock_order))
         torch.testing.assert_close(

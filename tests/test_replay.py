@@ -47,6 +47,9 @@ def test_trace_header_and_step_records(healthy):
     )
     for group in ("attention", "routed_experts", "router", "embeddings"):
         assert step[f"actor/grad_norm/{group}"] >= 0
+    margins = step["moe/topk_margin_layers"]  # softmax probabilities: a gap in (0, 1)
+    assert len(margins) == 4 and all(0 < m < 1 for m in margins)
+    assert math.isclose(step["moe/topk_margin"], sum(margins) / 4)
     te = step["actor/token_entropy"]
     assert sum(te["hist"]) == sum(te["bucket_tokens"]) > 0
     assert any(s["actor/grad_norm"] > 0 for s in healthy.steps)  # mixed rewards give a gradient

@@ -116,22 +116,45 @@ def route(
     logits = logits.float()
     if rule.scoring == "sparsemixer":
         return _sparsemixer(logits, rule)
-    biased = rule.bias_for_selection and bias is not None
+    for_choice = selection_scores(logits, rule, bias)
+    index = torch.topk(for_choice, rule.top_k, dim=-1).indices
     if rule.scoring == "logits":
-        for_choice = logits + bias.float().reshape(-1) if biased else logits
-        index = torch.topk(for_choice, rule.top_k, dim=-1).indices
         chosen = logits.gather(1, index)
         weights = torch.softmax(chosen, -1) if rule.weights == "softmax_selected" else torch.sigmoid(chosen)
         return _finish(weights, rule), index
     scores = torch.softmax(logits, -1) if rule.scoring == "softmax" else torch.sigmoid(logits)
+    if rule.grouped and rule.mask_fill == 0.0:  # DeepSeek-V2 selects *and weighs* on the masked scores
+        scores = for_choice
+    return _finish(scores.gather(1, index), rule), index
+
+
+def selection_scores(
+    logits: torch.Tensor, rule: RoutingRule, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(tokens, experts)`` scores the top-k is taken over: the rule's scores (or logits) plus
+    the selection bias, experts outside the best groups set to ``rule.mask_fill``. PhiMoE's
+    sparsemixer picks on the logits."""
+    logits = logits.float()
+    if rule.scoring == "sparsemixer":
+        return logits
+    biased = rule.bias_for_selection and bias is not None
+    if rule.scoring == "logits":
+        return logits + bias.float().reshape(-1) if biased else logits
+    scores = torch.softmax(logits, -1) if rule.scoring == "softmax" else torch.sigmoid(logits)
     for_choice = scores + bias.float().reshape(-1) if biased else scores
     if rule.grouped:
-        keep = _group_mask(for_choice, rule)
-        for_choice = for_choice.masked_fill(~keep, rule.mask_fill)
-        if rule.mask_fill == 0.0:  # DeepSeek-V2 selects *and weighs* on the masked scores
-            scores = for_choice
-    index = torch.topk(for_choice, rule.top_k, dim=-1).indices
-    return _finish(scores.gather(1, index), rule), index
+        for_choice = for_choice.masked_fill(~_group_mask(for_choice, rule), rule.mask_fill)
+    return for_choice
+
+
+def topk_margin(for_choice: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``(tokens,)`` gap between the k-th and the (k+1)-th selection score: how far a token is
+    from swapping its last chosen expert (NaN where fewer than k+1 experts are eligible)."""
+    if for_choice.shape[-1] <= top_k:
+        return torch.full(for_choice.shape[:-1], float("nan"))
+    values = torch.topk(for_choice.float(), top_k + 1, dim=-1).values
+    gap = values[..., top_k - 1] - values[..., top_k]
+    return torch.where(torch.isfinite(gap), gap, torch.full_like(gap, float("nan")))
 
 
 def _group_mask(scores: torch.Tensor, rule: RoutingRule) -> torch.Tensor:

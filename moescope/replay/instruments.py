@@ -1,7 +1,9 @@
 """What a replay measures inside one forward/backward, with hooks on the stock model.
 
 - Router hooks keep each MoE layer's logits (with their graph, for the load-balancing and z
-  losses) and top-k choice, whatever the architecture's router returns.
+  losses) and top-k choice, whatever the architecture's router returns; from them, each layer's
+  top-k boundary margin (the gap between the k-th and the next selection score, the routing-flip
+  risk: a small margin is a choice that a little noise or precision swaps).
 - Forward hooks on every module note the first one, in execution order, whose output holds a
   NaN or Inf: the operator where a numerical failure started.
 - Gradient norms are taken per parameter group (attention, routed experts, router, shared
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from moescope.models.routers import selection_scores, topk_margin
 from moescope.models.view import MoEModel
 
 GROUPS = ("attention", "routed_experts", "router", "shared_experts", "embeddings", "other")
@@ -147,13 +150,13 @@ def entropy_summary(
     return {"bucket_sum": bucket_sum, "bucket_count": bucket_count, "hist": hist.tolist()}
 
 
-def routing_sums(
-    record: RouterRecord, valid: torch.Tensor, num_layers: int, num_experts: int
-) -> dict[str, torch.Tensor]:
-    """Per-layer expert counts, router-entropy sums and token counts over valid tokens; max |logit|."""
+def routing_sums(record: RouterRecord, valid: torch.Tensor, moe: MoEModel) -> dict[str, torch.Tensor]:
+    """Per-layer expert counts, router-entropy sums, top-k margin sums and token counts over
+    valid tokens; max |logit|."""
+    num_layers, num_experts = len(moe.layers), moe.num_experts
     counts = torch.zeros(num_layers, num_experts)
-    ent = torch.zeros(num_layers)
-    tokens = torch.zeros(num_layers)
+    ent, tokens = torch.zeros(num_layers), torch.zeros(num_layers)
+    margin, margin_tokens = torch.zeros(num_layers), torch.zeros(num_layers)
     max_logit = torch.tensor(0.0)
     flat = valid.reshape(-1).bool()
     for logits, index, row in zip(record.logits, record.index, record.layer, strict=True):
@@ -162,6 +165,17 @@ def routing_sums(
         p = torch.softmax(lg, -1)
         ent[row] += float(-(torch.xlogy(p, p)).sum())
         tokens[row] += lg.shape[0]
+        layer = moe.layers[row]
+        gap = topk_margin(selection_scores(lg, layer.rule, layer.correction_bias), layer.top_k).cpu()
+        margin[row] += float(gap.nan_to_num(0.0).sum())
+        margin_tokens[row] += float(torch.isfinite(gap).sum())
         if lg.numel():
             max_logit = torch.maximum(max_logit, lg.abs().max().cpu())
-    return {"counts": counts, "entropy_sum": ent, "tokens": tokens, "max_logit": max_logit}
+    return {
+        "counts": counts,
+        "entropy_sum": ent,
+        "tokens": tokens,
+        "margin_sum": margin,
+        "margin_tokens": margin_tokens,
+        "max_logit": max_logit,
+    }

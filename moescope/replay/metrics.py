@@ -95,8 +95,11 @@ def _routing_metrics(t: dict[str, Any], n_mb: int, world: int) -> dict[str, Any]
     shares = counts / counts.sum(1, keepdim=True).clamp(min=1)
     mean = shares.mean(1, keepdim=True)
     cv = (shares.std(1, unbiased=False, keepdim=True) / mean.clamp(min=1e-12)).mean()
+    margins = t["_r/margin_sum"] / t["_r/margin_tokens"].clamp(min=1)
     return {
         S.EXPERT_LOAD: shares.tolist(),
+        S.TOPK_MARGIN: float(margins.mean()),
+        S.TOPK_MARGIN_LAYERS: margins.tolist(),
         S.LOAD_CV: float(cv),
         S.MAX_LOAD_SHARE: float(shares.max()),
         S.DEAD_EXPERTS: int((counts == 0).sum()),

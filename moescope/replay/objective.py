@@ -79,8 +79,8 @@ class Objective:
             loss = loss + c.z_loss_coef * z * share
             sums.add("z", z.detach() * share)
         if c.instruments:
-            rs = routing_sums(routers, valid, len(moe.layers), moe.num_experts)
-            for key in ("counts", "entropy_sum", "tokens"):
+            rs = routing_sums(routers, valid, moe)
+            for key in ("counts", "entropy_sum", "tokens", "margin_sum", "margin_tokens"):
                 sums.add(f"_r/{key}", rs[key])
             sums.add("_r/max_logit_sum", rs["max_logit"])
         return loss
