@@ -19,6 +19,8 @@ preserve dynamics at least as well as the baselines. The script reports what the
     .venv/bin/python bench/fidelity_study.py [--model toy] [--targeted] [--seeds 3] [--steps 12]
 
 writes ``OUT/fidelity-study[-MODEL][-targeted].json`` (every comparison) and ``.md`` (tables).
+``--tables-only`` rewrites the tables from that JSON; ``--rejudge`` judges its runs again from the
+replays the study kept in its work directory (after a change to the diagnosis).
 """
 
 from __future__ import annotations
@@ -170,9 +172,6 @@ def run(
     targeted: bool = False,
     ablation_keeps: tuple[str, ...] = ("1/4",),
 ) -> dict[str, Any]:
-    from moescope.analyze.verdict import compare
-    from moescope.traces import read_trace
-
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="moescope-study-"))
     specs = [(k, m) for k in keeps for m in methods if "/" not in m or k in ablation_keeps]
@@ -195,16 +194,13 @@ def run(
         tag = _tag(p["keep"], p["method"], p["seed"])
         for r in (r for r in runs if r["label"] == tag):
             original = originals[(r["fault"], r["seed"])]
-            verdict = compare(read_trace(original["trace"]), read_trace(r["trace"]))
             rows.append(
                 {
                     "keep": p["keep"],
                     "method": p["method"],
                     "seed": p["seed"],
                     "fault": r["fault"],
-                    "verdict": verdict.verdict,
-                    "findings": [vars(m) for m in verdict.findings],
-                    "curves": {c.metric: {**vars(c), "trend_agrees": c.trend_agrees} for c in verdict.curves},
+                    **judgment(Path(original["trace"]), Path(r["trace"])),
                     "step_ratio": r["step_s"] / original["step_s"],
                     "capability": p["capability"],
                     "kl": p["kl"],
@@ -230,6 +226,32 @@ def run(
         "rows": rows,
         "wall_s": time.perf_counter() - started,
     }
+
+
+def judgment(original: Path, proxy: Path) -> dict[str, Any]:
+    """A proxy run judged against the original's: verdict, findings and curve agreement."""
+    from moescope.analyze.verdict import compare
+    from moescope.traces import read_trace
+
+    verdict = compare(read_trace(original), read_trace(proxy))
+    return {
+        "verdict": verdict.verdict,
+        "findings": [vars(m) for m in verdict.findings],
+        "curves": {c.metric: {**vars(c), "trend_agrees": c.trend_agrees} for c in verdict.curves},
+    }
+
+
+def rejudge(result: dict[str, Any]) -> dict[str, Any]:
+    """The study's judgments again, from the replays it saved in its work directory, by this
+    checkout's diagnosis. Replays are deterministic, so this is what a fresh run of the same
+    command judges; exports, capabilities, summaries and step times stay as measured."""
+    work = Path(result["proxies"][0]["path"]).parent
+    if not work.is_dir():
+        raise SystemExit(f"the study's replays in {work} are gone; run the study again instead.")
+    for row in result["rows"]:
+        tag, fault, seed = _tag(row["keep"], row["method"], row["seed"]), row["fault"], row["seed"]
+        row.update(judgment(work / f"original-{fault}-{seed}.jsonl", work / f"{tag}-{fault}.jsonl"))
+    return result
 
 
 def _subset_flags(given: dict[str, tuple[str, ...]]) -> str:
@@ -509,10 +531,16 @@ def main() -> None:
         "--targeted", action="store_true", help="capability-targeted proxies; writes ...-targeted.*"
     )
     parser.add_argument("--tables-only", action="store_true", help="rewrite the .md from OUT's .json")
+    parser.add_argument(
+        "--rejudge", action="store_true", help="judge OUT's study again from the replays it saved"
+    )
     args = parser.parse_args()
     stem = stem_for(args.out, args.model, args.targeted)
-    if args.tables_only:
+    if args.tables_only or args.rejudge:
         result = read_study(stem.with_suffix(".json"))
+        if args.rejudge:
+            result = rejudge(result)
+            stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     else:
         result = run(
             args.model, args.seeds, args.steps, args.workers, tuple(args.keeps), tuple(args.methods),

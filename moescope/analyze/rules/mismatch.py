@@ -6,9 +6,10 @@ mismatch metric a log carries (the key map gives each framework's under these na
 
 - ``rollout/k3_kl``, the k3 estimate of KL(rollout ‖ training) (verl ``rollout_corr/k3_kl``,
   ms-swift ``k3_kl``, prime-rl ``Mismatch KL``, NeMo-RL ``gen_kl_error``): a level of
-  ``MISMATCH_K3_HIGH`` or more is a warning, ten times that an error. Practitioners see about
-  1e-5–1e-3 on dense models and 1e-3–1e-1 on MoE (``rl-mismatch`` reference: verl's rollout
-  correction, NeMo-RL#1801, vime#64);
+  ``MISMATCH_K3_HIGH`` or more held for ``SUSTAIN`` records is a warning, ten times that on any
+  one record an error (a single batch of hard tokens spikes it; a level it keeps is a fault).
+  Practitioners see about 1e-5–1e-3 on dense models and 1e-3–1e-1 on MoE (``rl-mismatch``
+  reference: verl's rollout correction, NeMo-RL#1801, vime#64);
 - ``rollout/logprob_mismatch``, the mean |Δ log-prob| (TRL ``sampling_logp_difference/mean``,
   slime ``train_rollout_logprob_abs_diff``): judged by its trend (vime#64: flat at 0.011 with a
   sound engine, climbing to 0.036 with a faulty one);
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import series, shift, step_of, sustained
+from moescope.analyze.rules.series import series, shift, step_of, sustained, throughout
 from moescope.analyze.rules.thresholds import (
     MISMATCH_K3_FLOOR,
     MISMATCH_K3_HIGH,
@@ -77,19 +78,7 @@ def _judge(trace: Trace, gauge: Gauge) -> list[Finding]:
     points = series(trace, key)
     out = []
     if gauge.high is not None:
-        high = next(((s, v) for s, v in points if v >= gauge.high), None)
-        if high is not None:
-            error = gauge.excess(high[1]) >= 10 * gauge.excess(gauge.high)
-            out.append(
-                _finding(
-                    key,
-                    high[0],
-                    "error" if error else "warning",
-                    f"{key} reaches {high[1]:.3g}, at or above {gauge.high:g}",
-                    value=high[1],
-                    rule="level",
-                )
-            )
+        out += _level(key, points, gauge)
     excess = [(s, gauge.excess(v)) for s, v in points]
     rise = shift(
         excess,
@@ -121,6 +110,24 @@ def _judge(trace: Trace, gauge: Gauge) -> list[Finding]:
             )
         )
     return out
+
+
+def _level(key: str, points: list[tuple[int, float]], gauge: Gauge) -> list[Finding]:
+    """At or above the gauge's level on ``SUSTAIN`` records in a row (or on every record of a
+    shorter excerpt): a warning; ten times as far above the equal value on any one record: an
+    error. One batch of hard tokens spikes a mismatch; a level it keeps is a fault."""
+    severe = 10 * gauge.excess(gauge.high)
+    spike = next(((s, v) for s, v in points if gauge.excess(v) >= severe), None)
+    start = throughout([v >= gauge.high for _, v in points])
+    held = points[start] if start is not None else None
+    first = min((p for p in (spike, held) if p is not None), default=None)
+    if first is None:
+        return []
+    error = first is spike
+    what = f"{key} reaches {first[1]:.3g}" + (
+        f", ten times its {gauge.high:g} bound or more" if error else f" and stays at or above {gauge.high:g}"
+    )
+    return [_finding(key, first[0], "error" if error else "warning", what, value=first[1], rule="level")]
 
 
 def _onset(trace: Trace, key: str) -> int | None:
