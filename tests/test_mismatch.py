@@ -85,6 +85,7 @@ def replays(tmp_path_factory):
         "bf16_rollout": {"rollout_precision": "bf16"},  # a configured mismatch from the start: healthy
         "rollout_logprob_precision": {"faults": ("rollout_logprob_precision@6",)},
         "router_precision": {"faults": ("router_precision@6",)},
+        "from_the_start": {"faults": ("rollout_logprob_precision@0",)},
     }
     return {
         name: moescope.replay("toy", ReplayConfig(**{**BASE, **kw}), out=root / f"{name}.jsonl")
@@ -94,8 +95,17 @@ def replays(tmp_path_factory):
 
 @pytest.mark.parametrize("fault", ["rollout_logprob_precision", "router_precision"])
 def test_a_replay_with_a_precision_fault_raises_it_at_the_fault(replays, fault: str) -> None:
-    found = mismatch(replays[fault].steps)
+    found = mismatch(replays[fault].steps, replays[fault].header)
     assert found.step == 6 and found.evidence["rule"] == "onset"
+    assert mismatch(replays[fault].steps).step == 6  # absent, then positive: the same without the header
+
+
+def test_a_replay_whose_engines_should_agree_raises_it_from_the_first_step(replays) -> None:
+    found = mismatch(replays["from_the_start"].steps, replays["from_the_start"].header)
+    assert found.step == 0 and found.evidence["rule"] == "onset"
+    assert (
+        mismatch(replays["from_the_start"].steps) is None
+    )  # without the header: a real log's small mismatch
 
 
 def test_a_replay_with_a_configured_low_precision_rollout_raises_nothing(replays) -> None:

@@ -22,9 +22,12 @@ Besides a level, two shapes count, because "a rising trend matters more than a l
 **rise**, the running median ``MISMATCH_RISE`` times its early-run level or more for ``SUSTAIN``
 steps (for the k3 KL also above ``MISMATCH_K3_FLOOR``, the top of the dense band); and an
 **onset**, a metric absent or exactly 0 on the first ``SUSTAIN`` records that is then positive on
-``SUSTAIN`` records in a row: the two sides stopped agreeing bit for bit. A moescope replay logs
-both of its metrics from the step a ``rollout_logprob_precision`` or ``router_precision`` fault
-starts, so such a replay raises it at that step. One finding per trace, the earliest.
+``SUSTAIN`` records in a row: the two sides stopped agreeing bit for bit. A moescope replay whose
+rollout runs in the training precision (its header says so) should agree bit for bit throughout,
+so there any positive mismatch held for ``SUSTAIN`` records counts, from the step it starts: a
+``rollout_logprob_precision`` or ``router_precision`` fault raises it at the step it begins, from
+step 0 on. A replay configured with a lower-precision rollout is judged like a real log. One
+finding per trace, the earliest.
 """
 
 from __future__ import annotations
@@ -97,18 +100,14 @@ def _judge(trace: Trace, gauge: Gauge) -> list[Finding]:
                 rule="rise",
             )
         )
-    onset = _onset(trace, key)
-    if onset is not None:
-        out.append(
-            _finding(
-                key,
-                onset,
-                "warning",
-                f"{key} turns positive after {SUSTAIN}+ records where the two "
-                "sides agreed bit for bit (absent or 0)",
-                rule="onset",
-            )
-        )
+    if _engines_agree(trace):
+        start = _unexpected(points)
+        what = f"{key} is positive where the replay's rollout and training share one precision"
+    else:
+        start = _onset(trace, key)
+        what = f"{key} turns positive after {SUSTAIN}+ records where the two sides agreed bit for bit"
+    if start is not None:
+        out.append(_finding(key, start, "warning", what, rule="onset"))
     return out
 
 
@@ -128,6 +127,19 @@ def _level(key: str, points: list[tuple[int, float]], gauge: Gauge) -> list[Find
         f", ten times its {gauge.high:g} bound or more" if error else f" and stays at or above {gauge.high:g}"
     )
     return [_finding(key, first[0], "error" if error else "warning", what, value=first[1], rule="level")]
+
+
+def _engines_agree(trace: Trace) -> bool:
+    """A moescope replay whose rollout runs in the training precision: its two sides compute the
+    same log-probs bit for bit, so any mismatch is a fault's (a real log never says so)."""
+    config = trace.header.get("replay_config")
+    return isinstance(config, dict) and config.get("rollout_precision") in (None, config.get("precision"))
+
+
+def _unexpected(points: list[tuple[int, float]]) -> int | None:
+    """Where a mismatch that should be 0 is positive on ``SUSTAIN`` records in a row."""
+    start = throughout([v > 0 for _, v in points])
+    return None if start is None else points[start][0]
 
 
 def _onset(trace: Trace, key: str) -> int | None:
