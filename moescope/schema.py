@@ -183,6 +183,11 @@ IS_RATIO_MEAN = _declare(
     "rollout/is_ratio_mean", "mean training / rollout probability ratio per token (1 when they agree)"
 )
 IS_RATIO_STD = _declare("rollout/is_ratio_std", "standard deviation of that ratio over the step's tokens")
+ROUTING_FLIP_FRAC = _declare(
+    "rollout/routing_flip_frac",
+    "share of (token, layer) expert choices the rollout makes otherwise than training, mean over layers",
+)
+ROUTING_FLIP_LAYERS = _declare("rollout/routing_flip_frac_layers", "that share per MoE layer", "array")
 AUX_LOSS = _declare("moe/aux_loss", "router load-balancing loss (when its coefficient > 0, or as logged)")
 Z_LOSS = _declare("moe/z_loss", "router z-loss (when its coefficient > 0, or as logged)")
 OPEFO_ACTIVE = _declare("opefo/active", "1 while OPEFO's entropy floor is undercut")

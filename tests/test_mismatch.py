@@ -114,3 +114,22 @@ def test_a_replay_with_a_configured_low_precision_rollout_raises_nothing(replays
     for step in trace.steps:  # the importance ratio training / rollout: near 1, some spread
         assert abs(step[S.IS_RATIO_MEAN] - 1) < 0.05 and 0 < step[S.IS_RATIO_STD] < 0.5
     assert [f for f in diagnose(trace) if f.severity != "info"] == []
+
+
+@pytest.mark.parametrize("model", ["toy", "toy-v3"])
+def test_routing_mismatch_flips_expert_choices_and_opens_a_gap(tmp_path: Path, model: str) -> None:
+    """The rollout routes on fp8 router logits: a share of choices flips on every layer, the two
+    sides' log-probs part, the PPO ratio sees it, and the diagnosis names it from step 0."""
+    short = {**BASE, "steps": 3}
+    healthy = moescope.replay(model, ReplayConfig(**short), out=tmp_path / "healthy.jsonl")
+    faulted = moescope.replay(
+        model, ReplayConfig(**short, faults=("routing_mismatch@0",)), out=tmp_path / "faulted.jsonl"
+    )
+    for step in faulted.steps:
+        assert 0 < step[S.ROUTING_FLIP_FRAC] < 0.5 and all(f > 0 for f in step[S.ROUTING_FLIP_LAYERS])
+        assert step[S.LOGPROB_MISMATCH] > 0 and S.ROUTING_FLIP_FRAC not in healthy.steps[0]
+    assert abs(faulted.steps[0][S.PPO_KL]) > 2 * abs(
+        healthy.steps[0][S.PPO_KL]
+    )  # old log-probs: the rollout's
+    found = mismatch(faulted.steps, faulted.header)
+    assert found.step == 0 and found.evidence["rule"] == "onset"

@@ -99,6 +99,7 @@ def test_fault_syntax():
         ("lr_spike@1:big", "not a number"),
         ("no_grad_clip:3", "takes no argument"),
         ("router_precision:fp64", "bf16 or fp16"),
+        ("routing_mismatch:int4", "fp8, bf16 or fp16"),
     ):
         with pytest.raises(MoescopeError, match=pattern):
             parse_fault(text)
@@ -109,7 +110,9 @@ def test_fault_syntax():
     assert set(KINDS) >= {
         "lr_spike", "fp16_overflow", "nan_op", "router_precision", "update_omission",
         "rollout_logprob_precision", "reward_scale", "no_grad_clip", "aux_loss_off", "entropy_control_off",
+        "routing_mismatch",
     }  # fmt: skip
+    assert parse_fault("routing_mismatch").arg == "fp8" and parse_fault("routing_mismatch").step == 0
 
 
 def test_rewards():

@@ -28,6 +28,7 @@ CONFIGS = {
         token_entropy_flow_control=True,
         min_entropy_floor=10.0,
         use_gepo=True,
+        faults=("routing_mismatch@1",),
     ),
     "pivot": ReplayConfig(**BASE, pivot=True, sample_steps=2),
 }

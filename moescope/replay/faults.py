@@ -25,6 +25,13 @@ Each fault: kind and default ARG — what it simulates — the signature it leav
 ``rollout_logprob_precision`` (persistent, bf16)
     Old log-probs taken from a lower-precision rollout engine. ``rollout/logprob_mismatch`` > 0;
     the PPO ratio starts away from 1 (``actor/ppo_kl``).
+``routing_mismatch`` (persistent, fp8)
+    The rollout engine routes on low-precision router logits (its inputs and weights rounded to
+    fp8 e4m3, bf16 or fp16) while the trainer routes in its own precision, so a share of tokens
+    take other experts in the rollout than in training, as happens when the two engines choose
+    top-k separately. Samples and old log-probs come from the rollout engine. Logged:
+    ``rollout/routing_flip_frac`` (per layer in ``rollout/routing_flip_frac_layers``), the share of
+    routing choices that differ between the two, and the mismatch metrics > 0.
 ``reward_scale`` (persistent, ×100)
     A reward function on another scale. ``reward/mean`` and ``reward/std`` jump by the factor;
     GRPO advantages (and so the updates) are unchanged.
@@ -74,6 +81,14 @@ KINDS: dict[str, FaultKind] = {
             True,
             "bf16",
             "old log-probs from a low-precision rollout (ARG: bf16|fp16)",
+            str,
+            0,
+        ),
+        FaultKind(
+            "routing_mismatch",
+            True,
+            "fp8",
+            "the rollout engine routes on low-precision router logits (ARG: fp8|bf16|fp16)",
             str,
             0,
         ),
@@ -131,6 +146,8 @@ def parse_fault(text: str) -> Fault:
         raise MoescopeError(f"Fault {text!r} has argument {arg_text!r}, not a number.") from None
     if name in ("router_precision", "rollout_logprob_precision") and arg not in ("bf16", "fp16"):
         raise MoescopeError(f"Fault {name} takes bf16 or fp16, not {arg!r}.")
+    if name == "routing_mismatch" and arg not in ("fp8", "bf16", "fp16"):
+        raise MoescopeError(f"Fault {name} takes fp8, bf16 or fp16, not {arg!r}.")
     return Fault(kind, step, arg)
 
 

@@ -17,7 +17,7 @@ from moescope.errors import MoescopeError
 from moescope.replay.batch import Batch, token_logprobs
 from moescope.replay.config import ReplayConfig
 from moescope.replay.faults import FaultPlan
-from moescope.replay.instruments import NonfiniteWatch, watch_nonfinite
+from moescope.replay.instruments import NonfiniteWatch, record_routers, routing_flips, watch_nonfinite
 from moescope.replay.losses import k3_kl, masked_sum
 from moescope.replay.models import Models
 from moescope.replay.precision import rounded_router
@@ -50,6 +50,15 @@ class TrainingForward:
             stack.enter_context(rounded_router(self.routers, rp.arg))
         return stack
 
+    def rollout_context(self, step: int) -> ExitStack:
+        """Context of the rollout engine's passes (sampling, its log-probs): the routing_mismatch
+        fault's low-precision router."""
+        stack = ExitStack()
+        rm = self.faults.get("routing_mismatch", step)
+        if rm is not None:
+            stack.enter_context(rounded_router(self.routers, rm.arg))
+        return stack
+
     def logprobs(
         self, model: torch.nn.Module, batch: Batch, precision: str | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, Any]:
@@ -80,7 +89,8 @@ class TrainingForward:
         if not len(batch.input_ids):
             return out
         mask = batch.response_mask
-        with self.context(step):
+        flips = self.faults.get("routing_mismatch", step) is not None
+        with record_routers(self.m.moe, enabled=flips) as trained, self.context(step):
             old, ent, raw = self.logprobs(self.m.policy, batch)
         self.attribute(raw, batch, step)
         out["old"], out["old_entropy"] = old, ent
@@ -88,15 +98,20 @@ class TrainingForward:
         sums.add("_old_tokens", mask.sum())
         low = self.faults.get("rollout_logprob_precision", step)
         rollout_prec = low.arg if low is not None else c.rollout_dtype_name
-        if rollout_prec != c.precision or self.faults.get("router_precision", step) is not None:
-            roll, _, _ = self.logprobs(self.m.policy, batch, rollout_prec)
+        if rollout_prec != c.precision or flips or self.faults.get("router_precision", step) is not None:
+            with record_routers(self.m.moe, enabled=flips) as rolled, self.rollout_context(step):
+                roll, _, _ = self.logprobs(self.m.policy, batch, rollout_prec)
+            if flips:
+                flipped, tokens = routing_flips(trained, rolled, batch.attention_mask, len(self.m.moe.layers))
+                sums.add("flips", flipped)
+                sums.add("flip_tokens", tokens)
             sums.add("mismatch_sum", masked_sum((roll - old).abs().nan_to_num(0.0), mask))
             sums.add("mismatch_k3", masked_sum(k3_kl(roll, old).nan_to_num(0.0), mask))
             ratio = (old - roll).exp().nan_to_num(0.0, posinf=0.0)  # training / rollout, per token
             sums.add("is_ratio", masked_sum(ratio, mask))
             sums.add("is_ratio_sq", masked_sum(ratio.square(), mask))
             sums.add("mismatch_tokens", mask.sum())
-            if low is not None:
+            if low is not None or flips:
                 out["old"] = roll
         if self.m.reference is not None:
             out["ref"] = self.logprobs(self.m.reference, batch)[0]

@@ -179,3 +179,18 @@ def routing_sums(record: RouterRecord, valid: torch.Tensor, moe: MoEModel) -> di
         "margin_tokens": margin_tokens,
         "max_logit": max_logit,
     }
+
+
+def routing_flips(
+    trained: RouterRecord, rolled: RouterRecord, valid: torch.Tensor, num_layers: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per layer, the valid tokens whose top-k set differs between two passes over the same
+    batch (the trainer's and the rollout engine's), and the valid tokens seen."""
+    flipped, tokens = torch.zeros(num_layers), torch.zeros(num_layers)
+    flat = valid.reshape(-1).bool()
+    for a, b, row in zip(trained.index, rolled.index, trained.layer, strict=True):
+        keep = flat.to(a.device)
+        differs = (a[keep].sort(-1).values != b[keep].sort(-1).values).any(-1)
+        flipped[row] += float(differs.sum())
+        tokens[row] += float(keep.sum())
+    return flipped, tokens

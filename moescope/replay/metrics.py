@@ -33,6 +33,10 @@ def step_metrics(
     for name in GROUPS:
         if f"_gsq/{name}" in t:
             rec[S.GRAD_NORM_GROUP + name] = math.sqrt(t[f"_gsq/{name}"] / n_mb)  # RMS over minibatches
+    if "flip_tokens" in t:
+        layers = t["flips"] / t["flip_tokens"].clamp(min=1)
+        rec[S.ROUTING_FLIP_FRAC] = float(layers.mean())
+        rec[S.ROUTING_FLIP_LAYERS] = layers.tolist()
     if "mismatch_tokens" in t:
         rec[S.LOGPROB_MISMATCH] = t["mismatch_sum"] / max(t["mismatch_tokens"], 1.0)
         rec[S.MISMATCH_KL] = t["mismatch_k3"] / max(t["mismatch_tokens"], 1.0)

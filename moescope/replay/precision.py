@@ -16,6 +16,8 @@ from collections.abc import Iterator
 import torch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ROUTER_DTYPES = {**DTYPES, "fp8": torch.float8_e4m3fn}
+"""What a router can be rounded to (:func:`rounded_router`): fp8 e4m3 as some engines score it."""
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -76,7 +78,7 @@ def rounded_router(routers: list[tuple[torch.nn.Module, torch.Tensor]], precisio
     scores are closer than the rounding error. The fp32 weight is restored bit for bit after
     every call, so the optimizer keeps updating the master copy.
     """
-    dtype = DTYPES[precision]
+    dtype = ROUTER_DTYPES[precision]
     saved = []
     for router, weight in routers:
         original, own = router.forward, "forward" in router.__dict__

@@ -101,7 +101,10 @@ class Trainer:
         examples = list(self.schedule[step])
         chunks = _minibatch_positions(len(examples), min(self.c.minibatches, len(examples)))
         mine = [self.comm.mine(chunk) for chunk in chunks]
-        groups = step_groups(self.sampler, step, examples, [g for ch in mine for g in ch], self.faults, sums)
+        with self.forward.rollout_context(step):
+            groups = step_groups(
+                self.sampler, step, examples, [g for ch in mine for g in ch], self.faults, sums
+            )
         t_rollout = time.perf_counter() - t0
         batches = [pack_groups(groups, ch, self.c, self.m.tokenizer.pad_token_id) for ch in mine]
         with self.forward.step_faults(step) as watch:
