@@ -1,1 +1,1 @@
-"""Private helpers every stage may use: atomic output, JSON records, thread limits."""
+"""Private helpers every stage may use: atomic output, JSON records, thread limits, wrapped forwards."""

@@ -118,14 +118,25 @@ def route(
         return _sparsemixer(logits, rule)
     for_choice = selection_scores(logits, rule, bias)
     index = torch.topk(for_choice, rule.top_k, dim=-1).indices
+    masked = rule.scoring != "logits" and rule.grouped and rule.mask_fill == 0.0
+    # DeepSeek-V2 selects *and weighs* on the masked scores
+    return chosen_weights(logits, rule, index, for_choice if masked else None), index
+
+
+def chosen_weights(
+    logits: torch.Tensor, rule: RoutingRule, index: torch.Tensor, scores: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(tokens, top_k)`` routing weights of the experts ``index`` names, from ``logits``: the
+    rule's scores of those experts (``scores`` when given), or its function of their logits,
+    renormalized and scaled as the rule says. Routing replay weighs another pass's choice so."""
+    logits = logits.float()
     if rule.scoring == "logits":
         chosen = logits.gather(1, index)
         weights = torch.softmax(chosen, -1) if rule.weights == "softmax_selected" else torch.sigmoid(chosen)
-        return _finish(weights, rule), index
-    scores = torch.softmax(logits, -1) if rule.scoring == "softmax" else torch.sigmoid(logits)
-    if rule.grouped and rule.mask_fill == 0.0:  # DeepSeek-V2 selects *and weighs* on the masked scores
-        scores = for_choice
-    return _finish(scores.gather(1, index), rule), index
+        return _finish(weights, rule)
+    if scores is None:
+        scores = torch.softmax(logits, -1) if rule.scoring == "softmax" else torch.sigmoid(logits)
+    return _finish(scores.gather(1, index), rule)
 
 
 def selection_scores(

@@ -116,6 +116,11 @@ class ReplayConfig:
         metadata=flag("rollout engine precision", choices=PRECISIONS, shown="the training precision"),
     )
     initial_loss_scale: float = 2.0**16
+    # fixes
+    routing_replay: bool = field(
+        default=False,
+        metadata=flag("training reuses the rollout's top-k expert choices (Rollout Routing Replay)"),
+    )
     # faults and looping
     faults: tuple[str, ...] = field(default_factory=tuple)
     loop_times: int | None = field(

@@ -8,7 +8,7 @@ replayed here are those of the training side.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -17,10 +17,17 @@ from moescope.errors import MoescopeError
 from moescope.replay.batch import Batch, token_logprobs
 from moescope.replay.config import ReplayConfig
 from moescope.replay.faults import FaultPlan
-from moescope.replay.instruments import NonfiniteWatch, record_routers, routing_flips, watch_nonfinite
+from moescope.replay.instruments import (
+    NonfiniteWatch,
+    RouterRecord,
+    record_routers,
+    routing_flips,
+    watch_nonfinite,
+)
 from moescope.replay.losses import k3_kl, masked_sum
 from moescope.replay.models import Models
 from moescope.replay.precision import rounded_router
+from moescope.replay.router_replay import check_replayable, replayed_routing
 from moescope.replay.sums import StepSums
 
 
@@ -29,6 +36,8 @@ class TrainingForward:
 
     def __init__(self, models: Models, config: ReplayConfig, faults: FaultPlan) -> None:
         self.m, self.c, self.faults = models, config, faults
+        if config.routing_replay:
+            check_replayable(models.moe)
         self.routers = [(layer.router, layer.router_weight) for layer in models.moe.layers]
         self.watch = NonfiniteWatch()
 
@@ -83,26 +92,38 @@ class TrainingForward:
 
     @torch.no_grad()
     def old_logprobs(self, batch: Batch, step: int, sums: StepSums) -> dict[str, torch.Tensor]:
-        """Old log-probs and entropy (the rollout's under ``rollout_logprob_precision``), the
-        reference's log-probs, and the rollout-vs-training log-prob mismatch."""
+        """Old log-probs and entropy (the rollout's under ``rollout_logprob_precision`` or
+        ``routing_mismatch``), the reference's log-probs, the rollout-vs-training log-prob
+        mismatch, and under routing replay the rollout's expert choices (``"route"``)."""
         c, out = self.c, {}
         if not len(batch.input_ids):
             return out
         mask = batch.response_mask
         flips = self.faults.get("routing_mismatch", step) is not None
-        with record_routers(self.m.moe, enabled=flips) as trained, self.context(step):
+        low = self.faults.get("rollout_logprob_precision", step)
+        rollout_prec = low.arg if low is not None else c.rollout_dtype_name
+        two_engines = (
+            rollout_prec != c.precision or flips or self.faults.get("router_precision", step) is not None
+        )
+        rolled = (
+            self._rollout_pass(batch, step, rollout_prec, flips) if two_engines and c.routing_replay else None
+        )
+        replay = replayed_routing(self.m.moe, rolled[1].index) if rolled else nullcontext()
+        watch = flips or (c.routing_replay and not two_engines)
+        with record_routers(self.m.moe, enabled=watch) as trained, self.context(step), replay:
             old, ent, raw = self.logprobs(self.m.policy, batch)
         self.attribute(raw, batch, step)
         out["old"], out["old_entropy"] = old, ent
         sums.add("_old_entropy", masked_sum(ent, mask))
         sums.add("_old_tokens", mask.sum())
-        low = self.faults.get("rollout_logprob_precision", step)
-        rollout_prec = low.arg if low is not None else c.rollout_dtype_name
-        if rollout_prec != c.precision or flips or self.faults.get("router_precision", step) is not None:
-            with record_routers(self.m.moe, enabled=flips) as rolled, self.rollout_context(step):
-                roll, _, _ = self.logprobs(self.m.policy, batch, rollout_prec)
+        if two_engines:
+            roll, rolled_routes = rolled or self._rollout_pass(batch, step, rollout_prec, flips)
+            if c.routing_replay:
+                out["route"] = rolled_routes.index
             if flips:
-                flipped, tokens = routing_flips(trained, rolled, batch.attention_mask, len(self.m.moe.layers))
+                flipped, tokens = routing_flips(
+                    trained, rolled_routes, batch.attention_mask, len(self.m.moe.layers)
+                )
                 sums.add("flips", flipped)
                 sums.add("flip_tokens", tokens)
             sums.add("mismatch_sum", masked_sum((roll - old).abs().nan_to_num(0.0), mask))
@@ -113,9 +134,20 @@ class TrainingForward:
             sums.add("mismatch_tokens", mask.sum())
             if low is not None or flips:
                 out["old"] = roll
+        elif c.routing_replay:
+            out["route"] = trained.index  # one engine: the trainer's own pass is the rollout's choice
         if self.m.reference is not None:
             out["ref"] = self.logprobs(self.m.reference, batch)[0]
         return out
+
+    def _rollout_pass(
+        self, batch: Batch, step: int, precision: str, flips: bool
+    ) -> tuple[torch.Tensor, RouterRecord]:
+        """The rollout engine's log-probs of the batch, and its expert choices when needed."""
+        watch = flips or self.c.routing_replay
+        with record_routers(self.m.moe, enabled=watch) as routes, self.rollout_context(step):
+            roll, _, _ = self.logprobs(self.m.policy, batch, precision)
+        return roll, routes
 
     def _default_nan_module(self) -> str:
         experts = self.m.moe.layers[-1].experts

@@ -4,6 +4,8 @@ included)."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from moescope.replay.batch import Batch
@@ -12,6 +14,7 @@ from moescope.replay.forward import TrainingForward
 from moescope.replay.instruments import RouterRecord, entropy_summary, record_routers, routing_sums
 from moescope.replay.losses import k3_kl, load_balancing, masked_sum, ppo_clip, z_loss
 from moescope.replay.opefo import EntropyFlowControl
+from moescope.replay.router_replay import replayed_routing
 from moescope.replay.sums import StepSums
 
 
@@ -29,7 +32,8 @@ class Objective:
         mask = batch.response_mask
         aux_on = c.aux_loss_coef > 0 and fwd.faults.get("aux_loss_off", step) is None
         watch_routers = c.instruments or aux_on or c.z_loss_coef > 0
-        with record_routers(m.moe, enabled=watch_routers) as routers, fwd.context(step):
+        replay = replayed_routing(m.moe, extra["route"]) if "route" in extra else nullcontext()
+        with record_routers(m.moe, enabled=watch_routers) as routers, fwd.context(step), replay:
             logp, ent, raw = fwd.logprobs(m.policy, batch)
         fwd.attribute(raw, batch, step)
         adv = batch.advantages[:, None].expand_as(logp)

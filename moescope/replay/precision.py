@@ -11,9 +11,11 @@ rollout/training log-prob mismatch can be reproduced on purpose.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
+
+from moescope._util.forwards import patched_forwards
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ROUTER_DTYPES = {**DTYPES, "fp8": torch.float8_e4m3fn}
@@ -79,29 +81,23 @@ def rounded_router(routers: list[tuple[torch.nn.Module, torch.Tensor]], precisio
     every call, so the optimizer keeps updating the master copy.
     """
     dtype = ROUTER_DTYPES[precision]
-    saved = []
-    for router, weight in routers:
-        original, own = router.forward, "forward" in router.__dict__
 
-        def low_precision(*args, _orig=original, _weight=weight, **kwargs):
-            master = _weight.data.clone()
-            _weight.data.copy_(master.to(dtype))
-            args = tuple(_round(a, dtype) for a in args)
-            try:
-                return _orig(*args, **kwargs)
-            finally:
-                _weight.data.copy_(master)
+    def rounding(weight: torch.Tensor) -> Callable[[Callable], Callable]:
+        def wrap(original: Callable) -> Callable:
+            def low_precision(*args, **kwargs):
+                master = weight.data.clone()
+                weight.data.copy_(master.to(dtype))
+                try:
+                    return original(*(_round(a, dtype) for a in args), **kwargs)
+                finally:
+                    weight.data.copy_(master)
 
-        router.forward = low_precision
-        saved.append((router, original, own))
-    try:
+            return low_precision
+
+        return wrap
+
+    with patched_forwards((router, rounding(weight)) for router, weight in routers):
         yield
-    finally:
-        for router, original, own in saved:
-            if own:
-                router.forward = original
-            else:
-                del router.forward
 
 
 def _round(value: object, dtype: torch.dtype) -> object:

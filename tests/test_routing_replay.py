@@ -1,0 +1,76 @@
+"""Rollout Routing Replay: training takes the rollout's expert choices, so a routing mismatch's
+flips vanish and the log-prob gap shrinks; routers that cannot take a choice are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import moescope
+from moescope import schema as S
+from moescope.errors import MoescopeError
+from moescope.models.routers import chosen_weights, route
+from moescope.models.view import adapt
+from moescope.models.zoo import tiny
+from moescope.replay import ReplayConfig
+from moescope.replay.router_replay import replayed_routing
+
+BASE = {"steps": 3, "prompts_per_step": 4, "group_size": 8, "tasks": ("add2", "add3")}
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+def test_a_replayed_choice_is_weighted_by_the_live_scores(arch: str) -> None:
+    moe = adapt(tiny(arch))
+    layer = moe.layers[0]
+    logits = torch.randn(6, layer.num_experts, generator=torch.Generator().manual_seed(0))
+    weights, index = route(logits, layer.rule, layer.correction_bias)
+    torch.testing.assert_close(chosen_weights(logits, layer.rule, index), weights)  # its own choice: the same
+    other = index.roll(1, dims=0)  # another token's experts
+    assert not torch.allclose(chosen_weights(logits, layer.rule, other), weights)
+
+
+def test_routers_return_the_recorded_choice_while_replaying() -> None:
+    model = tiny("qwen3_moe")
+    moe = adapt(model)
+    ids = torch.randint(3, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    forced = [torch.zeros(16, moe.top_k, dtype=torch.long) + torch.arange(moe.top_k) for _ in moe.layers]
+    seen = []
+    handles = [
+        layer.router.register_forward_hook(lambda m, a, out: seen.append(out[2])) for layer in moe.layers
+    ]
+    with torch.no_grad(), replayed_routing(moe, forced):
+        model(ids)
+    for handle in handles:
+        handle.remove()
+    assert len(seen) == len(moe.layers) and all(torch.equal(s, f) for s, f in zip(seen, forced, strict=True))
+    assert "forward" not in moe.layers[0].router.__dict__  # unwrapped again
+
+
+def test_routing_replay_removes_the_flips_of_a_routing_mismatch(tmp_path: Path) -> None:
+    fault = {**BASE, "faults": ("routing_mismatch@0",)}
+    bare = moescope.replay("toy", ReplayConfig(**fault), out=tmp_path / "fault.jsonl")
+    fixed = moescope.replay("toy", ReplayConfig(**fault, routing_replay=True), out=tmp_path / "fixed.jsonl")
+    for a, b in zip(bare.steps, fixed.steps, strict=True):
+        assert a[S.ROUTING_FLIP_FRAC] > 0 and b[S.ROUTING_FLIP_FRAC] == 0
+    assert fixed.steps[0][S.LOGPROB_MISMATCH] < bare.steps[0][S.LOGPROB_MISMATCH] / 3
+    assert fixed.header["replay_config"]["routing_replay"] is True
+
+
+def test_routing_replay_on_a_healthy_run_changes_nothing_before_the_first_update(tmp_path: Path) -> None:
+    healthy = moescope.replay("toy", ReplayConfig(**{**BASE, "steps": 1}), out=tmp_path / "h.jsonl")
+    fixed = moescope.replay(
+        "toy", ReplayConfig(**{**BASE, "steps": 1}, routing_replay=True), out=tmp_path / "r.jsonl"
+    )
+    assert fixed.steps[0][S.REWARD_MEAN] == healthy.steps[0][S.REWARD_MEAN]  # the same samples
+    assert fixed.steps[0][S.ENTROPY] == pytest.approx(healthy.steps[0][S.ENTROPY], rel=1e-5)
+
+
+def test_routers_that_return_no_choice_are_refused(tmp_path: Path) -> None:
+    _, tok = moescope.load_model("toy")
+    model = tiny("dbrx", vocab_size=len(tok))
+    config = ReplayConfig(**{**BASE, "steps": 1}, max_new_tokens=4, routing_replay=True)
+    with pytest.raises(MoescopeError, match="routing replay needs routers that return"):
+        moescope.replay(model, config, out=tmp_path / "t.jsonl", tokenizer=tok)
+    assert not (tmp_path / "t.jsonl").exists()
