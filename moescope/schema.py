@@ -183,6 +183,10 @@ IS_RATIO_MEAN = _declare(
     "rollout/is_ratio_mean", "mean training / rollout probability ratio per token (1 when they agree)"
 )
 IS_RATIO_STD = _declare("rollout/is_ratio_std", "standard deviation of that ratio over the step's tokens")
+IS_TRUNCATED_FRAC = _declare(
+    "rollout/is_truncated_frac",
+    "share of tokens whose importance weight was truncated or masked (with is_correction, or as logged)",
+)
 ROUTING_FLIP_FRAC = _declare(
     "rollout/routing_flip_frac",
     "share of (token, layer) expert choices the rollout makes otherwise than training, mean over layers",
@@ -218,11 +222,6 @@ IS_RATIO_MAX = _declare(
 )
 IS_RATIO_MIN = _declare(
     "rollout/is_ratio_min", "smallest training / rollout ratio of the step", source="readers"
-)
-IS_TRUNCATED_FRAC = _declare(
-    "rollout/is_truncated_frac",
-    "share of tokens (or sequences) whose importance weight was truncated or masked",
-    source="readers",
 )
 PROBS_DIFF_MEAN = _declare(
     "rollout/probs_diff_mean",

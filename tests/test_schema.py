@@ -29,6 +29,7 @@ CONFIGS = {
         min_entropy_floor=10.0,
         use_gepo=True,
         faults=("routing_mismatch@1",),
+        is_correction="token",
     ),
     "pivot": ReplayConfig(**BASE, pivot=True, sample_steps=2),
 }

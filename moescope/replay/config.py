@@ -21,6 +21,7 @@ from moescope.replay.faults import check_faults, split_faults
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS = ("fp32", "bf16", "fp16")
 ALGOS = ("grpo", "gepo")
+IS_MODES = ("token", "sequence")
 REWARDS = ("exact", "numeric", "regex")
 SCHEDULES = ("constant", "cosine")
 
@@ -57,6 +58,12 @@ class ReplayConfig:
     Faults
         ``faults``: ``NAME[@STEP][:ARG]`` strings (see :mod:`moescope.replay.faults`), or one
         comma-separated string of them.
+    Fixes
+        ``routing_replay``: training reuses the rollout engine's top-k expert choices
+        (:mod:`moescope.replay.router_replay`); ``is_correction``: ``"token"`` (the PPO loss
+        of each token weighted by π_train / π_rollout truncated at ``is_threshold``) or
+        ``"sequence"`` (responses whose length-normalised ratio leaves ``[1/C, C]`` masked out),
+        active when the rollout's log-probs differ from the trainer's.
     Instruments
         ``instruments=False`` drops per-layer routing, per-group gradient norms, the non-finite
         watch and token-entropy summaries (the bare step the bench compares against).
@@ -121,6 +128,15 @@ class ReplayConfig:
         default=False,
         metadata=flag("training reuses the rollout's top-k expert choices (Rollout Routing Replay)"),
     )
+    is_correction: str | None = field(
+        default=None,
+        metadata=flag(
+            "importance-sampling correction of rollout vs training log-probs",
+            choices=IS_MODES,
+            shown="off",
+        ),
+    )
+    is_threshold: float = field(default=2.0, metadata=flag("its truncation / masking bound", metavar="C"))
     # faults and looping
     faults: tuple[str, ...] = field(default_factory=tuple)
     loop_times: int | None = field(
@@ -197,6 +213,10 @@ def _check(c: ReplayConfig) -> None:
         )
     if not 0 < c.difficulty_threshold < 1:
         problems.append(f"difficulty_threshold must lie in (0, 1), not {c.difficulty_threshold}")
+    if c.is_correction is not None and c.is_correction not in IS_MODES:
+        problems.append(f"is_correction {c.is_correction!r} is not one of {', '.join(IS_MODES)}")
+    if c.is_threshold <= 1:
+        problems.append(f"is_threshold must be above 1, not {c.is_threshold}")
     if c.minibatches < 1:
         problems.append(f"minibatches must be at least 1, not {c.minibatches}")
     if c.max_grad_norm <= 0:

@@ -24,7 +24,7 @@ from moescope.replay.instruments import (
     routing_flips,
     watch_nonfinite,
 )
-from moescope.replay.losses import k3_kl, masked_sum
+from moescope.replay.losses import is_weights, k3_kl, masked_sum
 from moescope.replay.models import Models
 from moescope.replay.precision import rounded_router
 from moescope.replay.router_replay import check_replayable, replayed_routing
@@ -132,7 +132,11 @@ class TrainingForward:
             sums.add("is_ratio", masked_sum(ratio, mask))
             sums.add("is_ratio_sq", masked_sum(ratio.square(), mask))
             sums.add("mismatch_tokens", mask.sum())
-            if low is not None or flips:
+            if c.is_correction is not None:  # the trainer's old log-probs, corrected toward the rollout's
+                weight, cut = is_weights(old, roll, mask, c.is_correction, c.is_threshold)
+                out["is_weight"] = weight
+                sums.add("is_cut", masked_sum(cut, mask))
+            elif low is not None or flips:
                 out["old"] = roll
         elif c.routing_replay:
             out["route"] = trained.index  # one engine: the trainer's own pass is the rollout's choice

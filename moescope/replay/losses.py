@@ -30,6 +30,23 @@ def ppo_clip(
     return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
 
 
+def is_weights(
+    train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, mode: str, threshold: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance-sampling correction of the rollout-vs-training mismatch, per token, and a 0/1
+    tensor of the tokens it cut. ``token``: the ratio π_train / π_rollout truncated at
+    ``threshold`` (TIS); ``sequence``: tokens of responses whose length-normalised ratio (the
+    geometric mean over the response) lies outside ``[1/threshold, threshold]`` get weight 0,
+    the rest 1 (masked importance sampling, verl's default threshold 2.0)."""
+    log_ratio = (train_logp - rollout_logp).clamp(-20, 20)
+    if mode == "token":
+        ratio = log_ratio.exp()
+        return ratio.clamp(max=threshold), (ratio > threshold).float() * mask
+    per_seq = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    keep = (per_seq.abs() <= torch.log(torch.tensor(threshold))).float()[:, None].expand_as(mask)
+    return keep, (1 - keep) * mask
+
+
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(π ‖ π_ref): non-negative, unbiased, low variance."""
     delta = (ref_logp - logp).clamp(-20, 20)

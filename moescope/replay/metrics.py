@@ -40,6 +40,8 @@ def step_metrics(
     if "mismatch_tokens" in t:
         rec[S.LOGPROB_MISMATCH] = t["mismatch_sum"] / max(t["mismatch_tokens"], 1.0)
         rec[S.MISMATCH_KL] = t["mismatch_k3"] / max(t["mismatch_tokens"], 1.0)
+        if "is_cut" in t:
+            rec[S.IS_TRUNCATED_FRAC] = t["is_cut"] / max(t["mismatch_tokens"], 1.0)
         mean = t["is_ratio"] / max(t["mismatch_tokens"], 1.0)
         rec[S.IS_RATIO_MEAN] = mean
         rec[S.IS_RATIO_STD] = math.sqrt(

@@ -39,6 +39,8 @@ class Objective:
         adv = batch.advantages[:, None].expand_as(logp)
         adv, damped = self.opefo.damp(adv, extra["old_entropy"], mask)
         pg, clipped = ppo_clip(logp, extra["old"], adv, c.clip_low, c.clip_high)
+        if "is_weight" in extra:  # importance-sampling correction of the rollout's samples
+            pg = pg * extra["is_weight"]
         pg_loss = masked_sum(pg, mask) / tokens
         ent_mean = masked_sum(ent, mask) / tokens
         loss = pg_loss - self.opefo.coef * ent_mean

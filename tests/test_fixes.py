@@ -1,5 +1,7 @@
-"""Rollout Routing Replay: training takes the rollout's expert choices, so a routing mismatch's
-flips vanish and the log-prob gap shrinks; routers that cannot take a choice are refused."""
+"""Fixes as replay options. Rollout Routing Replay: training takes the rollout's expert choices, so
+a routing mismatch's flips vanish and the log-prob gap shrinks; routers that cannot take a choice
+are refused. Importance-sampling correction: the trainer's old log-probs, each token's loss
+weighted toward the rollout's samples (truncated, or whole responses masked)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from moescope.models.routers import chosen_weights, route
 from moescope.models.view import adapt
 from moescope.models.zoo import tiny
 from moescope.replay import ReplayConfig
+from moescope.replay.losses import is_weights
 from moescope.replay.router_replay import replayed_routing
 
 BASE = {"steps": 3, "prompts_per_step": 4, "group_size": 8, "tasks": ("add2", "add3")}
@@ -74,3 +77,28 @@ def test_routers_that_return_no_choice_are_refused(tmp_path: Path) -> None:
     with pytest.raises(MoescopeError, match="routing replay needs routers that return"):
         moescope.replay(model, config, out=tmp_path / "t.jsonl", tokenizer=tok)
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_is_weights_truncate_tokens_or_mask_whole_responses() -> None:
+    rollout = torch.zeros(2, 3)
+    train = torch.tensor([[0.0, 2.0, -1.0], [0.1, 0.1, 0.1]]).log1p()  # ratios 1, 3, 0 / 1.1 x 3
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    weight, cut = is_weights(train, rollout, mask, "token", 2.0)
+    torch.testing.assert_close(weight, torch.tensor([[1.0, 2.0, 0.0], [1.1, 1.1, 1.1]]))
+    assert cut.tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    weight, cut = is_weights(train, rollout, mask, "sequence", 2.0)  # first: geometric mean 0 -> masked
+    assert weight.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]] and cut.tolist() == [[1, 1, 1], [0, 0, 0]]
+
+
+def test_is_correction_takes_the_trainers_old_log_probs_and_records_its_cuts(tmp_path: Path) -> None:
+    fault = {**BASE, "faults": ("routing_mismatch@0",)}
+    bare = moescope.replay("toy", ReplayConfig(**fault), out=tmp_path / "fault.jsonl")
+    fixed = moescope.replay(
+        "toy", ReplayConfig(**fault, is_correction="sequence", is_threshold=1.01), out=tmp_path / "is.jsonl"
+    )
+    assert bare.steps[0][S.CLIPFRAC] > 0 and S.IS_TRUNCATED_FRAC not in bare.steps[0]  # old: the rollout's
+    assert 0 < fixed.steps[0][S.IS_TRUNCATED_FRAC] < 1  # a tight bound masks part of the responses
+    with pytest.raises(MoescopeError, match="is_threshold must be above 1"):
+        ReplayConfig(**BASE, is_correction="token", is_threshold=1.0)
+    with pytest.raises(MoescopeError, match="is_correction 'tis' is not one of token, sequence"):
+        ReplayConfig(**BASE, is_correction="tis")
