@@ -17,7 +17,7 @@ from moescope.models.routers import chosen_weights, route
 from moescope.models.view import adapt
 from moescope.models.zoo import tiny
 from moescope.replay import ReplayConfig
-from moescope.replay.losses import is_weights
+from moescope.replay.losses import gspo_clip, is_weights, ppo_clip
 from moescope.replay.router_replay import replayed_routing
 
 BASE = {"steps": 3, "prompts_per_step": 4, "group_size": 8, "tasks": ("add2", "add3")}
@@ -102,3 +102,24 @@ def test_is_correction_takes_the_trainers_old_log_probs_and_records_its_cuts(tmp
         ReplayConfig(**BASE, is_correction="token", is_threshold=1.0)
     with pytest.raises(MoescopeError, match="is_correction 'tis' is not one of token, sequence"):
         ReplayConfig(**BASE, is_correction="tis")
+
+
+def test_gspo_gives_every_token_its_responses_clipped_ratio() -> None:
+    old = torch.zeros(2, 3)
+    logp = torch.tensor([[0.3, -0.3, 0.0], [0.6, 0.6, 0.6]])  # response means 0 and 0.6
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = torch.ones(2, 3)
+    loss, clipped = gspo_clip(logp, old, adv, mask, 3e-4, 4e-4)
+    assert torch.allclose(loss[0], torch.full((3,), -1.0)) and clipped[0].tolist() == [0.0, 0.0, 0.0]
+    assert torch.allclose(loss[1], torch.full((3,), -(1 + 4e-4))) and clipped[1].tolist() == [1.0, 1.0, 1.0]
+    token, _ = ppo_clip(logp, old, adv, 0.2, 0.28)
+    assert not torch.allclose(token[0], loss[0])  # per token the ratios differ; per response they cancel
+
+
+def test_gspo_clips_more_tokens_than_grpo_by_design(tmp_path: Path) -> None:
+    base = {**BASE, "lr": 1e-4}
+    grpo = moescope.replay("toy", ReplayConfig(**base), out=tmp_path / "grpo.jsonl")
+    gspo = moescope.replay("toy", ReplayConfig(**base, algo="gspo"), out=tmp_path / "gspo.jsonl")
+    assert sum(s[S.CLIPFRAC] for s in gspo.steps) > 2 * sum(s[S.CLIPFRAC] for s in grpo.steps)
+    assert gspo.steps[0][S.REWARD_MEAN] == grpo.steps[0][S.REWARD_MEAN]  # the same first samples
+    assert gspo.header["replay_config"]["algo"] == "gspo"

@@ -20,7 +20,7 @@ from moescope.replay.faults import check_faults, split_faults
 
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS = ("fp32", "bf16", "fp16")
-ALGOS = ("grpo", "gepo")
+ALGOS = ("grpo", "gepo", "gspo")
 IS_MODES = ("token", "sequence")
 REWARDS = ("exact", "numeric", "regex")
 SCHEDULES = ("constant", "cosine")
@@ -39,7 +39,9 @@ class ReplayConfig:
         ``prompts_per_step`` prompts, ``group_size`` samples each (G), ``temperature``, ``top_p``,
         ``max_new_tokens`` (``None``: the longest answer of the toy tasks + 1, else 32).
     Objective
-        PPO-clip with ``clip_low`` / ``clip_high``; ``kl_beta`` times the k3 estimate of KL to the
+        PPO-clip with ``clip_low`` / ``clip_high`` on each token's ratio; with ``algo="gspo"``
+        on each response's length-normalised ratio instead, clipped to ``seq_clip_low`` /
+        ``seq_clip_high`` (GSPO's 3e-4 / 4e-4); ``kl_beta`` times the k3 estimate of KL to the
         frozen reference (``ref_model_path``, default the policy at step 0); router
         load-balancing (``aux_loss_coef``) and z-loss (``z_loss_coef``); ``minibatches`` optimizer
         steps per RL step over the rollout batch (at most one per prompt).
@@ -88,11 +90,16 @@ class ReplayConfig:
     top_p: float = 1.0
     max_new_tokens: int | None = None
     # objective
-    algo: str = field(default="grpo", metadata=flag("advantages", choices=ALGOS))
+    algo: str = field(
+        default="grpo",
+        metadata=flag("grpo, gepo (its advantages) or gspo (sequence-level ratio)", choices=ALGOS),
+    )
     use_gepo: bool = False
     difficulty_threshold: float = 0.6
     clip_low: float = 0.2
     clip_high: float = 0.28
+    seq_clip_low: float = 3e-4
+    seq_clip_high: float = 4e-4
     kl_beta: float = field(default=0.01, metadata=flag("KL-to-reference weight", metavar="B"))
     ref_model_path: str | None = None
     aux_loss_coef: float = 0.0
@@ -207,6 +214,11 @@ def _check(c: ReplayConfig) -> None:
         problems.append(f"reward {c.reward!r} is not one of {', '.join(REWARDS)}")
     if c.lr_schedule not in SCHEDULES:
         problems.append(f"lr_schedule {c.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if not 0 <= c.seq_clip_low < 1 or c.seq_clip_high < 0:
+        problems.append(
+            f"sequence clip range ({c.seq_clip_low}, {c.seq_clip_high}) must satisfy "
+            "0 <= seq_clip_low < 1 and seq_clip_high >= 0"
+        )
     if not 0 <= c.clip_low < 1 or c.clip_high < 0:
         problems.append(
             f"clip range ({c.clip_low}, {c.clip_high}) must satisfy 0 <= clip_low < 1 and clip_high >= 0"

@@ -5,7 +5,8 @@ token count of the minibatch (summed over data-parallel ranks), so one process a
 processes with the same global batch give the same gradient.
 
 - surrogate: :math:`\max(-A\,\rho, -A\,\mathrm{clip}(\rho, 1-\epsilon_{low}, 1+\epsilon_{high}))`
-  with :math:`\rho = \exp(\log\pi - \log\pi_{old})`;
+  with :math:`\rho = \exp(\log\pi - \log\pi_{old})` per token, or (GSPO) per response with
+  the mean log-ratio over its tokens, the response's surrogate counted on each of its tokens;
 - KL: the k3 estimator :math:`e^{\log\pi_{ref}-\log\pi} - (\log\pi_{ref}-\log\pi) - 1`, times β;
 - load balancing: the Switch loss :math:`E \sum_e f_e P_e` per MoE layer, averaged over layers;
 - z-loss: the mean squared log-sum-exp of router logits.
@@ -25,6 +26,24 @@ def ppo_clip(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token surrogate loss and a 0/1 tensor marking tokens where the clip was active."""
     ratio = torch.exp(logp - old_logp)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
+def gspo_clip(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO's surrogate (arXiv 2507.18071) per token: each response's length-normalised ratio
+    ``exp(mean_t(log π − log π_old))`` clipped to ``[1 − clip_low, 1 + clip_high]``, its
+    surrogate given to every token of the response, and a 0/1 tensor of the clipped ones."""
+    log_ratio = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    ratio = log_ratio.clamp(max=20).exp().expand_as(logp)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     return torch.maximum(unclipped, clipped), (clipped > unclipped).float()

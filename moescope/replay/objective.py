@@ -12,7 +12,7 @@ from moescope.replay.batch import Batch
 from moescope.replay.comm import Comm
 from moescope.replay.forward import TrainingForward
 from moescope.replay.instruments import RouterRecord, entropy_summary, record_routers, routing_sums
-from moescope.replay.losses import k3_kl, load_balancing, masked_sum, ppo_clip, z_loss
+from moescope.replay.losses import gspo_clip, k3_kl, load_balancing, masked_sum, ppo_clip, z_loss
 from moescope.replay.opefo import EntropyFlowControl
 from moescope.replay.router_replay import replayed_routing
 from moescope.replay.sums import StepSums
@@ -38,7 +38,10 @@ class Objective:
         fwd.attribute(raw, batch, step)
         adv = batch.advantages[:, None].expand_as(logp)
         adv, damped = self.opefo.damp(adv, extra["old_entropy"], mask)
-        pg, clipped = ppo_clip(logp, extra["old"], adv, c.clip_low, c.clip_high)
+        if c.algo == "gspo":
+            pg, clipped = gspo_clip(logp, extra["old"], adv, mask, c.seq_clip_low, c.seq_clip_high)
+        else:
+            pg, clipped = ppo_clip(logp, extra["old"], adv, c.clip_low, c.clip_high)
         if "is_weight" in extra:  # importance-sampling correction of the rollout's samples
             pg = pg * extra["is_weight"]
         pg_loss = masked_sum(pg, mask) / tokens
