@@ -123,3 +123,21 @@ def test_gspo_clips_more_tokens_than_grpo_by_design(tmp_path: Path) -> None:
     assert sum(s[S.CLIPFRAC] for s in gspo.steps) > 2 * sum(s[S.CLIPFRAC] for s in grpo.steps)
     assert gspo.steps[0][S.REWARD_MEAN] == grpo.steps[0][S.REWARD_MEAN]  # the same first samples
     assert gspo.header["replay_config"]["algo"] == "gspo"
+
+
+@pytest.mark.parametrize("fault", ["router_precision@0", "routing_mismatch@0"])
+def test_an_fp32_router_cancels_the_router_rounding_faults(tmp_path: Path, fault: str) -> None:
+    config = {**BASE, "steps": 2, "faults": (fault,)}
+    bare = moescope.replay("toy", ReplayConfig(**config), out=tmp_path / "bare.jsonl")
+    fixed = moescope.replay("toy", ReplayConfig(**config, fp32_router=True), out=tmp_path / "fixed.jsonl")
+    assert all(s[S.LOGPROB_MISMATCH] > 0 for s in bare.steps)
+    assert all(s[S.LOGPROB_MISMATCH] == 0 for s in fixed.steps)  # both sides route alike again
+    assert all(s.get(S.ROUTING_FLIP_FRAC, 0) == 0 for s in fixed.steps)
+
+
+def test_an_fp32_router_under_bf16_training_routes_in_fp32(tmp_path: Path) -> None:
+    config = {**BASE, "steps": 1, "precision": "bf16"}
+    plain = moescope.replay("toy", ReplayConfig(**config), out=tmp_path / "bf16.jsonl")
+    fixed = moescope.replay("toy", ReplayConfig(**config, fp32_router=True), out=tmp_path / "fp32.jsonl")
+    assert fixed.steps[0][S.ROUTER_LOGIT_MAX] != plain.steps[0][S.ROUTER_LOGIT_MAX]  # other logits
+    assert fixed.steps[0][S.REWARD_MEAN] == pytest.approx(plain.steps[0][S.REWARD_MEAN], abs=0.2)

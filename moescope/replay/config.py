@@ -65,7 +65,9 @@ class ReplayConfig:
         (:mod:`moescope.replay.router_replay`); ``is_correction``: ``"token"`` (the PPO loss
         of each token weighted by π_train / π_rollout truncated at ``is_threshold``) or
         ``"sequence"`` (responses whose length-normalised ratio leaves ``[1/C, C]`` masked out),
-        active when the rollout's log-probs differ from the trainer's.
+        active when the rollout's log-probs differ from the trainer's; ``fp32_router``: every
+        router scored in fp32 in training and rollout alike, which also cancels the
+        ``router_precision`` and ``routing_mismatch`` faults' rounding.
     Instruments
         ``instruments=False`` drops per-layer routing, per-group gradient norms, the non-finite
         watch and token-entropy summaries (the bare step the bench compares against).
@@ -144,6 +146,9 @@ class ReplayConfig:
         ),
     )
     is_threshold: float = field(default=2.0, metadata=flag("its truncation / masking bound", metavar="C"))
+    fp32_router: bool = field(
+        default=False, metadata=flag("routers scored in fp32 on both sides, whatever the precision")
+    )
     # faults and looping
     faults: tuple[str, ...] = field(default_factory=tuple)
     loop_times: int | None = field(

@@ -16,7 +16,7 @@ import torch
 from moescope.errors import MoescopeError
 from moescope.replay.batch import Batch, token_logprobs
 from moescope.replay.config import ReplayConfig
-from moescope.replay.faults import FaultPlan
+from moescope.replay.faults import Fault, FaultPlan
 from moescope.replay.instruments import (
     NonfiniteWatch,
     RouterRecord,
@@ -26,7 +26,7 @@ from moescope.replay.instruments import (
 )
 from moescope.replay.losses import is_weights, k3_kl, masked_sum
 from moescope.replay.models import Models
-from moescope.replay.precision import rounded_router
+from moescope.replay.precision import fp32_routers, rounded_router
 from moescope.replay.router_replay import check_replayable, replayed_routing
 from moescope.replay.sums import StepSums
 
@@ -52,20 +52,21 @@ class TrainingForward:
             yield self.watch
 
     def context(self, step: int) -> ExitStack:
-        """Context of a training forward: precision, plus the router_precision fault."""
-        stack = ExitStack()
-        rp = self.faults.get("router_precision", step)
-        if rp is not None:
-            stack.enter_context(rounded_router(self.routers, rp.arg))
-        return stack
+        """Context of a training forward: the router_precision fault's low-precision router, or
+        the fp32_router fix's full-precision one."""
+        return self._router_context(self.faults.get("router_precision", step))
 
     def rollout_context(self, step: int) -> ExitStack:
         """Context of the rollout engine's passes (sampling, its log-probs): the routing_mismatch
-        fault's low-precision router."""
+        fault's low-precision router, or the fp32_router fix's full-precision one."""
+        return self._router_context(self.faults.get("routing_mismatch", step))
+
+    def _router_context(self, fault: Fault | None) -> ExitStack:
         stack = ExitStack()
-        rm = self.faults.get("routing_mismatch", step)
-        if rm is not None:
-            stack.enter_context(rounded_router(self.routers, rm.arg))
+        if self.c.fp32_router:  # the fix: routers in fp32 on both sides, whatever a fault rounds
+            stack.enter_context(fp32_routers(self.routers))
+        elif fault is not None:
+            stack.enter_context(rounded_router(self.routers, fault.arg))
         return stack
 
     def logprobs(

@@ -104,3 +104,26 @@ def _round(value: object, dtype: torch.dtype) -> object:
     if torch.is_tensor(value) and value.is_floating_point():
         return value.to(dtype).to(value.dtype)
     return value
+
+
+@contextlib.contextmanager
+def fp32_routers(routers: list[tuple[torch.nn.Module, torch.Tensor]]) -> Iterator[None]:
+    """Compute router logits in fp32 whatever the surrounding autocast (Megatron's
+    ``moe_router_dtype=fp32``): inputs cast up, autocast off for the router call."""
+
+    def wrap(original: Callable) -> Callable:
+        def full_precision(*args, **kwargs):
+            device = next((a.device.type for a in args if torch.is_tensor(a)), "cpu")
+            with torch.autocast(device_type=device, enabled=False):
+                return original(*(_upcast(a) for a in args), **kwargs)
+
+        return full_precision
+
+    with patched_forwards((router, wrap) for router, _ in routers):
+        yield
+
+
+def _upcast(value: object) -> object:
+    if torch.is_tensor(value) and value.is_floating_point():
+        return value.float()
+    return value
