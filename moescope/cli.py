@@ -194,6 +194,40 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from moescope.analyze.validation import validate
+
+    result = validate(
+        args.model,
+        args.validate_fault,
+        args.fix,
+        config=replay_config(args),
+        original=args.original,
+        out=args.out,
+        overwrite=args.overwrite,
+    )
+    agreement = result.agreement()
+    print(f"{args.model} under {result.fault}, fixed with {', '.join(result.fixes)}:")
+    for note in result.notes:
+        print(f"  note: {note}")
+    if not result.outcomes:
+        print("  the fault raises no warning or error, with or without the fix")
+    for o in result.outcomes:
+        same = (
+            ""
+            if agreement is None
+            else ("  (the original: the same)" if agreement[o.type] else "  (the original: not so)")
+        )
+        print(f"  {o.type}: {o.verdict}{same}")
+    c = result.cost
+    print(
+        f"  cost: step time x{c['step_time_ratio']:.2f}, "
+        f"mean reward {c['reward_fault']:.3f} -> {c['reward_fixed']:.3f}"
+    )
+    print(f"validation: {args.out / 'validation.json'}")
+    return 0
+
+
 def export_config(args: argparse.Namespace) -> ExportConfig:
     """The export's config: the defaults, with the flags given on the command line put in."""
     return ExportConfig.from_dict(flag_values(args, ExportConfig))
@@ -239,7 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"moescope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_toy, _add_inspect, _add_cost, _add_export, _add_replay, _add_diagnose, _add_report):
+    for add in (
+        _add_toy,
+        _add_inspect,
+        _add_cost,
+        _add_export,
+        _add_replay,
+        _add_diagnose,
+        _add_validate,
+        _add_report,
+    ):
         add(sub)
     return parser
 
@@ -354,6 +397,39 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
     dg.add_argument(
         "--json", action="store_true", help='print one object: {"format", "steps", "findings", ...}'
     )
+
+
+def _add_validate(sub: argparse._SubParsersAction) -> None:
+    """``moescope validate``: a fault with and without candidate fixes; the replay flags set both runs."""
+    from moescope.analyze.fixes import FIXES
+
+    va = _command(
+        sub,
+        "validate",
+        cmd_validate,
+        "replay a fault with and without a fix: does the fix remove its findings?",
+    )
+    va.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    va.add_argument(
+        "--fault", dest="validate_fault", required=True, metavar="NAME[@STEP][:ARG]", help="the fault"
+    )
+    va.add_argument(
+        "--fix",
+        action="append",
+        required=True,
+        metavar="NAME[:ARG]",
+        help=f"a fix (repeatable): {', '.join(FIXES)}",
+    )
+    va.add_argument(
+        "--original", metavar="MODEL", help="the proxy's source: run it too and compare the verdicts"
+    )
+    va.add_argument("--out", type=Path, required=True, metavar="DIR", help="traces and validation.json")
+    va.add_argument("--overwrite", action="store_true", help="replace an existing directory")
+    va.add_argument(
+        "--config", type=Path, metavar="JSON", help="ReplayConfig fields as JSON (flags override)"
+    )
+    add_flags(va, ReplayConfig)
+    va.set_defaults(fault=None, entropy_floor=None)
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:

@@ -107,7 +107,8 @@ def _judge(trace: Trace, gauge: Gauge) -> list[Finding]:
         start = _onset(trace, key)
         what = f"{key} turns positive after {SUSTAIN}+ records where the two sides agreed bit for bit"
     if start is not None:
-        out.append(_finding(key, start, "warning", what, rule="onset"))
+        held = [v for s, v in points if s >= start]
+        out.append(_finding(key, start, "warning", what, rule="onset", mean=statistics.fmean(held)))
     return out
 
 

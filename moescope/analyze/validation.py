@@ -1,0 +1,231 @@
+"""Targeted validation: does a candidate fix make a fault's findings go away?
+
+The paper's second use of a proxy, and the most expensive loop on the full model. The model
+replays the fault alone and the fault with the fix (:mod:`moescope.analyze.fixes`), with the same
+seeds, prompts and samples until the fix changes them; both traces are diagnosed, and every
+finding type the fault raises (warnings and errors) gets a verdict:
+
+- ``removed``: the fixed run does not raise it;
+- ``reduced``: it still does, but at a lower severity, on fewer steps, later, or with its
+  reported magnitude (a mismatch's mean, a spike's value) at most half;
+- ``unchanged``: otherwise;
+
+plus ``introduced`` for a type only the fixed run raises, and the fix's cost: the fixed run's step
+time over the faulted run's (measured) and both runs' mean reward. With ``original``, the same two
+runs on the proxy's source model say whether the proxy's verdicts are the original's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from moescope import schema as S
+from moescope._util.io import replace_dir
+from moescope.analyze.diagnosis import diagnose
+from moescope.analyze.findings import Finding
+from moescope.analyze.fixes import fix_fields
+from moescope.errors import MoescopeError
+from moescope.replay.config import ReplayConfig
+from moescope.traces import Trace
+
+OUTCOMES = ("removed", "reduced", "unchanged", "introduced")
+REDUCED = 0.5  # a finding whose reported magnitude the fix at least halves is reduced
+SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the fix did to one finding type: its verdict, and the finding on each side."""
+
+    type: str
+    verdict: str
+    fault_step: int | None
+    fixed_step: int | None
+    fault_severity: str | None
+    fixed_severity: str | None
+
+
+@dataclass
+class Validation:
+    """A fault, the fixes tried, the verdict per finding, the cost; the original's, when run."""
+
+    model: str
+    fault: str
+    fixes: tuple[str, ...]
+    outcomes: list[Outcome]
+    cost: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+    original: Validation | None = None
+
+    def agreement(self) -> dict[str, bool] | None:
+        """Per finding type either run raised, whether the proxy's verdict is the original's."""
+        if self.original is None:
+            return None
+        mine = {o.type: o.verdict for o in self.outcomes}
+        theirs = {o.type: o.verdict for o in self.original.outcomes}
+        return {t: mine.get(t) == theirs.get(t) for t in sorted(mine.keys() | theirs.keys())}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["agreement"] = self.agreement()
+        return d
+
+
+def validate(
+    model: Any,
+    fault: str,
+    fixes: list[str] | tuple[str, ...],
+    *,
+    config: ReplayConfig | None = None,
+    original: Any = None,
+    out: str | Path,
+    overwrite: bool = False,
+) -> Validation:
+    """Replay ``fault`` with and without ``fixes`` on ``model`` (and on ``original``); the
+    verdicts, written with the four traces to ``out`` (``validation.json``)."""
+    base = replace(config or ReplayConfig(), faults=(fault,))
+    fixed, notes = _fixed_config(base, fixes, fault)
+    if original is not None:
+        check_source(model, original)
+
+    def fill(work: Path) -> None:
+        result = _pair(model, base, fixed, work, "", fault, fixes, notes)
+        if original is not None:
+            result.original = _pair(original, base, fixed, work, "original-", fault, fixes, notes)
+        (work / "validation.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+        holder.append(result)
+
+    holder: list[Validation] = []
+    replace_dir(out, fill, overwrite=overwrite)
+    return holder[0]
+
+
+def _fixed_config(
+    base: ReplayConfig, fixes: list[str] | tuple[str, ...], fault: str
+) -> tuple[ReplayConfig, list[str]]:
+    fields = fix_fields(base, fixes)
+    try:
+        return replace(base, **fields), []
+    except MoescopeError as err:  # a fix that removes the fault's precondition (bf16 against an fp16 fault)
+        if "needs fp16" not in str(err):
+            raise
+        note = (
+            f"with {', '.join(fixes)} the fault {fault} cannot happen (it needs fp16): the fixed run has none"
+        )
+        return replace(base, **fields, faults=()), [note]
+
+
+def _pair(
+    model: Any,
+    base: ReplayConfig,
+    fixed: ReplayConfig,
+    work: Path,
+    prefix: str,
+    fault: str,
+    fixes: list[str] | tuple[str, ...],
+    notes: list[str],
+) -> Validation:
+    from moescope.replay.run import replay
+
+    faulted = replay(model, base, out=work / f"{prefix}fault.jsonl")
+    repaired = replay(model, fixed, out=work / f"{prefix}fault+fix.jsonl")
+    return Validation(
+        model=str(model) if isinstance(model, str | Path) else type(model).__name__,
+        fault=fault,
+        fixes=tuple(fixes),
+        outcomes=outcomes(diagnose(faulted), diagnose(repaired)),
+        cost=cost(faulted, repaired),
+        notes=list(notes),
+    )
+
+
+def outcomes(faulted: list[Finding], fixed: list[Finding]) -> list[Outcome]:
+    """The verdict per finding type (warnings and errors), in the order of the module docstring."""
+    before, after = _worst(faulted), _worst(fixed)
+    out = []
+    for kind, f in before.items():
+        g = after.get(kind)
+        out.append(
+            Outcome(
+                kind, _verdict(f, g), f.step, g.step if g else None, f.severity, g.severity if g else None
+            )
+        )
+    for kind, g in after.items():
+        if kind not in before:
+            out.append(Outcome(kind, "introduced", None, g.step, None, g.severity))
+    return out
+
+
+def _worst(findings: list[Finding]) -> dict[str, Finding]:
+    """The most severe (then earliest) finding of each type, info left out."""
+    out: dict[str, Finding] = {}
+    for f in findings:
+        if f.severity == "info":
+            continue
+        kept = out.get(f.type)
+        if kept is None or SEVERITY_RANK[f.severity] > SEVERITY_RANK[kept.severity]:
+            out[f.type] = f
+    return out
+
+
+def _verdict(before: Finding, after: Finding | None) -> str:
+    if after is None:
+        return "removed"
+    later = before.step is not None and after.step is not None and after.step > before.step
+    milder = SEVERITY_RANK[after.severity] < SEVERITY_RANK[before.severity]
+    size, was = _size(after), _size(before)
+    smaller = size is not None and was is not None and size <= REDUCED * was
+    return "reduced" if milder or later or smaller or _extent(after) < _extent(before) else "unchanged"
+
+
+def _size(f: Finding) -> float | None:
+    """The magnitude a finding reports (its evidence's ``mean`` or ``value``), when it does."""
+    value = f.evidence.get("mean", f.evidence.get("value"))
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _extent(f: Finding) -> int:
+    """How many steps a finding names (its evidence's ``steps`` or ``skipped_steps``)."""
+    steps = f.evidence.get("steps") or f.evidence.get("skipped_steps") or []
+    return len(steps) if isinstance(steps, list) else 0
+
+
+def cost(faulted: Trace, fixed: Trace) -> dict[str, float]:
+    """The fixed run's median step time over the faulted run's (first step left out: warm-up),
+    and both runs' mean reward."""
+
+    def median_time(trace: Trace) -> float:
+        times = [s[S.TIME_STEP] for s in trace.steps[1:] or trace.steps if S.TIME_STEP in s]
+        return statistics.median(times) if times else float("nan")
+
+    def reward(trace: Trace) -> float:
+        values = [s[S.REWARD_MEAN] for s in trace.steps if isinstance(s.get(S.REWARD_MEAN), int | float)]
+        return statistics.fmean(values) if values else float("nan")
+
+    return {
+        "step_time_ratio": median_time(fixed) / median_time(faulted),
+        "reward_fault": reward(faulted),
+        "reward_fixed": reward(fixed),
+    }
+
+
+def check_source(proxy: Any, original: Any) -> None:
+    """Refuse an ``original`` that is not the source the proxy was cut from (config hash)."""
+    from moescope.models.loading import load_config
+    from moescope.provenance import config_hash
+
+    manifest = Path(str(proxy)) / "moescope.json"
+    if not isinstance(proxy, str | Path) or not manifest.is_file():
+        raise MoescopeError(
+            f"{proxy} is not a proxy directory (no moescope.json); pass an exported proxy as MODEL."
+        )
+    source = json.loads(manifest.read_text())["source"]["config_hash"]
+    if config_hash(load_config(original)) != source:
+        raise MoescopeError(
+            f"{original} is not the model {proxy} was cut from (its config differs); "
+            "pass that model as --original."
+        )

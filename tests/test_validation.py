@@ -1,0 +1,107 @@
+"""Targeted validation: a fault replayed with and without a fix, the verdict per finding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moescope.analyze.findings import Finding
+from moescope.analyze.fixes import FIXES, fix_fields
+from moescope.analyze.validation import outcomes, validate
+from moescope.cli import main
+from moescope.errors import MoescopeError
+from moescope.replay import ReplayConfig
+
+BASE = ReplayConfig(steps=4, prompts_per_step=4, group_size=8, tasks=("add2", "add3"))
+
+
+def test_fixes_set_replay_fields_and_bad_ones_are_one_sentence() -> None:
+    fields = fix_fields(BASE, ["routing_replay", "is_correction:sequence", "lower_lr:0.5"])
+    assert fields == {"routing_replay": True, "is_correction": "sequence", "lr": BASE.lr * 0.5}
+    assert fix_fields(BASE, ["bf16", "grad_clip"]) == {"precision": "bf16", "max_grad_norm": 0.5}
+    for bad, match in (
+        (["flux"], "unknown fix 'flux'"),
+        (["gspo:2"], "takes no argument"),
+        (["lower_lr:-1"], "bad argument"),
+        (["is_correction:tis"], "bad argument"),
+        ([], "name at least one fix"),
+    ):
+        with pytest.raises(MoescopeError, match=match):
+            fix_fields(BASE, bad)
+    assert {"routing_replay", "is_correction", "gspo", "fp32_router"} <= set(FIXES)
+
+
+def test_verdicts_per_finding_type() -> None:
+    spike = Finding("grad_spike", 5, "warning", "", {"value": 1e4, "steps": [5, 6]})
+    nan = Finding("nonfinite", 5, "error", "", {"steps": [5, 6, 7]})
+    load = Finding("load_collapse", 3, "warning", "", {})
+    before = [spike, nan, load, Finding("overflow", 1, "info", "", {})]
+    after = [
+        Finding("nonfinite", 5, "warning", "", {"steps": [5]}),  # milder
+        Finding("load_collapse", 3, "warning", "", {}),  # the same
+        Finding("kl_blowup", 8, "error", "", {}),  # new
+    ]
+    verdicts = {o.type: o.verdict for o in outcomes(before, after)}
+    assert verdicts == {
+        "grad_spike": "removed",
+        "nonfinite": "reduced",
+        "load_collapse": "unchanged",
+        "kl_blowup": "introduced",
+    }  # an info finding has no verdict
+    halved = [Finding("grad_spike", 5, "warning", "", {"value": 4e3, "steps": [5, 6]})]
+    assert outcomes([spike], halved)[0].verdict == "reduced"
+
+
+def test_routing_replay_reduces_and_an_fp32_router_removes_a_routing_mismatch(tmp_path: Path) -> None:
+    fault = "routing_mismatch@1"
+    replayed = validate("toy", fault, ["routing_replay"], config=BASE, out=tmp_path / "r3")
+    assert [(o.type, o.verdict) for o in replayed.outcomes] == [("rollout_mismatch", "reduced")]
+    both = validate("toy", fault, ["routing_replay", "fp32_router"], config=BASE, out=tmp_path / "both")
+    assert [(o.type, o.verdict) for o in both.outcomes] == [("rollout_mismatch", "removed")]
+    saved = json.loads((tmp_path / "both" / "validation.json").read_text())
+    assert saved["fixes"] == ["routing_replay", "fp32_router"] and saved["agreement"] is None
+    assert {p.name for p in (tmp_path / "both").iterdir()} == {
+        "fault.jsonl",
+        "fault+fix.jsonl",
+        "validation.json",
+    }
+    assert 0 < both.cost["step_time_ratio"] < 10 and both.cost["reward_fault"] >= 0
+
+
+def test_a_fix_that_removes_the_faults_precondition_says_so(tmp_path: Path) -> None:
+    config = ReplayConfig(**{**BASE.to_dict(), "precision": "fp16"})
+    result = validate("toy", "fp16_overflow@1", ["bf16"], config=config, out=tmp_path / "v")
+    assert result.notes and "cannot happen" in result.notes[0]
+    assert ("overflow", "removed") in [(o.type, o.verdict) for o in result.outcomes]
+
+
+def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "v"
+    for argv, match in (
+        (["toy", "--fault", "lr_spike@1", "--fix", "flux"], "unknown fix"),
+        (["toy", "--fault", "lr_spike@1", "--fix", "gspo", "--original", "toy"], "not a proxy directory"),
+        (["toy", "--fault", "volcano", "--fix", "gspo"], "Unknown fault 'volcano'"),
+    ):
+        capsys.readouterr()
+        assert main(["validate", *argv, "--out", str(out), "--steps", "2"]) == 2
+        assert match in capsys.readouterr().err and not out.exists()
+
+
+def test_an_original_that_is_not_the_proxys_source_is_refused(tmp_path: Path) -> None:
+    from moescope.export.pipeline import export_proxy
+
+    proxy = tmp_path / "proxy"
+    export_proxy(
+        "toy", proxy, keep="1/2", method="random", min_capability=0.0, fidelity=False, progress=False
+    )
+    with pytest.raises(MoescopeError, match=r"is not the model .* was cut from"):
+        validate(proxy, "lr_spike@1", ["grad_clip"], config=BASE, original="toy-v3", out=tmp_path / "v")
+    assert not (tmp_path / "v").exists()
+    both = validate(
+        proxy, "routing_mismatch@1", ["fp32_router"], config=BASE, original="toy", out=tmp_path / "v"
+    )
+    assert both.original is not None and both.original.model == "toy"
+    assert both.agreement() == {"rollout_mismatch": True}  # removed on the proxy and on the original
+    assert (tmp_path / "v" / "original-fault+fix.jsonl").is_file()
