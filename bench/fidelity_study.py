@@ -20,7 +20,8 @@ preserve dynamics at least as well as the baselines. The script reports what the
 
 writes ``OUT/fidelity-study[-MODEL][-targeted].json`` (every comparison) and ``.md`` (tables).
 ``--tables-only`` rewrites the tables from that JSON; ``--rejudge`` judges its runs again from the
-replays the study kept in its work directory (after a change to the diagnosis).
+replays the study kept in its work directory (after a change to the diagnosis); ``--work DIR``
+runs in DIR and takes the proxies an interrupted study already exported there as they are.
 """
 
 from __future__ import annotations
@@ -131,29 +132,39 @@ def _export(job: tuple[str, str, str, int, str, bool]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    from moescope.export.fidelity.validity import CAPABILITY
     from moescope.export.pipeline import export_proxy
 
     model, keep, spec, seed, out, targeted = job
-    result = export_proxy(
-        model, out, keep=keep, seed=seed, n_tokens=4000, progress=False, overwrite=True,
-        **export_options(spec), **({} if targeted else {"min_capability": 0.0}),
-        fidelity={"n_tokens": 2048, "seed": seed, "n_prompts": 50, "samples": 2},
-    )  # fmt: skip
-    capability = next(c for c in result.checklist if c.name == CAPABILITY)
-    targeting = result.manifest.get("targeting") or {}
+    manifest = Path(out) / "moescope.json"
+    if not manifest.is_file():  # a proxy an interrupted study already wrote is taken as it is
+        export_proxy(
+            model, out, keep=keep, seed=seed, n_tokens=4000, progress=False, overwrite=True,
+            **export_options(spec), **({} if targeted else {"min_capability": 0.0}),
+            fidelity={"n_tokens": 2048, "seed": seed, "n_prompts": 50, "samples": 2},
+        )  # fmt: skip
+    return export_record(json.loads(manifest.read_text()), keep, spec, seed, out)
+
+
+def export_record(manifest: dict[str, Any], keep: str, spec: str, seed: int, out: str) -> dict[str, Any]:
+    """What the study keeps of an export, read from the proxy's manifest: next-token KL, the
+    capability check, and the healing it took."""
+    from moescope.export.fidelity.validity import CAPABILITY
+
+    capability = next(c for c in manifest["checklist"] if c["name"] == CAPABILITY)
+    ratio = capability["details"].get("ratio")
+    targeting = manifest.get("targeting") or {}
     attempt = next((a for a in targeting.get("attempts", []) if a["keep"] == targeting.get("keep")), None)
     return {
         "keep": keep,
         "method": spec,
         "seed": seed,
         "path": out,
-        "kl": result.fidelity.kl,
-        "capability": capability.figure,
-        "capability_ratio": capability.details.get("ratio"),
-        "capability_unhealed": attempt["curve"][0]["ratio"] if attempt else capability.details.get("ratio"),
+        "kl": manifest["fidelity"]["kl"],
+        "capability": capability["figure"],
+        "capability_ratio": ratio,
+        "capability_unhealed": attempt["curve"][0]["ratio"] if attempt else ratio,
         "heal_steps": attempt["curve"][-1]["steps"] if attempt else 0,
-        "passed": capability.passed,
+        "passed": capability["passed"],
     }
 
 
@@ -171,9 +182,10 @@ def run(
     faults: tuple[str, ...] = tuple(FAULTS),
     targeted: bool = False,
     ablation_keeps: tuple[str, ...] = ("1/4",),
+    work: Path | None = None,
 ) -> dict[str, Any]:
     started = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix="moescope-study-"))
+    work = work or Path(tempfile.mkdtemp(prefix="moescope-study-"))
     specs = [(k, m) for k in keeps for m in methods if "/" not in m or k in ablation_keeps]
     exports = [(model, k, m, s, str(work / f"proxy-{_tag(k, m, s)}"), targeted) for k, m in specs
                for s in range(seeds)]  # fmt: skip
@@ -534,6 +546,9 @@ def main() -> None:
     parser.add_argument(
         "--rejudge", action="store_true", help="judge OUT's study again from the replays it saved"
     )
+    parser.add_argument(
+        "--work", type=Path, help="the work directory; an interrupted study's proxies there are reused"
+    )
     args = parser.parse_args()
     stem = stem_for(args.out, args.model, args.targeted)
     if args.tables_only or args.rejudge:
@@ -544,7 +559,7 @@ def main() -> None:
     else:
         result = run(
             args.model, args.seeds, args.steps, args.workers, tuple(args.keeps), tuple(args.methods),
-            tuple(args.faults), args.targeted, tuple(args.ablation_keeps),
+            tuple(args.faults), args.targeted, tuple(args.ablation_keeps), args.work,
         )  # fmt: skip
         args.out.mkdir(parents=True, exist_ok=True)
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
