@@ -28,11 +28,11 @@ from typing import Any
 
 from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row
-from moescope.analyze.readers._text import INT, NUMBER, parse_number
+from moescope.analyze.readers._text import INT, parse_number
 from moescope.analyze.readers.keymap import canonical
+from moescope.analyze.readers.megatron import OVERFLOW, SCALES
+from moescope.analyze.readers.plain import STEP_IN_LINE
 
-_STEP = re.compile(rf"\b(?:step|iteration|iter)\b\s*[:=#]?\s*({INT})", re.IGNORECASE)
-_SCALE = re.compile(rf"reducing\s*(?:loss\s*scale\s*)?to\s*({NUMBER})", re.IGNORECASE)
 _COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.IGNORECASE)
 
 
@@ -41,8 +41,9 @@ def _count(key: str) -> Callable[[re.Match[str], str], dict[str, Any]]:
 
 
 def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
-    scale = _SCALE.search(line)
-    return {S.SKIPPED: 1, **({S.LOSS_SCALE: parse_number(scale.group(1))} if scale else {})}
+    scales = SCALES.search(line)
+    reduced = scales and (scales.group(2) or scales.group(3))
+    return {S.SKIPPED: 1, **({S.LOSS_SCALE: parse_number(reduced)} if reduced else {})}
 
 
 def _counter(match: re.Match[str], line: str) -> dict[str, Any]:
@@ -58,7 +59,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
         _count(S.NONFINITE),
     ),
     (re.compile(r"returned (?:nan|inf) values in its \d+\w* output", re.IGNORECASE), _count(S.NONFINITE)),
-    (re.compile(r"OVERFLOW!|Gradient overflow\.\s*Skipping step"), _overflow),
+    (OVERFLOW, _overflow),
     (_COUNTER, _counter),
 )
 """``(pattern, what a matching line says)``: the metrics one line adds to its step."""
@@ -81,7 +82,7 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
     records = sorted((r for r in parsed.rows if r.line is not None), key=lambda r: r.line)
     table = parsed.keymap or parsed.framework
     for number, text, found in alerts:
-        own = _STEP.search(text)
+        own = STEP_IN_LINE.search(text)
         after = next((r for r in records if r.line > number), records[-1] if records else None)
         if own is None and after is not None:
             _add(after, found, text, table)

@@ -36,7 +36,7 @@ from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_n
 
 ITERATION = re.compile(rf"\biteration\s+({INT})\s*/\s*\d+\s*\|")
 OVERFLOW = re.compile(r"OVERFLOW!|overflow!|Gradient overflow\.")
-_SCALES = re.compile(
+SCALES = re.compile(
     rf"Attempted\s*loss\s*scale:\s*({NUMBER})\s*,\s*reducing\s*to\s*({NUMBER})|reducing\s*loss\s*scale\s*to\s*({NUMBER})"
 )
 _RANK = re.compile(rf"\bRank\s*({INT})", re.IGNORECASE)
@@ -84,7 +84,7 @@ def _iteration_fits(joined: str, piece: str) -> bool:
 
 
 def _has_scales(text: str) -> bool:
-    return _SCALES.search(text) is not None
+    return SCALES.search(text) is not None
 
 
 def _overflow_fits(joined: str, piece: str) -> bool:
@@ -93,7 +93,7 @@ def _overflow_fits(joined: str, piece: str) -> bool:
 
 def _overflow(lines: list[str], i: int) -> tuple[Overflow, int]:
     text, end = gather(lines, i, _has_scales, _overflow_fits)
-    scales = _SCALES.search(text)
+    scales = SCALES.search(text)
     attempted, reduced = (scales.group(1), scales.group(2) or scales.group(3)) if scales else (None, None)
     rank, step = _RANK.search(text), _NAMED_STEP.search(text)
     return Overflow(

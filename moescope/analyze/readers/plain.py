@@ -17,7 +17,7 @@ from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile
 
 NONFINITE = re.compile(r"(?<![\w.])[-+]?(?:nan|inf|infinity)(?!\w)", re.IGNORECASE)
-_STEP = re.compile(rf"\b(?:global_step|step|iteration|iter)\b\s*[:=#]?\s*({INT})", re.IGNORECASE)
+STEP_IN_LINE = re.compile(rf"\b(?:global_step|step|iteration|iter)\b\s*[:=#]?\s*({INT})", re.IGNORECASE)
 
 
 def is_record(line: str) -> bool:
@@ -31,7 +31,7 @@ def read(log: LogFile) -> Parsed:
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         if not is_record(lines[i]):
             return None
-        step = _STEP.search(lines[i])
+        step = STEP_IN_LINE.search(lines[i])
         return [Row(int(step.group(1)) if step else None, {S.NONFINITE: 1}, lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
