@@ -224,7 +224,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"  cost: step time x{c['step_time_ratio']:.2f}, "
         f"mean reward {c['reward_fault']:.3f} -> {c['reward_fixed']:.3f}"
     )
+    print(
+        f"  in one word: {result.summary}"
+        + (f" (the original: {result.original.summary})" if result.original else "")
+    )
     print(f"validation: {args.out / 'validation.json'}")
+    try:
+        from moescope.display.charts.validation import save_validation_charts
+
+        charts = save_validation_charts(args.out)
+    except (ImportError, MoescopeError):  # the notebook extra (altair, vl-convert) is missing
+        print("charts: none (install moescope[notebook] to draw them)")
+    else:
+        print(f"charts: {', '.join(str(p) for p in charts)}")
     return 0
 
 

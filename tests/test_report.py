@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from moescope.analyze.validation import read_validation
 from moescope.cli import main
 from moescope.display.notebook import chart_mimebundle
 from moescope.errors import MoescopeError
@@ -327,11 +328,15 @@ def test_report_on_the_toy_end_to_end(tmp_path: Path) -> None:
     accuracy = (report.artifacts / "tour" / "accuracy.csv").read_text().splitlines()
     assert accuracy[0].startswith("task,mode,") and len(accuracy) > 1
     # the journey ends with a replay of the original and of 02's proxy, and a verdict
-    assert [nb.name for nb in report.notebooks][-2:] == ["03_analyze_replay.ipynb", "04_fidelity_study.ipynb"]
+    assert [nb.name for nb in report.notebooks][-3:] == [
+        "03_analyze_replay.ipynb",
+        "04_fidelity_study.ipynb",
+        "05_validate_fix.ipynb",
+    ]
     original = read_trace(report.artifacts / "replay" / "original.jsonl")
     proxy = read_trace(report.artifacts / "replay" / "proxy.jsonl")
     assert len(original.steps) == len(proxy.steps) > 0 and proxy.header["proxy"]["keep"] == 8
-    assert "verdict: " in report.html[-2].read_text()
+    assert "verdict: " in report.html[-3].read_text()
     assert (report.artifacts / "study" / "summary.csv").read_text().startswith("keep,method,hit,")
     targeting = (report.artifacts / "study" / "targeting.csv").read_text()  # the committed targeted study
     assert targeting.startswith("keep,method,hit_unhealed,hit_healed,")
@@ -340,4 +345,9 @@ def test_report_on_the_toy_end_to_end(tmp_path: Path) -> None:
         .read_text()
         .startswith("keep,method,no_signal,original")
     )
+    # ... then validates a fix on 02's proxy and on the toy, and draws both runs of each
+    validation = read_validation(report.artifacts / "validation")
+    assert validation.fault.startswith("routing_mismatch") and validation.fixes == ("routing_replay",)
+    assert validation.original is not None and validation.agrees() is not None
+    assert report.html[-1].read_text().count('class="moescope-vega-spec"') == 2  # two boards
     assert no_partial_dirs(tmp_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def test_verdicts_per_finding_type() -> None:
         Finding("load_collapse", 3, "warning", "", {}),  # the same
         Finding("kl_blowup", 8, "error", "", {}),  # new
     ]
-    verdicts = {o.type: o.verdict for o in outcomes(before, after)}
+    verdicts = {o.type: o.verdict for o in outcomes(before, after, last_step=9)}
     assert verdicts == {
         "grad_spike": "removed",
         "nonfinite": "reduced",
@@ -51,7 +52,17 @@ def test_verdicts_per_finding_type() -> None:
         "kl_blowup": "introduced",
     }  # an info finding has no verdict
     halved = [Finding("grad_spike", 5, "warning", "", {"value": 4e3, "steps": [5, 6]})]
-    assert outcomes([spike], halved)[0].verdict == "reduced"
+    assert outcomes([spike], halved, last_step=9)[0].verdict == "reduced"
+    # failing from step 8 instead of 3 (run of steps 0-9): 2 steps of 7, under half: reduced; from 6 (4): not
+    assert outcomes([load], [replace(load, step=8)], last_step=9)[0].verdict == "reduced"
+    assert outcomes([load], [replace(load, step=6)], last_step=9)[0].verdict == "unchanged"
+    # a held level judged by its median, on at most half the steps it named: reduced
+    level = Finding("rollout_mismatch", 0, "warning", "", {"mean": 0.05, "median": 1e-4})
+    assert (
+        outcomes([level], [replace(level, evidence={"mean": 0.01, "median": 1e-4})], last_step=9)[0].verdict
+        == "unchanged"
+    )  # one outlier step moved the mean, not the level
+    assert outcomes([nan], [replace(nan, evidence={"steps": [5]})], last_step=9)[0].verdict == "reduced"
 
 
 def test_routing_replay_reduces_and_an_fp32_router_removes_a_routing_mismatch(tmp_path: Path) -> None:
@@ -105,3 +116,30 @@ def test_an_original_that_is_not_the_proxys_source_is_refused(tmp_path: Path) ->
     assert both.original is not None and both.original.model == "toy"
     assert both.agreement() == {"rollout_mismatch": True}  # removed on the proxy and on the original
     assert (tmp_path / "v" / "original-fault+fix.jsonl").is_file()
+
+
+def test_the_cli_says_it_in_one_word_and_draws_both_runs(tmp_path: Path, capsys) -> None:
+    import vl_convert
+
+    from moescope.analyze.validation import read_validation, rejudge
+    from moescope.display.charts.validation import RUN_LABELS, validation_boards
+    from moescope.schema import MISMATCH_KL, REWARD_MEAN
+
+    out = tmp_path / "v"
+    argv = ["validate", "toy", "--fault", "routing_mismatch@1", "--fix", "fp32_router", "--out", str(out)]
+    assert main([*argv, "--steps", "4", "--prompts-per-step", "4", "--group-size", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert "rollout_mismatch: removed" in printed and "in one word: removed" in printed
+    assert f"charts: {out / 'validation.svg'}" in printed
+    svg = (out / "validation.svg").read_text()
+    assert svg.count('aria-roledescription="line mark"') == 12  # six panels, two runs each
+    board = validation_boards(out)["model"].to_dict()
+    subtitles = [p["title"]["subtitle"].split(" · ")[0] for p in board["concat"]]
+    assert subtitles[:2] == [MISMATCH_KL, REWARD_MEAN], "the fault's metric first, then the reward"
+    assert board["title"]["subtitle"][0] == "rollout_mismatch: removed"
+    assert set(RUN_LABELS) <= set(json.dumps(board).split('"')), "the two runs are named in the legend"
+    vl_convert.vegalite_to_svg(board)
+    # rejudging the kept traces gives the same verdicts, and rewrites validation.json
+    before = read_validation(out)
+    (out / "validation.json").write_text(json.dumps({**before.to_dict(), "outcomes": []}))
+    assert rejudge(out).verdicts == before.verdicts == read_validation(out).verdicts

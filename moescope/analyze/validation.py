@@ -6,13 +6,29 @@ seeds, prompts and samples until the fix changes them; both traces are diagnosed
 finding type the fault raises (warnings and errors) gets a verdict:
 
 - ``removed``: the fixed run does not raise it;
-- ``reduced``: it still does, but at a lower severity, on fewer steps, later, or with its
-  reported magnitude (a mismatch's mean, a spike's value) at most half;
+- ``reduced``: it still does, but at a lower severity, or at most half as much by one of its
+  measures: its reported magnitude (a spike's value, a held level's median), the steps it names,
+  or the time the run spends failing (from its first step to the run's last);
 - ``unchanged``: otherwise;
 
 plus ``introduced`` for a type only the fixed run raises, and the fix's cost: the fixed run's step
 time over the faulted run's (measured) and both runs' mean reward. With ``original``, the same two
 runs on the proxy's source model say whether the proxy's verdicts are the original's.
+
+One word sums a validation up (:attr:`Validation.summary`): ``removed`` when the fix removes
+every finding the fault raised, ``unchanged`` when it removes or reduces none, ``reduced``
+between, and ``no finding`` when the fault raised none; what the fix introduces is reported
+beside it, not in it. A proxy agrees with its original on a fault × fix pair when the two
+summaries are the same word.
+
+The output directory::
+
+    OUT/
+      validation.json            the verdicts, cost and notes (the original's under "original")
+      fault.jsonl                the faulted run's trace
+      fault+fix.jsonl            the fixed run's trace
+      original-fault.jsonl       with an original: its two runs
+      original-fault+fix.jsonl
 """
 
 from __future__ import annotations
@@ -24,15 +40,20 @@ from pathlib import Path
 from typing import Any
 
 from moescope import schema as S
-from moescope._util.io import replace_dir
+from moescope._util.io import read_json_object, replace_dir, write_atomic
 from moescope.analyze.diagnosis import diagnose
 from moescope.analyze.findings import Finding
 from moescope.analyze.fixes import fix_fields
 from moescope.errors import MoescopeError
 from moescope.replay.config import ReplayConfig
-from moescope.traces import Trace
+from moescope.traces import Trace, read_trace
 
 OUTCOMES = ("removed", "reduced", "unchanged", "introduced")
+SUMMARIES = ("removed", "reduced", "unchanged", "no finding")
+RESULT = "validation.json"
+FAULT_TRACE = "fault.jsonl"
+FIXED_TRACE = "fault+fix.jsonl"
+ORIGINAL_PREFIX = "original-"
 REDUCED = 0.5  # a finding whose reported magnitude the fix at least halves is reduced
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 
@@ -61,6 +82,25 @@ class Validation:
     notes: list[str] = field(default_factory=list)
     original: Validation | None = None
 
+    @property
+    def verdicts(self) -> dict[str, str]:
+        """Finding type → removed / reduced / unchanged / introduced."""
+        return {o.type: o.verdict for o in self.outcomes}
+
+    @property
+    def summary(self) -> str:
+        """One word for the fix against the fault's findings (the module docstring's rule)."""
+        mine = [o.verdict for o in self.outcomes if o.verdict != "introduced"]
+        if not mine:
+            return "no finding"
+        if all(v == "removed" for v in mine):
+            return "removed"
+        return "unchanged" if all(v == "unchanged" for v in mine) else "reduced"
+
+    def agrees(self) -> bool | None:
+        """Whether the proxy's summary is the original's (``None`` without an original)."""
+        return None if self.original is None else self.summary == self.original.summary
+
     def agreement(self) -> dict[str, bool] | None:
         """Per finding type either run raised, whether the proxy's verdict is the original's."""
         if self.original is None:
@@ -71,8 +111,32 @@ class Validation:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["summary"] = self.summary
         d["agreement"] = self.agreement()
+        d["agrees"] = self.agrees()
+        if self.original is not None:
+            d["original"]["summary"] = self.original.summary
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Validation:
+        """The inverse of :meth:`to_dict` (derived fields ignored)."""
+        original = d.get("original")
+        return cls(
+            model=d["model"],
+            fault=d["fault"],
+            fixes=tuple(d["fixes"]),
+            outcomes=[Outcome(**o) for o in d["outcomes"]],
+            cost=dict(d["cost"]),
+            notes=list(d.get("notes", [])),
+            original=cls.from_dict(original) if original else None,
+        )
+
+
+def read_validation(directory: str | Path) -> Validation:
+    """A validation written by :func:`validate`, read back from its directory."""
+    fix = "run moescope validate (or moescope.validate) to write one"
+    return Validation.from_dict(read_json_object(Path(directory) / RESULT, fix))
 
 
 def validate(
@@ -96,12 +160,26 @@ def validate(
         result = _pair(model, base, fixed, work, "", fault, fixes, notes)
         if original is not None:
             result.original = _pair(original, base, fixed, work, "original-", fault, fixes, notes)
-        (work / "validation.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+        (work / RESULT).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
         holder.append(result)
 
     holder: list[Validation] = []
     replace_dir(out, fill, overwrite=overwrite)
     return holder[0]
+
+
+def rejudge(directory: str | Path) -> Validation:
+    """The verdicts of a validation directory given again from its kept traces by this version's
+    diagnosis (after an upgrade, say); ``validation.json`` is rewritten in place, atomically."""
+    directory = Path(directory)
+    result = read_validation(directory)
+    runs = [("", result)] + ([(ORIGINAL_PREFIX, result.original)] if result.original else [])
+    for prefix, validation in runs:
+        faulted = read_trace(directory / f"{prefix}{FAULT_TRACE}")
+        fixed = read_trace(directory / f"{prefix}{FIXED_TRACE}")
+        validation.outcomes = outcomes(diagnose(faulted), diagnose(fixed), last_step=_last_step(faulted))
+    write_atomic(directory / RESULT, (json.dumps(result.to_dict(), indent=1) + "\n").encode())
+    return result
 
 
 def _fixed_config(
@@ -131,33 +209,37 @@ def _pair(
 ) -> Validation:
     from moescope.replay.run import replay
 
-    faulted = replay(model, base, out=work / f"{prefix}fault.jsonl")
-    repaired = replay(model, fixed, out=work / f"{prefix}fault+fix.jsonl")
+    faulted = replay(model, base, out=work / f"{prefix}{FAULT_TRACE}")
+    repaired = replay(model, fixed, out=work / f"{prefix}{FIXED_TRACE}")
     return Validation(
         model=str(model) if isinstance(model, str | Path) else type(model).__name__,
         fault=fault,
         fixes=tuple(fixes),
-        outcomes=outcomes(diagnose(faulted), diagnose(repaired)),
+        outcomes=outcomes(diagnose(faulted), diagnose(repaired), last_step=_last_step(faulted)),
         cost=cost(faulted, repaired),
         notes=list(notes),
     )
 
 
-def outcomes(faulted: list[Finding], fixed: list[Finding]) -> list[Outcome]:
-    """The verdict per finding type (warnings and errors), in the order of the module docstring."""
+def outcomes(faulted: list[Finding], fixed: list[Finding], *, last_step: int) -> list[Outcome]:
+    """The verdict per finding type (warnings and errors) of two runs ending at ``last_step``,
+    in the order of the module docstring."""
     before, after = _worst(faulted), _worst(fixed)
     out = []
     for kind, f in before.items():
         g = after.get(kind)
+        verdict = _verdict(f, g, last_step)
         out.append(
-            Outcome(
-                kind, _verdict(f, g), f.step, g.step if g else None, f.severity, g.severity if g else None
-            )
+            Outcome(kind, verdict, f.step, g.step if g else None, f.severity, g.severity if g else None)
         )
     for kind, g in after.items():
         if kind not in before:
             out.append(Outcome(kind, "introduced", None, g.step, None, g.severity))
     return out
+
+
+def _last_step(trace: Trace) -> int:
+    return int(trace.steps[-1][S.STEP]) if trace.steps else 0
 
 
 def _worst(findings: list[Finding]) -> dict[str, Finding]:
@@ -172,19 +254,25 @@ def _worst(findings: list[Finding]) -> dict[str, Finding]:
     return out
 
 
-def _verdict(before: Finding, after: Finding | None) -> str:
+def _verdict(before: Finding, after: Finding | None, last_step: int) -> str:
     if after is None:
         return "removed"
-    later = before.step is not None and after.step is not None and after.step > before.step
+    later = (
+        before.step is not None
+        and after.step is not None
+        and last_step - after.step + 1 <= REDUCED * (last_step - before.step + 1)
+    )
     milder = SEVERITY_RANK[after.severity] < SEVERITY_RANK[before.severity]
     size, was = _size(after), _size(before)
     smaller = size is not None and was is not None and size <= REDUCED * was
-    return "reduced" if milder or later or smaller or _extent(after) < _extent(before) else "unchanged"
+    shorter = _extent(before) > 0 and _extent(after) <= REDUCED * _extent(before)
+    return "reduced" if milder or later or smaller or shorter else "unchanged"
 
 
 def _size(f: Finding) -> float | None:
-    """The magnitude a finding reports (its evidence's ``mean`` or ``value``), when it does."""
-    value = f.evidence.get("mean", f.evidence.get("value"))
+    """The magnitude a finding reports, when it does: a held level's median (a mean over a
+    heavy-tailed per-step metric moves twofold with one step's outlier), else its ``value``."""
+    value = f.evidence.get("median", f.evidence.get("value"))
     return float(value) if isinstance(value, int | float) else None
 
 

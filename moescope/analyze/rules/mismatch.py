@@ -108,7 +108,8 @@ def _judge(trace: Trace, gauge: Gauge) -> list[Finding]:
         what = f"{key} turns positive after {SUSTAIN}+ records where the two sides agreed bit for bit"
     if start is not None:
         held = [v for s, v in points if s >= start]
-        out.append(_finding(key, start, "warning", what, rule="onset", mean=statistics.fmean(held)))
+        level = {"mean": statistics.fmean(held), "median": statistics.median(held)}
+        out.append(_finding(key, start, "warning", what, rule="onset", **level))
     return out
 
 

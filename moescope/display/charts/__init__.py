@@ -20,6 +20,9 @@ heatmap near 150 kB of spec instead of 800 kB of repeated keys.
 - :func:`entropy_flow` (:mod:`.entropy`): token entropy by response position × step over the
   mean entropy line and the OPEFO floor.
 - :func:`study_chart` (:mod:`.study`): the fidelity study per keep ratio and method.
+- :func:`validation_board` (:mod:`.validation`): a targeted validation's faulted and fixed run of
+  one model on one step axis, the fault's metrics first; :func:`validation_boards` reads a
+  ``moescope validate`` directory.
 
 Traces travel packed the same way, one row per (trace, metric) holding ``step`` and ``value``
 lists; a series longer than ``max_points`` keeps each bucket's minimum and maximum, so a
@@ -44,6 +47,7 @@ from moescope.display.charts.entropy import NONFINITE_COLOUR, entropy_flow
 from moescope.display.charts.routing import routing_heatmap, routing_histogram
 from moescope.display.charts.study import study_chart
 from moescope.display.charts.traces import DEFAULT_METRICS, ZOOM, trace_board
+from moescope.display.charts.validation import validation_board, validation_boards
 
 __all__ = [
     "BRUSH",
@@ -58,4 +62,6 @@ __all__ = [
     "routing_histogram",
     "study_chart",
     "trace_board",
+    "validation_board",
+    "validation_boards",
 ]
