@@ -133,3 +133,47 @@ def test_routing_mismatch_flips_expert_choices_and_opens_a_gap(tmp_path: Path, m
     )  # old log-probs: the rollout's
     found = mismatch(faulted.steps, faulted.header)
     assert found.step == 0 and found.evidence["rule"] == "onset"
+
+
+def test_a_clip_fraction_held_high_is_a_mismatch_where_ratios_are_token_level(tmp_path: Path) -> None:
+    found = mismatch(rows(S.CLIPFRAC, [0.01, 0.3, 0.35, 0.28, 0.3]))
+    assert found.step == 1 and found.severity == "warning" and found.evidence["key"] == S.CLIPFRAC
+    assert "clip range" in found.message
+    assert mismatch(rows(S.CLIPFRAC, [0.4])).severity == "warning"  # a pasted record: all it has
+    assert mismatch(rows(S.CLIPFRAC, [0.01, 0.9, 0.02, 0.03, 0.01])) is None  # one step: not a level
+    assert mismatch(rows(S.CLIPFRAC, [0.02, 0.05, 0.08, 0.04])) is None  # healthy GRPO's band
+    gspo = {"replay_config": {"algo": "gspo"}}
+    assert mismatch(rows(S.CLIPFRAC, [0.01, 0.3, 0.35, 0.28, 0.3]), gspo) is None  # GSPO: by design
+
+
+def test_a_gspo_replay_clips_by_design_and_raises_nothing(tmp_path: Path) -> None:
+    gspo = moescope.replay("toy", ReplayConfig(**{**BASE, "algo": "gspo"}), out=tmp_path / "gspo.jsonl")
+    grpo = moescope.replay("toy", ReplayConfig(**BASE), out=tmp_path / "grpo.jsonl")
+    clipped = max(step[S.CLIPFRAC] for step in gspo.steps)
+    assert clipped > 0.2 and clipped > 5 * max(step[S.CLIPFRAC] for step in grpo.steps)  # by design
+    assert [f for f in diagnose(gspo) if f.severity != "info"] == []
+
+
+@pytest.mark.parametrize(
+    "config_line",
+    [
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",  # verl (hydra override)
+        "GRPOConfig(importance_sampling_level='sequence', epsilon=3e-4)",  # TRL
+        "--importance_sampling_level sequence --epsilon 3e-4",  # ms-swift
+        '{"advantage_estimator": "gspo"}',  # slime's args as JSON
+    ],
+)
+def test_a_log_whose_config_says_gspo_is_not_judged_by_its_clip_fraction(
+    tmp_path: Path, config_line: str
+) -> None:
+    records = "".join(
+        f"step:{i} - actor/pg_clipfrac:{c} - actor/grad_norm:0.4\n" for i, c in enumerate([0.3] * 4)
+    )
+    plain = tmp_path / "grpo.log"
+    plain.write_text(records)
+    assert [f.evidence["key"] for f in diagnose(read_log(plain))] == [S.CLIPFRAC]
+    gspo = tmp_path / "gspo.log"
+    gspo.write_text(config_line + "\n" + records)
+    trace = read_log(gspo)
+    assert trace.header["ratio_level"] == "sequence" and any("line 1 sets sequence" in n for n in trace.notes)
+    assert diagnose(trace) == []

@@ -46,7 +46,8 @@ degenerate output.
   or more; or,
   for a log with only the scalar, a load CV above 1 and twice its early value.
 - ``rollout_mismatch``: the rollout engine's log-probs drift from the trainer's, by the level,
-  the rise or the onset of any mismatch metric (:mod:`moescope.analyze.rules.mismatch`).
+  the rise or the onset of any mismatch metric, or a token-level clip fraction held high (not
+  judged where ratios are sequence-level, as in GSPO) (:mod:`moescope.analyze.rules.mismatch`).
 """
 
 from __future__ import annotations

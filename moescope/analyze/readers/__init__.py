@@ -52,6 +52,7 @@ from moescope.analyze.readers import (
 from moescope.analyze.readers._rows import Parsed, assemble
 from moescope.analyze.readers._text import LogFile
 from moescope.analyze.readers.detect import detect_format, sniff
+from moescope.analyze.readers.hints import RATIO_LEVEL, ratio_level
 from moescope.analyze.readers.keymap import KEY_MAP
 from moescope.errors import MoescopeError
 from moescope.traces import Trace
@@ -113,5 +114,12 @@ def read_log(path: str | Path, format: str | None = None, *, num_experts: int | 
     if parsed.skipped:  # a text log: the framework's warning lines among the non-records
         parsed = alerts.fold(parsed, log.lines)
     trace = assemble(parsed, format, Path(path))
+    said = ratio_level(log.lines) if format != "tensorboard" else None
+    if said is not None:
+        trace.header[RATIO_LEVEL] = said[0]
+        notes.append(
+            f"line {said[1]} sets sequence-level ratios (GSPO): a high clip fraction is expected there, "
+            "not judged"
+        )
     trace.notes.extend(notes)
     return trace

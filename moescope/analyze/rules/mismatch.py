@@ -26,8 +26,16 @@ steps (for the k3 KL also above ``MISMATCH_K3_FLOOR``, the top of the dense band
 rollout runs in the training precision (its header says so) should agree bit for bit throughout,
 so there any positive mismatch held for ``SUSTAIN`` records counts, from the step it starts: a
 ``rollout_logprob_precision`` or ``router_precision`` fault raises it at the step it begins, from
-step 0 on. A replay configured with a lower-precision rollout is judged like a real log. One
-finding per trace, the earliest.
+step 0 on. A replay configured with a lower-precision rollout is judged like a real log.
+
+A mismatch also shows in the policy loss: the ratio of the trainer's probability to the
+sampler's leaves the trust region, so **the clip fraction** (``actor/clipfrac``) at
+``CLIPFRAC_HIGH`` or more held for ``SUSTAIN`` records (every record of a shorter excerpt) is a
+warning too — where the ratios are token-level. GSPO's sequence-level ratio clips about a
+hundred times more tokens by design, so a run that is sequence-level (a replay with
+``--algo gspo``, or a log whose config says so: the header's ``ratio_level``, set by
+:mod:`moescope.analyze.readers.hints`) is not judged by its clip fraction. One finding per
+trace, the earliest.
 """
 
 from __future__ import annotations
@@ -35,12 +43,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
+from moescope.analyze.readers.hints import RATIO_LEVEL
 from moescope.analyze.rules.series import series, shift, step_of, sustained, throughout
 from moescope.analyze.rules.thresholds import (
+    CLIPFRAC_HIGH,
     MISMATCH_K3_FLOOR,
     MISMATCH_K3_HIGH,
     MISMATCH_MULT_PROB_HIGH,
@@ -69,8 +79,11 @@ GAUGES = (
 )
 
 
+CLIPPING = Gauge((S.CLIPFRAC,), high=CLIPFRAC_HIGH)
+
+
 def check_rollout_mismatch(trace: Trace) -> list[Finding]:
-    found = [f for gauge in GAUGES for f in _judge(trace, gauge)]
+    found = [f for gauge in GAUGES for f in _judge(trace, gauge)] + _clipping(trace)
     return [min(found, key=lambda f: (f.step, f.severity != "error"))] if found else []
 
 
@@ -111,6 +124,25 @@ def _judge(trace: Trace, gauge: Gauge) -> list[Finding]:
         level = {"mean": statistics.fmean(held), "median": statistics.median(held)}
         out.append(_finding(key, start, "warning", what, rule="onset", **level))
     return out
+
+
+def _clipping(trace: Trace) -> list[Finding]:
+    """A token-level clip fraction held at its level (never an error: clipping bounds the update)."""
+    if sequence_level(trace) or not any(S.CLIPFRAC in rec for rec in trace.steps):
+        return []
+    found = _level(S.CLIPFRAC, series(trace, S.CLIPFRAC), CLIPPING)
+    why = (
+        " of tokens: the trainer's probabilities leave the clip range around the sampler's, "
+        "as when rollout and training disagree (or the updates are too large)"
+    )
+    return [replace(f, severity="warning", message=f.message + why) for f in found]
+
+
+def sequence_level(trace: Trace) -> bool:
+    """Whether the run's PPO ratios are sequence-level (GSPO): by its replay config or its log."""
+    config = trace.header.get("replay_config")
+    algo = config.get("algo") if isinstance(config, dict) else None
+    return algo == "gspo" or trace.header.get(RATIO_LEVEL) == "sequence"
 
 
 def _level(key: str, points: list[tuple[int, float]], gauge: Gauge) -> list[Finding]:
