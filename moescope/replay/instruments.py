@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -73,8 +73,11 @@ def _has_nonfinite(out) -> bool:
 
 
 @contextmanager
-def watch_nonfinite(model: torch.nn.Module) -> Iterator[NonfiniteWatch]:
-    """Note the first module (in execution order) whose forward output is not finite."""
+def watch_nonfinite(
+    model: torch.nn.Module, *, when: Callable[[], bool] | None = None
+) -> Iterator[NonfiniteWatch]:
+    """Note the first module (in execution order) whose forward output is not finite; with
+    ``when``, only in the forward passes where it returns true (e.g. ``torch.is_grad_enabled``)."""
     watch = NonfiniteWatch()
     handles = []
     for name, module in model.named_modules():
@@ -82,7 +85,7 @@ def watch_nonfinite(model: torch.nn.Module) -> Iterator[NonfiniteWatch]:
             continue
 
         def hook(module, args, out, _name=name):
-            if watch.first_module is None and _has_nonfinite(out):
+            if watch.first_module is None and (when is None or when()) and _has_nonfinite(out):
                 watch.first_module = _name
 
         handles.append(module.register_forward_hook(hook))

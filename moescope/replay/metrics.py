@@ -51,7 +51,7 @@ def step_metrics(
         rec[S.AUX_LOSS] = t.get("aux", 0.0) / n_mb
     if c.z_loss_coef > 0:
         rec[S.Z_LOSS] = t.get("z", 0.0) / n_mb
-    rec.update(_routing_metrics(t, n_mb, world))
+    rec.update(routing_metrics(t, n_mb, world))
     if c.instruments:
         rec[S.TOKEN_ENTROPY] = _entropy_record(t, vocab)
     if c.token_entropy_flow_control:
@@ -94,7 +94,9 @@ def _core_metrics(
     }
 
 
-def _routing_metrics(t: dict[str, Any], n_mb: int, world: int) -> dict[str, Any]:
+def routing_metrics(t: dict[str, Any], n_mb: int, world: int) -> dict[str, Any]:
+    """Expert load, its spread, router entropy, top-k margin and largest logit from the routing
+    sums (``_r/...``) of ``n_mb`` passes on each of ``world`` ranks."""
     if "_r/counts" not in t:
         return {}
     counts, ent, tok = t["_r/counts"], t["_r/entropy_sum"], t["_r/tokens"].clamp(min=1)

@@ -1,0 +1,105 @@
+"""moescope's MoE instruments on a model another engine trains: hooks in, statistics out.
+
+The replay measures routing, the first non-finite module and gradient norms by parameter group
+inside its own loop (:mod:`moescope.replay.instruments`). An engine such as TRL's trainers owns
+the loop, so :class:`MoEProbe` installs the same instruments as hooks on the stock model and
+hands back, per optimizer step, the same canonical metrics, computed by the same functions:
+
+- router forward hooks add each pass's per-layer expert counts, router entropy, top-k margin and
+  largest logit to running sums (:func:`~moescope.replay.instruments.routing_sums`), then drop
+  the logits: statistics only, never stored activations. Only passes with gradients enabled
+  count (the trained tokens; generation and reference passes run without), and only the tokens
+  the top model's ``attention_mask`` marks (padding left out);
+- forward hooks on every module note the first one whose output is not finite, in those passes;
+- :meth:`MoEProbe.gradients` takes the norms per parameter group and the non-finite gradient
+  count, where the engine calls it (after clipping in HF's Trainer: the caller rescales).
+
+A model moescope does not read as MoE (dense, unsupported) is refused by
+:func:`~moescope.models.view.adapt` when the probe is made, before any training.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+
+from moescope import schema as S
+from moescope.models.view import MoEModel, adapt
+from moescope.replay.instruments import (
+    GROUPS,
+    RouterRecord,
+    grad_norms,
+    parameter_groups,
+    routing_sums,
+    watch_nonfinite,
+)
+from moescope.replay.metrics import routing_metrics
+
+__all__ = ["MoEProbe"]
+
+_SUMS = ("counts", "entropy_sum", "tokens", "margin_sum", "margin_tokens")
+
+
+class MoEProbe:
+    """Hooks on ``model`` that gather moescope's MoE statistics until :meth:`remove`."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.moe: MoEModel = adapt(model)
+        self.groups = parameter_groups(model, self.moe)
+        self._mask: torch.Tensor | None = None
+        self._stack = ExitStack()
+        self._sums: dict[str, Any] = {}
+        self._install()
+
+    def _install(self) -> None:
+        def keep_mask(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            mask = kwargs.get("attention_mask")
+            self._mask = mask if torch.is_tensor(mask) and mask.dim() == 2 else None
+
+        handles = [self.model.register_forward_pre_hook(keep_mask, with_kwargs=True)]
+        for row, layer in enumerate(self.moe.layers):
+
+            def route(module: torch.nn.Module, args: tuple, out: Any, _layer=layer, _row=row) -> None:
+                if torch.is_grad_enabled():
+                    with torch.no_grad():
+                        self._add_routing(*_layer.router_choice(out), _row)
+
+            handles.append(layer.router.register_forward_hook(route))
+        for handle in handles:
+            self._stack.callback(handle.remove)
+        self.watch = self._stack.enter_context(watch_nonfinite(self.model, when=torch.is_grad_enabled))
+
+    def _add_routing(self, logits: torch.Tensor, index: torch.Tensor, row: int) -> None:
+        rows = logits.reshape(-1, logits.shape[-1])
+        mask = self._mask
+        valid = mask.reshape(-1) if mask is not None and mask.numel() == rows.shape[0] else None
+        record = RouterRecord([rows], [index.reshape(-1, index.shape[-1])], [row])
+        sums = routing_sums(record, valid if valid is not None else torch.ones(rows.shape[0]), self.moe)
+        for key in _SUMS:
+            self._sums[key] = self._sums.get(key, 0) + sums[key]
+        self._sums["max_logit"] = max(float(sums["max_logit"]), self._sums.get("max_logit", 0.0))
+
+    def gradients(self) -> dict[str, float]:
+        """Gradient norm per parameter group, their total, and the non-finite gradient values."""
+        squares, total, bad = grad_norms(self.groups)
+        out = {S.GRAD_NORM_GROUP + name: math.sqrt(squares[name]) for name in GROUPS if name in squares}
+        return {**out, "total": total, S.NONFINITE: bad}
+
+    def take(self) -> dict[str, Any]:
+        """The MoE metrics since the last call (routing, first non-finite module), then reset."""
+        out: dict[str, Any] = {}
+        if self._sums:
+            sums = {f"_r/{key}": self._sums[key] for key in _SUMS}
+            out.update(routing_metrics({**sums, "_r/max_logit_sum": self._sums["max_logit"]}, 1, 1))
+        if self.watch.first_module is not None:
+            out[S.FIRST_NONFINITE_MODULE] = self.watch.first_module
+        self._sums, self.watch.first_module = {}, None
+        return out
+
+    def remove(self) -> None:
+        """Take every hook off the model."""
+        self._stack.close()

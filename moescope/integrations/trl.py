@@ -1,0 +1,174 @@
+"""moescope inside TRL: a callback that writes a moescope trace of the run the user already runs.
+
+TRL's trainers (``GRPOTrainer`` and the rest) are 🤗 ``Trainer`` subclasses, so the integration is
+a ``TrainerCallback``; it needs transformers only, and works with any ``Trainer``::
+
+    from moescope.integrations.trl import MoescopeCallback
+
+    trainer = GRPOTrainer(model=proxy_dir, args=GRPOConfig(..., logging_steps=1),
+                          callbacks=[MoescopeCallback("proxy.jsonl")], ...)
+    trainer.train()
+    # then: moescope diagnose proxy.jsonl --against original.jsonl
+
+The trace has the format ``moescope replay`` writes, so ``diagnose``, ``compare``, ``TraceBoard``
+and ``EntropyFlow`` read it unchanged: a header (model, its proxy manifest when it is one, the
+trainer's config, library versions), then one flushed line per optimizer step with the metrics
+TRL logged at that step under moescope's canonical names (the readers' TRL key map) and the MoE
+metrics of :class:`~moescope.integrations.probe.MoEProbe`: per-layer expert load and its spread,
+router entropy, top-k margin, largest router logit, gradient norms by parameter group, the
+non-finite gradient count and the first module whose output went non-finite. With
+``logging_steps=1`` every line carries TRL's metrics; otherwise the steps between two logs have
+the MoE metrics only.
+
+HF's Trainer clips the gradients before its ``on_pre_optimizer_step`` event, so the norms per
+group are taken there, after clipping, and scaled back by the pre-clip total TRL logs as
+``grad_norm`` (clipping scales every gradient by one factor).
+
+Errors come before training: a model moescope does not read as MoE when the trainer is built
+(``on_init_end``), an unwritable trace path when the callback is made. A crash mid-run leaves
+the trace readable up to the last finished step (each line is flushed as it is written).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from moescope import schema as S
+from moescope._version import __version__
+from moescope.analyze.readers.keymap import rename
+from moescope.errors import MoescopeError
+from moescope.export.manifest import read_manifest
+from moescope.integrations.probe import MoEProbe
+from moescope.provenance import config_hash, library_versions
+from moescope.traces import TraceWriter
+
+__all__ = ["MoescopeCallback"]
+
+ENGINE = "trl"
+
+
+class MoescopeCallback(TrainerCallback):
+    """Write a moescope trace of a TRL (or any 🤗 ``Trainer``) run to ``trace``."""
+
+    def __init__(self, trace: str | Path) -> None:
+        self.path = Path(trace)
+        _check_writable(self.path)
+        self.probe: MoEProbe | None = None
+        self.writer: TraceWriter | None = None
+        self._pending: tuple[int, dict[str, Any]] | None = None
+        self._grads: dict[str, float] = {}
+
+    # -- events, in the order the Trainer sends them
+    def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._attach(model)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        probe = self._attach(model)
+        self.writer = TraceWriter(self.path, _header(probe, args))
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.probe is not None:
+            self._grads = self.probe.gradients()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._flush()  # the previous step, when no log came for it
+        if self.probe is not None:
+            self._pending = (state.global_step - 1, {**self.probe.take(), **self._grads})
+            self._grads = {}
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        if self._pending is None or not logs or self._pending[0] != state.global_step - 1:
+            return
+        step, record = self._pending
+        metrics, _ = rename(ENGINE, {k: v for k, v in logs.items() if isinstance(v, int | float)})
+        self._pending = (step, _rescaled(record, metrics.get(S.GRAD_NORM)) | metrics)
+        self._flush()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._flush()
+        self.close()
+
+    # -- the rest
+    def close(self) -> None:
+        """Close the trace and take the hooks off the model (also done at the end of training)."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.probe is not None:
+            self.probe.remove()
+            self.probe = None
+
+    def _attach(self, model: Any) -> MoEProbe:
+        if self.probe is None or self.probe.model is not model:
+            if self.probe is not None:
+                self.probe.remove()
+            self.probe = MoEProbe(_unwrapped(model))
+        return self.probe
+
+    def _flush(self) -> None:
+        if self._pending is not None and self.writer is not None:
+            step, record = self._pending
+            record.pop("total", None)
+            self.writer.write_step(step, record)
+        self._pending = None
+
+
+def _rescaled(record: dict[str, Any], logged_norm: Any) -> dict[str, Any]:
+    """Group norms taken after clipping, scaled back to the pre-clip total the trainer logged."""
+    total = record.get("total")
+    if not isinstance(logged_norm, int | float) or not total:
+        return record
+    factor = float(logged_norm) / total
+    return {k: v * factor if k.startswith(S.GRAD_NORM_GROUP) else v for k, v in record.items()}
+
+
+def _unwrapped(model: Any) -> Any:
+    """The model under a DDP / accelerate wrapper."""
+    return getattr(model, "module", model)
+
+
+def _header(probe: MoEProbe, args: Any) -> dict[str, Any]:
+    model = probe.model
+    source = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    directory = Path(source)
+    return {
+        "model": source,
+        "model_type": model.config.model_type,
+        "config_hash": config_hash(model.config),
+        "proxy": read_manifest(directory) if directory.is_dir() else None,
+        "engine": ENGINE,
+        "trainer_config": _jsonable(args.to_dict()) if hasattr(args, "to_dict") else {},
+        "num_experts": probe.moe.num_experts,
+        "moe_layers": [layer.index for layer in probe.moe.layers],
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "moescope_version": __version__,
+        "versions": library_versions(),
+    }
+
+
+def _jsonable(config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: v if isinstance(v, str | int | float | bool | type(None)) else str(v) for k, v in config.items()
+    }
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a trace path that cannot be written, before any training."""
+    if path.is_dir():
+        raise MoescopeError(
+            f"the trace path {path} is a directory; pass a file path such as {path / 'run.jsonl'}."
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=True):
+            pass
+    except OSError as err:
+        raise MoescopeError(
+            f"cannot write the trace at {path} ({err.strerror or err}); pass a path in a writable directory."
+        ) from None

@@ -1,0 +1,116 @@
+"""moescope inside TRL: a real ``GRPOTrainer`` run on the toy writes a moescope trace."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from moescope import schema as S
+from moescope.analyze.diagnosis import diagnose
+from moescope.analyze.verdict import compare
+from moescope.errors import MoescopeError
+from moescope.integrations.trl import MoescopeCallback
+from moescope.integrations.trl_tasks import grpo_on_tasks
+from moescope.models.embedded import embedded_path
+from moescope.traces import read_trace
+
+STEPS = 4
+SMALL = {"max_steps": STEPS, "per_device_train_batch_size": 8, "num_generations": 4, "prompts_per_task": 16}
+
+
+def run(model, tmp_path: Path, name: str, **config) -> tuple[MoescopeCallback, object]:
+    callback = MoescopeCallback(tmp_path / f"{name}.jsonl")
+    trainer = grpo_on_tasks(model, tmp_path / name, callbacks=[callback], **{**SMALL, **config})
+    trainer.train()
+    return callback, trainer
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("trl")
+    _, trainer = run("toy", tmp, "toy")
+    return read_trace(tmp / "toy.jsonl"), trainer
+
+
+def test_one_line_per_optimizer_step_with_trls_metrics_and_the_moe_metrics(toy_run) -> None:
+    trace, trainer = toy_run
+    assert [s[S.STEP] for s in trace.steps] == list(range(STEPS))
+    header = trace.header
+    assert header["format"] == "moescope.trace" and header["engine"] == "trl" and header["proxy"] is None
+    assert header["trainer_config"]["num_generations"] == 4 and header["num_experts"] == 32
+    logged = [entry for entry in trainer.state.log_history if "reward" in entry]
+    for step, entry in zip(trace.steps, logged, strict=True):
+        assert step[S.REWARD_MEAN] == pytest.approx(entry["reward"]) and S.NO_SIGNAL_FRAC in step
+        load = step[S.EXPERT_LOAD]
+        assert len(load) == len(header["moe_layers"]) and all(sum(row) == pytest.approx(1) for row in load)
+        assert step[S.ROUTER_ENTROPY] > 0 and step[S.ROUTER_LOGIT_MAX] > 0 and step[S.TOPK_MARGIN] >= 0
+        assert step[S.NONFINITE] == 0 and S.FIRST_NONFINITE_MODULE not in step
+        groups = [v for k, v in step.items() if k.startswith(S.GRAD_NORM_GROUP)]
+        # the groups, scaled back from after clipping, add up to the pre-clip norm TRL logged
+        assert math.sqrt(sum(g * g for g in groups)) == pytest.approx(step[S.GRAD_NORM], rel=1e-4)
+    assert isinstance(diagnose(trace), list)
+
+
+def test_the_hooks_come_off_when_training_ends(toy_run) -> None:
+    _, trainer = toy_run
+    model = getattr(trainer.model, "module", trainer.model)
+    hooks = [h for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks) for h in d.values()]
+    assert hooks, "transformers keeps its own hooks"
+    assert not [h for h in hooks if getattr(h, "__module__", "").startswith("moescope")], "ours are gone"
+
+
+def test_a_proxy_run_carries_its_manifest_and_compares_with_the_original(toy_run, tmp_path: Path) -> None:
+    from moescope.export.pipeline import export_proxy
+
+    proxy = tmp_path / "proxy"
+    export_proxy(
+        "toy", proxy, keep="1/4", method="random", min_capability=0.0, fidelity=False, progress=False
+    )
+    run(proxy, tmp_path, "proxy")
+    trace = read_trace(tmp_path / "proxy.jsonl")
+    assert trace.header["proxy"]["keep"] == 8 and len(trace.steps[0][S.EXPERT_LOAD][0]) == 8
+    assert compare(toy_run[0], trace).verdict  # the same vocabulary: compare reads both
+
+
+def test_a_dense_model_is_refused_when_the_trainer_is_built(tmp_path: Path) -> None:
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    dense = LlamaForCausalLM(config)
+    dense.config._name_or_path = str(embedded_path("toy"))  # the toy's tokenizer
+    with pytest.raises(MoescopeError, match="dense"):
+        grpo_on_tasks(dense, tmp_path / "out", callbacks=[MoescopeCallback(tmp_path / "t.jsonl")], **SMALL)
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_an_unwritable_trace_path_is_refused_before_training(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MoescopeError, match="cannot write the trace"):
+        MoescopeCallback(tmp_path / "file" / "run.jsonl")
+    with pytest.raises(MoescopeError, match="is a directory"):
+        MoescopeCallback(tmp_path)
+
+
+def test_a_crash_mid_run_leaves_the_finished_steps_readable(tmp_path: Path, monkeypatch) -> None:
+    callback = MoescopeCallback(tmp_path / "crash.jsonl")
+    trainer = grpo_on_tasks("toy", tmp_path / "out", callbacks=[callback], **SMALL)
+    step = trainer.training_step
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("the engine died")
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "training_step", failing)
+    with pytest.raises(RuntimeError, match="engine died"):
+        trainer.train()
+    lines = (tmp_path / "crash.jsonl").read_text().splitlines()
+    assert all(json.loads(line) for line in lines)  # every line whole
+    assert [s[S.STEP] for s in read_trace(tmp_path / "crash.jsonl").steps] == [0, 1]
+    assert torch.is_grad_enabled()
