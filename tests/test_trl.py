@@ -14,7 +14,7 @@ from moescope import schema as S
 from moescope.analyze.diagnosis import diagnose
 from moescope.analyze.verdict import compare
 from moescope.errors import MoescopeError
-from moescope.integrations.trl import MoescopeCallback
+from moescope.integrations.trl import MoescopeCallback, instrument
 from moescope.integrations.trl_tasks import grpo_on_tasks
 from moescope.models.embedded import embedded_path
 from moescope.traces import read_trace
@@ -114,3 +114,73 @@ def test_a_crash_mid_run_leaves_the_finished_steps_readable(tmp_path: Path, monk
     assert all(json.loads(line) for line in lines)  # every line whole
     assert [s[S.STEP] for s in read_trace(tmp_path / "crash.jsonl").steps] == [0, 1]
     assert torch.is_grad_enabled()
+
+
+# ------------------------------------------------------------------------------- faults in TRL
+
+
+def faulted(tmp_path: Path, name: str, faults: str, **config) -> object:
+    trainer = grpo_on_tasks("toy", tmp_path / name, **{**SMALL, **config})
+    instrument(trainer, tmp_path / f"{name}.jsonl", faults=faults)
+    trainer.train()
+    return read_trace(tmp_path / f"{name}.jsonl")
+
+
+def test_an_lr_spike_collapses_the_reward_as_in_a_replay(tmp_path: Path) -> None:
+    full = {"per_device_train_batch_size": 16, "num_generations": 8, "prompts_per_task": 64}  # the defaults
+    trace = faulted(tmp_path, "spike", "lr_spike@3", max_steps=8, **full)
+    lr = [s[S.LR] for s in trace.steps]
+    assert lr[3] > 100 * lr[2] and lr[4] < 2 * lr[2], "one step at 1000x, then the scheduler's rate"
+    assert trace.header["faults"] == ["lr_spike@3"]
+    found = {f.type: f.step for f in diagnose(trace)}
+    assert found["reward_collapse"] >= 4, found
+
+
+def test_update_omission_reward_scale_and_no_grad_clip_leave_their_signatures(tmp_path: Path) -> None:
+    trace = faulted(tmp_path, "a", "reward_scale@2:100, no_grad_clip@0")
+    rewards = [s[S.REWARD_MEAN] for s in trace.steps]
+    assert max(rewards[:2]) <= 1 and max(rewards[2:]) > 1, "rewards x100 from step 2"
+    assert all(s[S.CLIP_COEF] == 1 for s in trace.steps)  # clipping off...
+    assert max(s[S.GRAD_NORM] for s in trace.steps) > 1  # ...though a norm exceeds the bound of 1
+    omitted = faulted(tmp_path, "b", "update_omission@2")
+    assert [s[S.UPDATE_APPLIED] for s in omitted.steps] == [1, 1, 0, 0]
+    assert all(s[S.GRAD_NORM] > 0 for s in omitted.steps[2:])
+    assert any(s[S.CLIP_COEF] < 1 for s in omitted.steps)  # clipping on: a norm above 1 is clipped
+
+
+def test_an_omitted_update_leaves_the_weights_as_they_were(tmp_path: Path) -> None:
+    trainer = grpo_on_tasks("toy", tmp_path / "o", **SMALL)
+    instrument(trainer, tmp_path / "o.jsonl", faults="update_omission@0")
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert all(torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+def test_nan_op_names_the_module_it_poisoned(tmp_path: Path) -> None:
+    trace = faulted(tmp_path, "nan", f"nan_op@{STEPS - 1}")
+    last = trace.steps[-1]
+    assert last[S.NONFINITE] > 0 and last[S.FIRST_NONFINITE_MODULE] == "model.layers.3.mlp.experts"
+    assert all(s[S.NONFINITE] == 0 for s in trace.steps[:-1])
+    assert "nonfinite" in {f.type for f in diagnose(trace)}
+
+
+def test_low_precision_routers_are_measured_against_full_precision(tmp_path: Path) -> None:
+    sampling = faulted(tmp_path, "sampling", "routing_mismatch:fp8")
+    flips = [step[S.ROUTING_FLIP_FRAC] for step in sampling.steps]
+    assert sum(flips) > 0 and max(flips) < 0.5 and len(sampling.steps[0][S.ROUTING_FLIP_LAYERS]) == 4
+    # a bf16 router on every pass: measured too (on the toy's few tokens per step, no choice flips)
+    everywhere = faulted(tmp_path, "all", "router_precision:bf16")
+    assert all(0 <= step[S.ROUTING_FLIP_FRAC] < 0.5 for step in everywhere.steps)
+    clean = faulted(tmp_path, "clean", "")
+    assert all(S.ROUTING_FLIP_FRAC not in s for s in clean.steps)
+
+
+def test_faults_a_trainer_cannot_have_are_one_sentence(tmp_path: Path) -> None:
+    with pytest.raises(MoescopeError, match="fault fp16_overflow has no equivalent inside a Trainer"):
+        MoescopeCallback(tmp_path / "t.jsonl", faults="fp16_overflow@2")
+    with pytest.raises(MoescopeError, match="Unknown fault 'volcano'"):
+        MoescopeCallback(tmp_path / "t.jsonl", faults="volcano")
+    callback = MoescopeCallback(tmp_path / "t.jsonl", faults="reward_scale@1")
+    trainer = grpo_on_tasks("toy", tmp_path / "r", callbacks=[callback], **SMALL)
+    with pytest.raises(MoescopeError, match="instrument"):
+        trainer.train()

@@ -24,9 +24,14 @@ HF's Trainer clips the gradients before its ``on_pre_optimizer_step`` event, so 
 group are taken there, after clipping, and scaled back by the pre-clip total TRL logs as
 ``grad_norm`` (clipping scales every gradient by one factor).
 
+``faults=("lr_spike@5", ...)`` injects moescope's faults under the replay's names
+(:mod:`moescope.integrations.faults`); :func:`instrument` adds the callback to a trainer already
+built and is needed for ``reward_scale``, which wraps the trainer's reward functions.
+
 Errors come before training: a model moescope does not read as MoE when the trainer is built
-(``on_init_end``), an unwritable trace path when the callback is made. A crash mid-run leaves
-the trace readable up to the last finished step (each line is flushed as it is written).
+(``on_init_end``), an unwritable trace path or a fault with no Trainer equivalent when the
+callback is made. A crash mid-run leaves the trace readable up to the last finished step (each
+line is flushed as it is written).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
 from moescope import schema as S
@@ -42,11 +48,13 @@ from moescope._version import __version__
 from moescope.analyze.readers.keymap import rename
 from moescope.errors import MoescopeError
 from moescope.export.manifest import read_manifest
+from moescope.integrations.faults import TrainerFaults
 from moescope.integrations.probe import MoEProbe
 from moescope.provenance import config_hash, library_versions
+from moescope.replay.faults import parse_faults, split_faults
 from moescope.traces import TraceWriter
 
-__all__ = ["MoescopeCallback"]
+__all__ = ["MoescopeCallback", "instrument"]
 
 ENGINE = "trl"
 
@@ -54,9 +62,13 @@ ENGINE = "trl"
 class MoescopeCallback(TrainerCallback):
     """Write a moescope trace of a TRL (or any 🤗 ``Trainer``) run to ``trace``."""
 
-    def __init__(self, trace: str | Path) -> None:
+    def __init__(self, trace: str | Path, *, faults: str | tuple[str, ...] | list[str] = ()) -> None:
         self.path = Path(trace)
+        self.fault_texts = split_faults(faults)
+        TrainerFaults.check(parse_faults(list(self.fault_texts)))
         _check_writable(self.path)
+        self.rewards_wrapped = False
+        self.faults: TrainerFaults | None = None
         self.probe: MoEProbe | None = None
         self.writer: TraceWriter | None = None
         self._pending: tuple[int, dict[str, Any]] | None = None
@@ -68,16 +80,32 @@ class MoescopeCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         probe = self._attach(model)
-        self.writer = TraceWriter(self.path, _header(probe, args))
+        if any("reward_scale" in f for f in self.fault_texts) and not self.rewards_wrapped:
+            raise MoescopeError(
+                "the reward_scale fault wraps the trainer's reward functions; add the callback with "
+                "moescope.integrations.trl.instrument(trainer, TRACE, faults=...) instead."
+            )
+        self.writer = TraceWriter(self.path, {**_header(probe, args), "faults": list(self.fault_texts)})
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.faults is not None:
+            self.faults.step_begin(state.global_step, args)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.probe is not None:
             self._grads = self.probe.gradients()
+        if self.faults is not None and kwargs.get("optimizer") is not None:
+            self.faults.before_update(kwargs["optimizer"])
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.faults is not None:
+            self.faults.after_update()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._flush()  # the previous step, when no log came for it
-        if self.probe is not None:
-            self._pending = (state.global_step - 1, {**self.probe.take(), **self._grads})
+        if self.probe is not None and self.faults is not None:
+            record = {**self.probe.take(), **self._grads, **self.faults.take()}
+            self._pending = (state.global_step - 1, record)
             self._grads = {}
 
     def on_log(
@@ -87,7 +115,11 @@ class MoescopeCallback(TrainerCallback):
             return
         step, record = self._pending
         metrics, _ = rename(ENGINE, {k: v for k, v in logs.items() if isinstance(v, int | float)})
-        self._pending = (step, _rescaled(record, metrics.get(S.GRAD_NORM)) | metrics)
+        applied = {S.LR: record[S.LR]} if S.LR in record else {}  # over the scheduler's rate TRL logs
+        record = _rescaled(record, metrics.get(S.GRAD_NORM)) | metrics | applied
+        if self.faults is not None:
+            record.update(self.faults.clip_coef(metrics.get(S.GRAD_NORM)))
+        self._pending = (step, record)
         self._flush()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -100,15 +132,19 @@ class MoescopeCallback(TrainerCallback):
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self.faults is not None:
+            self.faults.close()
+            self.faults = None
         if self.probe is not None:
             self.probe.remove()
             self.probe = None
 
     def _attach(self, model: Any) -> MoEProbe:
+        model = _unwrapped(model)
         if self.probe is None or self.probe.model is not model:
-            if self.probe is not None:
-                self.probe.remove()
-            self.probe = MoEProbe(_unwrapped(model))
+            self.close()
+            self.probe = MoEProbe(model)
+            self.faults = TrainerFaults(self.fault_texts, model, self.probe.moe)
         return self.probe
 
     def _flush(self) -> None:
@@ -117,6 +153,38 @@ class MoescopeCallback(TrainerCallback):
             record.pop("total", None)
             self.writer.write_step(step, record)
         self._pending = None
+
+
+def instrument(
+    trainer: Any, trace: str | Path, *, faults: str | tuple[str, ...] | list[str] = ()
+) -> MoescopeCallback:
+    """Add a :class:`MoescopeCallback` to a trainer already built (the one way to inject
+    ``reward_scale``: its reward functions are wrapped here). Returns the callback."""
+    callback = MoescopeCallback(trace, faults=faults)
+    callback._attach(trainer.model)
+    if any("reward_scale" in f for f in callback.fault_texts):
+        funcs = getattr(trainer, "reward_funcs", None)
+        if not funcs or not all(callable(f) and not isinstance(f, torch.nn.Module) for f in funcs):
+            raise MoescopeError(
+                "reward_scale scales reward functions, and this trainer has reward models or none; "
+                "drop the fault or pass reward functions."
+            )
+        trainer.reward_funcs = [_scaled(f, callback) for f in funcs]
+        callback.rewards_wrapped = True
+    trainer.add_callback(callback)
+    return callback
+
+
+def _scaled(func: Any, callback: MoescopeCallback) -> Any:
+    """A reward function whose rewards the reward_scale fault multiplies (the name kept: TRL
+    logs each reward function under it)."""
+
+    def scaled(*args: Any, **kwargs: Any) -> list[float | None]:
+        factor = callback.faults.reward_factor() if callback.faults is not None else 1.0
+        return [r * factor if r is not None else None for r in func(*args, **kwargs)]
+
+    scaled.__name__ = getattr(func, "__name__", "reward")
+    return scaled
 
 
 def _rescaled(record: dict[str, Any], logged_norm: Any) -> dict[str, Any]:

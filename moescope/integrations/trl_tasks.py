@@ -23,8 +23,12 @@ from moescope.models.tasks import make_examples, score
 
 __all__ = ["DEFAULTS", "grpo_on_tasks"]
 
-# a small CPU run: 2 prompts × 8 generations per step, no KL term, one log line per step
+# a small CPU run: 2 prompts × 8 generations per step, no KL term, one log line per step, no
+# activation checkpointing (TRL turns it on by default; the small models need no memory saved,
+# and faults that change which experts a token reaches break its recomputation, see
+# moescope.integrations.faults)
 DEFAULTS: dict[str, Any] = {
+    "gradient_checkpointing": False,
     "per_device_train_batch_size": 16,
     "num_generations": 8,
     "max_completion_length": 8,

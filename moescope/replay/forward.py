@@ -7,13 +7,14 @@ replayed here are those of the training side.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.models.view import MoEModel
 from moescope.replay.batch import Batch, token_logprobs
 from moescope.replay.config import ReplayConfig
 from moescope.replay.faults import Fault, FaultPlan
@@ -47,7 +48,9 @@ class TrainingForward:
         with ExitStack() as stack:
             nan = self.faults.get("nan_op", step)
             if nan is not None:
-                stack.enter_context(_nan_output(self.m.policy, nan.arg or self._default_nan_module()))
+                stack.enter_context(
+                    nan_output(self.m.policy, nan.arg or default_nan_module(self.m.policy, self.m.moe))
+                )
             self.watch = NonfiniteWatch()
             yield self.watch
 
@@ -154,14 +157,20 @@ class TrainingForward:
             roll, _, _ = self.logprobs(self.m.policy, batch, precision)
         return roll, routes
 
-    def _default_nan_module(self) -> str:
-        experts = self.m.moe.layers[-1].experts
-        return next(name for name, mod in self.m.policy.named_modules() if mod is experts)
+
+def default_nan_module(model: torch.nn.Module, moe: MoEModel) -> str:
+    """The ``nan_op`` fault's default module: the last MoE layer's routed experts."""
+    experts = moe.layers[-1].experts
+    return next(name for name, mod in model.named_modules() if mod is experts)
 
 
 @contextmanager
-def _nan_output(model: torch.nn.Module, module_name: str) -> Iterator[None]:
-    """Write NaN into the output of ``module_name`` (the ``nan_op`` fault)."""
+def nan_output(
+    model: torch.nn.Module, module_name: str, *, when: Callable[[], bool] | None = None
+) -> Iterator[None]:
+    """Write NaN into the output of ``module_name`` (the ``nan_op`` fault); with ``when``, only
+    in the passes where it returns true. The hook runs before any other on that module, so a
+    non-finite watch names this module."""
     modules = dict(model.named_modules())
     if module_name not in modules:
         near = [n for n in modules if n.endswith(module_name.split(".")[-1])][:3]
@@ -171,9 +180,9 @@ def _nan_output(model: torch.nn.Module, module_name: str) -> Iterator[None]:
         )
 
     def hook(module, args, out):
-        return _poison(out)
+        return _poison(out) if when is None or when() else None
 
-    handle = modules[module_name].register_forward_hook(hook)
+    handle = modules[module_name].register_forward_hook(hook, prepend=True)
     try:
         yield
     finally:

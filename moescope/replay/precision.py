@@ -80,17 +80,11 @@ def rounded_router(routers: list[tuple[torch.nn.Module, torch.Tensor]], precisio
     scores are closer than the rounding error. The fp32 weight is restored bit for bit after
     every call, so the optimizer keeps updating the master copy.
     """
-    dtype = ROUTER_DTYPES[precision]
 
     def rounding(weight: torch.Tensor) -> Callable[[Callable], Callable]:
         def wrap(original: Callable) -> Callable:
             def low_precision(*args, **kwargs):
-                master = weight.data.clone()
-                weight.data.copy_(master.to(dtype))
-                try:
-                    return original(*(_round(a, dtype) for a in args), **kwargs)
-                finally:
-                    weight.data.copy_(master)
+                return call_rounded(original, weight, precision, *args, **kwargs)
 
             return low_precision
 
@@ -98,6 +92,18 @@ def rounded_router(routers: list[tuple[torch.nn.Module, torch.Tensor]], precisio
 
     with patched_forwards((router, rounding(weight)) for router, weight in routers):
         yield
+
+
+def call_rounded(forward: Callable, weight: torch.Tensor, precision: str, *args, **kwargs) -> object:
+    """One router call with its inputs and ``weight`` rounded to ``precision``; the weight is
+    restored bit for bit afterwards."""
+    dtype = ROUTER_DTYPES[precision]
+    master = weight.data.clone()
+    weight.data.copy_(master.to(dtype))
+    try:
+        return forward(*(_round(a, dtype) for a in args), **kwargs)
+    finally:
+        weight.data.copy_(master)
 
 
 def _round(value: object, dtype: torch.dtype) -> object:

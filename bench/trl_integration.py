@@ -1,0 +1,92 @@
+"""moescope inside TRL: what the instruments cost per GRPO step, and whether a fault reproduces.
+
+1. **Overhead**: rounds of the same TRL ``GRPOTrainer`` run on the toy (``grpo_on_tasks``
+   defaults: 2 prompts × 8 generations per step), alternately without and with
+   ``MoescopeCallback``; per run the median of TRL's own ``step_time`` (first step left out),
+   and the ratio of the two medians over the rounds, side by side.
+2. **Reproduction**: the toy and its capability-targeted 1/4 proxy (``moescope export toy --keep
+   1/4``, or ``--proxy DIR``), each trained by TRL under the same fault (``--fault``, default
+   ``lr_spike@4``) with the callback; the two traces diagnosed and compared
+   (:func:`moescope.compare`), as ``moescope diagnose ORIGINAL --against PROXY`` would.
+
+    .venv/bin/python bench/trl_integration.py [--rounds 5] [--steps 8] [--proxy DIR] [--fault F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from moescope.analyze.diagnosis import diagnose
+from moescope.analyze.verdict import compare
+from moescope.integrations.trl import instrument
+from moescope.integrations.trl_tasks import grpo_on_tasks
+from moescope.traces import read_trace
+
+
+def step_time(work: Path, steps: int, instrumented: bool) -> float:
+    """The median step time TRL logs for one run (its first step left out)."""
+    trainer = grpo_on_tasks("toy", work / "run", max_steps=steps)
+    if instrumented:
+        instrument(trainer, work / "trace.jsonl")
+    trainer.train()
+    times = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry]
+    return statistics.median(times[1:])
+
+
+def overhead(work: Path, rounds: int, steps: int) -> None:
+    bare, probed = [], []
+    for _ in range(rounds):
+        bare.append(step_time(work, steps, False))
+        probed.append(step_time(work, steps, True))
+    ratio = statistics.median(probed) / statistics.median(bare)
+    pairs = sorted(p / b for p, b in zip(probed, bare, strict=True))
+    print(
+        f"overhead: instrumented GRPO step {statistics.median(probed) * 1e3:.0f} ms vs bare "
+        f"{statistics.median(bare) * 1e3:.0f} ms = {ratio:.3f}x (medians of {rounds} rounds of "
+        f"{steps} steps; same-round ratios {pairs[0]:.2f}-{pairs[-1]:.2f}x)"
+    )
+
+
+def reproduction(work: Path, proxy: Path | None, fault: str, steps: int) -> None:
+    if proxy is None:
+        from moescope.export.pipeline import export_proxy
+
+        proxy = work / "proxy"
+        export_proxy("toy", proxy, keep="1/4", progress=False)
+    traces = {}
+    for label, model in (("toy", "toy"), ("proxy", str(proxy))):
+        trainer = grpo_on_tasks(model, work / label, max_steps=steps)
+        instrument(trainer, work / f"{label}.jsonl", faults=fault)
+        trainer.train()
+        traces[label] = read_trace(work / f"{label}.jsonl")
+        found = ", ".join(f"{f.type}@{f.step}" for f in diagnose(traces[label]) if f.severity != "info")
+        print(f"{label} under {fault}: {found or 'no findings'}")
+    verdict = compare(traces["toy"], traces["proxy"])
+    print(f"reproduction: {verdict.verdict}")
+    for reason in verdict.reasons:
+        print(f"  - {reason}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--proxy", type=Path, help="a 1/4 proxy of the toy (default: export one)")
+    parser.add_argument("--fault", default="lr_spike@4")
+    parser.add_argument("--fault-steps", type=int, default=12)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="moescope-trl-") as tmp:
+        work = Path(tmp)
+        overhead(work, args.rounds, args.steps)
+        reproduction(work, args.proxy, args.fault, args.fault_steps)
+
+
+if __name__ == "__main__":
+    main()
