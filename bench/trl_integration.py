@@ -6,7 +6,8 @@
    and the ratio of the two medians over the rounds, side by side.
 2. **Reproduction**: the toy and its capability-targeted 1/4 proxy (``moescope export toy --keep
    1/4``, or ``--proxy DIR``), each trained by TRL under the same fault (``--fault``, default
-   ``lr_spike@4``) with the callback; the two traces diagnosed and compared
+   ``lr_spike@4``) with the callback, 4 prompts × 8 generations per step; the two traces
+   diagnosed and compared
    (:func:`moescope.compare`), as ``moescope diagnose ORIGINAL --against PROXY`` would.
 
     .venv/bin/python bench/trl_integration.py [--rounds 5] [--steps 8] [--proxy DIR] [--fault F]
@@ -54,7 +55,7 @@ def overhead(work: Path, rounds: int, steps: int) -> None:
     )
 
 
-def reproduction(work: Path, proxy: Path | None, fault: str, steps: int) -> None:
+def reproduction(work: Path, proxy: Path | None, fault: str, steps: int, batch: int) -> None:
     if proxy is None:
         from moescope.export.pipeline import export_proxy
 
@@ -62,7 +63,7 @@ def reproduction(work: Path, proxy: Path | None, fault: str, steps: int) -> None
         export_proxy("toy", proxy, keep="1/4", progress=False)
     traces = {}
     for label, model in (("toy", "toy"), ("proxy", str(proxy))):
-        trainer = grpo_on_tasks(model, work / label, max_steps=steps)
+        trainer = grpo_on_tasks(model, work / label, max_steps=steps, per_device_train_batch_size=batch)
         instrument(trainer, work / f"{label}.jsonl", faults=fault)
         trainer.train()
         traces[label] = read_trace(work / f"{label}.jsonl")
@@ -81,11 +82,14 @@ def main() -> None:
     parser.add_argument("--proxy", type=Path, help="a 1/4 proxy of the toy (default: export one)")
     parser.add_argument("--fault", default="lr_spike@4")
     parser.add_argument("--fault-steps", type=int, default=12)
+    parser.add_argument("--fault-batch", type=int, default=32, help="completions per step (8 per prompt)")
+    parser.add_argument("--skip-overhead", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="moescope-trl-") as tmp:
         work = Path(tmp)
-        overhead(work, args.rounds, args.steps)
-        reproduction(work, args.proxy, args.fault, args.fault_steps)
+        if not args.skip_overhead:
+            overhead(work, args.rounds, args.steps)
+        reproduction(work, args.proxy, args.fault, args.fault_steps, args.fault_batch)
 
 
 if __name__ == "__main__":

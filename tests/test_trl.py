@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,3 +187,43 @@ def test_faults_a_trainer_cannot_have_are_one_sentence(tmp_path: Path) -> None:
     trainer = grpo_on_tasks("toy", tmp_path / "r", callbacks=[callback], **SMALL)
     with pytest.raises(MoescopeError, match="instrument"):
         trainer.train()
+
+
+# ------------------------------------------------------------------------------- distributed
+
+
+def test_two_processes_under_accelerate_write_one_trace_equal_to_one_process(tmp_path: Path) -> None:
+    """Greedy decoding makes both layouts see the same completions; the first step's statistics,
+    reduced over the two processes, are the one-process run's. Later steps part a little: each
+    process's router load-balancing loss is taken over its half of the batch."""
+    common = ["-m", "moescope.integrations.trl_tasks", "toy", "--steps", "2", "--greedy"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    one = subprocess.run(
+        [sys.executable, *common, "--batch", "16", "--trace", str(tmp_path / "one.jsonl")],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    launcher = Path(sys.executable).with_name("accelerate")
+    two = subprocess.run(
+        [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no",
+         *common, "--batch", "8", "--trace", str(tmp_path / "two.jsonl")],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = read_trace(tmp_path / "one.jsonl"), read_trace(tmp_path / "two.jsonl")
+    assert (a.header["world_size"], b.header["world_size"]) == (1, 2)
+    assert [s[S.STEP] for s in b.steps] == [0, 1], "one writer: each step once"
+    first_a, first_b = a.steps[0], b.steps[0]
+    for row_a, row_b in zip(first_a[S.EXPERT_LOAD], first_b[S.EXPERT_LOAD], strict=True):
+        assert row_b == pytest.approx(row_a, abs=1e-6)
+    for key in (
+        S.LOAD_CV,
+        S.ROUTER_ENTROPY,
+        S.MAX_LOAD_SHARE,
+        S.TOPK_MARGIN,
+        S.ROUTER_LOGIT_MAX,
+        S.REWARD_MEAN,
+    ):
+        assert first_b[key] == pytest.approx(first_a[key], rel=1e-5), key
+    assert first_b[S.GRAD_NORM] == pytest.approx(first_a[S.GRAD_NORM], rel=1e-2)

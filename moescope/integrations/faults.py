@@ -50,6 +50,7 @@ import torch
 from moescope import schema as S
 from moescope._util.forwards import patched_forwards
 from moescope.errors import MoescopeError
+from moescope.integrations.probe import distributed
 from moescope.models.view import MoEModel
 from moescope.replay.faults import Fault, parse_faults
 from moescope.replay.forward import default_nan_module, nan_output
@@ -149,6 +150,9 @@ class TrainerFaults:
         if self._lr is not None:
             out[S.LR] = self._lr  # the rate applied (TRL logs its scheduler's)
             self._lr = None
+        if distributed():  # every process samples its own share of the batch
+            torch.distributed.all_reduce(self._flips)
+            torch.distributed.all_reduce(self._routed)
         if self._routed.sum() > 0:
             layers = self._flips / self._routed.clamp(min=1)
             out[S.ROUTING_FLIP_FRAC] = float(layers.mean())

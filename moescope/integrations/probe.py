@@ -10,7 +10,9 @@ hands back, per optimizer step, the same canonical metrics, computed by the same
   the logits: statistics only, never stored activations. Only passes with gradients enabled
   count (the trained tokens; generation and reference passes run without), and only the tokens
   the top model's ``attention_mask`` marks (padding left out);
-- forward hooks on every module note the first one whose output is not finite, in those passes;
+- the model's output is checked in those passes (``isfinite`` on its tensors); when it is
+  not finite, the same call is run once more with a hook on every module, which names the first
+  one whose output went non-finite, as the replay does (a healthy step pays the one check);
 - :meth:`MoEProbe.gradients` takes the norms per parameter group and the non-finite gradient
   count, where the engine calls it (after clipping in HF's Trainer: the caller rescales).
 
@@ -32,6 +34,7 @@ from moescope.replay.instruments import (
     GROUPS,
     RouterRecord,
     grad_norms,
+    has_nonfinite,
     parameter_groups,
     routing_sums,
     watch_nonfinite,
@@ -53,6 +56,8 @@ class MoEProbe:
         self._mask: torch.Tensor | None = None
         self._stack = ExitStack()
         self._sums: dict[str, Any] = {}
+        self._locating = False
+        self.first_module: str | None = None
         self._install()
 
     def _install(self) -> None:
@@ -60,18 +65,37 @@ class MoEProbe:
             mask = kwargs.get("attention_mask")
             self._mask = mask if torch.is_tensor(mask) and mask.dim() == 2 else None
 
-        handles = [self.model.register_forward_pre_hook(keep_mask, with_kwargs=True)]
+        def check(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            if self._locating or self.first_module is not None or not torch.is_grad_enabled():
+                return
+            if has_nonfinite(out):  # logits, or the log-probs of a fused LM head (TRL's)
+                self.first_module = self._locate(args, kwargs)
+
+        handles = [
+            self.model.register_forward_pre_hook(keep_mask, with_kwargs=True),
+            self.model.register_forward_hook(check, with_kwargs=True),
+        ]
         for row, layer in enumerate(self.moe.layers):
 
             def route(module: torch.nn.Module, args: tuple, out: Any, _layer=layer, _row=row) -> None:
-                if torch.is_grad_enabled():
+                if torch.is_grad_enabled() and not self._locating:
                     with torch.no_grad():
                         self._add_routing(*_layer.router_choice(out), _row)
 
             handles.append(layer.router.register_forward_hook(route))
         for handle in handles:
             self._stack.callback(handle.remove)
-        self.watch = self._stack.enter_context(watch_nonfinite(self.model, when=torch.is_grad_enabled))
+
+    def _locate(self, args: tuple, kwargs: dict) -> str | None:
+        """The first module whose output goes non-finite when the same call runs again (the
+        forward is deterministic; the faults' hooks are still in place)."""
+        self._locating = True
+        try:
+            with watch_nonfinite(self.model) as watch:
+                self.model(*args, **kwargs)
+            return watch.first_module
+        finally:
+            self._locating = False
 
     def _add_routing(self, logits: torch.Tensor, index: torch.Tensor, row: int) -> None:
         rows = logits.reshape(-1, logits.shape[-1])
@@ -90,16 +114,52 @@ class MoEProbe:
         return {**out, "total": total, S.NONFINITE: bad}
 
     def take(self) -> dict[str, Any]:
-        """The MoE metrics since the last call (routing, first non-finite module), then reset."""
+        """The MoE metrics since the last call (routing, first non-finite module), summed over
+        every process of a distributed run (call it on all of them), then reset."""
         out: dict[str, Any] = {}
-        if self._sums:
-            sums = {f"_r/{key}": self._sums[key] for key in _SUMS}
-            out.update(routing_metrics({**sums, "_r/max_logit_sum": self._sums["max_logit"]}, 1, 1))
-        if self.watch.first_module is not None:
-            out[S.FIRST_NONFINITE_MODULE] = self.watch.first_module
-        self._sums, self.watch.first_module = {}, None
+        sums = self._reduced()
+        if float(sums["_r/tokens"].sum()) > 0:
+            out.update(routing_metrics(sums, 1, 1))
+        first = _first_of_ranks(self.first_module)
+        if first is not None:
+            out[S.FIRST_NONFINITE_MODULE] = first
+        self._sums, self.first_module = {}, None
         return out
+
+    def _reduced(self) -> dict[str, Any]:
+        layers, experts = len(self.moe.layers), self.moe.num_experts
+        shapes = {"counts": (layers, experts), **{key: (layers,) for key in _SUMS[1:]}}
+        sums = {
+            key: torch.as_tensor(self._sums.get(key, torch.zeros(shape))).float()
+            for key, shape in shapes.items()
+        }
+        peak = torch.tensor(float(self._sums.get("max_logit", 0.0)))
+        if distributed():
+            flat = torch.cat([sums[key].reshape(-1) for key in _SUMS])
+            torch.distributed.all_reduce(flat)
+            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+            sums = dict(zip(_SUMS, torch.split(flat, [sums[key].numel() for key in _SUMS]), strict=True))
+            sums["counts"] = sums["counts"].reshape(layers, experts)
+        return {**{f"_r/{key}": value for key, value in sums.items()}, "_r/max_logit_sum": float(peak)}
 
     def remove(self) -> None:
         """Take every hook off the model."""
         self._stack.close()
+
+
+def distributed() -> bool:
+    """Whether this process is one of several in an initialised process group."""
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
+
+
+def _first_of_ranks(name: str | None) -> str | None:
+    """The first module named by the lowest rank that named one."""
+    if not distributed():
+        return name
+    names: list[str | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(names, name)
+    return next((n for n in names if n is not None), None)

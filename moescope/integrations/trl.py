@@ -85,7 +85,9 @@ class MoescopeCallback(TrainerCallback):
                 "the reward_scale fault wraps the trainer's reward functions; add the callback with "
                 "moescope.integrations.trl.instrument(trainer, TRACE, faults=...) instead."
             )
-        self.writer = TraceWriter(self.path, {**_header(probe, args), "faults": list(self.fault_texts)})
+        if state.is_world_process_zero:  # the others reduce their statistics into its lines
+            header = {**_header(probe, args), "faults": list(self.fault_texts), "world_size": args.world_size}
+            self.writer = TraceWriter(self.path, header)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.faults is not None:

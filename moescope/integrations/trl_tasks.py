@@ -8,6 +8,15 @@ as keyword arguments to change them. Needs the ``trl`` extra (``pip install 'moe
 >>> callbacks = [MoescopeCallback("toy.jsonl")]  # doctest: +SKIP
 >>> trainer = grpo_on_tasks("toy", "out", max_steps=20, callbacks=callbacks)  # doctest: +SKIP
 >>> trainer.train()  # doctest: +SKIP
+
+From a shell, the same with a moescope trace and faults, on one process or several::
+
+    python -m moescope.integrations.trl_tasks MODEL --trace T.jsonl [--steps N] [--fault F]...
+    accelerate launch --num_processes 2 -m moescope.integrations.trl_tasks MODEL --trace T.jsonl
+
+(``--cpu`` after ``launch`` on a machine without GPUs: gloo; on GPUs the same command uses NCCL,
+and ``--num_machines`` / ``--machine_rank`` spread it over nodes.) Only the main process writes
+the trace; the MoE statistics are reduced across processes.
 """
 
 from __future__ import annotations
@@ -83,3 +92,39 @@ def grpo_on_tasks(
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m moescope.integrations.trl_tasks``: a GRPO run on the task suite, traced."""
+    import argparse
+    import tempfile
+
+    from moescope.integrations.trl import instrument
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("model", help="'toy', 'toy-v3' or a checkpoint directory (a proxy, say)")
+    parser.add_argument("--trace", required=True, help="the moescope trace to write")
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps")
+    parser.add_argument("--fault", action="append", default=[], metavar="NAME[@STEP][:ARG]")
+    parser.add_argument("--batch", type=int, default=DEFAULTS["per_device_train_batch_size"],
+                        help="completions per step and process")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--greedy", action="store_true", help="decode greedily (a deterministic run)")
+    args = parser.parse_args(argv)
+    extra = {"generation_kwargs": {"do_sample": False}} if args.greedy else {}
+    with tempfile.TemporaryDirectory(prefix="moescope-trl-") as out:
+        trainer = grpo_on_tasks(
+            args.model,
+            out,
+            max_steps=args.steps,
+            per_device_train_batch_size=args.batch,
+            seed=args.seed,
+            **extra,
+        )
+        instrument(trainer, args.trace, faults=args.fault)
+        trainer.train()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

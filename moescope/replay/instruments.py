@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -62,22 +62,20 @@ class NonfiniteWatch:
     first_module: str | None = None
 
 
-def _has_nonfinite(out) -> bool:
+def has_nonfinite(out) -> bool:
+    """Whether a module output (a tensor, a tuple of them, a ModelOutput) holds a NaN or Inf."""
     if torch.is_tensor(out):
         return out.is_floating_point() and not bool(torch.isfinite(out).all())
     if isinstance(out, (tuple, list)):
-        return any(_has_nonfinite(o) for o in out)
+        return any(has_nonfinite(o) for o in out)
     if hasattr(out, "values") and callable(out.values):  # ModelOutput
-        return any(_has_nonfinite(o) for o in out.values())
+        return any(has_nonfinite(o) for o in out.values())
     return False
 
 
 @contextmanager
-def watch_nonfinite(
-    model: torch.nn.Module, *, when: Callable[[], bool] | None = None
-) -> Iterator[NonfiniteWatch]:
-    """Note the first module (in execution order) whose forward output is not finite; with
-    ``when``, only in the forward passes where it returns true (e.g. ``torch.is_grad_enabled``)."""
+def watch_nonfinite(model: torch.nn.Module) -> Iterator[NonfiniteWatch]:
+    """Note the first module (in execution order) whose forward output is not finite."""
     watch = NonfiniteWatch()
     handles = []
     for name, module in model.named_modules():
@@ -85,7 +83,7 @@ def watch_nonfinite(
             continue
 
         def hook(module, args, out, _name=name):
-            if watch.first_module is None and (when is None or when()) and _has_nonfinite(out):
+            if watch.first_module is None and has_nonfinite(out):
                 watch.first_module = _name
 
         handles.append(module.register_forward_hook(hook))
@@ -122,14 +120,19 @@ def parameter_groups(model: torch.nn.Module, moe: MoEModel) -> dict[str, list[to
 
 
 def grad_norms(groups: dict[str, list[torch.nn.Parameter]]) -> tuple[dict[str, float], float, int]:
-    """Squared-norm sums per group (for reduction across ranks), the total norm, non-finite count."""
+    """Squared-norm sums per group (for reduction across ranks), the total norm, non-finite count.
+
+    One fused norm call per group (fp32 accumulation); the non-finite values are counted only in a
+    group whose norm is not finite, since a finite norm means there are none."""
     sq, bad = {}, 0
     for name, params in groups.items():
         grads = [p.grad for p in params if p.grad is not None]
         if not grads:
             continue
-        sq[name] = float(sum(g.float().pow(2).sum() for g in grads))
-        bad += int(sum((~torch.isfinite(g)).sum() for g in grads))
+        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+        sq[name] = float(torch.stack(norms).pow(2).sum())
+        if not math.isfinite(sq[name]):
+            bad += int(sum((~torch.isfinite(g)).sum() for g in grads))
     return sq, math.sqrt(sum(sq.values())) if sq else 0.0, bad
 
 
