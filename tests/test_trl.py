@@ -59,6 +59,19 @@ def test_one_line_per_optimizer_step_with_trls_metrics_and_the_moe_metrics(toy_r
     assert isinstance(diagnose(trace), list)
 
 
+def test_token_entropy_by_position_adds_up_to_trls_entropy_and_draws(toy_run) -> None:
+    from moescope.display.charts import entropy_flow
+
+    trace, _ = toy_run
+    for step in trace.steps:
+        flow = step[S.TOKEN_ENTROPY]
+        counted = [(m, n) for m, n in zip(flow["bucket_mean"], flow["bucket_tokens"], strict=True) if n]
+        mean = sum(m * n for m, n in counted) / sum(n for _, n in counted)
+        assert mean == pytest.approx(step[S.ENTROPY], rel=1e-5)  # the same tokens TRL averages
+        assert sum(flow["hist"]) == sum(flow["bucket_tokens"]) and flow["bucket_tokens"][0] > 0
+    assert entropy_flow(trace).to_dict()["vconcat"]
+
+
 def test_the_hooks_come_off_when_training_ends(toy_run) -> None:
     _, trainer = toy_run
     model = getattr(trainer.model, "module", trainer.model)

@@ -13,6 +13,9 @@ hands back, per optimizer step, the same canonical metrics, computed by the same
 - the model's output is checked in those passes (``isfinite`` on its tensors); when it is
   not finite, the same call is run once more with a hook on every module, which names the first
   one whose output went non-finite, as the replay does (a healthy step pays the one check);
+- token entropy by response position bucket (and its histogram), where the output carries
+  per-token entropies and the mask of the trained tokens (TRL's fused LM head), for
+  ``EntropyFlow``;
 - :meth:`MoEProbe.gradients` takes the norms per parameter group and the non-finite gradient
   count, where the engine calls it (after clipping in HF's Trainer: the caller rescales).
 
@@ -32,14 +35,17 @@ from moescope import schema as S
 from moescope.models.view import MoEModel, adapt
 from moescope.replay.instruments import (
     GROUPS,
+    HIST_BINS,
+    POSITION_BUCKETS,
     RouterRecord,
+    entropy_summary,
     grad_norms,
     has_nonfinite,
     parameter_groups,
     routing_sums,
     watch_nonfinite,
 )
-from moescope.replay.metrics import routing_metrics
+from moescope.replay.metrics import entropy_record, routing_metrics
 
 __all__ = ["MoEProbe"]
 
@@ -58,6 +64,8 @@ class MoEProbe:
         self._sums: dict[str, Any] = {}
         self._locating = False
         self.first_module: str | None = None
+        self._entropy: dict[str, torch.Tensor] = {}
+        self.vocab = int(model.config.get_text_config().vocab_size)
         self._install()
 
     def _install(self) -> None:
@@ -70,6 +78,7 @@ class MoEProbe:
                 return
             if has_nonfinite(out):  # logits, or the log-probs of a fused LM head (TRL's)
                 self.first_module = self._locate(args, kwargs)
+            self._add_entropy(out)
 
         handles = [
             self.model.register_forward_pre_hook(keep_mask, with_kwargs=True),
@@ -107,6 +116,19 @@ class MoEProbe:
             self._sums[key] = self._sums.get(key, 0) + sums[key]
         self._sums["max_logit"] = max(float(sums["max_logit"]), self._sums.get("max_logit", 0.0))
 
+    def _add_entropy(self, out: Any) -> None:
+        """Token entropy by response position, where the output carries per-token entropies and
+        the mask of the tokens trained on (TRL's fused LM head: ``entropy``, ``label_mask``)."""
+        entropy, mask = getattr(out, "entropy", None), getattr(out, "label_mask", None)
+        if not (torch.is_tensor(entropy) and torch.is_tensor(mask) and entropy.shape == mask.shape):
+            return
+        with torch.no_grad():
+            m = mask.float()
+            positions = (m.cumsum(-1) - 1).clamp(min=0)  # the position in the response
+            summary = entropy_summary(entropy.detach(), m, positions, self.vocab)
+        for key, values in summary.items():
+            self._entropy[key] = self._entropy.get(key, 0) + torch.tensor(values, dtype=torch.float64)
+
     def gradients(self) -> dict[str, float]:
         """Gradient norm per parameter group, their total, and the non-finite gradient values."""
         squares, total, bad = grad_norms(self.groups)
@@ -123,8 +145,28 @@ class MoEProbe:
         first = _first_of_ranks(self.first_module)
         if first is not None:
             out[S.FIRST_NONFINITE_MODULE] = first
-        self._sums, self.first_module = {}, None
+        entropy = self._reduced_entropy()
+        if entropy is not None:
+            out[S.TOKEN_ENTROPY] = entropy_record(entropy, self.vocab)
+        self._sums, self.first_module, self._entropy = {}, None, {}
         return out
+
+    def _reduced_entropy(self) -> dict[str, torch.Tensor] | None:
+        """The entropy sums over every process; ``None`` when no process had any."""
+        sizes = {
+            "bucket_sum": len(POSITION_BUCKETS),
+            "bucket_count": len(POSITION_BUCKETS),
+            "hist": HIST_BINS,
+        }
+        flat = torch.cat(
+            [self._entropy.get(key, torch.zeros(n, dtype=torch.float64)) for key, n in sizes.items()]
+        )
+        if distributed():
+            torch.distributed.all_reduce(flat)
+        if not float(flat[len(POSITION_BUCKETS) : 2 * len(POSITION_BUCKETS)].sum()) > 0:
+            return None
+        parts = torch.split(flat, list(sizes.values()))
+        return {f"_te/{key}": part for key, part in zip(sizes, parts, strict=True)}
 
     def _reduced(self) -> dict[str, Any]:
         layers, experts = len(self.moe.layers), self.moe.num_experts

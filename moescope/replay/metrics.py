@@ -53,7 +53,7 @@ def step_metrics(
         rec[S.Z_LOSS] = t.get("z", 0.0) / n_mb
     rec.update(routing_metrics(t, n_mb, world))
     if c.instruments:
-        rec[S.TOKEN_ENTROPY] = _entropy_record(t, vocab)
+        rec[S.TOKEN_ENTROPY] = entropy_record(t, vocab)
     if c.token_entropy_flow_control:
         rec[S.OPEFO_ACTIVE] = int(opefo.active)
         rec[S.OPEFO_COEF] = opefo.coef
@@ -116,7 +116,9 @@ def routing_metrics(t: dict[str, Any], n_mb: int, world: int) -> dict[str, Any]:
     }
 
 
-def _entropy_record(t: dict[str, Any], vocab: int) -> dict[str, Any]:
+def entropy_record(t: dict[str, Any], vocab: int) -> dict[str, Any]:
+    """Token entropy by response position bucket, and its histogram, from the summed
+    ``_te/...`` sums of :func:`~moescope.replay.instruments.entropy_summary`."""
     nb = len(POSITION_BUCKETS)
     sums = t.get("_te/bucket_sum", torch.zeros(nb)).tolist()
     counts = t.get("_te/bucket_count", torch.zeros(nb)).tolist()
