@@ -240,3 +240,26 @@ def test_two_processes_under_accelerate_write_one_trace_equal_to_one_process(tmp
     ):
         assert first_b[key] == pytest.approx(first_a[key], rel=1e-5), key
     assert first_b[S.GRAD_NORM] == pytest.approx(first_a[S.GRAD_NORM], rel=1e-2)
+
+
+@pytest.mark.slow
+def test_the_recipe_runs_as_a_new_user_would(tmp_path: Path) -> None:
+    """examples/trl_recipe.sh: export a 1/4 proxy, train both under one fault, the verdict."""
+    recipe = Path(__file__).parents[1] / "examples" / "trl_recipe.sh"
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHON": sys.executable,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    }
+    done = subprocess.run(
+        ["bash", str(recipe), "toy", "lr_spike@2", "4", str(tmp_path / "r")],
+        capture_output=True, text=True, env=env, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdicts = ("reproduced", "partially reproduced", "not reproduced", "both healthy")
+    assert any(f": {v}\n" in done.stdout for v in verdicts), done.stdout[-2000:]
+    original, proxy = (read_trace(tmp_path / "r" / f"{n}.jsonl") for n in ("original", "proxy"))
+    assert original.header["faults"] == proxy.header["faults"] == ["lr_spike@2"]
+    assert proxy.header["proxy"]["keep"] == 8 and len(original.steps) == len(proxy.steps) == 4
