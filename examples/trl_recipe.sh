@@ -12,8 +12,10 @@ FAULT=${2:-lr_spike@4}
 STEPS=${3:-12}
 OUT=${4:-trl-recipe}
 PYTHON=${PYTHON:-python3}
+EXPORT_FLAGS=${EXPORT_FLAGS:-}  # more `moescope export` flags, e.g. "--method reap"
 
-moescope export "$MODEL" --keep 1/4 --out "$OUT/proxy" --overwrite
+# shellcheck disable=SC2086  # EXPORT_FLAGS is a list of flags
+moescope export "$MODEL" --keep 1/4 --out "$OUT/proxy" --overwrite $EXPORT_FLAGS
 for run in original proxy; do
     model=$MODEL
     [ "$run" = proxy ] && model=$OUT/proxy
