@@ -130,12 +130,9 @@ def _clipping(trace: Trace) -> list[Finding]:
     """A token-level clip fraction held at its level (never an error: clipping bounds the update)."""
     if sequence_level(trace) or not any(S.CLIPFRAC in rec for rec in trace.steps):
         return []
-    found = _level(S.CLIPFRAC, series(trace, S.CLIPFRAC), CLIPPING)
-    why = (
-        " of tokens: the trainer's probabilities leave the clip range around the sampler's, "
-        "as when rollout and training disagree (or the updates are too large)"
-    )
-    return [replace(f, severity="warning", message=f.message + why) for f in found]
+    why = " of tokens, outside the clip range around the sampler's probabilities, as large updates also cause"
+    found = _level(S.CLIPFRAC, series(trace, S.CLIPFRAC), CLIPPING, why)
+    return [replace(f, severity="warning") for f in found]
 
 
 def sequence_level(trace: Trace) -> bool:
@@ -145,7 +142,7 @@ def sequence_level(trace: Trace) -> bool:
     return algo == "gspo" or trace.header.get(RATIO_LEVEL) == "sequence"
 
 
-def _level(key: str, points: list[tuple[int, float]], gauge: Gauge) -> list[Finding]:
+def _level(key: str, points: list[tuple[int, float]], gauge: Gauge, unit: str = "") -> list[Finding]:
     """At or above the gauge's level on ``SUSTAIN`` records in a row (or on every record of a
     shorter excerpt): a warning; ten times as far above the equal value on any one record: an
     error. One batch of hard tokens spikes a mismatch; a level it keeps is a fault."""
@@ -157,8 +154,14 @@ def _level(key: str, points: list[tuple[int, float]], gauge: Gauge) -> list[Find
     if first is None:
         return []
     error = first is spike
-    what = f"{key} reaches {first[1]:.3g}" + (
-        f", ten times its {gauge.high:g} bound or more" if error else f" and stays at or above {gauge.high:g}"
+    what = (
+        f"{key} reaches {first[1]:.3g}"
+        + (
+            f", ten times its {gauge.high:g} bound or more"
+            if error
+            else f" and stays at or above {gauge.high:g}"
+        )
+        + unit
     )
     return [_finding(key, first[0], "error" if error else "warning", what, value=first[1], rule="level")]
 
