@@ -52,8 +52,13 @@ PAIRS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 BASE = {"prompts_per_step": 4, "group_size": 8, "tasks": ("add2", "add3")}
 
 
+def _name(fault: str) -> str:
+    """A fault's name without its step and argument (``lr_spike@MID`` → ``lr_spike``)."""
+    return fault.split(":")[0].split("@")[0]
+
+
 def _tag(fault: str, fix: str) -> str:
-    return f"{fault.split('@')[0].split(':')[0]}--{fix}"
+    return f"{_name(fault)}--{fix}"
 
 
 def _export(model: str, keep: str, out: Path) -> dict[str, Any]:
@@ -205,7 +210,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def _same_fault(record: dict[str, Any], fault: str) -> bool:
-    return record["fault"].split("@")[0].split(":")[0] == fault.split("@")[0].split(":")[0]
+    return _name(record["fault"]) == _name(fault)
 
 
 def _words(record: dict[str, Any]) -> str:
