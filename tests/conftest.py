@@ -16,7 +16,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest
 import torch
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Under pytest-xdist each worker takes its share of the cores; alone, the suite takes two.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // _WORKERS))
 warnings.filterwarnings("ignore", module="transformers")
 
 
