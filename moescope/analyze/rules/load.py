@@ -59,14 +59,22 @@ def _layer_collapse(layer: int, steps: list[int], shares: list[list[float]], wid
     early = _mean_rows(shares[:width])
     early_max = max(early)
     used_early = [v >= 0.5 / experts for v in early]  # experts a task mix never routes to do not count
+
+    def collapsed(load: list[float]) -> tuple[float, int, bool, bool]:
+        top = max(load)
+        dead = sum(1 for v, used in zip(load, used_early, strict=True) if used and v == 0)
+        return top, dead, top > LOAD_SHARE_FACTOR / experts and top > 2 * early_max, dead >= experts / 4
+
     for end in range(width, len(shares) + 1):
         window = _mean_rows(shares[end - width : end])
-        top = max(window)
-        dead = sum(1 for v, used in zip(window, used_early, strict=True) if used and v == 0)
-        hot = top > LOAD_SHARE_FACTOR / experts and top > 2 * early_max
-        starving = dead >= experts / 4
+        top, dead, hot, starving = collapsed(window)
         if hot or starving:
-            step = steps[end - width]
+            # the onset is the window's first step that shows the collapse on its own (a window
+            # held high by its last steps does not date the collapse to its first)
+            step = next(
+                (steps[i] for i in range(end - width, end) if any(collapsed(shares[i])[2:])),
+                steps[end - width],
+            )
             what = (
                 f"expert {window.index(top)} takes {top:.1%} of the slots (uniform {1 / experts:.1%})"
                 if hot
