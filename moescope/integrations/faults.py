@@ -52,7 +52,7 @@ from moescope._util.forwards import patched_forwards
 from moescope.errors import MoescopeError
 from moescope.integrations.probe import distributed
 from moescope.models.view import MoEModel
-from moescope.replay.faults import Fault, parse_faults
+from moescope.replay.faults import Fault, find_fault, parse_faults
 from moescope.replay.forward import default_nan_module, nan_output
 from moescope.replay.precision import call_rounded
 
@@ -102,10 +102,7 @@ class TrainerFaults:
         return [str(f) for f in self.faults]
 
     def _get(self, name: str, step: int | None = None) -> Fault | None:
-        for f in self.faults:
-            if f.name == name and (step is None or f.active(step)):
-                return f
-        return None
+        return find_fault(self.faults, name, step)
 
     # -- the callback's events
     def step_begin(self, step: int, args: Any) -> None:

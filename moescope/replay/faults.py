@@ -48,6 +48,7 @@ Each fault: kind and default ARG — what it simulates — the signature it leav
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,6 +188,12 @@ def check_faults(texts: tuple[str, ...] | list[str], *, precision: str, steps: i
     return faults
 
 
+def find_fault(faults: Iterable[Fault], name: str, step: int | None = None) -> Fault | None:
+    """The first fault named ``name`` (active at ``step`` when one is given): how a harness asks
+    its faults what to do, in a replay and inside a Trainer alike."""
+    return next((f for f in faults if f.name == name and (step is None or f.active(step))), None)
+
+
 class FaultPlan:
     """The faults of a run, queried per step by the trainer."""
 
@@ -194,10 +201,7 @@ class FaultPlan:
         self.faults = check_faults(texts, precision=precision, steps=steps)
 
     def get(self, name: str, step: int) -> Fault | None:
-        for f in self.faults:
-            if f.name == name and f.active(step):
-                return f
-        return None
+        return find_fault(self.faults, name, step)
 
     def active_names(self, step: int) -> list[str]:
         return [f.name for f in self.faults if f.active(step)]
