@@ -38,11 +38,13 @@ check-prereqs:
 # pytest-xdist workers, one per core up to 4 (PYTEST_WORKERS=0: one process). Much of the suite
 # is single-threaded Python or waits on a subprocess (a CLI, a notebook kernel, chromium), so on
 # two cores two workers took the whole suite from 31:51 to 13:51 (measured side by side), though
-# each worker repeats the session fixtures. Each worker gives torch its share of the cores.
+# each worker repeats the session fixtures. Each worker gives torch its share of the cores; each
+# test file goes to one worker whole (its module fixtures set up once), the longest files first
+# (tests/conftest.py).
 PYTEST_WORKERS ?= auto
 
 test: check-prereqs $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/moescope demo

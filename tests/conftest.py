@@ -21,6 +21,24 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // _WORKERS))
 warnings.filterwarnings("ignore", module="transformers")
 
+# Modules holding the longest tests (the whole report, 4 min; notebooks in JupyterLab; TRL runs;
+# CLI exports), started first so that under pytest-xdist none is left to run alone at the end.
+# Each module stays in one piece, so its module fixtures are set up once.
+LONGEST_FIRST = (
+    "test_report.py",
+    "test_browser.py",
+    "test_trl.py",
+    "test_proxy.py",
+    "test_multimodal.py",
+    "test_replay_runs.py",
+    "test_diagnosis.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):

@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         instrument(trainer, args.trace, faults=args.fault)
         trainer.train()
+        # destroys the process group of a distributed run: left to interpreter shutdown, gloo's
+        # teardown aborts a finished process now and then ("terminate called without an active
+        # exception")
+        trainer.accelerator.end_training()
     return 0
 
 
