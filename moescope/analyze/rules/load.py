@@ -60,21 +60,24 @@ def _layer_collapse(layer: int, steps: list[int], shares: list[list[float]], wid
     early_max = max(early)
     used_early = [v >= 0.5 / experts for v in early]  # experts a task mix never routes to do not count
 
-    def collapsed(load: list[float]) -> tuple[float, int, bool, bool]:
+    def signs(load: list[float]) -> tuple[float, int, bool, bool]:
+        """The busiest share, the experts gone dead, and whether either shows a collapse."""
         top = max(load)
         dead = sum(1 for v, used in zip(load, used_early, strict=True) if used and v == 0)
         return top, dead, top > LOAD_SHARE_FACTOR / experts and top > 2 * early_max, dead >= experts / 4
 
+    def shows_collapse(load: list[float]) -> bool:
+        _, _, hot, starving = signs(load)
+        return hot or starving
+
     for end in range(width, len(shares) + 1):
         window = _mean_rows(shares[end - width : end])
-        top, dead, hot, starving = collapsed(window)
+        top, dead, hot, starving = signs(window)
         if hot or starving:
             # the onset is the window's first step that shows the collapse on its own (a window
             # held high by its last steps does not date the collapse to its first)
-            step = next(
-                (steps[i] for i in range(end - width, end) if any(collapsed(shares[i])[2:])),
-                steps[end - width],
-            )
+            first = range(end - width, end)
+            step = next((steps[i] for i in first if shows_collapse(shares[i])), steps[end - width])
             what = (
                 f"expert {window.index(top)} takes {top:.1%} of the slots (uniform {1 / experts:.1%})"
                 if hot
