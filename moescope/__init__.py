@@ -80,6 +80,9 @@ _MOVED = {
     "build_proxy": "moescope.export.surgery",
     "ModelShape": "moescope.export.cost.shape",
     "TrainingMemory": "moescope.export.cost.memory",
+    "device_profile": "moescope.export.cost.profiles",
+    "RLWorkload": "moescope.export.cost.step",
+    "step_time": "moescope.export.cost.step",
     "reference_models": "moescope.export.cost.shape",
     "read_trace": "moescope.traces",
 }

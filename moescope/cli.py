@@ -56,32 +56,42 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_cost(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from moescope.export.cost import (
-        DEFAULT_KEEPS,
-        TrainingMemory,
-        cost_json,
-        cost_table,
-        cost_text,
-        reference_table,
-    )
+    from moescope.export.cost import DEFAULT_KEEPS, cost_json, cost_table, cost_text, reference_table
+    from moescope.export.cost.assumptions import assumed
 
     if args.model is None and not args.reference:
         raise MoescopeError(
             "give a MODEL (checkpoint directory, config.json, 'toy' or 'toy-v3'), or --reference."
         )
-    given = {"device_memory_gb": args.device_memory, "usable_fraction": args.usable_fraction}
-    memory = TrainingMemory(**{key: value for key, value in given.items() if value is not None})
+    profile, workload, memory = assumed(args.device, args.assume, args.device_memory, args.usable_fraction)
     options = {"memory": memory, "step_time_s": args.step_time, "rounding": args.round}
+    options |= {"profile": profile, "workload": workload}
     keeps = args.keep or DEFAULT_KEEPS
-    tables = [cost_table(args.model, keeps, strict=bool(args.keep), **options)] if args.model else []
+    given = _devices_given(args.devices)
+    tables = (
+        [cost_table(args.model, keeps, strict=bool(args.keep), devices=given, **options)]
+        if args.model
+        else []
+    )
     if args.reference:
         tables.append(reference_table(keeps, **options))
     table = pd.concat(tables, ignore_index=True)
-    if args.json:
-        print(json.dumps(cost_json(table, memory, args.round), indent=2))
-    else:
-        print(cost_text(table, memory, args.round))
+    shown = (table, memory, args.round, profile, workload)
+    print(json.dumps(cost_json(*shown), indent=2) if args.json else cost_text(*shown))
     return 0
+
+
+def _devices_given(pairs: list[str] | None) -> dict[str, int]:
+    """``--devices full=512 --devices 16=64`` as ``{"full": 512, "16": 64}``."""
+    given = {}
+    for pair in pairs or []:
+        label, _, count = pair.partition("=")
+        if not count.strip().isdigit() or int(count) < 1:
+            raise MoescopeError(
+                f"--devices {pair!r} is not KEEP=N; write e.g. --devices full=512 --devices 1/8=64."
+            )
+        given[label.strip()] = int(count)
+    return given
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -339,9 +349,31 @@ def _add_cost(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="routed experts kept: 0.25, 1/4 or a count; repeat for several (default: 1/2, 1/4, 1/8)",
     )
-    cost.add_argument("--device-memory", type=float, metavar="GB", help="accelerator memory (default 80)")
+    cost.add_argument(
+        "--device",
+        default="h100",
+        metavar="NAME|JSON",
+        help="accelerator to predict step time on: h100, h200, ascend-910b or a JSON profile (default h100)",
+    )
+    cost.add_argument(
+        "--assume",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a device or workload assumption (prompts=256, mfu=0.4, inter_node_gb_s=50)",
+    )
+    cost.add_argument(
+        "--devices",
+        action="append",
+        metavar="KEEP=N",
+        help="cost N devices for a row instead of the memory model's",
+    )
+    cost.add_argument(
+        "--device-memory", type=float, metavar="GB", help="accelerator memory (default: the device's)"
+    )
     cost.add_argument("--usable-fraction", type=float, metavar="F", help="usable share (default 0.9)")
-    cost.add_argument("--step-time", type=float, metavar="S", help="seconds per RL step: adds device-hours")
+    cost.add_argument(
+        "--step-time", type=float, metavar="S", help="measured seconds per RL step, instead of predicted"
+    )
     cost.add_argument("--round", choices=ROUNDINGS, default="device", help="round device counts up to this")
     cost.add_argument("--reference", action="store_true", help="also cost the published MoE models")
     cost.add_argument("--json", action="store_true", help="print the table as JSON")

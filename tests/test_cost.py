@@ -12,8 +12,10 @@ from moescope.cli import main
 from moescope.errors import MoescopeError
 from moescope.export.cost.formulas import analytic_params, entry_from_config
 from moescope.export.cost.memory import GB, STATES, TrainingMemory, devices_needed, memory_breakdown
-from moescope.export.cost.render import PROXY_NOTE
+from moescope.export.cost.profiles import PROFILES, device_profile
+from moescope.export.cost.render import PROXY_NOTE, STEP_NOTE
 from moescope.export.cost.shape import ModelShape, reference_entries, reference_models
+from moescope.export.cost.step import RLWorkload, step_time
 from moescope.export.cost.table import cost_table, reference_table
 from moescope.models.table import ARCHITECTURES
 from moescope.models.zoo import TINY_ARCHS, tiny_config
@@ -328,6 +330,8 @@ def test_cli_prints_the_table_for_a_bare_config_json(tmp_path: Path, capsys) -> 
         "GB",
         "devices",
         "reduction",
+        "step",
+        "s",
         "device-h/step",
     ]
     assert [line.split()[:2] for line in lines[2:6]] == [
@@ -337,6 +341,8 @@ def test_cli_prints_the_table_for_a_bare_config_json(tmp_path: Path, capsys) -> 
         ["1/8", "4"],
     ]
     assert "20 B/param" in out and PROXY_NOTE in out
+    assert lines[2].split()[-2:] == ["60.0", f"{60 / 3600:.3g}"]  # measured: nothing predicted
+    assert "seconds: rollout" not in out
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -360,7 +366,10 @@ def test_cli_json_equals_the_library_table(tiny_checkpoint, capsys) -> None:
     assert data["memory"]["device_memory_gb"] == 64 and data["rounding"] == "device"
     assert [row["keep"] for row in data["rows"]] == ["full", "1/2", "8"]
     assert [row["params_total"] for row in data["rows"]] == expected["params_total"].tolist()
-    assert all(row["device_hours"] is None for row in data["rows"])
+    assert data["device"]["name"] == "h100" and data["workload"]["prompts"] == 1024
+    for row in data["rows"]:  # predicted on the default device
+        assert row["step_source"] == "predicted" and row["step_time_s"] > 0
+        assert row["device_hours"] == pytest.approx(row["devices"] * row["step_time_s"] / 3600)
 
 
 def test_cli_reference_covers_every_published_model(capsys) -> None:
@@ -389,6 +398,8 @@ def _bad_inputs(tmp_path: Path) -> dict[str, list[str]]:
     listing.write_text(json.dumps({"models": []}))
     unknown = tmp_path / "unknown.json"
     unknown.write_text(json.dumps({"model_type": "no_such_arch"}))
+    partial = tmp_path / "npu.json"
+    partial.write_text(json.dumps({k: v for k, v in PROFILES["h100"].to_dict().items() if k != "hbm_tb_s"}))
     return {
         "dense model": ["cost", str(dense)],
         "dense model ": ["cost", str(dense / "config.json")],
@@ -404,6 +415,15 @@ def _bad_inputs(tmp_path: Path) -> dict[str, list[str]]:
         "usable fraction": ["cost", "toy", "--usable-fraction", "0"],
         "step time": ["cost", "toy", "--step-time", "-1"],
         "or --reference": ["cost"],
+        "unknown device 'tpu9'": ["cost", "toy", "--device", "tpu9"],
+        "lacks hbm_tb_s": ["cost", "toy", "--device", str(partial)],
+        "no assumption named promts": ["cost", "toy", "--assume", "promts=8"],
+        "not KEY=VALUE": ["cost", "toy", "--assume", "prompts"],
+        "is not a number": ["cost", "toy", "--assume", "mfu=high"],
+        "give a whole number": ["cost", "toy", "--assume", "prompts=1.5"],
+        "it is a fraction": ["cost", "toy", "--assume", "mfu=30"],
+        "inter_node_gb_s is -1": ["cost", "toy", "--assume", "inter_node_gb_s=-1"],
+        "is not KEEP=N": ["cost", "toy", "--devices", "full=many"],
     }
 
 
@@ -414,3 +434,105 @@ def test_bad_input_is_one_sentence_with_exit_2(tmp_path: Path, capsys) -> None:
         lines = captured.err.strip().splitlines()
         assert captured.out == "" and len(lines) == 1, (argv, captured.err)
         assert expected.strip() in lines[0] and "Traceback" not in captured.err, (argv, lines[0])
+
+
+# --- step time -----------------------------------------------------------------------------------
+
+DEEPSEEK, QWEN3 = REFERENCE["DeepSeek-V3"], REFERENCE["Qwen3-30B-A3B"]
+
+
+def test_profiles_read_by_name_from_json_and_with_overrides(tmp_path: Path) -> None:
+    assert device_profile("H200") is PROFILES["h200"]
+    path = tmp_path / "npu.json"
+    path.write_text(json.dumps(PROFILES["ascend-910b"].to_dict() | {"name": "my-npu", "memory_gb": 96}))
+    mine = device_profile(path)
+    assert (
+        mine.name == "my-npu" and mine.memory_gb == 96 and mine.hbm_tb_s == PROFILES["ascend-910b"].hbm_tb_s
+    )
+    assert device_profile(mine, devices_per_node=16).devices_per_node == 16
+    with pytest.raises(MoescopeError, match="unknown field"):
+        device_profile({**PROFILES["h100"].to_dict(), "hbm": 3})
+    with pytest.raises(MoescopeError, match="memory_gb is '80'"):
+        device_profile({**PROFILES["h100"].to_dict(), "memory_gb": "80"})
+
+
+def test_training_term_is_six_times_active_parameters_times_tokens_over_compute() -> None:
+    profile, workload = PROFILES["h100"], RLWorkload(forward_passes=3.0, mfu=0.5)
+    step = step_time(QWEN3, 16, profile, workload)
+    flops = 6 * QWEN3.params_active * workload.tokens
+    assert step.training_s == pytest.approx(flops / (16 * profile.bf16_tflops * 1e12 * 0.5))
+    assert step_time(QWEN3, 32, profile, workload).training_s == pytest.approx(step.training_s / 2)
+
+
+def test_rollout_instance_is_the_smallest_power_of_two_holding_the_weights() -> None:
+    workload = RLWorkload()
+    for shape in (QWEN3, DEEPSEEK, DEEPSEEK.with_keep(16)):
+        step = step_time(shape, 1024, PROFILES["h100"], workload)
+        holds = 80e9 * workload.rollout_memory_fraction * workload.weight_share * step.rollout_instance
+        assert 2 * shape.params_total <= holds < 2 * (2 * shape.params_total) or step.rollout_instance == 1
+        assert step.rollout_instance & (step.rollout_instance - 1) == 0
+    with pytest.raises(MoescopeError, match="rollout engine needs 64 devices of h100"):
+        step_time(DEEPSEEK, 16, PROFILES["h100"])
+
+
+def test_communication_crosses_the_network_only_when_a_group_spans_nodes() -> None:
+    fast = device_profile("ascend-910b", inter_node_gb_s=250)
+    one_node = (QWEN3.with_keep(48), 8)
+    for shape, devices in (one_node, (DEEPSEEK, 512)):
+        slow_step, fast_step = (
+            step_time(shape, devices, PROFILES["ascend-910b"]),
+            step_time(shape, devices, fast),
+        )
+        spans = devices > 8
+        assert (fast_step.all_to_all_s < slow_step.all_to_all_s) is spans
+        assert (fast_step.weight_sync_s < slow_step.weight_sync_s) is spans
+        assert (slow_step.bubble_s > 0) is spans and slow_step.pipeline_stages == (15 if spans else 1)
+    assert step_time(REFERENCE["OLMoE-1B-7B"], 1, PROFILES["h200"]).all_to_all_s == 0
+
+
+def test_weight_sync_and_optimizer_shrink_with_the_parameters() -> None:
+    proxy = DEEPSEEK.with_keep(16)
+    full, small = step_time(DEEPSEEK, 512, PROFILES["h100"]), step_time(proxy, 512, PROFILES["h100"])
+    share = proxy.params_total / DEEPSEEK.params_total
+    assert small.weight_sync_s == pytest.approx(full.weight_sync_s * share)
+    assert small.optimizer_s == pytest.approx(full.optimizer_s * share)
+    shard = step_time(DEEPSEEK, 512, PROFILES["h100"], RLWorkload(sync_full_model=False))
+    assert shard.weight_sync_s == pytest.approx(full.weight_sync_s / full.rollout_instance)
+    assert small.total_s < full.total_s  # on the same devices a proxy is never slower
+
+
+def test_a_kv_cache_too_small_for_the_batch_decodes_in_waves() -> None:
+    short, long = RLWorkload(prompts=64), RLWorkload(prompts=64, response_tokens=32768)
+    a, b = step_time(QWEN3, 16, PROFILES["h100"], short), step_time(QWEN3, 16, PROFILES["h100"], long)
+    assert a.waves == 1 and b.waves > 1 and b.concurrent_sequences < a.concurrent_sequences
+    assert b.rollout_s > 32 * a.rollout_s
+
+
+def test_cost_table_predicts_unless_a_step_time_is_measured() -> None:
+    profile = PROFILES["ascend-910b"]
+    table = cost_table(QWEN3, ["48"], profile=profile, rounding="pow2", step_time_s={"48": 100.0}).set_index(
+        "keep"
+    )
+    assert table["devices"].tolist() == [16, 8]  # 64 GB devices: as the paper ran it
+    assert table.loc["full", "step_source"] == "predicted" and table.loc["48", "step_source"] == "measured"
+    predicted = step_time(QWEN3, 16, profile)
+    assert table.loc["full", "step_time_s"] == pytest.approx(predicted.total_s)
+    assert table.loc["full", "all_to_all_s"] == pytest.approx(predicted.all_to_all_s)
+    assert table.loc["48", "device_hours"] == pytest.approx(8 * 100 / 3600) and math.isnan(
+        table.loc["48", "rollout_s"]
+    )
+    given = cost_table(DEEPSEEK, ["16"], profile=profile, devices={"full": 512, "16": 64}).set_index("keep")
+    assert given["devices"].tolist() == [512, 64] and given["devices_given"].all()
+    assert given.loc["16", "reduction_pct"] == pytest.approx(87.5)
+    assert "64 devices on 8 node(s)" in given.loc["16", "layout"]
+
+
+def test_cli_prints_every_assumption_of_a_predicted_step(capsys) -> None:
+    argv = ["cost", "toy", "--keep", "1/4", "--device", "ascend-910b", "--assume", "prompts=8"]
+    assert main([*argv, "--assume", "inter_node_gb_s=12.5", "--devices", "full=2"]) == 0
+    out = capsys.readouterr().out
+    assert "full: 2 devices on 1 node(s); rollout instances of 1" in out and "seconds: rollout" in out
+    assert "  full       32" in out and "2 (given)" in out
+    assert PROFILES["ascend-910b"].text().replace("25 GB/s across", "12.5 GB/s across") in out
+    assert RLWorkload(prompts=8).text() in out and STEP_NOTE in out
+    assert "64 GB devices" in out  # the device's memory sizes the devices

@@ -3,8 +3,10 @@
 ``sources`` reads a checkpoint or config, ``formulas`` counts parameters from published
 dimensions, ``shape`` holds a model's dimensions and parameters by role (:class:`ModelShape`),
 ``memory`` the bytes per parameter of each training state and the devices they fill (the
-assumptions, and what the model ignores, are written there), ``table`` the full-vs-proxy table
-and ``render`` its text and JSON.
+assumptions, and what the model ignores, are written there), ``profiles`` the accelerators and
+``step`` the time of one RL step on them (rollout, training, all-to-all, pipeline bubble,
+optimizer, weight sync), ``assumptions`` their ``KEY=VALUE`` overrides, ``table`` the
+full-vs-proxy table and ``render`` its text and JSON.
 
 Parameters are counted exactly for a Hugging Face config (the model is built on the ``meta``
 device, no weight read; :mod:`moescope.models.summary`) and by the analytic formulas of
@@ -22,23 +24,31 @@ from __future__ import annotations
 
 from moescope.export.cost.formulas import analytic_params, entry_from_config
 from moescope.export.cost.memory import ROUNDINGS, TrainingMemory, devices_needed, memory_breakdown
+from moescope.export.cost.profiles import PROFILES, DeviceProfile, device_profile
 from moescope.export.cost.render import cost_json, cost_text
 from moescope.export.cost.shape import ModelShape, reference_entries, reference_models
+from moescope.export.cost.step import RLWorkload, StepTime, step_time
 from moescope.export.cost.table import DEFAULT_KEEPS, cost_table, reference_table
 
 __all__ = [
     "DEFAULT_KEEPS",
+    "PROFILES",
     "ROUNDINGS",
+    "DeviceProfile",
     "ModelShape",
+    "RLWorkload",
+    "StepTime",
     "TrainingMemory",
     "analytic_params",
     "cost_json",
     "cost_table",
     "cost_text",
+    "device_profile",
     "devices_needed",
     "entry_from_config",
     "memory_breakdown",
     "reference_entries",
     "reference_models",
     "reference_table",
+    "step_time",
 ]

@@ -162,6 +162,23 @@ def analytic_params(entry: Mapping[str, Any]) -> ParamCounts:
     )
 
 
+def kv_per_token(entry: Mapping[str, Any]) -> int:
+    """Numbers the KV cache keeps per token over all layers: ``2·g·d`` per layer for grouped-query
+    attention (keys and values of ``g`` heads of width ``d``), ``r_kv + p`` for MLA (the
+    compressed latent and the shared rotary key, as inference engines cache it).
+
+    Examples
+    --------
+    >>> from moescope.export.cost.shape import reference_entries
+    >>> kv_per_token(reference_entries()[5])  # DeepSeek-V3: (512 + 64) x 61 layers
+    35136
+    """
+    d = _dims(entry)
+    if d.mla is not None:
+        return d.layers * (d.mla[1] + d.mla[2])
+    return d.layers * 2 * d.kv_heads * d.head_dim
+
+
 def _param_counts(**counts: int) -> ParamCounts:
     from moescope.models.summary import ParamCounts  # torch: costing a published model needs none
 

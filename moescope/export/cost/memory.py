@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from moescope.errors import MoescopeError
+from moescope.export.cost.profiles import DeviceProfile
 from moescope.export.cost.shape import ModelShape
 
 ROUNDINGS = ("device", "node", "pow2")
@@ -122,6 +123,13 @@ class TrainingMemory:
             f"{self.kv_cache_fraction:.0%} rollout KV cache: {self.state_gb_per_device:.1f} GB of state "
             "per device."
         )
+
+
+def memory_of(memory: TrainingMemory | None, profile: DeviceProfile | None = None) -> TrainingMemory:
+    """``memory`` as given, else the defaults on ``profile``'s device memory (80 GB without one)."""
+    if memory is not None:
+        return memory
+    return TrainingMemory(device_memory_gb=profile.memory_gb) if profile else TrainingMemory()
 
 
 def memory_breakdown(shape: ModelShape, memory: TrainingMemory | None = None) -> dict[str, float]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope.errors import MoescopeError
-from moescope.export.cost.formulas import analytic_params, entry_from_config, field_of
+from moescope.export.cost.formulas import analytic_params, entry_from_config, field_of, kv_per_token
 from moescope.export.cost.sources import hf_config, meta_summary, moe_text_config, not_a_config, read_source
 from moescope.keep import parse_keep
 
@@ -59,6 +59,7 @@ class ModelShape:
     published_active: int | None = None
     source_experts: int | None = None
     note: str = ""
+    kv_per_token: int = 0  # numbers the rollout engine's KV cache keeps per token, all layers
 
     @classmethod
     def from_config(
@@ -102,6 +103,7 @@ class ModelShape:
             published_total=None if published["total"] is None else round(published["total"] * 1e9),
             published_active=None if published["active"] is None else round(published["active"] * 1e9),
             note=str(entry.get("note", "")),
+            kv_per_token=kv_per_token(entry),
         )
 
     @classmethod
@@ -144,6 +146,7 @@ class ModelShape:
             n_group=summary.n_group,
             topk_group=summary.topk_group,
             note=note,
+            kv_per_token=_config_kv_per_token(config),
         )
 
     def with_keep(self, keep: str | float | int) -> ModelShape:
@@ -171,6 +174,26 @@ class ModelShape:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _config_kv_per_token(config: PretrainedConfig) -> int:
+    """:func:`kv_per_token` of a Hugging Face config: by the analytic entry where there is a
+    formula for its type, else as grouped-query attention from its head counts, layer by layer
+    where the config has per-layer settings (transformers' heterogeneous configs)."""
+    try:
+        return kv_per_token(entry_from_config(config))
+    except MoescopeError:
+        layers = getattr(config, "per_layer_config", None)
+        if layers:
+            return sum(_gqa_kv(layer) for layer in layers)
+        return int(config.num_hidden_layers) * _gqa_kv(config)
+
+
+def _gqa_kv(config: Any) -> int:
+    """Keys and values of one grouped-query attention layer, per token."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    return 2 * kv_heads * int(getattr(config, "head_dim", None) or config.hidden_size // heads)
 
 
 def reference_entries() -> list[dict[str, Any]]:
