@@ -64,10 +64,14 @@ def cmd_cost(args: argparse.Namespace) -> int:
             "give a MODEL (checkpoint directory, config.json, 'toy' or 'toy-v3'), or --reference."
         )
     profile, workload, memory = assumed(args.device, args.assume, args.device_memory, args.usable_fraction)
-    options = {"memory": memory, "step_time_s": args.step_time, "rounding": args.round}
-    options |= {"profile": profile, "workload": workload}
     keeps = args.keep or DEFAULT_KEEPS
-    given = _devices_given(args.devices)
+    options = {
+        "memory": memory,
+        "step_time_s": _measured_steps(args.step_time, keeps),
+        "rounding": args.round,
+    }
+    options |= {"profile": profile, "workload": workload}
+    given = _per_row(args.devices, "--devices", "KEEP=N", whole=True)
     tables = (
         [cost_table(args.model, keeps, strict=bool(args.keep), devices=given, **options)]
         if args.model
@@ -81,16 +85,31 @@ def cmd_cost(args: argparse.Namespace) -> int:
     return 0
 
 
-def _devices_given(pairs: list[str] | None) -> dict[str, int]:
-    """``--devices full=512 --devices 16=64`` as ``{"full": 512, "16": 64}``."""
-    given = {}
+def _measured_steps(pairs: list[str] | None, keeps: list[str]) -> float | dict[str, float | None] | None:
+    """``--step-time``: one number for every row, or per row (``full=3000``), a bare number
+    standing for the rows not named."""
+    per_row = _per_row(pairs, "--step-time", "S or KEEP=S", whole=False)
+    every = per_row.pop("*", None)
+    if not per_row:
+        return every
+    return {label: per_row.get(label, every) for label in ("full", *map(str, keeps))}
+
+
+def _per_row(pairs: list[str] | None, flag: str, example: str, whole: bool) -> dict[str, float]:
+    """``--devices full=512 --devices 16=64`` as ``{"full": 512, "16": 64}``; a bare number
+    (``--step-time 600``) is every row's, under the key ``"*"``."""
+    given: dict[str, float] = {}
     for pair in pairs or []:
-        label, _, count = pair.partition("=")
-        if not count.strip().isdigit() or int(count) < 1:
+        label, _, value = pair.rpartition("=")
+        try:
+            number = int(value) if whole else float(value)
+        except ValueError:
+            number = 0
+        if not number > 0 or (whole and not label):
             raise MoescopeError(
-                f"--devices {pair!r} is not KEEP=N; write e.g. --devices full=512 --devices 1/8=64."
+                f"{flag} {pair!r} is not {example}; write e.g. {flag} full=512 {flag} 1/8=64."
             )
-        given[label.strip()] = int(count)
+        given[label.strip() or "*"] = number
     return given
 
 
@@ -372,7 +391,10 @@ def _add_cost(sub: argparse._SubParsersAction) -> None:
     )
     cost.add_argument("--usable-fraction", type=float, metavar="F", help="usable share (default 0.9)")
     cost.add_argument(
-        "--step-time", type=float, metavar="S", help="measured seconds per RL step, instead of predicted"
+        "--step-time",
+        action="append",
+        metavar="S|KEEP=S",
+        help="measured seconds per RL step instead of predicted: every row's, or one row's (full=3000)",
     )
     cost.add_argument("--round", choices=ROUNDINGS, default="device", help="round device counts up to this")
     cost.add_argument("--reference", action="store_true", help="also cost the published MoE models")

@@ -12,6 +12,7 @@ from moescope.cli import main
 from moescope.errors import MoescopeError
 from moescope.export.cost.formulas import analytic_params, entry_from_config
 from moescope.export.cost.memory import GB, STATES, TrainingMemory, devices_needed, memory_breakdown
+from moescope.export.cost.paper import paper_comparison
 from moescope.export.cost.profiles import PROFILES, device_profile
 from moescope.export.cost.render import PROXY_NOTE, STEP_NOTE
 from moescope.export.cost.shape import ModelShape, reference_entries, reference_models
@@ -413,7 +414,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, list[str]]:
         "positive number of GB": ["cost", "toy", "--device-memory", "0"],
         "positive number of GB ": ["cost", "toy", "--device-memory", "-16"],
         "usable fraction": ["cost", "toy", "--usable-fraction", "0"],
-        "step time": ["cost", "toy", "--step-time", "-1"],
+        "--step-time '-1' is not S or KEEP=S": ["cost", "toy", "--step-time", "-1"],
         "or --reference": ["cost"],
         "unknown device 'tpu9'": ["cost", "toy", "--device", "tpu9"],
         "lacks hbm_tb_s": ["cost", "toy", "--device", str(partial)],
@@ -536,3 +537,41 @@ def test_cli_prints_every_assumption_of_a_predicted_step(capsys) -> None:
     assert PROFILES["ascend-910b"].text().replace("25 GB/s across", "12.5 GB/s across") in out
     assert RLWorkload(prompts=8).text() in out and STEP_NOTE in out
     assert "64 GB devices" in out  # the device's memory sizes the devices
+
+
+def test_cli_step_time_measured_per_row_or_for_every_row(capsys) -> None:
+    assert main(["cost", "toy", "--keep", "1/4", "--step-time", "full=3000", "--json"]) == 0
+    rows = {row["keep"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["full"]["step_source"] == "measured" and rows["full"]["step_time_s"] == 3000
+    assert rows["1/4"]["step_source"] == "predicted" and rows["1/4"]["rollout_s"] > 0
+    assert (
+        main(["cost", "toy", "--keep", "1/4", "--step-time", "1/4=720", "--step-time", "60", "--json"]) == 0
+    )
+    rows = {row["keep"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    assert [rows[k]["step_time_s"] for k in ("full", "1/4")] == [60, 720]
+
+
+def test_paper_comparison_predicts_both_rows_on_the_papers_devices() -> None:
+    table = paper_comparison().set_index("label")
+    qwen, deepseek = table.loc["Qwen3-30B-A3B"], table.loc["DeepSeek-V3.2"]
+    assert qwen["devices_model"] == "16 → 8" and deepseek["devices_model"] == "512 → 32"
+    profile = PROFILES["ascend-910b"]
+    expected = (
+        step_time(DEEPSEEK, 512, profile).total_s / step_time(DEEPSEEK.with_keep(16), 64, profile).total_s
+    )
+    assert deepseek["ratio_predicted"] == pytest.approx(8 * expected)
+    assert deepseek["ratio_paper"] == pytest.approx(426.7 / 12.8, rel=1e-3)
+    assert qwen["ratio_paper"] == pytest.approx(0.573 / 0.255, rel=1e-2)
+    assert (table["factor"] == table["ratio_predicted"] / table["ratio_paper"]).all()
+
+
+def test_readme_shows_the_paper_comparison_as_computed() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for _, row in paper_comparison().iterrows():
+        full, proxy = row["step_predicted_s"]
+        cells = (row["label"], f"{full:,.0f} → {proxy:,.0f} s", f"{row['ratio_predicted']:.2f}×")
+        line = next(
+            (line for line in readme.splitlines() if line.startswith(f"| {row['label']} | {row['experts']}")),
+            "",
+        )
+        assert all(cell in line for cell in cells), (cells, line)

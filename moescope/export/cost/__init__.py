@@ -5,8 +5,8 @@ dimensions, ``shape`` holds a model's dimensions and parameters by role (:class:
 ``memory`` the bytes per parameter of each training state and the devices they fill (the
 assumptions, and what the model ignores, are written there), ``profiles`` the accelerators and
 ``step`` the time of one RL step on them (rollout, training, all-to-all, pipeline bubble,
-optimizer, weight sync), ``assumptions`` their ``KEY=VALUE`` overrides, ``table`` the
-full-vs-proxy table and ``render`` its text and JSON.
+optimizer, weight sync), ``paper`` the paper's cost table against it, ``assumptions`` their
+``KEY=VALUE`` overrides, ``table`` the full-vs-proxy table and ``render`` its text and JSON.
 
 Parameters are counted exactly for a Hugging Face config (the model is built on the ``meta``
 device, no weight read; :mod:`moescope.models.summary`) and by the analytic formulas of
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from moescope.export.cost.formulas import analytic_params, entry_from_config
 from moescope.export.cost.memory import ROUNDINGS, TrainingMemory, devices_needed, memory_breakdown
+from moescope.export.cost.paper import PAPER_ROWS, paper_comparison
 from moescope.export.cost.profiles import PROFILES, DeviceProfile, device_profile
 from moescope.export.cost.render import cost_json, cost_text
 from moescope.export.cost.shape import ModelShape, reference_entries, reference_models
@@ -32,6 +33,7 @@ from moescope.export.cost.table import DEFAULT_KEEPS, cost_table, reference_tabl
 
 __all__ = [
     "DEFAULT_KEEPS",
+    "PAPER_ROWS",
     "PROFILES",
     "ROUNDINGS",
     "DeviceProfile",
@@ -47,6 +49,7 @@ __all__ = [
     "devices_needed",
     "entry_from_config",
     "memory_breakdown",
+    "paper_comparison",
     "reference_entries",
     "reference_models",
     "reference_table",

@@ -65,13 +65,17 @@ class ModelShape:
     def from_config(
         cls, source: PretrainedConfig | Mapping[str, Any] | str | Path, *, exact: bool = True
     ) -> ModelShape:
-        """The shape of a checkpoint directory, ``"toy"``, a ``config.json``, a config or an entry.
+        """The shape of a checkpoint directory, ``"toy"``, a ``config.json``, a config, an entry,
+        or a reference model's name (``"DeepSeek-V3"``, when no such path exists).
 
         A Hugging Face config is counted exactly by default (``exact=False``: the analytic
         formulas); a ``moe_configs.json`` entry (a dict with ``routed_experts``) analytically. A
         multimodal config is costed by its text model (the vision tower is not counted).
         """
         if isinstance(source, str | Path):
+            reference = _reference_entry(str(source))
+            if reference is not None and not Path(source).exists():
+                return cls.from_entry(reference)
             data, name = read_source(source)
             return cls._from_mapping(data, name, exact)
         if isinstance(source, Mapping):
@@ -204,6 +208,11 @@ def reference_entries() -> list[dict[str, Any]]:
     """
     text = resources.files("moescope").joinpath("data/moe_configs.json").read_text()
     return json.loads(text)["models"]
+
+
+def _reference_entry(name: str) -> dict[str, Any] | None:
+    """The reference entry named ``name`` (any case), if there is one."""
+    return next((e for e in reference_entries() if e["name"].lower() == name.lower()), None)
 
 
 def reference_models() -> list[ModelShape]:

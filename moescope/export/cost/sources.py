@@ -27,7 +27,8 @@ def read_source(source: str | Path) -> tuple[dict[str, Any], str]:
     path = Path(source).expanduser()
     if not path.exists():
         raise MoescopeError(
-            f"no such file or directory: {path}; pass a checkpoint directory, a config.json or 'toy'."
+            f"no such file or directory: {path}; pass a checkpoint directory, a config.json, 'toy' "
+            "or a published model's name (moescope cost --reference lists them)."
         )
     if path.is_dir():
         return _read_json(resolve_model(path) / "config.json"), path.name
