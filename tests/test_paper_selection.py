@@ -261,7 +261,9 @@ def test_selection_file_records_the_views_and_weights(qwen, tmp_path) -> None:
         ExportConfig(view_weights="2,1")
 
 
-def test_export_records_the_paper_method_and_streaming_refuses_it(tiny_checkpoint, tmp_path: Path) -> None:
+def test_export_records_the_paper_method_and_streaming_chooses_the_same(
+    tiny_checkpoint, tmp_path: Path
+) -> None:
     from moescope.export.pipeline import export_proxy
     from moescope.export.streaming.export import export_streaming
 
@@ -276,9 +278,11 @@ def test_export_records_the_paper_method_and_streaming_refuses_it(tiny_checkpoin
     assert manifest["config"]["view_weights"] == [1.0, 2.0]
     assert manifest["selection"]["params"]["view_weights"] == [1.0, 2.0]
     assert result.selection.method == "paper"
-    with pytest.raises(MoescopeError, match="paper selection chooses experts by a calibration pass"):
-        export_streaming(source, tmp_path / "streamed", keep="1/2", method="paper", progress=False)
-    assert not (tmp_path / "streamed").exists()
+    streamed = export_streaming(source, tmp_path / "streamed", config, calibration="tasks", progress=False)
+    assert [layer.kept for layer in streamed.selection.layers] == [
+        layer.kept for layer in result.selection.layers
+    ]
+    assert streamed.selection.params == result.selection.params  # views and weights recorded alike
 
 
 def test_command_line_flags_and_bad_input(tiny_checkpoint, tmp_path: Path, capsys) -> None:

@@ -385,7 +385,6 @@ def test_bad_requests_are_refused_before_anything_is_written(sharded, tmp_path: 
     other = select_experts(tiny("qwen3_moe"), 4, method="random")
     cases = [
         (dict(selection=other), "config hash"),
-        (dict(keep=4, method="frequency"), "calibration pass"),
         (dict(keep=1, method="random"), "top-k"),
         (dict(), "say how many experts to keep"),
     ]

@@ -134,6 +134,14 @@ def describe_source(data: Any, seed: int = 0) -> str:
     return f"token tensors ({rows} rows)"
 
 
+def calibration_record(data: Any, source: str) -> dict[str, Any]:
+    """What a manifest says of calibration data made from ``source``: the RL data's counts, else
+    the source and a description of the data."""
+    if isinstance(data, RLCalibration):
+        return data.record()
+    return {"source": source, "data": describe_source(data)}
+
+
 def calibration_batches(
     data: Any,
     tokenizer: Any,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -281,6 +281,7 @@ def select_experts(
     allow_top_k: bool = False,
     views: str | Sequence[str] | None = None,
     view_weights: str | Sequence[float] | None = None,
+    routers: Mapping[int, np.ndarray] | None = None,
 ) -> Selection:
     """Choose the experts a proxy keeps in every MoE layer.
 
@@ -301,6 +302,8 @@ def select_experts(
     allow_top_k : accept keeping exactly top-k experts.
     views, view_weights : ``paper`` only: the distance views fused (default by the router,
         :func:`~moescope.explore.paper.default_views`) and one weight per view (default 1 each).
+    routers : ``paper`` only: ``{decoder layer: (E, H)}`` router rows, for a model whose weights
+        are not in memory (read during a layer-sequential pass); default the model's own.
     """
     _check_method(method, views, view_weights)
     source = _source(model_or_embeddings)
@@ -314,7 +317,8 @@ def select_experts(
         layers, view = _cluster_layers(emb, k, source, template, seed, stats), emb.view
         params["clusterer"] = {"class": type(template).__name__, **_json_params(template)}
     elif method == "paper":
-        layers, view, params = _paper_layers(model_or_embeddings, k, source, stats, views, view_weights)
+        paper = (views, view_weights, routers)
+        layers, view, params = _paper_layers(model_or_embeddings, k, source, stats, *paper)
     else:
         layers = _baseline_layers(method, _baseline_scores(method, source, stats, seed), k, source)
     facts = {name: getattr(source, name) for name in ("num_experts", "top_k", "n_group", "model_type")}
@@ -346,14 +350,15 @@ def _check_method(method: str, views: Any, view_weights: Any) -> None:
 
 
 def _paper_layers(
-    obj: Any, k: int, source: _Source, stats: Any, views: Any, view_weights: Any
+    obj: Any, k: int, source: _Source, stats: Any, views: Any, view_weights: Any, routers: Any = None
 ) -> tuple[list[LayerSelection], str, dict[str, Any]]:
     """The ``paper`` selection's layers, its view name (the views joined by ``+``) and params."""
     moe = None if isinstance(obj, ExpertEmbeddings) else obj if isinstance(obj, MoEModel) else adapt(obj)
     if views is None:
         views = default_views(None if moe is None else moe.rule.scoring)
     names, weights = paper_views(views, view_weights)
-    routers = _router_rows(moe) if "router" in names and moe is not None else None
+    if routers is None and "router" in names and moe is not None:
+        routers = _router_rows(moe)
     check_view_data(names, stats, has_router=routers is not None)
     layers = paper_layers(source.layers, source.n_group, k, stats, routers, names, weights)
     return layers, "+".join(names), {"score": SCORES["paper"], **paper_params(names, weights)}

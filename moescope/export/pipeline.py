@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from moescope._util.io import check_output_dir, readable, replace_dir
 from moescope.errors import MoescopeError
-from moescope.explore.calibration import calibration_data, check_source, describe_source
+from moescope.explore.calibration import calibration_data, calibration_record, check_source
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
-from moescope.explore.rl_data import RLCalibration
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
 from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
@@ -224,12 +223,7 @@ def _calibration_record(data: Data, source: str) -> dict[str, Any]:
     """What the manifest says of the calibration data: the RL data's counts, else its source."""
     if not data.cache_info().currsize:  # type: ignore[attr-defined]
         return {"source": source, "used": False}
-    made = data()
-    return (
-        made.record()
-        if isinstance(made, RLCalibration)
-        else {"source": source, "data": describe_source(made)}
-    )
+    return calibration_record(data(), source)
 
 
 def _selector(

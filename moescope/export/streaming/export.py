@@ -18,9 +18,10 @@ pass holds one copy buffer. With ``method="cluster"`` it holds one MoE layer's e
 a time: their weight-view sketches (the vectors ``embed_experts(model, "weights")`` gives) are
 clustered as soon as the layer is mapped, and the kept experts are written from the mapping. So
 the peak is one layer's experts plus a fixed overhead, whatever the size of the model.
-``frequency``, ``reap`` and ``paper`` choose by a calibration pass through the loaded model
-(``paper``'s co-activation and routed-context views are its running sums), so streaming takes
-them only as a selection file made beforehand.
+``frequency``, ``reap`` and ``paper`` choose by a calibration pass through the model
+(``paper``'s co-activation and routed-context views are its running sums): streaming runs it a
+decoder layer at a time (:mod:`moescope.explore.sequential`) before the cutting pass, so it
+holds one layer's weights, the embeddings and one batch's activations.
 
 Examples
 --------
@@ -46,9 +47,10 @@ from moescope.errors import MoescopeError
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import ExpertEmbeddings, _Projector, model_facts
 from moescope.explore.selection import Selection
-from moescope.export.config import ExportConfig, configure, resolve_method
+from moescope.export.config import ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
 from moescope.export.result import ExportResult
+from moescope.export.streaming.calibrated import calibrated_selection
 from moescope.export.streaming.checkpoint import Checkpoint, open_checkpoint
 from moescope.export.streaming.passes import EMBED_DIM, Pass, plan_outputs
 from moescope.export.streaming.weight_view import LayerRead, MemoryBudget, layer_vectors
@@ -100,7 +102,8 @@ def export_streaming(
     Parameters are those of :func:`moescope.export.pipeline.export_proxy` (the config's ``keep``,
     ``selection``, ``method``, ``seed`` and ``allow_top_k`` apply, or its fields as keywords),
     plus ``max_shard_size`` (bytes, or ``"5GB"``): the largest output shard.
-    ``method="cluster"`` clusters the weight view; ``frequency`` and ``reap`` need ``selection``.
+    ``method="cluster"`` clusters the weight view; ``frequency``, ``reap`` and ``paper`` calibrate
+    a decoder layer at a time first.
     The result's ``embeddings`` are the clustered vectors (``None`` when the selection was given
     or random).
     """
@@ -108,7 +111,7 @@ def export_streaming(
     config, inputs = resolve_method(config, inputs, streaming=True)
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before reading anything
     checkpoint = open_checkpoint(model)
-    keep_n, chosen = _selection_before_pass(checkpoint, config, inputs.selection)
+    keep_n, chosen, calibration = _selection_before_pass(checkpoint, config, inputs, progress)
     run = Pass(checkpoint, keep_n, chosen, config.seed, config.allow_top_k)
     shard_bytes = _shard_bytes(max_shard_size)
     done: dict[str, Any] = {}
@@ -118,7 +121,10 @@ def export_streaming(
         done["selection"] = run.selection()
         cut = proxy_config(checkpoint.moe.config, checkpoint.moe, keep_n)
         manifest = make_manifest(checkpoint.path, checkpoint.moe.model, cut, done["selection"])
-        done["manifest"] = {**manifest, "config": inputs.record, **_unused_steps(config, inputs.record)}
+        unused = _unused_steps(config, inputs.record)
+        if calibration is not None:
+            unused["calibration"] = calibration
+        done["manifest"] = {**manifest, "config": inputs.record, **unused}
         write_manifest(work, done["manifest"])
         readable(work)
 
@@ -127,9 +133,9 @@ def export_streaming(
 
 
 def _unused_steps(config: ExportConfig, record: dict[str, Any]) -> dict[str, Any]:
-    """What the manifest says of the steps a streaming export skips. It reads no calibration data
-    (it clusters the weight view, or takes a selection), so ``"rl"`` has no model to sample and
-    nothing to feed; and it never loads the model, so no capability target is measured."""
+    """What the manifest says of the steps a streaming export skips. Clustering the weight view,
+    or a given selection, reads no calibration data; and it never holds the model, so no
+    capability target is measured."""
     why = "a streaming export never loads the model"
     notes: dict[str, Any] = {"calibration": {"source": record["calibration"], "used": False, "why": why}}
     if config.min_capability > 0:
@@ -158,24 +164,25 @@ def write_selected(model: str | Path, work: Path, selection: Selection, progress
 
 
 def _selection_before_pass(
-    checkpoint: Checkpoint, config: ExportConfig, selection: Selection | str | None
-) -> tuple[int, Selection | None]:
-    """The kept count, and the selection when it is known before the pass (``None``: clustered
-    layer by layer during it)."""
+    checkpoint: Checkpoint, config: ExportConfig, inputs: ExportInputs, progress: bool
+) -> tuple[int, Selection | None, dict[str, Any] | None]:
+    """The kept count, the selection when it is known before the pass (``None``: clustered layer
+    by layer during it), and the record of the calibration data a calibrated method read."""
     moe, method = checkpoint.moe, config.method
-    if selection is not None:
-        chosen = given_selection(moe, selection, config.keep)
-        return chosen.keep, chosen
-    if method in ("frequency", "reap", "paper"):
-        raise MoescopeError(
-            f"the {method} selection chooses experts by a calibration pass through the loaded model, which "
-            "a streaming export never loads; make a selection.json on a machine that can load it and pass "
-            "--selection, or use --method cluster or random."
-        )
+    if inputs.selection is not None:
+        chosen = given_selection(moe, inputs.selection, config.keep)
+        return chosen.keep, chosen, None
     count = kept_count(moe, config.keep, config.allow_top_k)
+    if method in ("frequency", "reap", "paper"):
+        chosen, record = calibrated_selection(checkpoint.path, config, inputs.calibration, count, progress)
+        return count, chosen, record
     if method == "cluster":
-        return count, None
-    return count, select_experts(moe, count, method=method, seed=config.seed, allow_top_k=config.allow_top_k)
+        return count, None, None
+    return (
+        count,
+        select_experts(moe, count, method=method, seed=config.seed, allow_top_k=config.allow_top_k),
+        None,
+    )
 
 
 def _write_config(checkpoint: Checkpoint, work: Path, keep: int) -> None:
