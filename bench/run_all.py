@@ -20,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS: dict[str, list[str]] = {
     "export": ["export.py", "--gb", "4.0", "--repeats", "7"],
     "calibration": ["calibration.py", "--repeats", "5"],
+    "sequential": ["sequential.py", "--gb", "4.0"],
     "replay": ["replay.py", "--steps", "8"],
     "clustering": ["clustering.py"],
     "charts": ["charts.py"],

@@ -133,7 +133,9 @@ def _preload_whole_layers(model: PreTrainedModel, placement: dict[str, str]) -> 
     )
 
 
-def collect_routing_sequential(model: str | Path, data: Any, **options: Any) -> RoutingStats:
+def collect_routing_sequential(
+    model: str | Path, data: Any, *, dtype: Any = None, **options: Any
+) -> RoutingStats:
     """:func:`~moescope.explore.routing.collect_routing` on ``model`` run a decoder layer at a
     time (:func:`layer_sequential`): the same statistics, with one layer's weights in memory.
 
@@ -147,7 +149,7 @@ def collect_routing_sequential(model: str | Path, data: Any, **options: Any) -> 
     """
     from moescope.explore.routing import collect_routing
 
-    with layer_sequential(model) as loaded:
+    with layer_sequential(model, dtype=dtype) as loaded:
         return collect_routing(loaded, data, **options)
 
 
