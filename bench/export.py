@@ -12,7 +12,9 @@ a fresh process so that its peak resident memory is its own:
 * ``plain read``: the same bytes with plain sequential 16 MB reads, for reference (on this
   machine 2.5x slower than the floor);
 * ``streaming``: :func:`moescope.export.streaming.export.export_streaming` with a given selection;
-* ``streaming+cluster``: the same, choosing the experts by clustering the weight view in the pass;
+* ``streaming+cluster``: the same, choosing the experts by clustering the weight view in the pass,
+  sketching on every core the process may use;
+* ``cluster 1 thread``: the same on one sketching thread (``OMP_NUM_THREADS=1``), side by side;
 * ``in-memory``: the naive path, :func:`moescope.export.pipeline.export_proxy` with ``streaming=False``
   (load the whole model, prune, ``save_pretrained``), with the same selection.
 
@@ -20,10 +22,11 @@ The page cache of the shards is dropped before every run (``posix_fadvise(DONTNE
 ``sync``), and ``fincore`` says how much of them was still cached. Wall time counts the work, not
 the interpreter's start-up and imports (and :func:`warm_memory`); peak RSS is the process's
 ``VmHWM`` from the timed part's start. Outputs are not
-fsynced (``save_pretrained`` does not either). It prints the figures and the two ratios against
-the goals; it does not pass or fail. Files are removed at the end.
+fsynced (``save_pretrained`` does not either). It prints the figures, the two ratios against
+the goals, and the kernel the clustering runs sketched with (native bf16 products or fp32
+upcast, and on how many threads); it does not pass or fail. Files are removed at the end.
 
-    .venv/bin/python bench/export.py [--gb 4.8] [--dir /tmp] [--keep 1/4]
+    .venv/bin/python bench/export.py [--gb 4.8] [--dir /tmp] [--keep 1/4] [--runs floor,...]
 """
 
 from __future__ import annotations
@@ -48,7 +51,16 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 TIME_GOAL = 1.5  # streaming wall time, at most this many times the floor
 MEMORY_GOAL = 1 / 8  # streaming peak RSS, at most this share of the in-memory export's
 SHARD_BYTES = 1 << 30
-RUNS = ("floor", "floor+write", "plain read", "streaming", "streaming+cluster", "in-memory")
+RUNS = (
+    "floor",
+    "floor+write",
+    "plain read",
+    "streaming",
+    "streaming+cluster",
+    "cluster 1 thread",
+    "in-memory",
+)
+CLUSTERING = ("streaming+cluster", "cluster 1 thread")
 WINDOW = 128 << 10  # Linux's default readahead window: the most one WILLNEED request fetches
 
 
@@ -150,7 +162,8 @@ def drop_cache(path: Path) -> str:
 
 
 def child(run: str, source: Path, out: Path, selection: Path, keep: str, warm_gb: float) -> None:
-    """One measured run; prints ``{"wall": s, "cpu": s, "peak": bytes}`` as its last line."""
+    """One measured run; prints ``{"wall": s, "cpu": s, "peak": bytes, "kernel": words}`` as its
+    last line (``kernel``: how a clustering run sketched)."""
     if run not in ("floor", "plain read"):  # import outside the timed part: every path pays it alike
         from moescope.export.pipeline import export_proxy
         from moescope.export.streaming.export import export_streaming, open_checkpoint
@@ -171,12 +184,22 @@ def child(run: str, source: Path, out: Path, selection: Path, keep: str, warm_gb
         read_all(source, ahead=False)
     elif run == "streaming":
         export_streaming(source, out, selection=selection, progress=False)
-    elif run == "streaming+cluster":
+    elif run in CLUSTERING:
         export_streaming(source, out, keep=keep, method="cluster", progress=False)
     else:
         export_proxy(source, out, selection=selection, streaming=False, progress=False)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    print(json.dumps({"wall": wall, "cpu": cpu, "peak": vm_hwm()}))
+    print(json.dumps({"wall": wall, "cpu": cpu, "peak": vm_hwm(), "kernel": kernel(run)}))
+
+
+def kernel(run: str) -> str:
+    """The weight view's product kernel for bf16 weights and its sketching threads, in words."""
+    if run not in CLUSTERING:
+        return ""
+    from moescope._util.threads import usable_cores
+    from moescope.explore.embeddings import product_kernel
+
+    return f"{product_kernel()}; {usable_cores()} sketching thread(s)"
 
 
 def warm_memory(gigabytes: float) -> None:
@@ -263,7 +286,8 @@ def measure(run: str, source: Path, work: Path, selection: Path, keep: str, warm
         keep,
         str(warm_gb),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if run == "cluster 1 thread" else None
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode:
         raise SystemExit(f"{run} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -302,22 +326,30 @@ def report(results: dict[str, list[dict[str, Any]]], model_bytes: int, shape: di
         "page cache of the shards at each start: "
         + ", ".join(sorted({r["cached"] for rs in results.values() for r in rs}))
     )
-    floor, naive = summary["floor"], summary["in-memory"]
+    floor, naive = summary["floor"], summary.get("in-memory")
     fastest_floor = min(r["wall"] for r in results["floor"])
-    for run in ("streaming", "streaming+cluster"):
-        time_ratio, memory_ratio = summary[run][0] / floor[0], summary[run][1] / naive[1]
+    for run in [run for run in ("streaming", *CLUSTERING) if run in summary]:
+        time_ratio = summary[run][0] / floor[0]
+        memory = "no in-memory run"
+        if naive is not None:
+            ratio = summary[run][1] / naive[1]
+            memory = f"{ratio:.3f} of in-memory = 1/{1 / ratio:.1f} (goal <= 1/8: "
+            memory += f"{'met' if ratio <= MEMORY_GOAL else 'missed'})"
         print(
             f"{run}: wall {time_ratio:.2f}x the floor (goal <= {TIME_GOAL}x: "
-            f"{'met' if time_ratio <= TIME_GOAL else 'missed'}); peak RSS {memory_ratio:.3f} of in-memory "
-            f"= 1/{1 / memory_ratio:.1f} (goal <= 1/8: {'met' if memory_ratio <= MEMORY_GOAL else 'missed'})"
+            f"{'met' if time_ratio <= TIME_GOAL else 'missed'}); peak RSS {memory}"
         )
-        with_writes = summary[run][0] / summary["floor+write"][0]
+        if results[run][0]["kernel"]:
+            print(f"{'':>{len(run)}}  kernel: {results[run][0]['kernel']}")
         rounds = [r["wall"] / f["wall"] for r, f in zip(results[run], results["floor"], strict=False)]
         fastest = min(r["wall"] for r in results[run]) / fastest_floor
+        with_writes = ""
+        if "floor+write" in summary:
+            ratio = summary[run][0] / summary["floor+write"][0]
+            with_writes = f"; against reading while writing the proxy's bytes (floor+write): {ratio:.2f}x"
         print(
             f"{'':>{len(run)}}  same round: {', '.join(f'{x:.2f}x' for x in rounds)}; fastest run against "
-            f"the fastest floor: {fastest:.2f}x ({'met' if fastest <= TIME_GOAL else 'missed'}); "
-            f"against reading while writing the proxy's bytes (floor+write): {with_writes:.2f}x"
+            f"the fastest floor: {fastest:.2f}x ({'met' if fastest <= TIME_GOAL else 'missed'}){with_writes}"
         )
     walls = sorted(r["wall"] for r in results["floor"])
     print(
@@ -337,6 +369,11 @@ def main() -> None:
     parser.add_argument(
         "--warm-gb", type=float, default=8.0, help="memory each run touches and frees before it starts"
     )
+    parser.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help=f"comma-separated, from {', '.join(RUNS)} (floor is always run)",
+    )
     parser.add_argument("--child", nargs=6, metavar=("RUN", "SOURCE", "OUT", "SELECTION", "KEEP", "WARM_GB"))
     args = parser.parse_args()
     if args.child:
@@ -351,9 +388,10 @@ def main() -> None:
         took = time.perf_counter() - started
         print(f"wrote {model_bytes / 1e9:.2f} GB in {took:.0f} s; load average {os.getloadavg()}")
         make_selection(source, work / "selection.json", args.keep)
-        results: dict[str, list[dict[str, Any]]] = {run: [] for run in RUNS}
+        runs = [run for run in RUNS if run == "floor" or run in args.runs.split(",")]
+        results: dict[str, list[dict[str, Any]]] = {run: [] for run in runs}
         for round_ in range(args.repeats):  # interleaved, so the machine's other load hits all alike
-            for run in RUNS if round_ == 0 else RUNS[:-1]:
+            for run in runs if round_ == 0 else [run for run in runs if run != "in-memory"]:
                 selection = work / "selection.json"
                 results[run].append(measure(run, source, work, selection, args.keep, args.warm_gb))
         report(results, model_bytes, shape_for(args.gb))

@@ -180,6 +180,19 @@ def test_weight_embeddings_from_shards_equal_the_loaded_models(
     _assert_same_weights(memory.path, result.path)
 
 
+@pytest.mark.parametrize("arch", ["mixtral", "gpt_oss", "dbrx"])  # split, joined, stacked rows
+def test_sketching_on_several_threads_gives_the_vectors_of_one(arch: str, sharded, monkeypatch) -> None:
+    """Experts sketched on three threads at once (each mapping its tensors, joining its own
+    per-expert pieces) give the vectors one thread gives, bit for bit."""
+    from moescope.export.streaming import weight_view
+
+    source = sharded(arch, "per-expert")
+    monkeypatch.setattr(weight_view, "usable_cores", lambda: 1)
+    one = embed_checkpoint(source, progress=False).vectors
+    monkeypatch.setattr(weight_view, "usable_cores", lambda: 3)
+    np.testing.assert_array_equal(embed_checkpoint(source, progress=False).vectors, one)
+
+
 def test_a_single_file_source_and_a_selection_file(tiny_checkpoint, tmp_path: Path) -> None:
     source = tiny_checkpoint("qwen3_moe")
     assert not (source / INDEX_FILE).exists()

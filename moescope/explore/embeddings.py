@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from moescope._util.io import write_atomic
-from moescope._util.threads import single_threaded
+from moescope._util.threads import map_on_cores, single_threaded
 from moescope.errors import MoescopeError
 from moescope.models.view import MoELayer, MoEModel, adapt
 from moescope.provenance import config_hash
@@ -80,6 +80,7 @@ VIEWS = ("weights", "outputs", "router", "coactivation", "multiview")
 PROBE_SHAPE = (4, 64)  # default probe: 4 sequences × 64 random token ids → 256 tokens
 UMAP_MIN_EXPERTS = 16  # below this, a k-nearest-neighbour graph says little: "auto" uses PCA
 PROJECTIONS = ("auto", "umap", "pca")
+UPCAST_ROWS = 128  # rows of a bf16 matrix upcast at a time where the CPU lacks bf16 products
 
 
 @dataclass(frozen=True)
@@ -324,8 +325,7 @@ def _embed_layer(
     """``(E, dim)`` vectors of one layer in one single view (small products: one thread is fastest)."""
     with torch.no_grad(), single_threaded():
         if part == "weights":
-            rows = [_expert_sketch(layer, i, projector) for i in range(layer.num_experts)]
-            return projector.to_dim("weights", np.stack(rows))
+            return weight_vectors(layer, projector)
         if part == "outputs":
             x, rank = hidden[layer.index], 2 * projector.rank
             rows = [
@@ -360,6 +360,24 @@ def _signs(axes: np.ndarray) -> np.ndarray:
     return np.where(signs == 0, 1.0, signs)
 
 
+def weight_vectors(layer: MoELayer, projector: _Projector, workers: int = 1) -> np.ndarray:
+    """``(E, dim)`` weights-view vectors of one layer, its experts shared among ``workers``
+    threads of one BLAS thread each (:func:`~moescope._util.threads.map_on_cores`).
+
+    Each expert's sketch is the same computation on whichever thread runs it, so the vectors
+    do not depend on ``workers``. One is fastest for a model in memory (the products are small);
+    a streaming export, whose sketching keeps pace with the disk only on several cores, passes more.
+    """
+
+    def sketch(i: int) -> np.ndarray:
+        with torch.no_grad():  # grad mode is per thread
+            return _expert_sketch(layer, i, projector)
+
+    with single_threaded():  # to_dim's BLAS call too: a threaded one spins ~0.1 s after
+        rows = map_on_cores(sketch, range(layer.num_experts), workers)
+        return projector.to_dim("weights", np.stack(rows))
+
+
 def _expert_sketch(layer: MoELayer, i: int, projector: _Projector) -> np.ndarray:
     """Two-sided sketches of gate, up and down, then the biases through the left factors."""
     w = layer.expert(i)
@@ -384,11 +402,10 @@ def _coactivation_rows(stats: RoutingStats, layer: int) -> np.ndarray:
 def _product_dtype(w: torch.Tensor) -> torch.dtype:
     """bfloat16 for bfloat16 weights on hardware with native bfloat16 products, else float32.
 
-    Upcasting a bfloat16 matrix copies it at twice its size and multiplies at fp32 speed:
-    sketching a bfloat16 checkpoint took over 3× longer that way (0.86 ms against 0.25 ms per
-    768 × 2048 matrix on an AVX512-BF16 CPU). The products accumulate in fp32; their bf16
-    rounding (about 0.2 % of each sketch entry) is below the weights' own precision. The
-    in-memory and the streaming weight views take the same path, so they stay equal.
+    Upcasting a bfloat16 matrix multiplies at fp32 speed: sketching a bfloat16 checkpoint
+    took over 3× longer that way (0.86 ms against 0.25 ms per 768 × 2048 matrix on an
+    AVX512-BF16 CPU). Without native products it is the other way round (22.8 ms in bf16
+    against 1.5 ms upcast on an AVX2 CPU). Both give the same numbers: see :func:`_times_right`.
     """
     if w.dtype != torch.bfloat16:
         return torch.float32
@@ -401,6 +418,46 @@ def _cpu_multiplies_bf16() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+def product_kernel(dtype: torch.dtype = torch.bfloat16) -> str:
+    """How this machine's CPU multiplies ``dtype`` weights in the weight view, in words."""
+    if dtype != torch.bfloat16:
+        return f"{str(dtype).removeprefix('torch.')} weights: float32 products"
+    if _cpu_multiplies_bf16():
+        return "bf16 weights: native bf16 products"
+    return f"bf16 weights: no native bf16 products, float32 ones of {UPCAST_ROWS} rows upcast at a time"
+
+
+def _times_right(w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``W Bᵀ`` in float32, the same numbers whichever dtype :func:`_product_dtype` takes.
+
+    For bfloat16 weights both paths compute one thing: the products of ``W`` and ``B`` rounded
+    to bfloat16 (a part of the projection, as fixed as ``B``), summed in float32, the sums
+    rounded to bfloat16. The native product does exactly that (it sums in float32 and returns
+    bfloat16); the upcast one too, as a product of two bfloat16 numbers is exact in float32
+    (8 + 8 significant bits of 24). Only the order of the additions can differ, which moves a
+    sum by ~1e-7 of itself, and so its bfloat16 rounding by one ulp in a few sums in ten
+    thousand (2 in 10⁴ for 768 × 2048 matrices): sketches then differ by ~3e-5 of their norm,
+    which no clustering tells apart (tests/test_embeddings.py bounds both and checks the
+    selection). Before, the upcast path kept ``B`` and the sums in float32, and the two paths'
+    vectors differed by ~2e-3, in every entry.
+
+    The upcast goes ``UPCAST_ROWS`` rows at a time, each block multiplied while it is in the
+    core's cache rather than a float32 copy of the whole matrix written to memory and read back
+    (median 1.7 against 2.1 ms of CPU per 768 × 2048 matrix on a 2-core AVX2 EPYC).
+    """
+    if w.dtype != torch.bfloat16:
+        return w.float() @ b.T
+    b = b.to(torch.bfloat16)
+    if _product_dtype(w) == torch.bfloat16:
+        return (w @ b.T).float()
+    right = b.T.float()
+    out = torch.empty(w.shape[0], b.shape[0], device=w.device)
+    for start in range(0, w.shape[0], UPCAST_ROWS):
+        rows = slice(start, start + UPCAST_ROWS)
+        torch.mm(w[rows].float(), right, out=out[rows])
+    return out.bfloat16().float()
 
 
 class _Projector:
@@ -424,16 +481,15 @@ class _Projector:
         """``vec(A W Bᵀ)``, ``(rank²,)`` for a ``(m, n)`` matrix.
 
         ``W Bᵀ``, the product over the whole matrix, runs in ``W``'s own dtype where that is
-        bfloat16 and the hardware multiplies it natively (see :func:`_product_dtype`), and
-        comes first: with ``W`` as the left operand the kernel streams it once at memory speed,
-        while ``A W`` first repacks it (0.26 against 0.47 ms per 768 × 2048 bf16 matrix read
-        from the page cache, where summing it takes 0.22 ms).
+        bfloat16 and the hardware multiplies it natively, with the result of the upcast product
+        (see :func:`_times_right`), and comes first: with ``W`` as the left operand the kernel
+        streams it once at memory speed, while ``A W`` first repacks it (0.26 against 0.47 ms
+        per 768 × 2048 bf16 matrix read from the page cache, where summing it takes 0.22 ms).
         """
         w, rank = w.detach(), rank or self.rank
-        dtype = _product_dtype(w)
         a = self.matrix(f"{role}/left", rank, w.shape[0]).to(w.device)
-        b = self.matrix(f"{role}/right", rank, w.shape[1]).to(w.device, dtype)
-        return (a @ (w.to(dtype) @ b.T).float()).reshape(-1).cpu().numpy()
+        b = self.matrix(f"{role}/right", rank, w.shape[1]).to(w.device)
+        return (a @ _times_right(w, b)).reshape(-1).cpu().numpy()
 
     def left(self, role: str, v: torch.Tensor) -> np.ndarray:
         """``A v``, ``(rank,)``: a bias through the left factor of its matrix."""

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from moescope._util.threads import single_threaded
-from moescope.explore.embeddings import _expert_sketch, _Projector
+from moescope._util.threads import usable_cores
+from moescope.explore.embeddings import _Projector, weight_vectors
 from moescope.export.streaming.shards import StoredTensor, _corrupt
 
 if TYPE_CHECKING:
@@ -139,16 +139,19 @@ class LayerRead:
         self.budget = budget
         self.mapped: dict[str, MappedTensor] = {}
         self._spans: dict[Path, ShardSpan] = {}
+        self._mapping = threading.Lock()  # experts are sketched on several threads
 
     def tensor(self, key: str) -> torch.Tensor:
         """``key``'s stored tensor, viewed where its bytes lie."""
         return self._map(key).tensor()
 
     def _map(self, key: str) -> MappedTensor:
-        if key not in self.mapped:
-            stored = self.stored[key]
-            self.mapped[key] = MappedTensor(stored, self._span(stored.file), self.budget)
-        return self.mapped[key]
+        """Mapped once, whichever thread asks first: a second mapping would take the budget twice."""
+        with self._mapping:
+            if key not in self.mapped:
+                stored = self.stored[key]
+                self.mapped[key] = MappedTensor(stored, self._span(stored.file), self.budget)
+            return self.mapped[key]
 
     def _span(self, file: Path) -> ShardSpan:
         """The mapping of this layer's tensors in ``file``, made on first use."""
@@ -173,7 +176,16 @@ class LayerRead:
 
 def layer_vectors(checkpoint: Checkpoint, layer: int, read: LayerRead, projector: _Projector) -> np.ndarray:
     """``(E, dim)`` weight-view vectors of one layer, as :func:`~moescope.explore.embeddings.embed_experts`
-    computes them, from the layer's mapped tensors."""
+    computes them, from the layer's mapped tensors.
+
+    The experts are sketched on every core the process may use, one BLAS thread each, the
+    extra threads at a lower priority than the readahead and the writer (see
+    :func:`~moescope._util.threads.map_on_cores`): where the CPU has no bfloat16 products the
+    upcast sketch costs about as much CPU as the kernel spends reading the layer, and on one
+    core it held the pass up (2.0× the read floor on a 2-core AVX2 EPYC, against 1.5× now:
+    bench/export.py). Each expert's sketch does not depend on the thread that computes it, so
+    the vectors are those of one thread.
+    """
     original = checkpoint.moe.layer(layer)
     experts = SimpleNamespace(**_expert_params(checkpoint, layer, read))
     if original.spec.expert_params:  # DBRX's tensors live on experts.mlp
@@ -181,9 +193,7 @@ def layer_vectors(checkpoint: Checkpoint, layer: int, read: LayerRead, projector
     router = original.spec.router.split(".")[0]  # its rows give the expert count (meta device)
     block = {original.spec.experts: experts, router: getattr(original.block, router)}
     view = replace(original, block=SimpleNamespace(**block))
-    with torch.no_grad(), single_threaded():  # skinny products: threads only wait on a busy machine
-        rows = [_expert_sketch(view, i, projector) for i in range(checkpoint.moe.num_experts)]
-        return projector.to_dim("weights", np.stack(rows))  # a threaded BLAS call spins ~0.1 s after
+    return weight_vectors(view, projector, workers=usable_cores())
 
 
 def _expert_params(checkpoint: Checkpoint, layer: int, read: LayerRead) -> dict[str, Any]:
@@ -234,18 +244,19 @@ class _Stacked:
     def __init__(self, parts: dict[tuple[int, int], str], read: LayerRead) -> None:
         self.parts, self.read = parts, read
         self.count = 1 + max(part for _, part in parts)
-        self._joined: torch.Tensor | None = None
+        self._local = threading.local()  # one block per sketching thread
 
     def __getitem__(self, expert: int) -> torch.Tensor | _Joined:
         pieces = [self.read.tensor(self.parts[expert, part]) for part in range(self.count)]
         return pieces[0] if self.count == 1 else _Joined(pieces, self._join)
 
     def _join(self, pieces: list[torch.Tensor]) -> torch.Tensor:
-        """The pieces concatenated into one block reused for every expert (fresh memory per
-        expert meant its page faults every time)."""
-        if self._joined is None:
-            self._joined = torch.empty(0, dtype=pieces[0].dtype)  # sized by the first cat
-        return torch.cat(pieces, out=self._joined)
+        """The pieces concatenated into one block reused for every expert this thread sketches
+        (fresh memory per expert meant its page faults every time)."""
+        joined = getattr(self._local, "joined", None)
+        if joined is None:
+            joined = self._local.joined = torch.empty(0, dtype=pieces[0].dtype)  # sized by the first cat
+        return torch.cat(pieces, out=joined)
 
 
 class _Joined:
@@ -254,8 +265,8 @@ class _Joined:
     :meth:`~moescope.models.view.MoELayer.expert` splits a fused gate/up straight back into its halves
     (``chunk(2, dim=0)``), which here returns the stored parts themselves: joining them first
     copied every expert's gate and up, as long as sketching them took. Any other use joins them
-    with ``join``, into a block :class:`_Stacked` reuses for every expert (``stacked[i]`` is then
-    valid until ``stacked[i + 1]``; sketching is done with an expert by then).
+    with ``join``, into a block :class:`_Stacked` reuses for every expert a thread sketches
+    (``stacked[i]`` is then valid until that thread's next one; it is done with ``i`` by then).
     """
 
     def __init__(
