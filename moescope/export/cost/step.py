@@ -178,7 +178,7 @@ def step_time(
     nodes = math.ceil(devices / p.devices_per_node)
     instance, concurrent, waves, rollout = _rollout(shape, devices, p, w)
     flops = 2.0 * shape.params_active * w.tokens * w.forward_passes
-    training = flops / (devices * p.bf16_tflops * 1e12 * w.mfu)
+    training = flops / _flops_per_s(devices, p, w)
     stages = max(1, min(nodes, shape.num_layers // 4))
     ep = min(shape.routed_experts, devices)
     return StepTime(
@@ -196,6 +196,11 @@ def step_time(
         optimizer_s=shape.params_total / devices * w.optimizer_bytes_per_param / (p.hbm_tb_s * 1e12),
         weight_sync_s=_weight_sync(shape, devices, instance, p, w),
     )
+
+
+def _flops_per_s(devices: int, profile: DeviceProfile, workload: RLWorkload) -> float:
+    """What ``devices`` compute per second at the workload's utilisation."""
+    return devices * profile.bf16_tflops * 1e12 * workload.mfu
 
 
 def _link(profile: DeviceProfile, group: int) -> tuple[float, float]:
@@ -236,12 +241,10 @@ def _rollout(shape: ModelShape, devices: int, p: DeviceProfile, w: RLWorkload) -
     context = w.prompt_tokens + w.response_tokens / 2
     read += concurrent * context * shape.kv_per_token * BF16
     memory_bound = read / (instance * p.hbm_tb_s * 1e12 * w.decode_bandwidth_efficiency)
-    compute_bound = 2.0 * shape.params_active * concurrent / (instance * p.bf16_tflops * 1e12 * w.mfu)
+    compute_bound = 2.0 * shape.params_active * concurrent / _flops_per_s(instance, p, w)
     comm = shape.num_moe_layers * _all_to_all(concurrent / instance, shape, instance, p)
     decode = waves * w.response_tokens * (max(memory_bound, compute_bound) + comm)
-    prefill = (
-        2.0 * shape.params_active * w.sequences * w.prompt_tokens / (devices * p.bf16_tflops * 1e12 * w.mfu)
-    )
+    prefill = 2.0 * shape.params_active * w.sequences * w.prompt_tokens / _flops_per_s(devices, p, w)
     return instance, concurrent, waves, decode + prefill
 
 

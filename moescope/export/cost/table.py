@@ -96,8 +96,8 @@ def cost_table(
     shape = model if isinstance(model, ModelShape) else ModelShape.from_config(model)
     memory = memory_of(memory, profile)
     costing = _Costing(memory, rounding, step_time_s, profile, workload, devices or {})
-    full = costing.devices(shape, "full")
-    rows = [costing.row(shape, "full", full)]
+    rows = [costing.row(shape, "full")]
+    full = rows[0]["devices"]
     for keep in keeps:
         label = str(keep)
         try:
