@@ -6,11 +6,13 @@
    and the ratio of the two medians over the rounds, side by side.
 2. **Reproduction**: the toy and its capability-targeted 1/4 proxy (``moescope export toy --keep
    1/4``, or ``--proxy DIR``), each trained by TRL under the same fault (``--fault``, default
-   ``lr_spike@4``) with the callback, 4 prompts × 8 generations per step; the two traces
-   diagnosed and compared
-   (:func:`moescope.compare`), as ``moescope diagnose ORIGINAL --against PROXY`` would.
+   ``lr_spike@4``) with the callback, 4 prompts × 8 generations per step, once per seed
+   (``--seeds``); each proxy trace compared with the toy's of the same seed
+   (:func:`moescope.compare`, as ``moescope diagnose ORIGINAL --against PROXY`` would), and the
+   toy's seeds with each other: how far the original reproduces itself.
 
     .venv/bin/python bench/trl_integration.py [--rounds 5] [--steps 8] [--proxy DIR] [--fault F]
+        [--seeds 0 1 2] [--skip-overhead]
 """
 
 from __future__ import annotations
@@ -55,24 +57,34 @@ def overhead(work: Path, rounds: int, steps: int) -> None:
     )
 
 
-def reproduction(work: Path, proxy: Path | None, fault: str, steps: int, batch: int) -> None:
+def reproduction(
+    work: Path, proxy: Path | None, fault: str, steps: int, batch: int, seeds: list[int]
+) -> None:
     if proxy is None:
         from moescope.export.pipeline import export_proxy
 
         proxy = work / "proxy"
         export_proxy("toy", proxy, keep="1/4", progress=False)
     traces = {}
-    for label, model in (("toy", "toy"), ("proxy", str(proxy))):
-        trainer = grpo_on_tasks(model, work / label, max_steps=steps, per_device_train_batch_size=batch)
-        instrument(trainer, work / f"{label}.jsonl", faults=fault)
-        trainer.train()
-        traces[label] = read_trace(work / f"{label}.jsonl")
-        found = ", ".join(f"{f.type}@{f.step}" for f in diagnose(traces[label]) if f.severity != "info")
-        print(f"{label} under {fault}: {found or 'no findings'}")
-    verdict = compare(traces["toy"], traces["proxy"])
-    print(f"reproduction: {verdict.verdict}")
-    for reason in verdict.reasons:
-        print(f"  - {reason}")
+    for seed in seeds:
+        for label, model in (("toy", "toy"), ("proxy", str(proxy))):
+            run = f"{label} seed {seed}"
+            trainer = grpo_on_tasks(
+                model, work / "run", max_steps=steps, per_device_train_batch_size=batch, seed=seed
+            )
+            instrument(trainer, work / f"{label}-{seed}.jsonl", faults=fault)
+            trainer.train()
+            trainer.accelerator.end_training()
+            traces[run] = read_trace(work / f"{label}-{seed}.jsonl")
+            found = ", ".join(f"{f.type}@{f.step}" for f in diagnose(traces[run]) if f.severity != "info")
+            print(f"{run} under {fault}: {found or 'no findings'}")
+    pairs = [(f"toy seed {s}", f"proxy seed {s}") for s in seeds]
+    pairs += [(f"toy seed {a}", f"toy seed {b}") for i, a in enumerate(seeds) for b in seeds[i + 1 :]]
+    for original, other in pairs:
+        verdict = compare(traces[original], traces[other])
+        print(f"{other} against {original}: {verdict.verdict} (every finding: {verdict.every_finding})")
+        for reason in verdict.reasons:
+            print(f"  - {reason}")
 
 
 def main() -> None:
@@ -83,13 +95,16 @@ def main() -> None:
     parser.add_argument("--fault", default="lr_spike@4")
     parser.add_argument("--fault-steps", type=int, default=12)
     parser.add_argument("--fault-batch", type=int, default=32, help="completions per step (8 per prompt)")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run of each model per seed"
+    )
     parser.add_argument("--skip-overhead", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="moescope-trl-") as tmp:
         work = Path(tmp)
         if not args.skip_overhead:
             overhead(work, args.rounds, args.steps)
-        reproduction(work, args.proxy, args.fault, args.fault_steps, args.fault_batch)
+        reproduction(work, args.proxy, args.fault, args.fault_steps, args.fault_batch, args.seeds)
 
 
 if __name__ == "__main__":

@@ -202,7 +202,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     comparison = None
     if args.against:
         other = read_log(args.against, format=args.format)
-        comparison = compare(trace, other, original_findings=findings)
+        faults = () if args.every_finding else None
+        comparison = compare(trace, other, original_findings=findings, faults=faults)
         result["comparison"] = comparison.to_dict()
     if args.json:
         print(json.dumps(result, indent=1, default=json_value))
@@ -458,6 +459,11 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
     )
     dg.add_argument(
         "--against", type=Path, metavar="TRACE", help="the proxy's trace: compare and give a verdict"
+    )
+    dg.add_argument(
+        "--every-finding",
+        action="store_true",
+        help="with --against: judge every finding, not only the injected fault's signature",
     )
     dg.add_argument("--format", metavar="NAME", help="the log format, when auto-detection guesses wrong")
     dg.add_argument(

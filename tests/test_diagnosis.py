@@ -75,6 +75,7 @@ def test_compare_a_trace_with_itself_and_with_a_healthy_run(replays):
     spike, healthy = replays["lr_spike"], replays["healthy"]
     same = compare(spike, spike)
     assert same.verdict == "reproduced" and all(m.offset_steps == 0 for m in same.findings)
+    assert {"grad_spike", "kl_blowup"} <= set(same.signature) and same.every_finding == "reproduced"
     assert all(c.spearman == pytest.approx(1.0) for c in same.curves if c.spearman is not None)
     missed = compare(spike, healthy)
     assert missed.verdict == "not reproduced"
@@ -96,7 +97,7 @@ def test_a_proxy_reproduces_the_lr_spike(tmp_path, replays):
     matched = {m.type: m for m in verdict.findings}
     assert matched["grad_spike"].reproduced and matched["grad_spike"].on_time
     assert matched["kl_blowup"].reproduced and matched["kl_blowup"].on_time
-    assert verdict.verdict in ("reproduced", "partially reproduced")
+    assert verdict.verdict == "reproduced", verdict.reasons  # on the signature: grad_spike, kl_blowup
 
 
 # --- synthetic traces: one rule each, with its negative control ---------------------------------
@@ -195,6 +196,14 @@ def test_cli_diagnose_json_and_against(replays):
     assert result["format"] == "moescope" and result["steps"] == 12
     assert {"grad_spike", "kl_blowup"} <= {f["type"] for f in result["findings"]}
     assert result["comparison"]["verdict"] == "not reproduced"
+    assert result["comparison"]["reasons"][0].startswith(
+        "the traces name different faults (lr_spike against none)"
+    )
+    p = moescope_process("diagnose", str(spike), "--against", str(spike), "--every-finding", "--json")
+    out, err = p.communicate(timeout=300)
+    itself = json.loads(out)["comparison"]
+    assert p.returncode == 0 and itself["verdict"] == itself["every_finding"] == "reproduced", err
+    assert itself["faults"] == itself["signature"] == []  # no signature looked for: every finding judged
     p = moescope_process("diagnose", str(healthy))
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0 and "no findings" in out

@@ -93,14 +93,20 @@ def test_a_proxy_run_carries_its_manifest_and_compares_with_the_original(toy_run
     assert compare(toy_run[0], trace).verdict  # the same vocabulary: compare reads both
 
 
-def test_a_dense_model_is_refused_when_the_trainer_is_built(tmp_path: Path) -> None:
+def test_a_dense_or_unsupported_model_is_refused_when_the_trainer_is_built(tmp_path: Path) -> None:
+    from transformers import JetMoeConfig, JetMoeForCausalLM
+
     config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
-    dense = LlamaForCausalLM(config)
-    dense.config._name_or_path = str(embedded_path("toy"))  # the toy's tokenizer
-    with pytest.raises(MoescopeError, match="dense"):
-        grpo_on_tasks(dense, tmp_path / "out", callbacks=[MoescopeCallback(tmp_path / "t.jsonl")], **SMALL)
-    assert not (tmp_path / "t.jsonl").exists()
+    jetmoe = JetMoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_key_value_heads=2, kv_channels=16, num_local_experts=4,
+                          num_experts_per_tok=2)  # fmt: skip
+    for model, why in ((LlamaForCausalLM(config), "dense"), (JetMoeForCausalLM(jetmoe), "not supported")):
+        model.config._name_or_path = str(embedded_path("toy"))  # the toy's tokenizer
+        callback = MoescopeCallback(tmp_path / "t.jsonl")
+        with pytest.raises(MoescopeError, match=why):
+            grpo_on_tasks(model, tmp_path / "out", callbacks=[callback], **SMALL)
+        assert not (tmp_path / "t.jsonl").exists()
 
 
 def test_an_unwritable_trace_path_is_refused_before_training(tmp_path: Path) -> None:
@@ -150,6 +156,26 @@ def test_an_lr_spike_collapses_the_reward_as_in_a_replay(tmp_path: Path) -> None
     assert trace.header["faults"] == ["lr_spike@3"]
     found = {f.type: f.step for f in diagnose(trace)}
     assert found["reward_collapse"] >= 4, found
+
+
+@pytest.mark.slow
+def test_an_lr_spike_is_judged_on_its_signature_not_on_where_the_broken_policy_goes(tmp_path: Path) -> None:
+    """Two seeds of the toy under the same spike: the reward collapses at the same step on both,
+    and then one policy drifts toward noise while the other falls into a repetition loop, so the
+    original does not reproduce itself finding for finding. The verdict judges the signature;
+    a tenfold spike, which the policy survives, does not reproduce the thousandfold one."""
+    config = {
+        "max_steps": 12,
+        "per_device_train_batch_size": 32,
+        "num_generations": 8,
+        "prompts_per_task": 64,
+    }
+    seed0, seed1 = (faulted(tmp_path, f"s{seed}", "lr_spike@4", seed=seed, **config) for seed in (0, 1))
+    itself = compare(seed0, seed1)
+    assert itself.every_finding == "partially reproduced", itself.reasons
+    assert itself.verdict == "reproduced" and itself.signature == ["reward_collapse"], itself.reasons
+    mild = faulted(tmp_path, "mild", "lr_spike@4:10", **config)
+    assert compare(seed0, mild).verdict == "not reproduced"
 
 
 def test_update_omission_reward_scale_and_no_grad_clip_leave_their_signatures(tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
-"""The verdict's tables: one row per finding type, one per compared curve."""
+"""The verdict: its tables (one row per finding type, one per compared curve), and what decides it."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 
-from moescope.analyze.verdict import Comparison, CurveAgreement, FindingMatch
+from moescope.analyze.findings import FINDING_TYPES, Finding
+from moescope.analyze.verdict import Comparison, CurveAgreement, FindingMatch, compare
+from moescope.replay.faults import KINDS
+from moescope.traces import Trace
 
 
 def test_comparison_tables_hold_every_match_and_curve() -> None:
@@ -31,3 +34,66 @@ def test_a_comparison_without_findings_or_curves_gives_empty_tables_with_columns
     comparison = Comparison("both healthy", [])
     assert comparison.findings_frame().empty and "reproduced" in comparison.findings_frame().columns
     assert comparison.curves_frame().empty and "trend_agrees" in comparison.curves_frame().columns
+
+
+# --- judged on the injected fault's signature ----------------------------------------------------
+
+
+def faulted(*faults: str, steps: int = 12) -> Trace:
+    return Trace(header={"faults": list(faults)}, steps=[{"step": i} for i in range(steps)])
+
+
+def found(*typed_steps: tuple[str, int]) -> list[Finding]:
+    return [Finding(kind, step, "warning", kind) for kind, step in typed_steps]
+
+
+# what TRL measured on the toy under lr_spike@4, seed 0 (bench/trl_integration.py): the toy's
+# broken policy drifts toward noise, the proxy's into a repetition loop
+TOY = found(("reward_collapse", 5), ("entropy_surge", 5), ("load_collapse", 5), ("no_signal", 5))
+PROXY = found(("reward_collapse", 5), ("entropy_collapse", 5), ("degenerate_output", 5), ("load_collapse", 5))
+
+
+def test_the_faults_signature_decides_and_the_rest_is_reported() -> None:
+    c = compare(faulted("lr_spike@4"), faulted("lr_spike@4"), original_findings=TOY, proxy_findings=PROXY)
+    assert (c.verdict, c.every_finding) == ("reproduced", "partially reproduced")
+    assert c.faults == ["lr_spike"] and c.signature == ["reward_collapse"]
+    assert c.reasons[0].startswith("judged on the signature of lr_spike: reward_collapse (1 of 1 on time)")
+    assert "entropy_surge at step 5 not reproduced" in c.reasons  # reported, not hidden
+    assert "degenerate_output only on the proxy (step 5)" in c.reasons
+
+
+def test_a_signature_missing_or_late_on_the_proxy_is_not_reproduced() -> None:
+    spike = faulted("lr_spike@4")
+    aside = found(("entropy_surge", 5), ("load_collapse", 5), ("no_signal", 5))
+    missing = compare(spike, spike, original_findings=TOY, proxy_findings=aside)
+    assert missing.verdict == "not reproduced" and missing.every_finding == "partially reproduced"
+    late = compare(spike, spike, original_findings=TOY, proxy_findings=found(("reward_collapse", 10)))
+    assert late.verdict == "partially reproduced"
+    grads = found(("grad_spike", 5), ("reward_collapse", 6))
+    half = compare(spike, spike, original_findings=grads, proxy_findings=found(("reward_collapse", 6)))
+    assert half.signature == ["grad_spike", "reward_collapse"] and half.verdict == "partially reproduced"
+
+
+def test_every_finding_is_judged_without_a_shared_fault_with_a_note_saying_why() -> None:
+    spike, bare = faulted("lr_spike@4"), Trace(header={}, steps=[{"step": i} for i in range(12)])
+    kwargs = {"original_findings": TOY, "proxy_findings": PROXY}
+    other = compare(spike, faulted("lr_spike@4", "nan_op@6"), **kwargs)
+    assert other.verdict == "partially reproduced" and other.signature == []
+    assert other.reasons[0].startswith("the traces name different faults (lr_spike against lr_spike, nan_op)")
+    foreign = compare(bare, bare, **kwargs)  # another framework's log says nothing of faults
+    assert (
+        foreign.verdict == "partially reproduced"
+        and foreign.reasons[0] == "entropy_surge at step 5 not reproduced"
+    )
+    assert compare(spike, spike, faults=(), **kwargs).verdict == "partially reproduced"
+    assert compare(bare, bare, faults=["lr_spike@4"], **kwargs).verdict == "reproduced"
+    unsigned = compare(faulted("update_omission@3"), faulted("update_omission@3"), **kwargs)
+    assert unsigned.verdict == "partially reproduced"
+    assert "signature of update_omission (none defined)" in unsigned.reasons[0]
+    absent = compare(spike, spike, original_findings=found(("load_collapse", 5)), proxy_findings=[])
+    assert absent.verdict == "not reproduced" and "none of the signature of lr_spike" in absent.reasons[0]
+
+
+def test_every_signature_names_findings_the_diagnosis_raises() -> None:
+    for kind in KINDS.values():
+        assert set(kind.signature) <= set(FINDING_TYPES), kind.name

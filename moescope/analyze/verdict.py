@@ -12,8 +12,21 @@ spike must still produce a grad-norm spike and a KL jump, at about the same step
   the common steps (rank-based, so the level does not matter), agreement of the direction of
   change step to step (after a 3-step running mean) and of the overall trend (late third vs
   early third).
-- **Verdict.** ``reproduced`` when every original finding reappears on time and nothing new
-  appears; ``partially reproduced`` when some do; ``not reproduced`` when none do;
+- **Verdict.** When both traces name the same injected faults (their headers' ``faults``, as
+  ``moescope replay`` and the TRL callback write them), the verdict is judged on the faults'
+  *signature* (:attr:`moescope.replay.faults.FaultKind.signature`): the findings that show the
+  fault's own mechanism, among those the original raised. ``reproduced`` when each reappears on
+  the proxy on time, ``partially reproduced`` when some reappear, ``not reproduced`` when none
+  does. Everything else a run raised afterwards is reported, with its own verdict over every
+  finding (``every_finding``), but does not decide: where a run goes once the fault has broken
+  it is not a property of the model. Measured with TRL on the toy under ``lr_spike@4``, three
+  seeds of the *original* compared with each other are every time only partially reproduced by
+  that stricter rule (the broken policy drifts toward noise on one seed, into a repetition loop
+  on another, and no-signal steps come early on a third), and every time reproduced on the
+  signature (the reward collapses at step 5 on each). Without an injected fault, with faults that
+  differ between the two traces, or when the original shows none of the signature, every
+  finding is judged: ``reproduced`` when every original finding reappears on time and nothing
+  new appears; ``partially reproduced`` when some do; ``not reproduced`` when none do;
   ``both healthy`` when neither trace raises anything. Reasons say why.
 """
 
@@ -22,6 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +43,7 @@ from moescope import schema as S
 from moescope.analyze.diagnosis import diagnose
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.series import running, series
+from moescope.replay.faults import KINDS
 from moescope.traces import Trace
 
 if TYPE_CHECKING:
@@ -67,10 +82,21 @@ class CurveAgreement:
 
 @dataclass(frozen=True)
 class Comparison:
+    """The verdict and what it rests on.
+
+    ``faults``: the injected fault kinds whose signature was looked for (by default those both
+    traces name); ``signature``: the finding types the
+    verdict was judged on (the faults' signature the original raised; empty when every finding
+    was); ``every_finding``: the verdict over every finding, whichever decided.
+    """
+
     verdict: str
     reasons: list[str]
     findings: list[FindingMatch] = field(default_factory=list)
     curves: list[CurveAgreement] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+    signature: list[str] = field(default_factory=list)
+    every_finding: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -112,15 +138,83 @@ def compare(
     *,
     original_findings: list[Finding] | None = None,
     proxy_findings: list[Finding] | None = None,
+    faults: Sequence[str] | None = None,
 ) -> Comparison:
-    """The reproduction verdict of ``proxy`` against ``original`` (findings computed if not given)."""
+    """The reproduction verdict of ``proxy`` against ``original`` (findings computed if not given).
+
+    ``faults``: the injected faults to judge the signature of (``NAME[@STEP][:ARG]`` or names);
+    by default those both traces' headers name; ``()`` judges every finding.
+    """
     a = original_findings if original_findings is not None else diagnose(original)
     b = proxy_findings if proxy_findings is not None else diagnose(proxy)
     run_length = max(len(original.steps), 1)
     matches = _match(_onsets(a), _onsets(b), run_length)
     curves = [c for c in (_curve(original, proxy, m) for m in CURVES) if c is not None]
-    verdict, reasons = _verdict(matches, curves)
-    return Comparison(verdict, reasons, matches, curves)
+    every, reasons = _verdict(matches, curves)
+    names, signature, note = _signature(original, proxy, faults, matches)
+    if not signature:
+        return Comparison(every, [note, *reasons] if note else reasons, matches, curves, names, [], every)
+    verdict, head = _signature_verdict(matches, signature, names, every)
+    return Comparison(verdict, [head, *reasons], matches, curves, names, signature, every)
+
+
+def _signature(
+    original: Trace, proxy: Trace, faults: Sequence[str] | None, matches: list[FindingMatch]
+) -> tuple[list[str], list[str], str | None]:
+    """The injected fault kinds, their signature among the original's findings, and a note when
+    there are faults but every finding has to be judged."""
+    names, note = (fault_names(faults), None) if faults is not None else _shared_faults(original, proxy)
+    defined = sorted({t for n in names for t in KINDS[n].signature})
+    signature = sorted(set(defined) & {m.type for m in matches if not m.false_alarm})
+    if names and not signature and note is None:
+        note = (
+            f"the original shows none of the signature of {', '.join(names)} "
+            f"({', '.join(defined) or 'none defined'}), so every finding is judged"
+        )
+    return names, signature, note
+
+
+def fault_names(texts: Sequence[str] | str | None) -> list[str]:
+    """The kinds of the faults in ``texts`` (``NAME[@STEP][:ARG]``, a list or one comma-separated
+    string, as trace headers hold them), unknown names left out.
+
+    >>> fault_names(["lr_spike@4", "no_grad_clip@0", "lr_spike@9:10"]), fault_names("nan_op@6:model.norm")
+    (['lr_spike', 'no_grad_clip'], ['nan_op'])
+    """
+    parts = texts.split(",") if isinstance(texts, str) else (texts or [])
+    names = {t.partition(":")[0].partition("@")[0].strip() for t in parts}
+    return sorted(names & KINDS.keys())
+
+
+def _shared_faults(original: Trace, proxy: Trace) -> tuple[list[str], str | None]:
+    """The fault kinds both headers name, or none with a note when they name different ones."""
+    if "faults" not in original.header or "faults" not in proxy.header:
+        return [], None  # a log that does not say (another framework's)
+    a, b = fault_names(original.header["faults"]), fault_names(proxy.header["faults"])
+    if a != b:
+        return [], (
+            f"the traces name different faults ({', '.join(a) or 'none'} against {', '.join(b) or 'none'}), "
+            "so every finding is judged"
+        )
+    return a, None
+
+
+def _signature_verdict(
+    matches: list[FindingMatch], signature: list[str], names: list[str], every: str
+) -> tuple[str, str]:
+    judged = [m for m in matches if m.type in signature and not m.false_alarm]
+    hits = [m for m in judged if m.reproduced and m.on_time]
+    if len(hits) == len(judged):
+        verdict = "reproduced"
+    elif any(m.reproduced for m in judged):
+        verdict = "partially reproduced"
+    else:
+        verdict = "not reproduced"
+    head = (
+        f"judged on the signature of {', '.join(names)}: {', '.join(signature)} "
+        f"({len(hits)} of {len(judged)} on time); every finding: {every}"
+    )
+    return verdict, head
 
 
 def _onsets(findings: list[Finding]) -> dict[str, int | None]:

@@ -5,10 +5,17 @@ an event); *point* faults last that one step, *persistent* faults last to the en
 ``ARG`` is the fault's one parameter (a factor, a module name, a precision).
 
 Each fault: kind and default ARG — what it simulates — the signature it leaves in the trace.
+``FaultKind.signature`` names the findings (:mod:`moescope.analyze.findings`) that show the
+fault's own mechanism at work — the ones :func:`~moescope.analyze.verdict.compare` requires of a
+proxy — as opposed to where a run goes afterwards, which can differ from seed to seed on the
+same model (a policy broken by an LR spike drifts toward noise on one seed and into a
+repetition loop on another). Faults whose mark is a logged metric rather than a finding
+(``update_omission``, ``reward_scale``, ``no_grad_clip``) have none.
 
 ``lr_spike`` (point, ×1000)
     A scheduler or config bug multiplying the LR. ``optim/lr`` jumps; a grad-norm spike and a
-    KL jump follow.
+    KL jump follow, and the policy's reward collapses (signature: ``grad_spike``, ``kl_blowup``,
+    ``reward_collapse``: the update moved the policy far in one step).
 ``fp16_overflow`` (point, ×2^24; needs fp16)
     A loss spike under fp16: the loss scale becomes far too large. ``optim/skipped`` >= 1 and
     ``optim/loss_scale`` halving step by step.
@@ -65,16 +72,42 @@ class FaultKind:
     simulates: str
     arg_type: type = float
     default_step: int = DEFAULT_STEP
+    signature: tuple[str, ...] = ()
 
 
 KINDS: dict[str, FaultKind] = {
     k.name: k
     for k in (
-        FaultKind("lr_spike", False, 1000.0, "a learning-rate spike (LR × ARG for one step)"),
-        FaultKind("fp16_overflow", False, float(2**24), "a loss-scale blow-up under fp16 (scale × ARG)"),
-        FaultKind("nan_op", False, None, "NaN written into one module's output (ARG: module name)", str),
         FaultKind(
-            "router_precision", True, "bf16", "router scoring in low precision (ARG: bf16|fp16)", str, 0
+            "lr_spike",
+            False,
+            1000.0,
+            "a learning-rate spike (LR × ARG for one step)",
+            signature=("grad_spike", "kl_blowup", "reward_collapse"),
+        ),
+        FaultKind(
+            "fp16_overflow",
+            False,
+            float(2**24),
+            "a loss-scale blow-up under fp16 (scale × ARG)",
+            signature=("overflow",),
+        ),
+        FaultKind(
+            "nan_op",
+            False,
+            None,
+            "NaN written into one module's output (ARG: module name)",
+            str,
+            signature=("nonfinite",),
+        ),
+        FaultKind(
+            "router_precision",
+            True,
+            "bf16",
+            "router scoring in low precision (ARG: bf16|fp16)",
+            str,
+            0,
+            signature=("rollout_mismatch",),
         ),
         FaultKind("update_omission", True, None, "the actor update silently skipped", str),
         FaultKind(
@@ -84,6 +117,7 @@ KINDS: dict[str, FaultKind] = {
             "old log-probs from a low-precision rollout (ARG: bf16|fp16)",
             str,
             0,
+            signature=("rollout_mismatch",),
         ),
         FaultKind(
             "routing_mismatch",
@@ -92,11 +126,21 @@ KINDS: dict[str, FaultKind] = {
             "the rollout engine routes on low-precision router logits (ARG: fp8|bf16|fp16)",
             str,
             0,
+            signature=("rollout_mismatch",),
         ),
         FaultKind("reward_scale", True, 100.0, "rewards multiplied by ARG"),
         FaultKind("no_grad_clip", True, None, "gradient clipping off", str, 0),
-        FaultKind("aux_loss_off", True, None, "router load-balancing loss off", str),
-        FaultKind("entropy_control_off", True, None, "the OPEFO entropy floor off", str),
+        FaultKind(
+            "aux_loss_off", True, None, "router load-balancing loss off", str, signature=("load_collapse",)
+        ),
+        FaultKind(
+            "entropy_control_off",
+            True,
+            None,
+            "the OPEFO entropy floor off",
+            str,
+            signature=("entropy_collapse",),
+        ),
     )
 }
 
