@@ -56,6 +56,7 @@ from moescope.export.study import (
     study_frame,
     study_summary,
 )
+from moescope.replay.faults import KINDS
 
 MODELS = ("toy", "toy-v3")
 KEEPS = ("1/2", "1/4", "1/8")
@@ -82,12 +83,6 @@ FAULTS: dict[str, dict[str, Any]] = {
     "no_grad_clip": {"faults": ("no_grad_clip@0",)},
     "aux_loss_off": {"aux_loss_coef": 0.01, "faults": ("aux_loss_off@MID",)},
     "entropy_control_off": {"token_entropy_flow_control": True, "faults": ("entropy_control_off@MID",)},
-}
-# the finding types a fault is expected to leave (faults without one are judged by their curves)
-SIGNATURES = {
-    "lr_spike": ("grad_spike", "kl_blowup"),
-    "fp16_overflow": ("overflow",),
-    "nan_op": ("nonfinite",),
 }
 
 
@@ -434,9 +429,10 @@ def signature_lines(result: dict[str, Any]) -> list[str]:
     """The faults' own finding types, reproduced on time, per method."""
     methods, rows = result["methods"], result["rows"]
     table = []
-    for fault, types in SIGNATURES.items():
-        if fault not in result["faults"]:
-            continue
+    for fault in result["faults"]:
+        types = KINDS[fault].signature if fault in KINDS else ()  # the finding types the fault leaves
+        if not types:
+            continue  # judged by its curves
         cells = []
         for method in methods:
             hits = [
