@@ -189,8 +189,11 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from moescope.analyze.diagnosis import diagnose
     from moescope.analyze.readers import read_log
     from moescope.analyze.verdict import compare
+    from moescope.replay.faults import parse_faults
     from moescope.traces import json_value
 
+    if args.fault:
+        parse_faults(args.fault)  # a name moescope does not know is one sentence, before any reading
     trace = read_log(args.trace, format=args.format)
     findings = diagnose(trace)
     result: dict = {
@@ -202,7 +205,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     comparison = None
     if args.against:
         other = read_log(args.against, format=args.format)
-        faults = () if args.every_finding else None
+        faults = () if args.every_finding else args.fault
         comparison = compare(trace, other, original_findings=findings, faults=faults)
         result["comparison"] = comparison.to_dict()
     if args.json:
@@ -460,10 +463,17 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
     dg.add_argument(
         "--against", type=Path, metavar="TRACE", help="the proxy's trace: compare and give a verdict"
     )
-    dg.add_argument(
+    judge = dg.add_mutually_exclusive_group()
+    judge.add_argument(
         "--every-finding",
         action="store_true",
         help="with --against: judge every finding, not only the injected fault's signature",
+    )
+    judge.add_argument(
+        "--fault",
+        action="append",
+        metavar="NAME",
+        help="with --against: the fault both runs injected, for logs whose header does not say (verl, ...)",
     )
     dg.add_argument("--format", metavar="NAME", help="the log format, when auto-detection guesses wrong")
     dg.add_argument(

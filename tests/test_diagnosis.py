@@ -204,6 +204,11 @@ def test_cli_diagnose_json_and_against(replays):
     itself = json.loads(out)["comparison"]
     assert p.returncode == 0 and itself["verdict"] == itself["every_finding"] == "reproduced", err
     assert itself["faults"] == itself["signature"] == []  # no signature looked for: every finding judged
+    p = moescope_process("diagnose", str(spike), "--against", str(spike), "--fault", "nan_op", "--json")
+    out, err = p.communicate(timeout=300)
+    named = json.loads(out)["comparison"]  # as for a log whose header does not name its fault
+    assert p.returncode == 0 and named["faults"] == ["nan_op"] and named["signature"] == [], err
+    assert named["reasons"][0].startswith("the original shows none of the signature of nan_op (nonfinite)")
     p = moescope_process("diagnose", str(healthy))
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0 and "no findings" in out
@@ -213,7 +218,13 @@ def test_cli_diagnose_bad_input_exits_2(tmp_path):
     empty, garbage = tmp_path / "empty.log", tmp_path / "garbage.bin"
     empty.write_text("")
     garbage.write_bytes(bytes(range(256)) * 8)
-    for path in (empty, garbage, tmp_path / "missing.log"):
-        p = moescope_process("diagnose", str(path))
+    for args in (
+        [empty],
+        [garbage],
+        [tmp_path / "missing.log"],
+        [empty, "--against", empty, "--fault", "bogus"],
+    ):
+        p = moescope_process("diagnose", *map(str, args))
         _, err = p.communicate(timeout=300)
         assert p.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "Unknown fault 'bogus'" in err  # named before any log is read
