@@ -1,5 +1,5 @@
-"""Layer-sequential calibration: the same statistics as the in-memory pass, one layer in memory,
-and the calibrated selections it gives a streaming export."""
+"""Layer-sequential calibration: the same statistics and expert embeddings as the in-memory pass,
+one layer in memory, and the calibrated selections it gives a streaming export."""
 
 from __future__ import annotations
 
@@ -11,11 +11,15 @@ import pytest
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.explore import embeddings
 from moescope.explore.calibration import calibration_data
 from moescope.explore.clustering import select_experts
+from moescope.explore.embeddings import embed_experts
 from moescope.explore.routing import collect_routing
 from moescope.explore.sequential import (
+    check_memory,
     collect_routing_sequential,
+    largest_layer_bytes,
     layer_device_map,
     layer_sequential,
     router_rows,
@@ -35,7 +39,8 @@ def _ids(model: torch.nn.Module) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_statistics_equal_the_in_memory_pass(arch: str, tiny_checkpoint) -> None:
+def test_statistics_and_embeddings_equal_the_in_memory_pass(arch: str, tiny_checkpoint) -> None:
+    """Routing statistics, and expert embeddings in every view (the outputs probes included)."""
     path = tiny_checkpoint(arch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -43,11 +48,16 @@ def test_statistics_equal_the_in_memory_pass(arch: str, tiny_checkpoint) -> None
         ids = _ids(model)
         expected = collect_routing(model, ids, **OPTIONS)
         got = collect_routing_sequential(path, ids, **OPTIONS)
+        views = embed_experts(model, "multiview", stats=expected, dim=8, progress=False)
+        with layer_sequential(path) as loaded:
+            views_got = embed_experts(loaded, "multiview", stats=expected, dim=8, progress=False)
     assert got.n_tokens == expected.n_tokens == 192 and got.config_hash == expected.config_hash
     for name in ARRAYS:
         np.testing.assert_allclose(
             getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-6, err_msg=name
         )
+    assert views_got.components == views.components == ("weights", "outputs", "router", "coactivation")
+    np.testing.assert_allclose(views_got.vectors, views.vectors, rtol=1e-4, atol=1e-5)
 
 
 def test_one_decoder_layer_is_in_memory_at_a_time() -> None:
@@ -67,6 +77,43 @@ def test_one_decoder_layer_is_in_memory_at_a_time() -> None:
             handle.remove()
         assert all(p.device.type == "meta" for p in layers.parameters())  # and released after
     assert resident and set(resident[::2]) == {0} and set(resident[1::2]) == {1}  # before / inside a layer
+
+
+def test_one_decoder_layer_is_in_memory_while_its_experts_are_embedded(monkeypatch) -> None:
+    seen: list[int] = []
+    embed_layer = embeddings._embed_layer
+
+    with layer_sequential("toy") as model:
+        layers = decoder_layers(model)
+
+        def counted(part, layer, *args):
+            seen.append(sum(any(p.device.type != "meta" for p in each.parameters()) for each in layers))
+            assert all(p.device.type != "meta" for p in layer.layer.parameters()), "its own weights"
+            return embed_layer(part, layer, *args)
+
+        monkeypatch.setattr(embeddings, "_embed_layer", counted)
+        embed_experts(model, "multiview", progress=False)
+        assert all(p.device.type == "meta" for p in layers.parameters())  # released after
+    assert seen and set(seen) == {1}
+
+
+def test_no_shard_is_mapped_while_the_layers_run(tiny_checkpoint) -> None:
+    """The pages a mapping of a shard touched would count in resident memory for as long as it is
+    open (from_pretrained's loading mapped every shard): the layers' weights are read, not mapped."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("needs /proc/self/maps")
+    path = tiny_checkpoint("qwen3_moe")
+    mapped: list[bool] = []
+    with layer_sequential(path) as model:
+        hooks = [
+            layer.experts.register_forward_hook(lambda *_: mapped.append(str(path) in maps.read_text()))
+            for layer in adapt(model).layers
+        ]
+        collect_routing(model, _ids(model), **OPTIONS)
+        for hook in hooks:
+            hook.remove()
+    assert mapped and not any(mapped)
 
 
 def test_router_rows_are_read_while_their_layer_runs() -> None:
@@ -110,6 +157,21 @@ def test_a_model_with_weights_outside_its_modules_is_refused() -> None:
         layer_device_map(model)
 
 
+def test_a_quantized_checkpoint_is_refused(tiny_checkpoint, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    source = shutil.copytree(tiny_checkpoint("qwen3_moe"), tmp_path / "fp8")
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (source / "config.json").write_text(json.dumps(config))
+    with (
+        pytest.raises(MoescopeError, match=r"quantized weights.*calibrate it in memory"),
+        layer_sequential(source),
+    ):
+        pass
+
+
 def test_a_streaming_export_offers_the_calibrated_methods(tmp_path: Path) -> None:
     """Each chooses as the in-memory export would from the same calibration data."""
     model, tokenizer = load_model("toy", dtype="auto")  # as export_proxy loads it
@@ -123,3 +185,34 @@ def test_a_streaming_export_offers_the_calibrated_methods(tmp_path: Path) -> Non
         kept = [layer.kept for layer in streamed.selection.layers]
         assert kept == [layer.kept for layer in in_memory.layers], method
         assert streamed.manifest["calibration"] == {"source": "tasks", "data": "task suite (seed 0)"}
+
+
+def test_a_pass_that_does_not_fit_in_memory_is_refused_before_a_layer_runs() -> None:
+    """A batch too large beside one layer names the batch as the fix; a layer too large alone, the machine."""
+    batch = {name: OPTIONS[name] for name in ("n_tokens", "batch_size", "seq_len")}
+    with layer_sequential("toy") as model:
+        layer = largest_layer_bytes(model)
+        check_memory(model, **batch, available=1 << 40)
+        with pytest.raises(
+            MoescopeError, match=r"one decoder layer \(.+\) and the activations .* fewer tokens"
+        ):
+            check_memory(model, **batch, available=layer + 1)
+        with pytest.raises(MoescopeError, match=r"needs a machine with more memory\.$"):
+            check_memory(model, **batch, available=layer // 2)
+    ids = torch.randint(3, 44, (6, 32))  # 44: the toy vocabulary
+    with pytest.raises(MoescopeError, match=r"^one decoder layer .* is free; calibrate with fewer tokens"):
+        collect_routing_sequential("toy", ids, available=layer + 1, **OPTIONS)
+
+
+def test_the_command_line_refuses_a_calibration_that_does_not_fit(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A streaming export's calibration pass: one sentence on stderr, exit status 2, no output."""
+    from moescope.cli import main
+
+    monkeypatch.setattr("moescope._util.memory.available_memory", lambda: 1)
+    out = tmp_path / "proxy"
+    argv = ["export", "toy", "--streaming", "--keep", "1/4", "--method", "frequency", "--no-fidelity"]
+    assert main([*argv, "--n-tokens", "1000", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("moescope: error: one decoder layer") and err.count("\n") == 0 and not out.exists()

@@ -66,6 +66,7 @@ import torch
 from moescope._util.io import write_atomic
 from moescope._util.threads import map_on_cores, single_threaded
 from moescope.errors import MoescopeError
+from moescope.models.resident import resident
 from moescope.models.view import MoELayer, MoEModel, adapt
 from moescope.provenance import config_hash
 from moescope.schema import EXPERT, LAYER, SCHEMA_VERSION, check_schema
@@ -214,7 +215,9 @@ def embed_experts(
 
     Parameters
     ----------
-    model : a loaded MoE causal LM (or its :func:`~moescope.models.view.adapt` view).
+    model : a loaded MoE causal LM (or its :func:`~moescope.models.view.adapt` view), whole in
+        memory or a decoder layer at a time (:func:`~moescope.explore.sequential.layer_sequential`:
+        each layer's weights are read while it is embedded, the probes run as a forward pass).
     view : one of ``VIEWS`` (see the module docstring).
     stats : routing statistics of this model; needed by ``coactivation`` and joined into
         ``multiview`` when given.
@@ -240,7 +243,8 @@ def embed_experts(
     hidden = _probe_hidden(moe, probe, seed) if "outputs" in parts else {}
     rows = []
     for layer in _progress(moe.layers, progress, f"{view} embeddings"):
-        vectors = [_embed_layer(part, layer, projector, hidden, stats) for part in parts]
+        with resident(layer.layer):  # its weights, where a layer-sequential model holds them apart
+            vectors = [_embed_layer(part, layer, projector, hidden, stats) for part in parts]
         rows.append(vectors[0] if view != "multiview" else join_views(vectors))
     return ExpertEmbeddings(
         view=view,

@@ -137,8 +137,6 @@ def load_model(
     dtype: torch.dtype | None = None,
     experts_implementation: str | None = None,
     with_tokenizer: bool = True,
-    device_map: dict[str, str] | None = None,
-    offload_folder: Path | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
     """Load ``model`` (an embedded model's name or a checkpoint directory) for analysis, in eval mode.
 
@@ -148,8 +146,6 @@ def load_model(
         in float32 stay so (transformers' ``_keep_in_fp32_modules``).
     experts_implementation : ``"eager"`` or ``"grouped_mm"``; transformers' default otherwise.
     with_tokenizer : also load the tokenizer when the directory has one (else ``None``).
-    device_map, offload_folder : where each module's weights live, as ``from_pretrained`` takes
-        them (``"disk"`` modules are read on use; see :mod:`moescope.explore.sequential`).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -160,8 +156,6 @@ def load_model(
     kwargs: dict[str, Any] = {"dtype": dtype or torch.float32, "trust_remote_code": False}
     if experts_implementation:
         kwargs["experts_implementation"] = experts_implementation
-    if device_map is not None:
-        kwargs |= {"device_map": device_map, "offload_folder": offload_folder}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

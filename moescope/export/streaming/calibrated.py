@@ -11,7 +11,7 @@ from moescope.explore.calibration import calibration_data, calibration_record
 from moescope.explore.clustering import select_experts
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
-from moescope.explore.sequential import layer_sequential, router_rows
+from moescope.explore.sequential import check_memory, layer_sequential, router_rows
 from moescope.export.config import ExportConfig
 from moescope.models.loading import load_tokenizer
 
@@ -23,8 +23,9 @@ def calibrated_selection(
     pass over ``calibration`` (a named source, a file or token ids), and the manifest's record
     of that data."""
     with layer_sequential(source, dtype="auto") as lm:  # as the in-memory export loads it
-        tokenizer = load_tokenizer(source)
         seed, n_tokens = config.seed, config.n_tokens
+        check_memory(lm, n_tokens=n_tokens)  # collect_routing's batches, below
+        tokenizer = load_tokenizer(source)
         data = calibration_data(
             lm, tokenizer, calibration, n_tokens=n_tokens, seed=seed, prompts=config.tasks
         )

@@ -36,13 +36,13 @@ Examples
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from moescope._util.io import check_output_dir, readable, replace_dir
+from moescope._util.memory import available_memory
 from moescope.errors import MoescopeError
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import ExpertEmbeddings, _Projector, model_facts
@@ -257,39 +257,3 @@ def _keep_ratio(source: Path, keep: Any, selection: Selection | str | Path | Non
         return parse_keep(keep, experts, 0, allow_top_k=True) / experts
     except MoescopeError:
         return 1.0  # the export itself says what is wrong with keep
-
-
-def available_memory() -> int:
-    """Bytes this process can still use: the system's available memory, capped by a cgroup limit."""
-    try:
-        import psutil
-
-        free = int(psutil.virtual_memory().available)
-    except ImportError:
-        free = _meminfo_available()
-    return min(free, _cgroup_headroom())
-
-
-def _meminfo_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _cgroup_headroom() -> int:
-    """Limit minus usage of this process's memory cgroup (v2, then v1); unlimited when unset."""
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            limit, usage = Path(limit_file).read_text().strip(), Path(usage_file).read_text().strip()
-        except OSError:
-            continue
-        if limit.isdigit() and int(limit) < 1 << 60:
-            return max(int(limit) - int(usage), 0)
-    return 1 << 62

@@ -4,10 +4,11 @@ A checkpoint stores the routed experts of a layer fused, as models hold them in 
 (``mlp.experts.gate_up_proj [E, 2I, H]``), or one key per expert and projection, as most Hub
 checkpoints do (``mlp.experts.7.gate_proj.weight``, Mixtral's
 ``block_sparse_moe.experts.7.w1.weight``, ...). Rather than keep a second table of names, every key
-goes through the conversion ``from_pretrained`` itself applies (transformers' renamings and its
-``MergeModulelist`` / ``Concatenate`` converters, and ``Interleave`` of a fused tensor's gate and up
-rows, Inkling 2's original layout) onto a parameter of the model built on the meta device, and the
-architecture table (:func:`~moescope.models.view.adapt`) says which parameters hold one slice per expert.
+goes through the conversion ``from_pretrained`` itself applies (:mod:`moescope.models.conversion`:
+transformers' renamings and its ``MergeModulelist`` / ``Concatenate`` converters, and ``Interleave``
+of a fused tensor's gate and up rows, Inkling 2's original layout) onto a parameter of the model
+built on the meta device, and the architecture table (:func:`~moescope.models.view.adapt`) says
+which parameters hold one slice per expert.
 So the streaming export reads the layouts transformers loads and slices exactly the tensors the
 in-memory export slices; shapes and dtypes are checked against the config on the way. A converter
 it cannot read is refused in one sentence that names the in-memory export instead.
@@ -25,6 +26,7 @@ import torch
 from moescope.errors import ModelLoadError, UnsupportedArchitectureError
 from moescope.export.streaming.shards import StoredTensor
 from moescope.export.surgery import expert_state_keys
+from moescope.models.conversion import conversions, converter_for, rename
 from moescope.models.view import MoEModel, expert_axis
 
 if TYPE_CHECKING:
@@ -65,7 +67,7 @@ def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKe
     are copied unchanged. Raises a one-sentence :class:`ModelLoadError` for a shape or dtype the
     config contradicts, or a layer whose experts are incomplete."""
     model = moe.model
-    renamings, converters = _conversions(model)
+    renamings, converters = conversions(model)
     state = model.state_dict()
     targets = expert_state_keys(moe)
     names = {
@@ -74,7 +76,7 @@ def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKe
     dtype, moe_layers = _declared_dtype(model.config), set(moe.moe_indices)
     found: dict[str, ExpertKey] = {}
     for tensor in stored:
-        target, pattern = _rename(tensor.key, renamings, converters, model, state)
+        target, pattern = rename(tensor.key, renamings, converters, model, state)
         if target not in targets:
             sidecar = _sidecar(tensor.key, target, moe_layers)
             if sidecar is not None:
@@ -82,7 +84,7 @@ def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKe
             elif target in state and pattern is None:
                 _check_shape(tensor, tuple(state[target].shape))
             elif target in state:
-                _check_joined(tensor, tuple(state[target].shape), _converter(converters, pattern))
+                _check_joined(tensor, tuple(state[target].shape), converter_for(converters, pattern))
             continue
         layer, param = targets[target]
         name = names.get(id(param))
@@ -91,7 +93,7 @@ def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKe
                 f"{tensor.key} is stored as {tensor.torch_dtype} but config.json says the weights are "
                 f"{dtype}; {_FIX}."
             )
-        converter = None if pattern is None else _converter(converters, pattern)
+        converter = None if pattern is None else converter_for(converters, pattern)
         if converter is None or _interleaves_rows(converter):  # stored fused, in the parameter's shape
             _check_shape(tensor, tuple(param.shape))
             axis = expert_axis(param, moe.num_experts)
@@ -101,31 +103,6 @@ def map_experts(moe: MoEModel, stored: list[StoredTensor]) -> dict[str, ExpertKe
     _check_complete(found, targets, moe.num_experts)
     _check_alike(found, {tensor.key: tensor for tensor in stored})
     return found
-
-
-def _conversions(model: Any) -> tuple[list[Any], list[Any]]:
-    """transformers' renamings and converters for this model, as ``from_pretrained`` gathers them."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming
-
-    transforms = get_model_conversion_mapping(model)
-    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
-    return renamings, [t for t in transforms if isinstance(t, WeightConverter)]
-
-
-def _rename(key: str, renamings: list, converters: list, model: Any, state: dict) -> tuple[str, str | None]:
-    """The parameter a checkpoint key loads into, and the converter pattern it matched (if any)."""
-    from transformers.core_model_loading import rename_source_key
-
-    prefix = model.base_model_prefix
-    target, pattern = rename_source_key(key, renamings, converters, prefix, state)
-    if target not in state and key in state:  # the loader's own fallback: the key needs no renaming
-        target, pattern = rename_source_key(key, [], [], prefix, state)
-    return target, pattern
-
-
-def _converter(converters: list, pattern: str) -> Any:
-    return next(c for c in converters if pattern in c.source_patterns)
 
 
 def _interleaves_rows(converter: Any) -> bool:

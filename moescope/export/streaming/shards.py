@@ -26,31 +26,12 @@ from typing import Any
 import torch
 
 from moescope.errors import ModelLoadError
+from moescope.models.layer_weights import SAFETENSORS_DTYPES as _DTYPES  # the item size comes from torch
 from moescope.models.loading import INDEX_FILE
 
 SINGLE_FILE = "model.safetensors"
 COPY_CHUNK = 16 << 20  # bytes moved per read: enough for full disk speed, small beside any model
 PREFETCH_PIECE = 128 << 10  # bytes per readahead request: Linux's default readahead window
-
-# safetensors dtype code -> torch dtype name (the item size comes from torch)
-_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E8M0": "float8_e8m0fnu",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U64": "uint64",
-    "U32": "uint32",
-    "U16": "uint16",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,39 @@
+"""One decoder layer's weights in memory for code that runs outside its forward pass.
+
+Under accelerate's big-model dispatch (the layer-sequential pass of
+:mod:`moescope.explore.sequential`) a decoder layer's weights are loaded by the hook accelerate
+attaches to the layer, just before its forward, and dropped right after. Code that reads a
+layer's weights or calls its experts itself — the weight, router and outputs views of
+:func:`~moescope.explore.embeddings.embed_experts` — would find them on the meta device.
+:func:`resident` runs that same hook around such code, so there too one layer is in memory at a
+time, read the way its forward reads it. On a model loaded whole it does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+from torch import nn
+
+
+@contextmanager
+def resident(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` with its weights on its execution device for the ``with`` block.
+
+    The hooks are the module's own (a decoder layer accelerate loads as a unit) or, where it
+    has none, its submodules' (a layer of another class than the first, loaded part by part).
+
+    Example
+    -------
+    >>> layer = nn.Linear(2, 2)
+    >>> with resident(layer) as same:  # not dispatched by accelerate: nothing to load
+    ...     same is layer
+    True
+    """
+    hooked = [m for m in module.modules() if getattr(m, "_hf_hook", None) is not None]
+    with ExitStack() as stack:
+        for part in hooked:
+            part._hf_hook.pre_forward(part)
+            stack.callback(part._hf_hook.post_forward, part, None)
+        yield module
