@@ -243,6 +243,8 @@ def judgment(original: Path, proxy: Path) -> dict[str, Any]:
     verdict = compare(read_trace(original), read_trace(proxy))
     return {
         "verdict": verdict.verdict,
+        "every_finding": verdict.every_finding,  # the verdict judged on every finding, not the signature
+        "signature": verdict.signature,
         "findings": [vars(m) for m in verdict.findings],
         "curves": {c.metric: {**vars(c), "trend_agrees": c.trend_agrees} for c in verdict.curves},
     }
