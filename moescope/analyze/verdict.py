@@ -85,9 +85,9 @@ class Comparison:
     """The verdict and what it rests on.
 
     ``faults``: the injected fault kinds whose signature was looked for (by default those both
-    traces name); ``signature``: the finding types the
-    verdict was judged on (the faults' signature the original raised; empty when every finding
-    was); ``every_finding``: the verdict over every finding, whichever decided.
+    traces name); ``signature``: the finding types the verdict was judged on (the faults'
+    signature the original raised; empty when every finding was); ``every_finding``: the verdict
+    over every finding, whichever decided.
     """
 
     verdict: str
@@ -204,17 +204,11 @@ def _signature_verdict(
 ) -> tuple[str, str]:
     judged = [m for m in matches if m.type in signature and not m.false_alarm]
     hits = [m for m in judged if m.reproduced and m.on_time]
-    if len(hits) == len(judged):
-        verdict = "reproduced"
-    elif any(m.reproduced for m in judged):
-        verdict = "partially reproduced"
-    else:
-        verdict = "not reproduced"
     head = (
         f"judged on the signature of {', '.join(names)}: {', '.join(signature)} "
         f"({len(hits)} of {len(judged)} on time); every finding: {every}"
     )
-    return verdict, head
+    return _grade(judged, []), head
 
 
 def _onsets(findings: list[Finding]) -> dict[str, int | None]:
@@ -302,13 +296,13 @@ def _verdict(matches: list[FindingMatch], curves: list[CurveAgreement]) -> tuple
             f"curve trends agree on {len(agreeing)} of {len(curves)} metrics "
             f"({', '.join(c.metric for c in curves if not c.trend_agrees) or 'all agree'})"
         )
-    hits = [m for m in originals if m.reproduced and m.on_time]
-    if not originals and not alarms:
-        verdict = "both healthy"
-    elif originals and len(hits) == len(originals) and not alarms:
-        verdict = "reproduced"
-    elif hits or (originals and any(m.reproduced for m in originals)):
-        verdict = "partially reproduced"
-    else:
-        verdict = "not reproduced"
-    return verdict, reasons
+    return _grade(originals, alarms), reasons
+
+
+def _grade(judged: list[FindingMatch], alarms: list[FindingMatch]) -> str:
+    """The verdict on the ``judged`` findings of the original, with the proxy's false ``alarms``."""
+    if not judged and not alarms:
+        return "both healthy"
+    if judged and all(m.reproduced and m.on_time for m in judged) and not alarms:
+        return "reproduced"
+    return "partially reproduced" if any(m.reproduced for m in judged) else "not reproduced"
