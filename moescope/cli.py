@@ -376,7 +376,8 @@ def _add_cost(sub: argparse._SubParsersAction) -> None:
         "--device",
         default="h100",
         metavar="NAME|JSON",
-        help="accelerator to predict step time on: h100, h200, ascend-910b or a JSON profile (default h100)",
+        help="accelerator to predict step time on: h100, h200, h20, ascend-910b or a JSON profile "
+        "(default h100)",
     )
     cost.add_argument(
         "--assume",

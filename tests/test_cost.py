@@ -12,7 +12,7 @@ from moescope.cli import main
 from moescope.errors import MoescopeError
 from moescope.export.cost.formulas import analytic_params, entry_from_config
 from moescope.export.cost.memory import GB, STATES, TrainingMemory, devices_needed, memory_breakdown
-from moescope.export.cost.paper import paper_comparison
+from moescope.export.cost.paper import paper_comparison, published_comparison
 from moescope.export.cost.profiles import PROFILES, device_profile
 from moescope.export.cost.render import PROXY_NOTE, STEP_NOTE
 from moescope.export.cost.shape import ModelShape, reference_entries, reference_models
@@ -493,20 +493,75 @@ def test_communication_crosses_the_network_only_when_a_group_spans_nodes() -> No
 
 def test_weight_sync_and_optimizer_shrink_with_the_parameters() -> None:
     proxy = DEEPSEEK.with_keep(16)
-    full, small = step_time(DEEPSEEK, 512, PROFILES["h100"]), step_time(proxy, 512, PROFILES["h100"])
+    bytes_only = RLWorkload(sync_ms_per_tensor=0)
+    full, small = (step_time(shape, 512, PROFILES["h100"], bytes_only) for shape in (DEEPSEEK, proxy))
     share = proxy.params_total / DEEPSEEK.params_total
     assert small.weight_sync_s == pytest.approx(full.weight_sync_s * share)
     assert small.optimizer_s == pytest.approx(full.optimizer_s * share)
-    shard = step_time(DEEPSEEK, 512, PROFILES["h100"], RLWorkload(sync_full_model=False))
+    shard_only = RLWorkload(sync_full_model=False, sync_ms_per_tensor=0)
+    shard = step_time(DEEPSEEK, 512, PROFILES["h100"], shard_only)
     assert shard.weight_sync_s == pytest.approx(full.weight_sync_s / full.rollout_instance)
-    assert small.total_s < full.total_s  # on the same devices a proxy is never slower
+    tensor_by_tensor = step_time(DEEPSEEK, 512, PROFILES["h100"])  # 1.5 ms a tensor by default
+    per_tensor = DEEPSEEK.weight_tensors * 1.5e-3
+    assert tensor_by_tensor.weight_sync_s == pytest.approx(full.weight_sync_s + per_tensor)
+    assert proxy.weight_tensors < DEEPSEEK.weight_tensors / 10  # 16 of 256 experts: mostly expert tensors
+    assert step_time(proxy, 512, PROFILES["h100"]).total_s < tensor_by_tensor.total_s  # same devices: faster
 
 
-def test_a_kv_cache_too_small_for_the_batch_decodes_in_waves() -> None:
+def test_weight_tensors_count_one_tensor_per_expert_projection() -> None:
+    qwen = QWEN3  # 48 MoE layers of 128 experts, no shared expert
+    assert qwen.weight_tensors == 48 * (3 * 128 + 1) + 8 * 48 + 3
+    # a shared expert per MoE layer, 3 dense layers
+    assert DEEPSEEK.weight_tensors == 58 * (3 * 257 + 1) + 3 * 3 + 8 * 61 + 3
+
+
+def test_a_kv_cache_too_small_for_the_batch_decodes_longer() -> None:
     short, long = RLWorkload(prompts=64), RLWorkload(prompts=64, response_tokens=32768)
     a, b = step_time(QWEN3, 16, PROFILES["h100"], short), step_time(QWEN3, 16, PROFILES["h100"], long)
-    assert a.waves == 1 and b.waves > 1 and b.concurrent_sequences < a.concurrent_sequences
+    assert a.decode_steps == 1024 and b.concurrent_sequences < a.concurrent_sequences
+    assert b.decode_steps > 32768  # more sequences than the cache holds: they decode in turn
     assert b.rollout_s > 32 * a.rollout_s
+
+
+def test_tensor_parallel_ranks_keep_copies_of_the_kv_heads_they_cannot_split() -> None:
+    """MLA keeps one latent per token, whole on every rank, so a tensor-parallel instance holds no
+    more sequences than one device; GQA splits until the ranks outnumber its key-value heads."""
+    assert (DEEPSEEK.kv_heads, QWEN3.kv_heads) == (1, 4)
+    workload, profile = RLWorkload(prompts=4096, response_tokens=4096), PROFILES["h200"]
+    one, many = (replace_kv(DEEPSEEK, heads) for heads in (1, 128))
+    held_mla = step_time(one, 64, profile, workload).concurrent_sequences
+    held_split = step_time(many, 64, profile, workload).concurrent_sequences
+    instance = step_time(one, 64, profile, workload).rollout_instance
+    assert instance > 8 and held_split >= instance * held_mla > 0
+    small = device_profile("h200", memory_gb=32)  # Qwen3-30B-A3B needs 8 ranks: two copies of each KV head
+    qwen = [step_time(replace_kv(QWEN3, heads), 64, small, workload) for heads in (4, 8)]
+    assert [step.rollout_instance for step in qwen] == [8, 8]
+    assert abs(2 * qwen[0].concurrent_sequences - qwen[1].concurrent_sequences) <= 1
+
+
+def replace_kv(shape: ModelShape, heads: int) -> ModelShape:
+    from dataclasses import replace
+
+    return replace(shape, kv_heads=heads)
+
+
+def test_expert_parallel_rollout_replicates_the_backbone_and_splits_the_kv_cache() -> None:
+    workload = RLWorkload(rollout_parallel="ep")
+    qwen = step_time(QWEN3, 16, PROFILES["h100"], workload)
+    tensor = step_time(QWEN3, 16, PROFILES["h100"])
+    assert qwen.rollout_instance <= tensor.rollout_instance and qwen.rollout_s > 0
+    with pytest.raises(MoescopeError, match=r"non-expert weights .* use rollout_parallel=tp"):
+        step_time(DEEPSEEK, 512, PROFILES["ascend-910b"], workload)
+    with pytest.raises(MoescopeError, match="rollout_parallel is 'dp'"):
+        RLWorkload(rollout_parallel="dp")
+
+
+def test_training_pays_for_the_mean_response_and_rollout_for_the_longest() -> None:
+    budget, short_mean = RLWorkload(), RLWorkload(mean_response_share=0.25)
+    a, b = step_time(QWEN3, 16, PROFILES["h100"], budget), step_time(QWEN3, 16, PROFILES["h100"], short_mean)
+    assert b.training_s == pytest.approx(a.training_s * (512 + 256) / (512 + 1024))
+    assert b.decode_steps == 1024 < a.decode_steps  # the cache holds every short sequence at once
+    assert b.concurrent_sequences > a.concurrent_sequences and b.rollout_s < a.rollout_s
 
 
 def test_cost_table_predicts_unless_a_step_time_is_measured() -> None:
@@ -575,3 +630,26 @@ def test_readme_shows_the_paper_comparison_as_computed() -> None:
             "",
         )
         assert all(cell in line for cell in cells), (cells, line)
+
+
+def test_published_full_size_step_is_compared_as_the_readme_shows() -> None:
+    """verl's DeepSeek-V3 benchmark (96 H20): the model costs its layout and workload, and the
+    README quotes the prediction as computed."""
+    row = published_comparison().iloc[0]
+    assert row["devices"] == "96 × h20" and (row["step_s"], row["rollout_s"]) == (1700.0, 1050.0)
+    assert "rollout instances of 32" in row["layout"] and "(mean 1960)" in row["workload"]
+    assert row["factor"] == pytest.approx(row["step_predicted_s"] / 1700.0)
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    quoted = (
+        f"predicts {row['step_predicted_s']:,.0f} s for the measured 1,700 s, and "
+        f"{row['rollout_predicted_s']:,.0f} s of rollout for the measured 1,050 s"
+    )
+    assert quoted in readme
+
+
+def test_cli_takes_the_rollout_engine_layout_as_a_word(capsys) -> None:
+    argv = ["cost", "Qwen3-30B-A3B", "--keep", "48", "--device", "h100"]
+    assert main([*argv, "--assume", "rollout_parallel=ep", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["rollout_parallel"] == "ep"
+    assert main([*argv, "--assume", "rollout_parallel=pp"]) == 2
+    assert "rollout_parallel is 'pp'" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from moescope.export.cost.formulas import analytic_params, entry_from_config
 from moescope.export.cost.memory import ROUNDINGS, TrainingMemory, devices_needed, memory_breakdown
-from moescope.export.cost.paper import PAPER_ROWS, paper_comparison
+from moescope.export.cost.paper import PAPER_ROWS, PUBLISHED_STEPS, paper_comparison, published_comparison
 from moescope.export.cost.profiles import PROFILES, DeviceProfile, device_profile
 from moescope.export.cost.render import cost_json, cost_text
 from moescope.export.cost.shape import ModelShape, reference_entries, reference_models
@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_KEEPS",
     "PAPER_ROWS",
     "PROFILES",
+    "PUBLISHED_STEPS",
     "ROUNDINGS",
     "DeviceProfile",
     "ModelShape",
@@ -50,6 +51,7 @@ __all__ = [
     "entry_from_config",
     "memory_breakdown",
     "paper_comparison",
+    "published_comparison",
     "reference_entries",
     "reference_models",
     "reference_table",

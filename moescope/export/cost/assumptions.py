@@ -19,6 +19,7 @@ from moescope.export.cost.step import RLWorkload
 
 _DEVICE_KEYS = [f.name for f in fields(DeviceProfile) if f.name != "name"]
 _WORKLOAD_KEYS = [f.name for f in fields(RLWorkload)]
+_WORDS = {f.name for f in fields(RLWorkload) if f.type == "str"}  # taken as written
 
 
 def assumed(
@@ -57,7 +58,8 @@ def _pair(text: str) -> tuple[str, Any]:
     key, sign, value = text.partition("=")
     if not sign or not key.strip() or not value.strip():
         raise MoescopeError(f"assumption {text!r} is not KEY=VALUE; write e.g. prompts=256 or mfu=0.4.")
-    return key.strip(), _number(key.strip(), value.strip())
+    key, value = key.strip(), value.strip()
+    return key, value if key in _WORDS else _number(key, value)
 
 
 def _number(key: str, value: str) -> Any:

@@ -179,6 +179,21 @@ def kv_per_token(entry: Mapping[str, Any]) -> int:
     return d.layers * 2 * d.kv_heads * d.head_dim
 
 
+def kv_heads(entry: Mapping[str, Any]) -> int:
+    """Heads the KV cache splits into across tensor-parallel ranks: the key-value heads of
+    grouped-query attention, 1 for MLA (inference engines cache its latent as one head, whole on
+    every rank).
+
+    Examples
+    --------
+    >>> from moescope.export.cost.shape import reference_entries
+    >>> [kv_heads(reference_entries()[i]) for i in (3, 5)]  # Qwen3-30B-A3B, DeepSeek-V3
+    [4, 1]
+    """
+    d = _dims(entry)
+    return 1 if d.mla is not None else d.kv_heads
+
+
 def _param_counts(**counts: int) -> ParamCounts:
     from moescope.models.summary import ParamCounts  # torch: costing a published model needs none
 

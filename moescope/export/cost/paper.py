@@ -6,6 +6,9 @@ The paper measured two proxies on Ascend NPUs: Qwen3-30B-A3B (128 → 48 experts
 :func:`~moescope.export.cost.step.step_time` and sets the figures side by side. DeepSeek-V3.2
 is costed as DeepSeek-V3, whose dimensions it keeps (its sparse-attention indexer adds under
 1 % of the parameters).
+
+:func:`published_comparison` checks the model against a full-size step measured by others with
+its whole workload published: verl's DeepSeek-V3 GRPO benchmark on 96 H20 GPUs.
 """
 
 from __future__ import annotations
@@ -37,6 +40,76 @@ PAPER_ROWS = (
     PaperRow("Qwen3-30B-A3B", "Qwen3-30B-A3B", 48, (16, 8), (128.93, 114.83)),
     PaperRow("DeepSeek-V3", "DeepSeek-V3.2", 16, (512, 64), (50 * 60.0, 12 * 60.0)),
 )
+
+
+@dataclass(frozen=True)
+class PublishedStep:
+    """A full-size model's RL step measured and published with its layout and workload."""
+
+    source: str
+    model: str  # the reference model costed
+    device: str  # a built-in profile
+    devices: int
+    workload: RLWorkload
+    step_s: float
+    rollout_s: float
+
+
+# verl docs/perf/dpsk.md (benchmark table) with examples/grpo_trainer/run_deepseek_v3_671b_vllm_megatron.sh:
+# 96 prompts × 8, responses up to 8,192 tokens (mean 1,960 measured), vLLM at 60 % of memory
+# with tensor parallelism 32, MFU 0.19 measured; prompts (DAPO-Math) taken as 256 tokens.
+PUBLISHED_STEPS = (
+    PublishedStep(
+        "verl DeepSeek-V3 671B benchmark",
+        "DeepSeek-V3",
+        "h20",
+        96,
+        RLWorkload(
+            prompts=96,
+            samples_per_prompt=8,
+            prompt_tokens=256,
+            response_tokens=8192,
+            mean_response_share=1960 / 8192,
+            mfu=0.19,
+            rollout_memory_fraction=0.6,
+            weight_share=0.75,  # 1.34 TB of weights over the script's 32-way tensor parallelism
+        ),
+        1700.0,
+        1050.0,
+    ),
+)
+
+
+def published_comparison() -> pd.DataFrame:
+    """Each published full-size step (:data:`PUBLISHED_STEPS`) measured and predicted: the step,
+    the rollout, and ``factor`` = predicted ÷ measured step.
+
+    Examples
+    --------
+    >>> published_comparison()[["model", "devices", "step_s"]].values.tolist()
+    [['DeepSeek-V3', '96 × h20', 1700.0]]
+    """
+    import pandas as pd
+
+    shapes = {shape.name: shape for shape in reference_models()}
+    rows = []
+    for run in PUBLISHED_STEPS:
+        step = step_time(shapes[run.model], run.devices, device_profile(run.device), run.workload)
+        rows.append(
+            {
+                "source": run.source,
+                "model": run.model,
+                "devices": f"{run.devices} × {run.device}",
+                "step_s": run.step_s,
+                "rollout_s": run.rollout_s,
+                "step_predicted_s": step.total_s,
+                "rollout_predicted_s": step.rollout_s,
+                "factor": step.total_s / run.step_s,
+                "layout": step.layout(),
+                "workload": run.workload.text(),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def paper_comparison(

@@ -12,10 +12,11 @@ profile        memory  HBM       bf16    scale-up     scale-out    per    latenc
 =============  ======  ========  ======  ===========  ===========  =====  =========  =========
 h100           80      3.35      989     450          50           8      10         30
 h200           141     4.8       989     450          50           8      10         30
+h20            96      4.0       148     450          50           8      10         30
 ascend-910b    64      1.6       313     196          25           8      15         50
 =============  ======  ========  ======  ===========  ===========  =====  =========  =========
 
-H100/H200 SXM: NVLink 4 (900 GB/s both ways), a 400 Gb/s NIC per GPU. Ascend 910B (Atlas 800T
+H100/H200 SXM and H20: NVLink 4 (900 GB/s both ways), a 400 Gb/s NIC per GPU. Ascend 910B (Atlas 800T
 A2): HCCS full mesh (392 GB/s both ways), a 200 Gb/s RoCE port per NPU.
 """
 
@@ -102,6 +103,7 @@ def _number(value: Any, key: str, name: str) -> float:
 PROFILES: dict[str, DeviceProfile] = {
     "h100": DeviceProfile("h100", 80.0, 3.35, 989.0, 450.0, 50.0, 8, 10.0, 30.0),
     "h200": DeviceProfile("h200", 141.0, 4.8, 989.0, 450.0, 50.0, 8, 10.0, 30.0),
+    "h20": DeviceProfile("h20", 96.0, 4.0, 148.0, 450.0, 50.0, 8, 10.0, 30.0),
     "ascend-910b": DeviceProfile("ascend-910b", 64.0, 1.6, 313.0, 196.0, 25.0, 8, 15.0, 50.0),
 }
 

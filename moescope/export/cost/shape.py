@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope.errors import MoescopeError
-from moescope.export.cost.formulas import analytic_params, entry_from_config, field_of, kv_per_token
+from moescope.export.cost.formulas import analytic_params, entry_from_config, field_of, kv_heads, kv_per_token
 from moescope.export.cost.sources import hf_config, meta_summary, moe_text_config, not_a_config, read_source
 from moescope.keep import parse_keep
 
@@ -60,6 +60,7 @@ class ModelShape:
     source_experts: int | None = None
     note: str = ""
     kv_per_token: int = 0  # numbers the rollout engine's KV cache keeps per token, all layers
+    kv_heads: int = 1  # heads the KV cache splits into over tensor-parallel ranks (MLA's latent: 1)
 
     @classmethod
     def from_config(
@@ -108,6 +109,7 @@ class ModelShape:
             published_active=None if published["active"] is None else round(published["active"] * 1e9),
             note=str(entry.get("note", "")),
             kv_per_token=kv_per_token(entry),
+            kv_heads=kv_heads(entry),
         )
 
     @classmethod
@@ -151,6 +153,7 @@ class ModelShape:
             topk_group=summary.topk_group,
             note=note,
             kv_per_token=_config_kv_per_token(config),
+            kv_heads=_config_kv_heads(config),
         )
 
     def with_keep(self, keep: str | float | int) -> ModelShape:
@@ -176,6 +179,16 @@ class ModelShape:
             source_experts=self.source_experts or e,
         )
 
+    @property
+    def weight_tensors(self) -> int:
+        """About how many weight tensors a training framework holds, one per expert projection:
+        three per routed and per shared expert, a router per MoE layer, three per dense FFN,
+        eight per layer for attention and norms, and the embeddings, final norm and LM head.
+        What sending weights tensor by tensor pays a fixed cost for."""
+        dense = self.num_layers - self.num_moe_layers
+        experts = self.routed_experts + (1 if self.shared_experts else 0)
+        return self.num_moe_layers * (3 * experts + 1) + 3 * dense + 8 * self.num_layers + 3
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -193,11 +206,26 @@ def _config_kv_per_token(config: PretrainedConfig) -> int:
         return int(config.num_hidden_layers) * _gqa_kv(config)
 
 
+def _config_kv_heads(config: PretrainedConfig) -> int:
+    """:func:`kv_heads` of a Hugging Face config, by its analytic entry where there is one, else
+    its key-value head count (the largest of its layers' where they differ)."""
+    try:
+        return kv_heads(entry_from_config(config))
+    except MoescopeError:
+        layers = getattr(config, "per_layer_config", None) or [config]
+        return max(_heads(layer)[1] for layer in layers)
+
+
+def _heads(config: Any) -> tuple[int, int]:
+    """(attention heads, key-value heads) of a config."""
+    heads = int(config.num_attention_heads)
+    return heads, int(getattr(config, "num_key_value_heads", None) or heads)
+
+
 def _gqa_kv(config: Any) -> int:
     """Keys and values of one grouped-query attention layer, per token."""
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    return 2 * kv_heads * int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    heads, groups = _heads(config)
+    return 2 * groups * int(getattr(config, "head_dim", None) or config.hidden_size // heads)
 
 
 def reference_entries() -> list[dict[str, Any]]:
