@@ -653,3 +653,13 @@ def test_cli_takes_the_rollout_engine_layout_as_a_word(capsys) -> None:
     assert json.loads(capsys.readouterr().out)["workload"]["rollout_parallel"] == "ep"
     assert main([*argv, "--assume", "rollout_parallel=pp"]) == 2
     assert "rollout_parallel is 'pp'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3", "sarvam_mla", "glm4_moe_lite"])
+def test_every_mla_model_caches_one_latent_head(arch: str) -> None:
+    """With or without an analytic formula for its type, an MLA model's cache is its latent and
+    shared rotary key per layer, one head a tensor-parallel rank cannot split."""
+    config = tiny_config(arch)
+    shape = ModelShape.from_config(config)
+    latent = config.kv_lora_rank + config.qk_rope_head_dim
+    assert shape.kv_heads == 1 and shape.kv_per_token == config.num_hidden_layers * latent

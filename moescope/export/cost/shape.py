@@ -195,15 +195,16 @@ class ModelShape:
 
 def _config_kv_per_token(config: PretrainedConfig) -> int:
     """:func:`kv_per_token` of a Hugging Face config: by the analytic entry where there is a
-    formula for its type, else as grouped-query attention from its head counts, layer by layer
-    where the config has per-layer settings (transformers' heterogeneous configs)."""
+    formula for its type, else from its attention's dimensions (MLA's latent where the config has
+    a ``kv_lora_rank``, grouped-query heads otherwise), layer by layer where the config has
+    per-layer settings (transformers' heterogeneous configs)."""
     try:
         return kv_per_token(entry_from_config(config))
     except MoescopeError:
         layers = getattr(config, "per_layer_config", None)
         if layers:
-            return sum(_gqa_kv(layer) for layer in layers)
-        return int(config.num_hidden_layers) * _gqa_kv(config)
+            return sum(_layer_kv(layer) for layer in layers)
+        return int(config.num_hidden_layers) * _layer_kv(config)
 
 
 def _config_kv_heads(config: PretrainedConfig) -> int:
@@ -213,13 +214,25 @@ def _config_kv_heads(config: PretrainedConfig) -> int:
         return kv_heads(entry_from_config(config))
     except MoescopeError:
         layers = getattr(config, "per_layer_config", None) or [config]
-        return max(_heads(layer)[1] for layer in layers)
+        return max(1 if _latent(layer) else _heads(layer)[1] for layer in layers)
 
 
 def _heads(config: Any) -> tuple[int, int]:
     """(attention heads, key-value heads) of a config."""
     heads = int(config.num_attention_heads)
     return heads, int(getattr(config, "num_key_value_heads", None) or heads)
+
+
+def _latent(config: Any) -> int:
+    """What an MLA layer caches per token (its key-value latent and shared rotary key); 0 for
+    any other attention."""
+    rank = getattr(config, "kv_lora_rank", None)
+    return int(rank) + int(getattr(config, "qk_rope_head_dim", None) or 0) if rank else 0
+
+
+def _layer_kv(config: Any) -> int:
+    """Numbers one attention layer caches per token: MLA's latent, else grouped-query keys and values."""
+    return _latent(config) or _gqa_kv(config)
 
 
 def _gqa_kv(config: Any) -> int:
