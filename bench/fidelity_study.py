@@ -451,18 +451,40 @@ def signature_lines(result: dict[str, Any]) -> list[str]:
 
 
 def verdict_lines(result: dict[str, Any]) -> list[str]:
-    """Per fault, the share of proxy runs whose verdict agrees with the original's."""
+    """The share of proxy runs whose verdict agrees with the original's: per keep over the faulted
+    runs, and per fault over every keep."""
     methods, rows = result["methods"], result["rows"]
-    table = []
-    for fault in result["faults"]:
-        cells = [fault]
-        for method in methods:
-            picked = [r for r in rows if r["fault"] == fault and r["method"] == method]
-            good = [r["verdict"] in ("reproduced", "both healthy") for r in picked]
-            cells.append(_fmt(mean_of([float(g) for g in good])))
-        table.append(cells)
-    heading = "## Per fault: share of proxy runs whose verdict is *reproduced* or *both healthy*"
-    return [heading, "", *_table(["fault", *methods], table)]
+
+    def agreeing(picked: list[dict[str, Any]]) -> str:
+        return _fmt(mean_of([float(r["verdict"] in ("reproduced", "both healthy")) for r in picked]))
+
+    faulted = [r for r in rows if r["fault"] != "healthy"]
+    per_keep = [
+        [keep, *(agreeing([r for r in faulted if r["keep"] == keep and r["method"] == m]) for m in methods)]
+        for keep in result["keeps"]
+    ]
+    per_fault = [
+        [fault, *(agreeing([r for r in rows if r["fault"] == fault and r["method"] == m]) for m in methods)]
+        for fault in result["faults"]
+    ]
+    rule = (
+        "The verdict of `moescope diagnose --against`: judged on the injected fault's signature when it "
+        "has one, on every finding otherwise."
+        if any("signature" in r for r in rows)
+        else "These verdicts were judged on every finding: the study was written before verdicts were "
+        "judged on the fault's signature; run it again to judge them so."
+    )
+    return [
+        "## Per keep: share of faulted runs whose verdict is *reproduced* or *both healthy*",
+        "",
+        rule,
+        "",
+        *_table(["keep", *methods], per_keep),
+        "",
+        "## Per fault: share of proxy runs whose verdict is *reproduced* or *both healthy*",
+        "",
+        *_table(["fault", *methods], per_fault),
+    ]
 
 
 def healing_lines(unhealed: dict[str, Any], healed: dict[str, Any]) -> list[str]:
