@@ -284,26 +284,33 @@ class _Rollout:
     seconds: float
 
 
-def _rollout(shape: ModelShape, devices: int, p: DeviceProfile, w: RLWorkload) -> _Rollout:
-    """The rollout phase: instance size, sequences held at once, decode steps and seconds."""
-    tp = w.rollout_parallel == "tp"
+def _engine_layout(shape: ModelShape, devices: int, p: DeviceProfile, w: RLWorkload) -> tuple[int, float]:
+    """(devices per rollout-engine instance, bytes of weights each holds): the smallest power of
+    two whose share of the engine's memory holds a device's part of the weights."""
     routed, rest = shape.params_routed * BF16, (shape.params_total - shape.params_routed) * BF16
-    engine = p.memory_gb * 1e9 * w.rollout_memory_fraction  # per device
-    room_for_weights = engine * w.weight_share
-    if not tp and rest >= room_for_weights:
+    room = p.memory_gb * 1e9 * w.rollout_memory_fraction * w.weight_share
+    if w.rollout_parallel == "ep" and rest >= room:
         raise MoescopeError(
             f"{shape.name}'s non-expert weights ({rest / 1e9:,.0f} GB) do not fit the rollout engine's "
-            f"share of one {p.name} ({room_for_weights / 1e9:,.0f} GB), as data-parallel attention "
-            "needs; use rollout_parallel=tp."
+            f"share of one {p.name} ({room / 1e9:,.0f} GB), as data-parallel attention needs; use "
+            "rollout_parallel=tp."
         )
-    needed = (routed + rest) / room_for_weights if tp else routed / (room_for_weights - rest)
+    needed = (routed + rest) / room if w.rollout_parallel == "tp" else routed / (room - rest)
     instance = 1 << max(0, math.ceil(needed) - 1).bit_length()
     if instance > devices:
         raise MoescopeError(
             f"{shape.name}'s rollout engine needs {instance} devices of {p.name} for its bf16 weights "
             f"({(routed + rest) / 1e9:,.0f} GB), more than the {devices} given; give more devices."
         )
-    weights = (routed + rest) / instance if tp else rest + routed / instance  # per device
+    return instance, (routed + rest) / instance if w.rollout_parallel == "tp" else rest + routed / instance
+
+
+def _rollout(shape: ModelShape, devices: int, p: DeviceProfile, w: RLWorkload) -> _Rollout:
+    """The rollout phase: instance size, sequences held at once, decode steps and seconds."""
+    tp = w.rollout_parallel == "tp"
+    instance, weights = _engine_layout(shape, devices, p, w)
+    routed, rest = shape.params_routed * BF16, (shape.params_total - shape.params_routed) * BF16
+    engine = p.memory_gb * 1e9 * w.rollout_memory_fraction  # per device
     kv_token = shape.kv_per_token * BF16  # bytes per token, all layers
     if tp:
         kv_token *= math.ceil(shape.kv_heads / instance) / shape.kv_heads  # heads each rank keeps
