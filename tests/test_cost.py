@@ -557,7 +557,7 @@ def test_expert_parallel_rollout_replicates_the_backbone_and_splits_the_kv_cache
     assert RLWorkload(sync_ms_per_tensor=0).sync_ms_per_tensor == 0  # bucketed weight sync
     with pytest.raises(MoescopeError, match="sync_ms_per_tensor is -1"):
         RLWorkload(sync_ms_per_tensor=-1)
-    with pytest.raises(MoescopeError, match="mean_response_share is 1.5; it is a fraction"):
+    with pytest.raises(MoescopeError, match=r"mean_response_share is 1\.5; it is a fraction"):
         RLWorkload(mean_response_share=1.5)
 
 
