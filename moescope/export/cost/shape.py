@@ -152,8 +152,7 @@ class ModelShape:
             n_group=summary.n_group,
             topk_group=summary.topk_group,
             note=note,
-            kv_per_token=_config_kv_per_token(config),
-            kv_heads=_config_kv_heads(config),
+            **_config_kv(config),
         )
 
     def with_keep(self, keep: str | float | int) -> ModelShape:
@@ -193,28 +192,21 @@ class ModelShape:
         return asdict(self)
 
 
-def _config_kv_per_token(config: PretrainedConfig) -> int:
-    """:func:`kv_per_token` of a Hugging Face config: by the analytic entry where there is a
-    formula for its type, else from its attention's dimensions (MLA's latent where the config has
-    a ``kv_lora_rank``, grouped-query heads otherwise), layer by layer where the config has
-    per-layer settings (transformers' heterogeneous configs)."""
+def _config_kv(config: PretrainedConfig) -> dict[str, int]:
+    """``kv_per_token`` and ``kv_heads`` of a Hugging Face config: by the analytic entry where there
+    is a formula for its type, else from its attention's dimensions (MLA's latent where the config
+    has a ``kv_lora_rank``, grouped-query heads otherwise), layer by layer where the config has
+    per-layer settings (transformers' heterogeneous configs); the heads are the largest layer's."""
     try:
-        return kv_per_token(entry_from_config(config))
+        entry = entry_from_config(config)
+        return {"kv_per_token": kv_per_token(entry), "kv_heads": kv_heads(entry)}
     except MoescopeError:
-        layers = getattr(config, "per_layer_config", None)
-        if layers:
-            return sum(_layer_kv(layer) for layer in layers)
-        return int(config.num_hidden_layers) * _layer_kv(config)
-
-
-def _config_kv_heads(config: PretrainedConfig) -> int:
-    """:func:`kv_heads` of a Hugging Face config, by its analytic entry where there is one, else
-    its key-value head count (the largest of its layers' where they differ)."""
-    try:
-        return kv_heads(entry_from_config(config))
-    except MoescopeError:
-        layers = getattr(config, "per_layer_config", None) or [config]
-        return max(1 if _latent(layer) else _heads(layer)[1] for layer in layers)
+        per_layer = getattr(config, "per_layer_config", None)
+        layers = per_layer or [config] * int(config.num_hidden_layers)
+        return {
+            "kv_per_token": sum(_layer_kv(layer) for layer in layers),
+            "kv_heads": max(1 if _latent(layer) else _heads(layer)[1] for layer in layers),
+        }
 
 
 def _heads(config: Any) -> tuple[int, int]:

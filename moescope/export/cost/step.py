@@ -284,10 +284,15 @@ class _Rollout:
     seconds: float
 
 
+def _weight_bytes(shape: ModelShape) -> tuple[float, float]:
+    """(routed experts, everything else) of the bf16 weights, in bytes."""
+    return shape.params_routed * BF16, (shape.params_total - shape.params_routed) * BF16
+
+
 def _engine_layout(shape: ModelShape, devices: int, p: DeviceProfile, w: RLWorkload) -> tuple[int, float]:
     """(devices per rollout-engine instance, bytes of weights each holds): the smallest power of
     two whose share of the engine's memory holds a device's part of the weights."""
-    routed, rest = shape.params_routed * BF16, (shape.params_total - shape.params_routed) * BF16
+    routed, rest = _weight_bytes(shape)
     room = p.memory_gb * 1e9 * w.rollout_memory_fraction * w.weight_share
     if w.rollout_parallel == "ep" and rest >= room:
         raise MoescopeError(
@@ -309,7 +314,7 @@ def _rollout(shape: ModelShape, devices: int, p: DeviceProfile, w: RLWorkload) -
     """The rollout phase: instance size, sequences held at once, decode steps and seconds."""
     tp = w.rollout_parallel == "tp"
     instance, weights = _engine_layout(shape, devices, p, w)
-    routed, rest = shape.params_routed * BF16, (shape.params_total - shape.params_routed) * BF16
+    routed, rest = _weight_bytes(shape)
     engine = p.memory_gb * 1e9 * w.rollout_memory_fraction  # per device
     kv_token = shape.kv_per_token * BF16  # bytes per token, all layers
     if tp:
