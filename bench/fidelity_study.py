@@ -5,7 +5,9 @@ For keep in {1/2, 1/4, 1/8} x selection in {paper, cluster, frequency, REAP, ran
 (``toy`` or ``toy-v3``) is exported, unhealed or capability-targeted (``--targeted``: healed in
 rounds until it keeps the checklist's accuracy ratio or the budget is spent); then the model and
 every proxy replay the same short GRPO run — healthy, and under each injected fault — with the
-same data, sampling seeds and precision. Each proxy trace is compared with the original's trace
+same data, sampling seeds and precision. Each export calibrates on that replay's own data (its
+prompts, :data:`REPLAY_TASKS`, with the model's sampled completions), as a user calibrates on
+the RL task they debug. Each proxy trace is compared with the original's trace
 of the same fault and seed (:func:`moescope.analyze.verdict.compare`): which findings it
 reproduces and how close their onsets are, and how well the loss, grad-norm, entropy, reward
 and KL curves agree. Every run also keeps a summary (:func:`moescope.export.study.run_summary`)
@@ -60,6 +62,8 @@ from moescope.replay.faults import KINDS
 
 MODELS = ("toy", "toy-v3")
 KEEPS = ("1/2", "1/4", "1/8")
+REPLAY_TASKS = ("add2", "add3")
+"""The replay's prompts: the families whose accuracy lies in the RL window on both models."""
 METHODS = ("paper", "cluster", "frequency", "reap", "random")
 # the paper method on one view, or two, instead of all three: METHOD/VIEW[+VIEW]
 ABLATIONS = (
@@ -89,7 +93,7 @@ FAULTS: dict[str, dict[str, Any]] = {
 def _config(fault: str, seed: int, steps: int):
     from moescope.replay import ReplayConfig
 
-    base = {"steps": steps, "seed": seed, "prompts_per_step": 4, "group_size": 8, "tasks": ("add2", "add3")}
+    base = {"steps": steps, "seed": seed, "prompts_per_step": 4, "group_size": 8, "tasks": REPLAY_TASKS}
     overrides = dict(FAULTS[fault])
     overrides["faults"] = tuple(f.replace("MID", str(steps // 2)) for f in overrides.get("faults", ()))
     return ReplayConfig(**{**base, **overrides})
@@ -115,6 +119,17 @@ def _replay(job: tuple[str, str, str, int, int, str]) -> dict[str, Any]:
     }
 
 
+def calibration_lines(result: dict[str, Any]) -> list[str]:
+    """What the exports calibrated on (a study from before this was recorded says nothing)."""
+    calibration = result.get("calibration")
+    if not calibration:
+        return []
+    return [
+        f"Every export calibrated on the replay's own data (`--calibration {calibration['source']}`): "
+        f"its prompts ({', '.join(calibration['prompts'])}) with {_model(result)}'s sampled completions."
+    ]
+
+
 def export_options(spec: str) -> dict[str, Any]:
     """``METHOD`` or ``METHOD/VIEW[+VIEW]`` (an ablation of ``paper``) as export options."""
     method, _, views = spec.partition("/")
@@ -134,7 +149,7 @@ def _export(job: tuple[str, str, str, int, str, bool]) -> dict[str, Any]:
     if not manifest.is_file():  # a proxy an interrupted study already wrote is taken as it is
         export_proxy(
             model, out, keep=keep, seed=seed, n_tokens=4000, progress=False, overwrite=True,
-            **export_options(spec), **({} if targeted else {"min_capability": 0.0}),
+            tasks=REPLAY_TASKS, **export_options(spec), **({} if targeted else {"min_capability": 0.0}),
             fidelity={"n_tokens": 2048, "seed": seed, "n_prompts": 50, "samples": 2},
         )  # fmt: skip
     return export_record(json.loads(manifest.read_text()), keep, spec, seed, out)
@@ -221,6 +236,7 @@ def run(
         "model": model,
         "targeted": targeted,
         "heal_steps": 0,
+        "calibration": {"source": "rl", "prompts": list(REPLAY_TASKS)},
         "steps": steps,
         "seeds": seeds,
         "faults": {f: FAULTS[f] for f in faults},
@@ -312,6 +328,7 @@ def markdown(result: dict[str, Any], unhealed: dict[str, Any] | None = None) -> 
         f"{len(result['proxies'])} proxies ({', '.join(keeps)} kept × {', '.join(methods)} × "
         f"{result['seeds']} seeds), each replaying {len(faults)} runs (healthy and {len(faults) - 1} "
         f"faults) of {result['steps']} GRPO steps, compared with {model}'s run of the same fault and seed.",
+        *calibration_lines(result),
         "",
         "## Reproduction of the original's findings, and curve agreement",
         "",
