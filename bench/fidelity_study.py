@@ -63,7 +63,8 @@ from moescope.replay.faults import KINDS
 MODELS = ("toy", "toy-v3")
 KEEPS = ("1/2", "1/4", "1/8")
 REPLAY_TASKS = ("add2", "add3")
-"""The replay's prompts: the families whose accuracy lies in the RL window on both models."""
+"""The replay's prompts: the addition families, which leave RL groups mixed rewards (the toy's
+in-window tasks, and add2 of toy-v3)."""
 METHODS = ("paper", "cluster", "frequency", "reap", "random")
 # the paper method on one view, or two, instead of all three: METHOD/VIEW[+VIEW]
 ABLATIONS = (
