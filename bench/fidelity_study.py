@@ -1,6 +1,7 @@
 """The fidelity study: do proxies of an embedded model reproduce what it does under RL faults?
 
-For keep in {1/2, 1/4, 1/8} x selection in {paper, cluster, frequency, REAP, random} x seed
+For keep in {1/2, 1/4, 1/8} x selection in {auto (the export's default), paper, cluster,
+frequency, REAP, random} x seed
 (plus the ``paper`` method's view ablations at the ``--ablation-keeps``), a proxy of the model
 (``toy`` or ``toy-v3``) is exported, unhealed or capability-targeted (``--targeted``: healed in
 rounds until it keeps the checklist's accuracy ratio or the budget is spent); then the model and
@@ -23,7 +24,9 @@ preserve dynamics at least as well as the baselines. The script reports what the
 writes ``OUT/fidelity-study[-MODEL][-targeted].json`` (every comparison) and ``.md`` (tables).
 ``--tables-only`` rewrites the tables from that JSON; ``--rejudge`` judges its runs again from the
 replays the study kept in its work directory (after a change to the diagnosis); ``--work DIR``
-runs in DIR and takes the proxies an interrupted study already exported there as they are.
+runs in DIR and takes the proxies an interrupted study already exported there as they are;
+``--merge --methods M...`` runs only those methods (and the originals again) and adds them to
+OUT's study of the model, refused unless the originals replay exactly as they did.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ KEEPS = ("1/2", "1/4", "1/8")
 REPLAY_TASKS = ("add2", "add3")
 """The replay's prompts: the addition families, which leave RL groups mixed rewards (the toy's
 in-window tasks, and add2 of toy-v3)."""
-METHODS = ("paper", "cluster", "frequency", "reap", "random")
+METHODS = ("auto", "paper", "cluster", "frequency", "reap", "random")
+"""``auto`` is the export's default: the better of ``paper`` and ``reap`` on the task, measured."""
 # the paper method on one view, or two, instead of all three: METHOD/VIEW[+VIEW]
 ABLATIONS = (
     "paper/router",
@@ -174,6 +178,7 @@ def export_record(manifest: dict[str, Any], keep: str, spec: str, seed: int, out
         "capability": capability["figure"],
         "capability_ratio": ratio,
         "capability_unhealed": attempt["curve"][0]["ratio"] if attempt else ratio,
+        "selected_by": manifest["method"],  # what auto chose; the method itself otherwise
         "heal_steps": attempt["curve"][-1]["steps"] if attempt else 0,
         "passed": capability["passed"],
     }
@@ -271,13 +276,50 @@ def rejudge(result: dict[str, Any]) -> dict[str, Any]:
     """The study's judgments again, from the replays it saved in its work directory, by this
     checkout's diagnosis. Replays are deterministic, so this is what a fresh run of the same
     command judges; exports, capabilities, summaries and step times stay as measured."""
-    work = Path(result["proxies"][0]["path"]).parent
-    if not work.is_dir():
-        raise SystemExit(f"the study's replays in {work} are gone; run the study again instead.")
+    works = {(p["keep"], p["method"], p["seed"]): Path(p["path"]).parent for p in result["proxies"]}
+    for work in set(works.values()):  # one, or one per study merged into this one
+        if not work.is_dir():
+            raise SystemExit(f"the study's replays in {work} are gone; run the study again instead.")
     for row in result["rows"]:
         tag, fault, seed = _tag(row["keep"], row["method"], row["seed"]), row["fault"], row["seed"]
+        work = works[(row["keep"], row["method"], row["seed"])]
         row.update(judgment(work / f"original-{fault}-{seed}.jsonl", work / f"{tag}-{fault}.jsonl"))
     return result
+
+
+MERGED_ALIKE = ("model", "targeted", "calibration", "steps", "seeds", "faults", "keeps")
+"""What two studies must share for one's methods to be added to the other's (:func:`merged`)."""
+
+
+def merged(previous: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``previous`` with ``new``'s methods added (replacing its own runs of them).
+
+    Only sound when both compare with the same original runs: replays are deterministic, so the
+    originals ``new`` replayed again must summarise exactly as ``previous``'s did, else the
+    merge is refused. The result's command is ``previous``'s, which now runs every method."""
+    new = json.loads(json.dumps(new, default=str))  # as the JSON file holds it: lists, not tuples
+    differing = [key for key in MERGED_ALIKE if previous.get(key) != new.get(key)]
+    if differing:
+        raise SystemExit(f"the two studies differ in {', '.join(differing)}; run the whole study instead.")
+    if json.loads(json.dumps(new["originals"], default=str)) != previous["originals"]:
+        raise SystemExit(
+            "the originals replayed differently from the earlier study's (another machine or "
+            "version?); run the whole study instead."
+        )
+    added = set(new["methods"])
+    methods = [m for m in METHODS + ABLATIONS if m in added or m in previous["methods"]]
+
+    def ordered(items: list[dict[str, Any]]) -> list[dict[str, Any]]:  # as one run lists them
+        return sorted(items, key=lambda i: (previous["keeps"].index(i["keep"]), methods.index(i["method"])))
+
+    return {
+        **previous,
+        "methods": methods,
+        "proxies": ordered([p for p in previous["proxies"] if p["method"] not in added] + new["proxies"]),
+        "rows": ordered([r for r in previous["rows"] if r["method"] not in added] + new["rows"]),
+        "wall_s": previous["wall_s"] + new["wall_s"],
+        "merged": [*previous.get("merged", []), new["command"]],
+    }
 
 
 def _subset_flags(given: dict[str, tuple[str, ...]]) -> str:
@@ -376,7 +418,16 @@ def capability_lines(result: dict[str, Any]) -> list[str]:
                 cell += f", from {_fmt(before)} in {_fmt(steps, '{:.0f}')} steps"
             cells.append(cell)
         rows.append(cells)
-    return lines + _table(["keep", *result["methods"]], rows)
+    return lines + _table(["keep", *result["methods"]], rows) + auto_lines(result)
+
+
+def auto_lines(result: dict[str, Any]) -> list[str]:
+    """Which method ``auto`` kept, per keep, seed after seed (a study without it says nothing)."""
+    auto = [p for p in result["proxies"] if p["method"] == "auto" and "selected_by" in p]
+    if not auto:
+        return []
+    kept = {keep: ", ".join(p["selected_by"] for p in auto if p["keep"] == keep) for keep in result["keeps"]}
+    return ["", "`auto` kept, seed by seed: " + "; ".join(f"{k}: {v}" for k, v in kept.items() if v) + "."]
 
 
 def no_signal_lines(result: dict[str, Any]) -> list[str]:
@@ -587,6 +638,9 @@ def main() -> None:
     parser.add_argument(
         "--work", type=Path, help="the work directory; an interrupted study's proxies there are reused"
     )
+    parser.add_argument(
+        "--merge", action="store_true", help="add the --methods run now to OUT's study of the model"
+    )
     args = parser.parse_args()
     stem = stem_for(args.out, args.model, args.targeted)
     if args.tables_only or args.rejudge:
@@ -599,6 +653,8 @@ def main() -> None:
             args.model, args.seeds, args.steps, args.workers, tuple(args.keeps), tuple(args.methods),
             tuple(args.faults), args.targeted, tuple(args.ablation_keeps), args.work,
         )  # fmt: skip
+        if args.merge:
+            result = merged(read_study(stem.with_suffix(".json")), result)
         args.out.mkdir(parents=True, exist_ok=True)
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     unhealed = stem_for(args.out, args.model).with_suffix(".json")

@@ -113,6 +113,17 @@ def _per_row(pairs: list[str] | None, flag: str, example: str, whole: bool) -> d
     return given
 
 
+def _print_method_choice(choice: dict | None) -> None:
+    """What ``--method auto`` measured of each candidate, and what it kept."""
+    if not choice:
+        return
+    if choice.get("why"):
+        print(f"method auto: {choice['fallback']}, since nothing can be measured ({choice['why']})")
+    for c in choice["choices"]:
+        ratios = ", ".join(f"{m} {'n/a' if r is None else f'{r:.2f}'}" for m, r in c["ratios"].items())
+        print(f"method auto, keep {c['keep']}: accuracy ratio {ratios} -> {c['chosen']}")
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from moescope.export.pipeline import export_proxy
 
@@ -123,6 +134,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"proxy: {result.path} ({m['keep']} of {m['source']['num_experts']} routed experts per layer, "
         f"{m['keep_ratio']:.1%}, method {m['method']})"
     )
+    _print_method_choice(m.get("method_choice"))
     if result.healing is not None:
         h = result.healing
         print(f"healing: {h.steps} steps, held-out KL {h.kl_before:.4f} -> {h.kl_after:.4f}")

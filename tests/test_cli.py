@@ -14,10 +14,13 @@ import pytest
 
 from moescope._util.flags import flagged_fields
 from moescope.cli import build_parser, export_config, main, replay_config
+from moescope.errors import MoescopeError
 from moescope.export.config import ExportConfig
+from moescope.models.accuracy import check_task_spec
 from moescope.models.table import ARCHITECTURES
 from moescope.models.zoo import TINY_ARCHS, tiny_config
 from moescope.replay.config import ReplayConfig
+from moescope.replay.data import prompt_schedule
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -152,3 +155,20 @@ def test_flags_that_are_no_field_name_set_their_fields() -> None:
     config = replay_config(parser.parse_args([*replay, "--fault", "no_grad_clip"]))
     assert config.token_entropy_flow_control and config.min_entropy_floor == 0.4 and config.pivot
     assert config.faults == ("nan_op@1", "no_grad_clip") and config.steps == ReplayConfig().steps
+
+
+def test_prompts_may_name_task_families_for_the_export_and_the_replay() -> None:
+    """``--prompts add2,add3`` on both commands: the replay trains on those families and the export
+    calibrates and measures on the same ones, as the fidelity study does."""
+    parser = build_parser()
+    export = export_config(parser.parse_args(["export", *REQUIRED["export"], "--prompts", "add2,add3"]))
+    replay = replay_config(parser.parse_args(["replay", *REQUIRED["replay"], "--prompts", "add2,add3"]))
+    assert export.tasks == ("add2", "add3") == replay.tasks and replay.prompts == "toy"
+    assert replay == ReplayConfig(tasks=("add2", "add3"))  # one config, however the families are given
+    assert {ex.task for step in prompt_schedule(replay) for ex in step} == {"add2", "add3"}
+    unknown = export_config(parser.parse_args(["export", *REQUIRED["export"], "--prompts", "add2,add9"]))
+    assert unknown.tasks == "add2,add9"  # not every name is a family, so a file, refused as missing
+    with pytest.raises(MoescopeError, match=r"add2,add9 does not exist; .* or task families of the suite"):
+        check_task_spec(unknown.tasks)
+    with pytest.raises(MoescopeError, match="give the families once"):
+        ReplayConfig(prompts="add2", tasks=("copy",))

@@ -190,16 +190,21 @@ def test_a_selection_file_is_reused_and_checked(tmp_path: Path, tiny_checkpoint)
     assert not (tmp_path / "q").exists()
 
 
-def test_the_default_method_is_the_papers_in_memory(tmp_path: Path, tiny_checkpoint) -> None:
-    """Without --method an in-memory export chooses by the paper's selection (a streaming export,
-    which never runs the model, clusters the weights: test_streaming) and records it."""
+def test_the_default_method_is_auto_and_the_papers_where_nothing_can_be_measured(
+    tmp_path: Path, tiny_checkpoint
+) -> None:
+    """Without --method an in-memory export is ``auto``; on a checkpoint without tokenizer no task
+    can be measured, so it chooses by the paper's selection and says why (a streaming export,
+    which never runs the model, clusters the weights: test_streaming)."""
     source = tiny_checkpoint("qwen3_moe")
     result = export_proxy(source, tmp_path / "p", keep=4, fidelity=False, progress=False)
     model = tiny("qwen3_moe")
     ids = calibration_data(model, None, "rl", n_tokens=20_000, seed=0)
     stats = collect_routing(model, ids, n_tokens=20_000, progress=False)
     assert result.selection.layers == select_experts(model, 4, method="paper", stats=stats).layers
-    assert result.manifest["method"] == result.manifest["config"]["method"] == "paper"
+    assert (result.manifest["method"], result.manifest["config"]["method"]) == ("paper", "auto")
+    choice = result.manifest["method_choice"]
+    assert choice["fallback"] == "paper" and choice["why"].startswith("no tasks") and not choice["choices"]
 
 
 def test_a_checkpoint_without_tokenizer_is_calibrated_on_seeded_random_ids_and_summarised(

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from moescope.errors import MoescopeError
-from moescope.models.accuracy import TaskSpec
-from moescope.models.prompts import answer_budget, is_prompt_file, prompt_stream
+from moescope.models.accuracy import TaskSpec, is_prompt_file
+from moescope.models.prompts import answer_budget, prompt_stream
 
 RL = "rl"
 """The ``calibration`` value that selects the replay's prompts plus the model's own completions."""

@@ -31,11 +31,6 @@ if TYPE_CHECKING:
 METHODS = ("cluster", "paper", "frequency", "reap", "random")
 """How :func:`~moescope.explore.clustering.select_experts` chooses (a selection's ``method``)."""
 
-DEFAULT_METHOD = "paper"
-"""What an export chooses by unless told: the paper's selection, which in the fidelity study
-reproduces the original's findings with few false alarms and heals to the capability target
-in the fewest steps (README, *Results*)."""
-
 STREAMING_METHOD = "cluster"
 """What a streaming export chooses by unless told: it never runs the model, so it clusters the
 weights (the paper's views need a calibration pass)."""

@@ -18,11 +18,22 @@ from moescope._util.configs import config_from_dict
 from moescope._util.flags import flag
 from moescope.errors import MoescopeError
 from moescope.explore.paper import DEFAULT_VIEWS, SIGMOID_VIEWS, paper_views
-from moescope.explore.selection import DEFAULT_METHOD, METHODS, STREAMING_METHOD, Selection
+from moescope.explore.selection import METHODS, STREAMING_METHOD, Selection
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
+from moescope.export.method_choice import AUTO_CANDIDATES, AUTO_METHOD, FALLBACK
+from moescope.models.tasks import family_names
 
 AUTO = "auto"
 """The ``keep`` that searches for the smallest kept share reaching ``min_capability``."""
+
+EXPORT_METHODS = (AUTO_METHOD, *METHODS)
+"""What an export may choose by: a selection method, or ``auto``, the best of
+:data:`~moescope.export.method_choice.AUTO_CANDIDATES` measured (:mod:`moescope.export.method_choice`)."""
+
+DEFAULT_METHOD = AUTO_METHOD
+"""What an in-memory export chooses by unless told: whichever of ``paper`` and ``reap`` keeps more
+task skill on this model and calibration, measured; ``paper`` where nothing can be measured. In
+the fidelity study neither method led at every keep (README, *Results*)."""
 
 
 @dataclass(frozen=True)
@@ -34,8 +45,10 @@ class ExportConfig:
         a count (``8``), or ``"auto"``: the smallest share from 1/8 to 1/2 whose proxy reaches
         ``min_capability`` (:func:`moescope.export.targeting.search_keep`); optional with a
         selection. ``selection``: a ``selection.json`` to reuse (e.g. notebook 01's); without
-        one, the experts are chosen by ``method`` with ``seed`` (``None``: ``"paper"`` in memory,
-        ``"cluster"`` when streaming; :data:`~moescope.explore.selection.DEFAULT_METHOD`).
+        one, the experts are chosen by ``method`` with ``seed`` (``None``: ``"auto"`` in memory,
+        ``"cluster"`` when streaming; :data:`DEFAULT_METHOD`); ``"auto"`` cuts a proxy with each
+        of ``paper`` and ``reap`` and keeps the one that keeps more task skill, measured
+        (:mod:`moescope.export.method_choice`).
         ``views`` and ``view_weights`` (method ``paper``; :mod:`moescope.explore.paper`): the
         distance views fused (``None``: router and context under a sigmoid router, the router
         view alone otherwise; :func:`~moescope.explore.paper.default_views`) and one weight per
@@ -86,14 +99,16 @@ class ExportConfig:
         default=None,
         metadata=flag(
             "selection method",
-            choices=METHODS,
-            shown=f"{DEFAULT_METHOD}; {STREAMING_METHOD} when streaming",
+            choices=EXPORT_METHODS,
+            shown=f"{DEFAULT_METHOD}: the better of {' and '.join(AUTO_CANDIDATES)} on the tasks, "
+            f"{FALLBACK} without tasks; {STREAMING_METHOD} when streaming",
         ),
     )
     views: str | tuple[str, ...] | None = field(
         default=None,
         metadata=flag(
-            "--method paper: the distance views fused, of router, coactivation, context",
+            "--method paper (and auto's paper candidate): the distance views fused, of router, "
+            "coactivation, context",
             metavar="V,V",
             shown=f"{','.join(SIGMOID_VIEWS)} for a sigmoid router, else {','.join(DEFAULT_VIEWS)}",
         ),
@@ -140,8 +155,9 @@ class ExportConfig:
     tasks: str | tuple[str, ...] | None = field(
         default=None,
         metadata=flag(
-            'task accuracy on a .jsonl of {"prompt", "answer"} lines',
-            metavar="FILE",
+            "task accuracy and rl calibration on task families (add2,add3) or a .jsonl of "
+            '{"prompt", "answer"} lines',
+            metavar="SRC",
             name="--prompts",
             shown="the task suite for toy and toy-v3, none for other models",
         ),
@@ -152,6 +168,8 @@ class ExportConfig:
             value = getattr(self, name)
             if isinstance(value, Path):
                 object.__setattr__(self, name, str(value))
+        if isinstance(self.tasks, str) and family_names(self.tasks):  # the command line's add2,add3
+            object.__setattr__(self, "tasks", family_names(self.tasks))
         if isinstance(self.tasks, list | tuple):
             object.__setattr__(self, "tasks", tuple(self.tasks))
         if self.views is not None:  # None: the router's default views, chosen at selection
@@ -181,8 +199,10 @@ class ExportConfig:
 
 def _check(c: ExportConfig) -> None:
     """One sentence per impossible setting, naming the fix."""
-    if c.method is not None and c.method not in METHODS:
-        raise MoescopeError(f"unknown selection method {c.method!r}; choose one of {', '.join(METHODS)}.")
+    if c.method is not None and c.method not in EXPORT_METHODS:
+        raise MoescopeError(
+            f"unknown selection method {c.method!r}; choose one of {', '.join(EXPORT_METHODS)}."
+        )
     if c.heal_steps < 0:
         raise MoescopeError(
             f"heal_steps={c.heal_steps} must be 0 (no healing) or a positive number of steps."
@@ -270,7 +290,7 @@ def resolve_method(
     config: ExportConfig, inputs: ExportInputs, streaming: bool
 ) -> tuple[ExportConfig, ExportInputs]:
     """The config and its manifest record with the selection method in effect: the one asked for,
-    else :data:`~moescope.explore.selection.DEFAULT_METHOD` in memory and
+    else :data:`DEFAULT_METHOD` in memory and
     :data:`~moescope.explore.selection.STREAMING_METHOD` when streaming (no forward pass there)."""
     method = config.method or (STREAMING_METHOD if streaming else DEFAULT_METHOD)
     return replace(config, method=method), replace(inputs, record={**inputs.record, "method": method})

@@ -29,6 +29,13 @@ from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.fidelity.measure import manifest_sections, measure_fidelity, validity_checklist
 from moescope.export.healing import BATCH_SIZE, SEQ_LEN, heal, training_batches
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
+from moescope.export.method_choice import (
+    AUTO_CANDIDATES,
+    AUTO_METHOD,
+    FALLBACK,
+    MethodChoices,
+    choosing_selector,
+)
 from moescope.export.result import ExportResult
 from moescope.export.streaming.export import export_streaming, needs_streaming, write_selected
 from moescope.export.surgery import build_proxy, given_selection, kept_count
@@ -145,13 +152,17 @@ def _export_in_memory(
             f"keep=auto measures each candidate's task accuracy, which is not possible here: {why}."
         )
     data = _calibration(lm, tokenizer, config, inputs)
-    select = _selector(lm, tokenizer, config, inputs, data, progress)
-    chosen, proxy, healing, targeting = _cut_and_heal(lm, tokenizer, config, data, select)
+    choices = MethodChoices() if config.method == AUTO_METHOD and inputs.selection is None else None
+    probe = functools.cache(lambda: _capability_probe(lm, tokenizer, config))  # the original measured once
+    select = _selector(lm, tokenizer, config, inputs, data, progress, choices, probe)
+    chosen, proxy, healing, targeting = _cut_and_heal(lm, tokenizer, config, data, select, probe)
     assessed = _assess(lm, proxy, tokenizer, chosen, config)
     manifest = make_manifest(source, lm, proxy, chosen)
     manifest.update(manifest_sections(assessed["fidelity"], assessed["checklist"], healing))
     manifest.update(config=inputs.record, calibration=_calibration_record(data, inputs.record["calibration"]))
     manifest.update(_targeting_section(lm, tokenizer, config, targeting))
+    if choices is not None:
+        manifest["method_choice"] = choices.to_dict()
 
     def fill(work: Path) -> None:
         if multimodal:  # the loaded language model lacks the vision tower: cut the shards instead
@@ -198,6 +209,8 @@ def _refuse_in_memory_steps(config: ExportConfig, named_tasks: Any) -> None:
     export never loads."""
     if config.keep == AUTO:
         raise _needs_memory("keep=auto", "give a --keep")
+    if config.method == AUTO_METHOD:
+        raise _needs_memory("method=auto (measuring each candidate's proxy)", "give a --method")
     if config.heal_steps:
         raise _needs_memory(
             "healing", "heal the streamed proxy later with moescope.export.healing.heal_proxy_dir"
@@ -233,9 +246,12 @@ def _selector(
     inputs: ExportInputs,
     data: Data,
     progress: bool,
+    choices: MethodChoices | None,
+    probe: Callable[[], CapabilityProbe],
 ) -> Callable[[Any], Selection]:
     """``keep → Selection``: the given selection checked against the model, or experts chosen by
-    ``config.method`` from one calibration pass, whatever counts are asked of it."""
+    ``config.method`` from one calibration pass, whatever counts are asked of it; ``auto``
+    measures its candidates' proxies, recording each choice in ``choices``."""
     moe = adapt(lm)
     method, seed = config.method, config.seed
     if inputs.selection is not None:
@@ -248,6 +264,9 @@ def _selector(
         keep_candidates(moe, config.allow_top_k)  # refuse a model with no count to try, before any pass
     else:
         kept_count(moe, config.keep, config.allow_top_k)  # refuse an impossible keep before the pass
+    if choices is not None:
+        choices.why = _no_tasks(lm, tokenizer, config)
+        method = FALLBACK if choices.why else method
     stats, embeddings = None, None
     if method != "random":
         stats = collect_routing(
@@ -255,18 +274,31 @@ def _selector(
         )
     if method == "cluster":
         embeddings = embed_experts(lm, "multiview", stats=stats, seed=seed, progress=progress)
-    options = {"method": method, "embeddings": embeddings, "stats": stats, "seed": seed}
-    if method == "paper":
-        options.update(views=config.views, view_weights=config.view_weights)
-    return lambda keep: select_experts(lm, keep, allow_top_k=config.allow_top_k, **options)
+
+    def selector(method: str) -> Callable[[Any], Selection]:
+        options = {"method": method, "embeddings": embeddings, "stats": stats, "seed": seed}
+        if method == "paper":
+            options.update(views=config.views, view_weights=config.view_weights)
+        return lambda keep: select_experts(lm, keep, allow_top_k=config.allow_top_k, **options)
+
+    if method == AUTO_METHOD:
+        assert choices is not None
+        return choosing_selector(lm, {m: selector(m) for m in AUTO_CANDIDATES}, probe(), choices)
+    return selector(method)
 
 
 def _cut_and_heal(
-    lm: PreTrainedModel, tokenizer: Any, config: ExportConfig, data: Data, select: Callable[[Any], Selection]
+    lm: PreTrainedModel,
+    tokenizer: Any,
+    config: ExportConfig,
+    data: Data,
+    select: Callable[[Any], Selection],
+    measure: Callable[[], CapabilityProbe],
 ) -> tuple[Selection, PreTrainedModel, Any, Targeting | None]:
     """The proxy of ``config.keep`` (healed ``heal_steps``, then toward the target), or of the
-    count ``keep="auto"`` finds; with its selection, healing report and targeting record."""
-    probe = _probe(lm, tokenizer, config)
+    count ``keep="auto"`` finds; with its selection, healing report and targeting record.
+    ``measure``: the capability probe, taken only where there is a target to measure."""
+    probe = None if config.min_capability <= 0 or _unmeasured(lm, tokenizer, config) else measure()
 
     def batches() -> Iterator[Batch]:
         options = {"batch_size": BATCH_SIZE, "seq_len": SEQ_LEN, "seed": config.seed}
@@ -294,6 +326,11 @@ def _unmeasured(lm: PreTrainedModel, tokenizer: Any, config: ExportConfig) -> st
         return ""
     if not config.fidelity:
         return "fidelity is off, so nothing is measured"
+    return _no_tasks(lm, tokenizer, config)
+
+
+def _no_tasks(lm: PreTrainedModel, tokenizer: Any, config: ExportConfig) -> str:
+    """Why no task accuracy can be measured ("" when it can)."""
     if tokenizer is None or resolve_tasks(config.tasks, lm) is None:
         return 'no tasks for this model; give --prompts FILE (a .jsonl of {"prompt", "answer"} lines)'
     return ""
@@ -311,17 +348,16 @@ def _targeting_section(
     )
 
 
-def _probe(lm: PreTrainedModel, tokenizer: Any, config: ExportConfig) -> CapabilityProbe | None:
-    """The capability measurement of the target, as the fidelity measurement will take it; ``None``
-    without a target, or where it cannot be measured (:func:`_unmeasured`)."""
-    if config.min_capability <= 0 or _unmeasured(lm, tokenizer, config):
-        return None
+def _capability_probe(lm: PreTrainedModel, tokenizer: Any, config: ExportConfig) -> CapabilityProbe:
+    """The capability measurement as the fidelity measurement will take it (its tasks, prompt
+    count, samples and seed), against the target (the checklist's threshold without one)."""
     tasks = resolve_tasks(config.tasks, lm)
     given = config.fidelity if isinstance(config.fidelity, dict) else {}
     defaults = inspect.signature(measure_fidelity).parameters
     options = {name: given.get(name, defaults[name].default) for name in ("n_prompts", "samples")}
     seed = given.get("seed", config.seed)
-    return CapabilityProbe(lm, tokenizer, tasks, threshold=config.min_capability, seed=seed, **options)
+    threshold = config.min_capability or CAPABILITY_THRESHOLD
+    return CapabilityProbe(lm, tokenizer, tasks, threshold=threshold, seed=seed, **options)
 
 
 def _assess(

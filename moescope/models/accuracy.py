@@ -32,7 +32,7 @@ import torch
 from moescope.errors import MoescopeError
 from moescope.models.embedded import EMBEDDED, embedded_path
 from moescope.models.evaluation import GREEDY, decode_completions, evaluate_tasks
-from moescope.models.tasks import TASK_FAMILIES, Example, check_tasks, score
+from moescope.models.tasks import TASK_FAMILIES, Example, check_tasks, family_names, score
 from moescope.provenance import config_hash
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 TaskSpec = None | str | Path | Sequence[str]
 """``None`` (the task suite for an embedded model, else none), ``"toy"`` (the task suite), family
-names (``()``: none) or a
+names (``()``: none; a string ``"add2,add3"`` as well) or a
 ``.jsonl`` path of prompts and answers."""
 
 _SHAPE = 'one {"prompt": "...", "answer": "..."} object per line'
@@ -51,7 +51,10 @@ def load_prompts(path: str | Path) -> list[Example]:
     """Read a prompt set; any malformed line fails with one sentence naming the line and the fix."""
     path = Path(path)
     if not path.is_file():
-        raise MoescopeError(f"Prompt file {path} does not exist; pass a .jsonl file with {_SHAPE}.")
+        raise MoescopeError(
+            f"Prompt file {path} does not exist; pass a .jsonl file with {_SHAPE}, "
+            f"or task families of the suite ({','.join(TASK_FAMILIES)})."
+        )
     examples = []
     with path.open(encoding="utf-8", errors="replace") as handle:
         for number, line in enumerate(handle, start=1):
@@ -155,12 +158,27 @@ def resolve_tasks(tasks: TaskSpec, original: PreTrainedModel) -> tuple[str, ...]
     return check_task_spec(tasks)
 
 
+def named_families(tasks: TaskSpec) -> TaskSpec:
+    """``tasks``, with a string of family names (``"add2,add3"``, as a flag gives it) read as
+    those families rather than as a file."""
+    names = family_names(tasks) if isinstance(tasks, str) else None
+    return names or tasks
+
+
+def is_prompt_file(source: TaskSpec) -> bool:
+    """Whether ``source`` names a prompt file rather than the task suite (``None``, ``"toy"`` or
+    family names)."""
+    source = named_families(source)
+    return isinstance(source, Path) or (isinstance(source, str) and source != "toy")
+
+
 def check_task_spec(tasks: TaskSpec) -> tuple[str, ...] | list[Example] | None:
     """:func:`resolve_tasks` for a spec that names its tasks (not ``None``), needing no model:
     run before a model loads, a missing or malformed prompt file fails in a second."""
+    tasks = named_families(tasks)
     if tasks is None:
         return None
-    if isinstance(tasks, Path) or (isinstance(tasks, str) and tasks != "toy"):
+    if is_prompt_file(tasks):
         return load_prompts(tasks)
     if tasks == "toy":
         return TASK_FAMILIES

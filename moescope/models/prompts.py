@@ -18,19 +18,12 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
-from moescope.models.accuracy import TaskSpec, load_prompts
+from moescope.models.accuracy import TaskSpec, is_prompt_file, load_prompts, named_families
 from moescope.models.tasks import Example, check_tasks, max_answer_chars, mixed_examples
 
 FILE_ANSWER_TOKENS = 32
 """New tokens a completion of a prompt file's prompt may take (the task suite bounds its own)."""
-
-
-def is_prompt_file(source: TaskSpec) -> bool:
-    """Whether ``source`` names a prompt file rather than the task suite (``None``, ``"toy"`` or
-    family names)."""
-    return isinstance(source, Path) or (isinstance(source, str) and source != "toy")
 
 
 def prompt_stream(source: TaskSpec = None, *, seed: int) -> Iterator[Example]:
@@ -50,6 +43,7 @@ def answer_budget(source: TaskSpec = None) -> int:
 
 
 def _families(source: TaskSpec) -> tuple[str, ...] | None:
+    source = named_families(source)
     if source is None or source == "toy" or not len(source):  # type: ignore[arg-type]
         return None
     return check_tasks(source)  # type: ignore[arg-type]

@@ -121,6 +121,13 @@ def check_tasks(tasks: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(tasks)
 
 
+def family_names(text: str) -> tuple[str, ...] | None:
+    """The task families a command-line value such as ``add2,add3`` names, or ``None`` when it
+    names something else (``toy``, a prompt file): the one place a flag tells the two apart."""
+    names = tuple(part.strip() for part in text.split(","))
+    return names if all(name in _FAMILIES for name in names) else None
+
+
 def max_answer_chars(task: str) -> int:
     """Longest possible answer of ``task``, in characters: the generation budget for evaluation."""
     return _family(task).max_answer_chars

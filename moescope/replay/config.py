@@ -16,6 +16,7 @@ from typing import Any, Literal
 from moescope._util.configs import config_from_dict
 from moescope._util.flags import flag
 from moescope.errors import MoescopeError
+from moescope.models.tasks import family_names
 from moescope.replay.faults import check_faults, split_faults
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -31,8 +32,9 @@ class ReplayConfig:
     """A short RL post-training run, the same on an original model and its proxies.
 
     Data and rewards
-        ``prompts``: ``"toy"`` (the task suite) or a ``.jsonl`` path of ``{"prompt", "answer"}``
-        lines; ``tasks`` limits the toy families; ``reward``: ``exact`` (stripped completion equals
+        ``prompts``: ``"toy"`` (the task suite), family names (``"add2,add3"``, read as ``"toy"``
+        with those ``tasks``) or a ``.jsonl`` path of ``{"prompt", "answer"}`` lines; ``tasks``
+        limits the toy families; ``reward``: ``exact`` (stripped completion equals
         the answer), ``numeric`` (first number equals the answer's), ``regex`` (the answer is a
         pattern the completion must fully match).
     Rollout
@@ -81,7 +83,10 @@ class ReplayConfig:
     # data and rewards
     prompts: str = field(
         default="toy",
-        metadata=flag('\'toy\' (the task suite) or a .jsonl of {"prompt", "answer"} lines', metavar="FILE"),
+        metadata=flag(
+            '\'toy\' (the task suite), task families (add2,add3) or a .jsonl of {"prompt", "answer"} lines',
+            metavar="SRC",
+        ),
     )
     tasks: tuple[str, ...] | None = None
     reward: str = field(default="exact", metadata=flag("reward function", choices=REWARDS))
@@ -164,6 +169,15 @@ class ReplayConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "faults", split_faults(self.faults))
+        named = family_names(self.prompts)
+        if named:  # the command line's add2,add3: the task suite limited to those families
+            if self.tasks is not None and tuple(self.tasks) != named:
+                raise MoescopeError(
+                    f"prompts={self.prompts!r} names task families and tasks={list(self.tasks)} others; "
+                    "give the families once, as prompts or as tasks."
+                )
+            object.__setattr__(self, "prompts", "toy")
+            object.__setattr__(self, "tasks", named)
         _check(self)
 
     @property

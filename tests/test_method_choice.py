@@ -1,0 +1,78 @@
+"""``--method auto``: each candidate's proxy measured, the one keeping more skill kept and recorded."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from moescope.cli import main
+from moescope.errors import MoescopeError
+from moescope.explore.clustering import select_experts
+from moescope.export.fidelity.records import Check
+from moescope.export.fidelity.validity import CAPABILITY
+from moescope.export.manifest import read_manifest
+from moescope.export.method_choice import AUTO_CANDIDATES, MethodChoices, choosing_selector
+from moescope.export.pipeline import export_proxy
+from moescope.models.zoo import tiny
+
+FIDELITY = ["--n-tokens", "1000", "--min-capability", "0", "--prompts", "add2,add3"]
+
+
+def test_auto_keeps_the_candidate_that_keeps_more_skill_and_says_so(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "proxy"
+    assert main(["export", "toy", "--keep", "1/4", *FIDELITY, "--out", str(out)]) == 0
+    printed, manifest = capsys.readouterr().out, read_manifest(out)
+    (choice,) = manifest["method_choice"]["choices"]
+    ratios = choice["ratios"]
+    assert list(ratios) == list(AUTO_CANDIDATES) and choice["keep"] == manifest["keep"] == 8
+    assert choice["chosen"] == max(ratios, key=ratios.get) == manifest["method"]
+    assert manifest["config"]["method"] == "auto"
+    shown = ", ".join(f"{m} {r:.2f}" for m, r in ratios.items())
+    assert f"method auto, keep 8: accuracy ratio {shown} -> {choice['chosen']}" in printed
+    capability = next(c for c in manifest["checklist"] if c["name"] == CAPABILITY)
+    assert capability["details"]["ratio"] == ratios[choice["chosen"]]  # measured as the checklist does
+
+    # the same experts as the chosen method alone, from the same calibration pass
+    same, alone = tmp_path / "same", ["--method", choice["chosen"], "--no-fidelity"]
+    assert main(["export", "toy", "--keep", "1/4", *FIDELITY, *alone, "--out", str(same)]) == 0
+    assert read_manifest(same)["layers"] == manifest["layers"]
+
+
+class _Probe:
+    """Ratios handed out in order, one per proxy measured."""
+
+    def __init__(self, *ratios: float) -> None:
+        self.ratios, self.measured = list(ratios), 0
+
+    def check(self, proxy) -> Check:
+        self.measured += 1
+        return Check(CAPABILITY, False, "", {"ratio": self.ratios.pop(0)})
+
+
+@pytest.mark.parametrize(
+    ("ratios", "chosen"),
+    [
+        ((math.nan, 0.3), "reap"),
+        ((0.5, 0.5), "paper"),
+        ((0.7, 0.2), "paper"),
+        ((math.nan, math.nan), "paper"),
+    ],
+)
+def test_an_unmeasurable_candidate_never_wins_and_a_tie_keeps_the_first(ratios, chosen: str) -> None:
+    model = tiny("mixtral")
+    selectors = {m: (lambda keep, seed=seed: select_experts(model, keep, method="random", seed=seed))
+                 for seed, m in enumerate(AUTO_CANDIDATES)}  # fmt: skip
+    record, probe = MethodChoices(), _Probe(*ratios)
+    picked = choosing_selector(model, selectors, probe, record)(4)
+    assert picked.layers == selectors[chosen](4).layers and probe.measured == 2
+    assert record.choices[0].chosen == chosen and record.choices[0].keep == 4
+    saved = record.to_dict()["choices"][0]["ratios"]
+    assert [None if math.isnan(r) else r for r in ratios] == list(saved.values())  # NaN as JSON null
+
+
+def test_auto_needs_the_model_in_memory(tiny_checkpoint, tmp_path: Path) -> None:
+    with pytest.raises(MoescopeError, match=r"method=auto .* needs the model in memory.*give a --method"):
+        export_proxy(tiny_checkpoint("qwen3_moe"), tmp_path / "p", keep="1/2", method="auto", streaming=True)
+    assert not (tmp_path / "p").exists()
