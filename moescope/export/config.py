@@ -168,8 +168,9 @@ class ExportConfig:
             value = getattr(self, name)
             if isinstance(value, Path):
                 object.__setattr__(self, name, str(value))
-        if isinstance(self.tasks, str) and family_names(self.tasks):  # the command line's add2,add3
-            object.__setattr__(self, "tasks", family_names(self.tasks))
+        named = family_names(self.tasks) if isinstance(self.tasks, str) else None
+        if named:  # the command line's add2,add3
+            object.__setattr__(self, "tasks", named)
         if isinstance(self.tasks, list | tuple):
             object.__setattr__(self, "tasks", tuple(self.tasks))
         if self.views is not None:  # None: the router's default views, chosen at selection

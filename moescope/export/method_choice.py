@@ -44,7 +44,7 @@ AUTO_METHOD = "auto"
 """The export ``method`` that measures :data:`AUTO_CANDIDATES` and keeps the best."""
 
 AUTO_CANDIDATES = ("paper", "reap")
-"""The methods ``auto`` compares: the two that kept the most skill in every row of the study."""
+"""The methods ``auto`` compares: between them, the most skill unhealed in every row of the study."""
 
 FALLBACK = "paper"
 """What ``auto`` is where no task can be measured: the study's best on reproduced verdicts."""
