@@ -68,8 +68,8 @@ KEEPS = ("1/2", "1/4", "1/8")
 REPLAY_TASKS = ("add2", "add3")
 """The replay's prompts: the addition families, which leave RL groups mixed rewards (the toy's
 in-window tasks, and add2 of toy-v3)."""
-METHODS = ("auto", "paper", "cluster", "frequency", "reap", "random")
-"""``auto`` is the export's default: the better of ``paper`` and ``reap`` on the task, measured."""
+METHODS = ("auto", "paper", "cluster", "frequency", "reap", "taylor", "random")
+"""``auto`` is the export's default: the best of ``paper``, ``reap`` and ``taylor`` on the task, measured."""
 # the paper method on one view, or two, instead of all three: METHOD/VIEW[+VIEW]
 ABLATIONS = (
     "paper/router",

@@ -30,7 +30,8 @@ def test_the_dict_is_json_and_reads_back() -> None:
         ({"heal_steps": -1}, "heal_steps=-1 must be 0 (no healing) or a positive number of steps."),
         (
             {"method": "best"},
-            "unknown selection method 'best'; choose one of auto, cluster, paper, frequency, reap, random.",
+            "unknown selection method 'best'; choose one of auto, cluster, paper, frequency, reap, taylor, "
+            "random.",
         ),
         ({"nope": 1}, "Unknown export config field(s) nope;"),
         ({"min_capability": 1.5}, "min_capability=1.5 is no accuracy ratio; give one from 0"),

@@ -54,10 +54,11 @@ class _Probe:
 @pytest.mark.parametrize(
     ("ratios", "chosen"),
     [
-        ((math.nan, 0.3), "reap"),
-        ((0.5, 0.5), "paper"),
-        ((0.7, 0.2), "paper"),
-        ((math.nan, math.nan), "paper"),
+        ((math.nan, 0.3, 0.1), "reap"),
+        ((0.5, 0.5, 0.5), "paper"),
+        ((0.7, 0.2, 0.7), "paper"),
+        ((0.2, 0.3, 0.6), "taylor"),
+        ((math.nan, math.nan, math.nan), "paper"),
     ],
 )
 def test_an_unmeasurable_candidate_never_wins_and_a_tie_keeps_the_first(ratios, chosen: str) -> None:
@@ -66,7 +67,7 @@ def test_an_unmeasurable_candidate_never_wins_and_a_tie_keeps_the_first(ratios, 
                  for seed, m in enumerate(AUTO_CANDIDATES)}  # fmt: skip
     record, probe = MethodChoices(), _Probe(*ratios)
     picked = choosing_selector(model, selectors, probe, record)(4)
-    assert picked.layers == selectors[chosen](4).layers and probe.measured == 2
+    assert picked.layers == selectors[chosen](4).layers and probe.measured == len(AUTO_CANDIDATES)
     assert record.choices[0].chosen == chosen and record.choices[0].keep == 4
     saved = record.to_dict()["choices"][0]["ratios"]
     assert [None if math.isnan(r) else r for r in ratios] == list(saved.values())  # NaN as JSON null

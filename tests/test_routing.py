@@ -21,15 +21,7 @@ from moescope.explore.routing import (
 from moescope.models.view import adapt
 from moescope.models.zoo import TINY_ARCHS, tiny, tiny_config
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from a second thread, and on shared busy cores OpenMP threads
-    waiting for each other make every forward 10-100x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(arch: str, **overrides):

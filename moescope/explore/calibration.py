@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +294,15 @@ def _pad_right(rows: list[list[int]], pad: int) -> dict[str, torch.Tensor]:
         ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = 1
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def pad_scored(rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad: int) -> dict[str, torch.Tensor]:
+    """One right-padded batch of ``(context, scored)`` token rows: ``scored`` marks the second part."""
+    width = max(len(p) + len(a) for p, a in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask, scored = torch.zeros_like(ids), torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, (prompt, answer) in enumerate(rows):
+        ids[i, : len(prompt) + len(answer)] = torch.tensor([*prompt, *answer], dtype=torch.long)
+        mask[i, : len(prompt) + len(answer)] = 1
+        scored[i, len(prompt) : len(prompt) + len(answer)] = True
+    return {"input_ids": ids, "attention_mask": mask, "scored": scored}

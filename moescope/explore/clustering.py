@@ -14,6 +14,8 @@ into a :class:`Selection`, the ``selection.json`` artifact, by one of ``METHODS`
   each cluster's member of largest routed contribution (:mod:`moescope.explore.paper`);
 - ``frequency``: keep the most-routed experts (``RoutingStats.counts``);
 - ``reap``: keep the highest REAP saliency (mean gate weight × output norm over routed tokens);
+- ``taylor``: keep the experts whose removal moves the predicted completions most, to second
+  order (:mod:`moescope.explore.taylor`);
 - ``random``: keep a seeded uniform draw.
 
 Constraints (transformers configs hold one expert count; see the reference, §3.3–3.4): every
@@ -57,6 +59,7 @@ from moescope.explore.paper import (
     paper_views,
 )
 from moescope.explore.selection import METHODS, LayerSelection, Selection
+from moescope.explore.taylor import TaylorImportance
 from moescope.keep import parse_keep
 from moescope.models.view import MoEModel, adapt
 
@@ -83,6 +86,7 @@ SCORES = {
     "paper": "routed contribution: gate weight × expert output norm summed over routed tokens",
     "frequency": "routed tokens",
     "reap": "REAP saliency: mean gate weight × expert output norm over routed tokens",
+    "taylor": "Taylor importance: squared derivative of the scored tokens' log-likelihood by expert output",
     "random": "uniform random draw",
 }
 _TIE_DECIMALS = 9  # distances equal to this many decimals are a tie
@@ -282,6 +286,7 @@ def select_experts(
     views: str | Sequence[str] | None = None,
     view_weights: str | Sequence[float] | None = None,
     routers: Mapping[int, np.ndarray] | None = None,
+    taylor: TaylorImportance | None = None,
 ) -> Selection:
     """Choose the experts a proxy keeps in every MoE layer.
 
@@ -304,6 +309,7 @@ def select_experts(
         :func:`~moescope.explore.paper.default_views`) and one weight per view (default 1 each).
     routers : ``paper`` only: ``{decoder layer: (E, H)}`` router rows, for a model whose weights
         are not in memory (read during a layer-sequential pass); default the model's own.
+    taylor : ``taylor`` only: the model's :class:`~moescope.explore.taylor.TaylorImportance`.
     """
     _check_method(method, views, view_weights)
     source = _source(model_or_embeddings)
@@ -320,7 +326,11 @@ def select_experts(
         paper = (views, view_weights, routers)
         layers, view, params = _paper_layers(model_or_embeddings, k, source, stats, *paper)
     else:
-        layers = _baseline_layers(method, _baseline_scores(method, source, stats, seed), k, source)
+        if method == "taylor":
+            scores = _taylor_scores(taylor, source)
+        else:
+            scores = _baseline_scores(method, source, stats, seed)
+        layers = _baseline_layers(method, scores, k, source)
     facts = {name: getattr(source, name) for name in ("num_experts", "top_k", "n_group", "model_type")}
     return Selection(
         method=method,
@@ -419,6 +429,22 @@ def _baseline_scores(method: str, source: _Source, stats: Any, seed: int) -> np.
     table = stats.counts if method == "frequency" else stats.saliency
     rows = [stats.layer_index(layer) for layer in source.layers]
     return np.nan_to_num(np.asarray(table, dtype=np.float64)[rows], nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _taylor_scores(taylor: TaylorImportance | None, source: _Source) -> np.ndarray:
+    """``(L, E)`` Taylor importance of the source's MoE layers, checked to be this model's."""
+    if taylor is None:
+        raise MoescopeError(
+            "the taylor selection needs the model's expert Taylor importance; pass "
+            "taylor=moescope.explore.taylor.taylor_importance(model, data)."
+        )
+    if taylor.config_hash != source.config_hash or not set(source.layers) <= set(taylor.layers):
+        raise MoescopeError(
+            f"the Taylor importance was measured on model config {taylor.config_hash} (layers "
+            f"{list(taylor.layers)}), not this one; measure it on this model."
+        )
+    rows = [taylor.layer_index(layer) for layer in source.layers]
+    return np.nan_to_num(np.asarray(taylor.sums, dtype=np.float64)[rows], nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _baseline_layers(method: str, scores: np.ndarray, k: int, source: _Source) -> list[LayerSelection]:

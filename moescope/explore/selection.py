@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from moescope.models.view import MoEModel
 
-METHODS = ("cluster", "paper", "frequency", "reap", "random")
+METHODS = ("cluster", "paper", "frequency", "reap", "taylor", "random")
 """How :func:`~moescope.explore.clustering.select_experts` chooses (a selection's ``method``)."""
 
 STREAMING_METHOD = "cluster"

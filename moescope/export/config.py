@@ -31,9 +31,9 @@ EXPORT_METHODS = (AUTO_METHOD, *METHODS)
 :data:`~moescope.export.method_choice.AUTO_CANDIDATES` measured (:mod:`moescope.export.method_choice`)."""
 
 DEFAULT_METHOD = AUTO_METHOD
-"""What an in-memory export chooses by unless told: whichever of ``paper`` and ``reap`` keeps more
-task skill on this model and calibration, measured; ``paper`` where nothing can be measured. In
-the fidelity study neither method led at every keep (README, *Results*)."""
+"""What an in-memory export chooses by unless told: whichever of ``paper``, ``reap`` and ``taylor``
+keeps the most task skill on this model and calibration, measured; ``paper`` where nothing can be
+measured. In the fidelity study no one method led at every keep (README, *Results*)."""
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,8 @@ class ExportConfig:
         selection. ``selection``: a ``selection.json`` to reuse (e.g. notebook 01's); without
         one, the experts are chosen by ``method`` with ``seed`` (``None``: ``"auto"`` in memory,
         ``"cluster"`` when streaming; :data:`DEFAULT_METHOD`); ``"auto"`` cuts a proxy with each
-        of ``paper`` and ``reap`` and keeps the one that keeps more task skill, measured
-        (:mod:`moescope.export.method_choice`).
+        of ``paper``, ``reap`` and ``taylor`` and keeps the one that keeps the most task skill,
+        measured (:mod:`moescope.export.method_choice`).
         ``views`` and ``view_weights`` (method ``paper``; :mod:`moescope.explore.paper`): the
         distance views fused (``None``: router and context under a sigmoid router, the router
         view alone otherwise; :func:`~moescope.explore.paper.default_views`) and one weight per
@@ -56,14 +56,16 @@ class ExportConfig:
         ``allow_top_k`` accepts keeping exactly top-k experts (no routing choice left).
     Calibration
         ``calibration`` and ``n_tokens``: the tokens of the routing statistics that ``cluster``,
-        ``frequency`` and ``reap`` choose by, and that healing trains on: ``"rl"``, the RL
+        ``frequency`` and ``reap`` choose by, that ``taylor`` scores (the completions of RL data,
+        every token of other data) and that healing trains on: ``"rl"``, the RL
         replay's prompts (the task suite, or the ``tasks`` prompt file) with the model's own
         sampled completions (:mod:`moescope.explore.rl_data`), ``"tasks"`` (the task suite's
         prompts and answers), or a ``.txt`` / ``.jsonl`` file.
     Cut
         ``streaming``: cut the safetensors shards without loading the model
         (:func:`~moescope.export.streaming.export.export_streaming`; ``cluster`` clusters the
-        weights view, ``frequency`` and ``reap`` need a selection); ``None`` streams when the
+        weights view, ``frequency``, ``reap`` and ``paper`` calibrate a layer at a time, ``taylor``
+        needs the model in memory); ``None`` streams when the
         in-memory export would not fit in the memory available now.
     Healing
         ``heal_steps`` of distillation toward the original at ``heal_lr`` (only router rows and
@@ -100,7 +102,7 @@ class ExportConfig:
         metadata=flag(
             "selection method",
             choices=EXPORT_METHODS,
-            shown=f"{DEFAULT_METHOD}: the better of {' and '.join(AUTO_CANDIDATES)} on the tasks, "
+            shown=f"{DEFAULT_METHOD}: the best of {', '.join(AUTO_CANDIDATES)} on the tasks, "
             f"{FALLBACK} without tasks; {STREAMING_METHOD} when streaming",
         ),
     )

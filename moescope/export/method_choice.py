@@ -43,8 +43,9 @@ class CapabilityProbe(Protocol):
 AUTO_METHOD = "auto"
 """The export ``method`` that measures :data:`AUTO_CANDIDATES` and keeps the best."""
 
-AUTO_CANDIDATES = ("paper", "reap")
-"""The methods ``auto`` compares: between them, the most skill unhealed in every row of the study."""
+AUTO_CANDIDATES = ("paper", "reap", "taylor")
+"""The methods ``auto`` compares (``taylor`` where the model supports it): between them, the most
+skill unhealed in every row of the study."""
 
 FALLBACK = "paper"
 """What ``auto`` is where no task can be measured: the study's best on reproduced verdicts."""
@@ -92,6 +93,8 @@ def choosing_selector(
 ) -> Callable[[Any], Selection]:
     """``keep → Selection``: every candidate's selection at that keep, cut and measured with
     ``probe``; the best kept (a NaN ratio counts as none), its choice appended to ``record``."""
+
+    record.candidates = tuple(selectors)
 
     def select(keep: Any) -> Selection:
         selections = {method: choose(keep) for method, choose in selectors.items()}

@@ -24,6 +24,7 @@ from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
+from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.fidelity.measure import manifest_sections, measure_fidelity, validity_checklist
@@ -267,23 +268,30 @@ def _selector(
     if choices is not None:
         choices.why = _no_tasks(lm, tokenizer, config)
         method = FALLBACK if choices.why else method
-    stats, embeddings = None, None
-    if method != "random":
+    candidates = [m for m in AUTO_CANDIDATES if m != "taylor" or supports_taylor(moe)]
+    stats, embeddings, taylor = None, None, None
+    if method not in ("random", "taylor"):
         stats = collect_routing(
             lm, data(), tokenizer=tokenizer, n_tokens=config.n_tokens, seed=seed, progress=progress
         )
     if method == "cluster":
         embeddings = embed_experts(lm, "multiview", stats=stats, seed=seed, progress=progress)
+    if method == "taylor" or (method == AUTO_METHOD and "taylor" in candidates):
+        taylor = taylor_importance(
+            lm, data(), tokenizer=tokenizer, n_tokens=config.n_tokens, seed=seed, progress=progress
+        )
 
     def selector(method: str) -> Callable[[Any], Selection]:
         options = {"method": method, "embeddings": embeddings, "stats": stats, "seed": seed}
         if method == "paper":
             options.update(views=config.views, view_weights=config.view_weights)
+        if method == "taylor":
+            options.update(taylor=taylor)
         return lambda keep: select_experts(lm, keep, allow_top_k=config.allow_top_k, **options)
 
     if method == AUTO_METHOD:
         assert choices is not None
-        return choosing_selector(lm, {m: selector(m) for m in AUTO_CANDIDATES}, probe(), choices)
+        return choosing_selector(lm, {m: selector(m) for m in candidates}, probe(), choices)
     return selector(method)
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from moescope.errors import MoescopeError
-from moescope.explore.calibration import TASKS, calibration_batches, check_budget
+from moescope.explore.calibration import TASKS, calibration_batches, check_budget, pad_scored
 from moescope.explore.routing import observe_routing
 from moescope.explore.stats import RoutingStats
 from moescope.models.tasks import HELDOUT_MAX, TASK_FAMILIES, Example, heldout
@@ -78,18 +78,6 @@ def task_batches(
         rows = [(p, a + eos) for p, a in zip(prompts, answers, strict=True)]
         left -= sum(len(p) + len(a) for p, a in rows)
         yield pad_scored(rows, tokenizer.pad_token_id or 0)
-
-
-def pad_scored(rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad: int) -> Batch:
-    """One right-padded batch of ``(context, scored)`` token rows: ``scored`` marks the second part."""
-    width = max(len(p) + len(a) for p, a in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask, scored = torch.zeros_like(ids), torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, (prompt, answer) in enumerate(rows):
-        ids[i, : len(prompt) + len(answer)] = torch.tensor([*prompt, *answer], dtype=torch.long)
-        mask[i, : len(prompt) + len(answer)] = 1
-        scored[i, len(prompt) : len(prompt) + len(answer)] = True
-    return {"input_ids": ids, "attention_mask": mask, "scored": scored}
 
 
 @dataclass

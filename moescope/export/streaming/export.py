@@ -173,6 +173,12 @@ def _selection_before_pass(
         chosen = given_selection(moe, inputs.selection, config.keep)
         return chosen.keep, chosen, None
     count = kept_count(moe, config.keep, config.allow_top_k)
+    if method == "taylor":
+        raise MoescopeError(
+            "method=taylor needs the model in memory (a backward pass), which a streaming export "
+            "avoids; export without --streaming, or give --method reap, paper or frequency (they "
+            "calibrate a decoder layer at a time)."
+        )
     if method in ("frequency", "reap", "paper"):
         chosen, record = calibrated_selection(checkpoint.path, config, inputs.calibration, count, progress)
         return count, chosen, record
