@@ -10,10 +10,10 @@ Taylor criterion of pruning (Molchanov et al., 2017) with the expert as the unit
 sequence as the sample. A proxy keeps the experts with the largest sums.
 
 Why absolute values and not squares (the Fisher information along the same direction): squares
-let a few sequences decide. Calibrated as the CLI calibrates by default (20,000 tokens of every
-task family, where the toy fails some families and samples long wrong answers), the squared sum
-kept 0.30 of the toy's accuracy at keep 1/4 and the absolute sum 0.92 (seed 0); calibrated on the
-replay's two families (4,000 tokens) both kept about the same (toy-v3 at 1/4, 3 seeds: 0.63 and 0.62).
+weigh the largest per-sequence effects most. Calibrated as the CLI calibrates by default (20,000
+tokens of every task family), the squared sum kept 0.30 of the toy's accuracy at keep 1/4 and the
+absolute sum 0.92 (seed 0); calibrated on the replay's two families (4,000 tokens) both kept
+about the same (toy-v3 at 1/4, 3 seeds: 0.63 and 0.62).
 
 Why besides REAP's saliency (gate weight × ‖expert output‖): that measures the size of an
 expert's output on every token, prompt tokens included; this measures its effect on what the

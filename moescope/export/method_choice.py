@@ -2,10 +2,12 @@
 most task skill, measured.
 
 Which selection keeps the most skill depends on the model and on what it was calibrated on. On
-the embedded models calibrated on the replay's two tasks, REAP's saliency ranking kept the most
-at 1/2 and 1/4 of the experts and the paper's clustering at 1/8 (README, *Fidelity study*): a
-narrow calibration concentrates saliency on the few experts the task routes to, where K-Medoids
-still spends a representative on every cluster. Rather than guess, ``auto`` cuts a proxy with
+the embedded models calibrated on the replay's two tasks, REAP's saliency ranking kept more than
+the paper's clustering at 1/2 and 1/4 of the experts and the clustering more at 1/8: a narrow
+calibration concentrates saliency on the few experts the task routes to, where K-Medoids still
+spends a representative on every cluster. Taylor importance, which scores what removing an expert
+does to the sampled completions, kept the most of the three on average at 1/2 and 1/4 of toy-v3,
+but not on every seed (README, *Results*). Rather than guess, ``auto`` cuts a proxy with
 each of :data:`AUTO_CANDIDATES` from the one calibration pass, measures each one's accuracy
 ratio on the tasks before any healing, and keeps the best (ties: the earlier candidate).
 
