@@ -14,8 +14,8 @@ into a :class:`Selection`, the ``selection.json`` artifact, by one of ``METHODS`
   each cluster's member of largest routed contribution (:mod:`moescope.explore.paper`);
 - ``frequency``: keep the most-routed experts (``RoutingStats.counts``);
 - ``reap``: keep the highest REAP saliency (mean gate weight × output norm over routed tokens);
-- ``taylor``: keep the experts whose removal moves the predicted completions most, to second
-  order (:mod:`moescope.explore.taylor`);
+- ``taylor``: keep the experts whose removal changes the likelihood of the sampled completions
+  most, to first order (:mod:`moescope.explore.taylor`);
 - ``random``: keep a seeded uniform draw.
 
 Constraints (transformers configs hold one expert count; see the reference, §3.3–3.4): every
@@ -86,7 +86,7 @@ SCORES = {
     "paper": "routed contribution: gate weight × expert output norm summed over routed tokens",
     "frequency": "routed tokens",
     "reap": "REAP saliency: mean gate weight × expert output norm over routed tokens",
-    "taylor": "Taylor importance: squared derivative of the scored tokens' log-likelihood by expert output",
+    "taylor": "Taylor importance: |d log-likelihood of a sequence's scored tokens / d expert output|, summed",
     "random": "uniform random draw",
 }
 _TIE_DECIMALS = 9  # distances equal to this many decimals are a tie
