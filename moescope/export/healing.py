@@ -44,14 +44,13 @@ import torch
 
 from moescope._util.io import readable, replace_dir
 from moescope.errors import MoescopeError
-from moescope.explore.calibration import TASKS, calibration_batches, describe_source
+from moescope.explore.calibration import TASKS, calibration_batches, describe_source, pad_scored
 from moescope.explore.rl_data import RLCalibration, rl_pairs
 from moescope.export.fidelity.agreement import (
     Batch,
     heldout_batches,
     kl_loss,
     next_token_agreement,
-    pad_scored,
     task_batches,
 )
 from moescope.export.fidelity.measure import measure_fidelity
