@@ -40,11 +40,13 @@ check-prereqs:
 # two cores two workers took the whole suite from 31:51 to 13:51 (measured side by side), though
 # each worker repeats the session fixtures. Each worker gives torch its share of the cores; each
 # test file goes to one worker whole (its module fixtures set up once), the longest files first
-# (tests/conftest.py).
+# (tests/conftest.py). The report ends with the tests that took over 20 s, so a CI log shows
+# what spends the suite's 20-minute budget.
 PYTEST_WORKERS ?= auto
 
 test: check-prereqs $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile \
+		--durations 30 --durations-min 20 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/moescope demo
