@@ -325,12 +325,10 @@ def select_experts(
     elif method == "paper":
         paper = (views, view_weights, routers)
         layers, view, params = _paper_layers(model_or_embeddings, k, source, stats, *paper)
+    elif method == "taylor":
+        layers = _baseline_layers(method, _taylor_scores(taylor, source), k, source)
     else:
-        if method == "taylor":
-            scores = _taylor_scores(taylor, source)
-        else:
-            scores = _baseline_scores(method, source, stats, seed)
-        layers = _baseline_layers(method, scores, k, source)
+        layers = _baseline_layers(method, _baseline_scores(method, source, stats, seed), k, source)
     facts = {name: getattr(source, name) for name in ("num_experts", "top_k", "n_group", "model_type")}
     return Selection(
         method=method,
@@ -427,8 +425,7 @@ def _baseline_scores(method: str, source: _Source, stats: Any, seed: int) -> np.
             "of this model) or use method='cluster' or 'random'."
         )
     table = stats.counts if method == "frequency" else stats.saliency
-    rows = [stats.layer_index(layer) for layer in source.layers]
-    return np.nan_to_num(np.asarray(table, dtype=np.float64)[rows], nan=0.0, posinf=0.0, neginf=0.0)
+    return _finite_rows(table, [stats.layer_index(layer) for layer in source.layers])
 
 
 def _taylor_scores(taylor: TaylorImportance | None, source: _Source) -> np.ndarray:
@@ -443,8 +440,12 @@ def _taylor_scores(taylor: TaylorImportance | None, source: _Source) -> np.ndarr
             f"the Taylor importance was measured on model config {taylor.config_hash} (layers "
             f"{list(taylor.layers)}), not this one; measure it on this model."
         )
-    rows = [taylor.layer_index(layer) for layer in source.layers]
-    return np.nan_to_num(np.asarray(taylor.sums, dtype=np.float64)[rows], nan=0.0, posinf=0.0, neginf=0.0)
+    return _finite_rows(taylor.sums, [taylor.layer_index(layer) for layer in source.layers])
+
+
+def _finite_rows(table: Any, rows: list[int]) -> np.ndarray:
+    """``table``'s ``rows`` (one per MoE layer of the source) as float64, a non-finite score as 0."""
+    return np.nan_to_num(np.asarray(table, dtype=np.float64)[rows], nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _baseline_layers(method: str, scores: np.ndarray, k: int, source: _Source) -> list[LayerSelection]:

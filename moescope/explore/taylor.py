@@ -164,9 +164,7 @@ def _frozen(model: torch.nn.Module) -> Iterator[None]:
     flags = [(p, p.requires_grad) for p in model.parameters()]
     was_training = model.training
     try:
-        model.eval()
-        for p, _ in flags:
-            p.requires_grad_(False)
+        model.eval().requires_grad_(False)
         with torch.enable_grad():
             yield
     finally:
