@@ -384,7 +384,7 @@ def markdown(result: dict[str, Any], unhealed: dict[str, Any] | None = None) -> 
     ]
     lines += ["", *capability_lines(result), "", *no_signal_lines(result), "", *paper_fault_lines(result)]
     lines += ["", *healthy_curve_lines(result), "", *cost_lines(table, keeps, model)]
-    lines += ["", *signature_lines(result), "", *verdict_lines(result)]
+    lines += ["", *signature_lines(result), "", *verdict_lines(result), "", *healthy_baseline_lines(result)]
     if unhealed is not None:
         lines += ["", *healing_lines(unhealed, result)]
     return "\n".join(lines) + "\n"
@@ -553,6 +553,33 @@ def verdict_lines(result: dict[str, Any]) -> list[str]:
         "## Per fault: share of proxy runs whose verdict is *reproduced* or *both healthy*",
         "",
         *_table(["fault", *methods], per_fault),
+    ]
+
+
+def healthy_baseline_lines(result: dict[str, Any]) -> list[str]:
+    """Which proxies raise findings without a fault, and the verdicts with those set apart."""
+    from moescope.analyze.baseline import baseline_frame, baseline_summary
+
+    frame = baseline_frame(result)
+    if frame.empty:
+        return []
+    rows = [
+        [r.keep, r.method, "; ".join(f"{s}: {', '.join(t)}" for s, t in r.own.items()) or "–",
+         *map(_fmt, (r.verdicts, r.verdicts_based, r.hit, r.hit_based))]
+        for r in baseline_summary(frame).itertuples()
+    ]  # fmt: skip
+    proxies = frame.drop_duplicates(["keep", "method", "seed"])
+    return [
+        "## With each proxy's healthy run as baseline (`moescope diagnose --healthy`)",
+        "",
+        f"{sum(map(bool, proxies['own']))} of {len(proxies)} proxies raise, in their healthy run, a finding "
+        f"{_model(result)}'s healthy run of the same seed does not (*own*, seed: types). With that run as "
+        "baseline, such a finding is set apart in the proxy's faulted runs: neither a false alarm nor a "
+        "reproduction of the original's finding of the same type. Faulted runs only: share whose verdict "
+        "is *reproduced* or *both healthy*, and share of the original's findings reproduced on time, "
+        "without and with.",
+        "",
+        *_table(["keep", "method", "own", "verdicts", "with baseline", "hit", "hit, with baseline"], rows),
     ]
 
 

@@ -51,6 +51,7 @@ _PUBLIC = {
     "diagnose": "moescope.analyze.diagnosis",
     "Finding": "moescope.analyze.findings",
     "compare": "moescope.analyze.verdict",
+    "compare_healthy": "moescope.analyze.verdict",
     "validate": "moescope.analyze.validation",
     # display and report
     "ExpertMap": "moescope.display.widgets",

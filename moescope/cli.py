@@ -200,7 +200,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from moescope.analyze.diagnosis import diagnose
     from moescope.analyze.readers import read_log
-    from moescope.analyze.verdict import compare
+    from moescope.analyze.verdict import compare, compare_healthy
     from moescope.replay.faults import parse_faults
     from moescope.traces import json_value
 
@@ -214,11 +214,16 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         "findings": [f.to_dict() for f in findings],
         "notes": list(trace.notes),
     }
-    comparison = None
+    comparison = healthy = None
+    if args.healthy and not args.against:
+        raise MoescopeError("--healthy judges a comparison; pass the proxy's trace with --against as well.")
+    if args.healthy:
+        healthy = compare_healthy(*(read_log(p, format=args.format) for p in args.healthy))
+        result["healthy"] = healthy.to_dict()
     if args.against:
         other = read_log(args.against, format=args.format)
         faults = () if args.every_finding else args.fault
-        comparison = compare(trace, other, original_findings=findings, faults=faults)
+        comparison = compare(trace, other, original_findings=findings, faults=faults, healthy=healthy)
         result["comparison"] = comparison.to_dict()
     if args.json:
         print(json.dumps(result, indent=1, default=json_value))
@@ -232,6 +237,12 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         where = f"step {f.step}" if f.step is not None else "step ?"
         layer = f" layer {f.layer}" if f.layer is not None else ""
         print(f"  [{f.severity}] {where}{layer} {f.type}: {f.message}")
+    if healthy is not None:
+        own = (
+            ", ".join(f"{t} (step {s})" for t, s in comparison.own.items())
+            or "nothing the original's does not"
+        )
+        print(f"healthy runs {args.healthy[0]} and {args.healthy[1]}: the proxy raises {own}")
     if comparison is not None:
         print(f"against {args.against}: {comparison.verdict}")
         for reason in comparison.reasons:
@@ -487,6 +498,14 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
         action="append",
         metavar="NAME",
         help="with --against: the fault both runs injected, for logs whose header does not say (verl, ...)",
+    )
+    dg.add_argument(
+        "--healthy",
+        nargs=2,
+        type=Path,
+        metavar=("ORIGINAL", "PROXY"),
+        help="with --against: both models' runs without the fault; findings the proxy raises there "
+        "and the original does not are the proxy's own, set apart from the verdict",
     )
     dg.add_argument("--format", metavar="NAME", help="the log format, when auto-detection guesses wrong")
     dg.add_argument(

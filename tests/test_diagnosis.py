@@ -10,7 +10,7 @@ from cli_process import moescope_process
 
 import moescope
 from moescope.analyze.diagnosis import diagnose
-from moescope.analyze.verdict import compare
+from moescope.analyze.verdict import compare, compare_healthy, proxy_only
 from moescope.replay import ReplayConfig
 from moescope.traces import Trace
 
@@ -98,6 +98,46 @@ def test_a_proxy_reproduces_the_lr_spike(tmp_path, replays):
     assert matched["grad_spike"].reproduced and matched["grad_spike"].on_time
     assert matched["kl_blowup"].reproduced and matched["kl_blowup"].on_time
     assert verdict.verdict == "reproduced", verdict.reasons  # on the signature: grad_spike, kl_blowup
+
+
+def test_a_proxys_own_findings_are_set_apart_with_the_healthy_runs_as_baseline(tmp_path, replays):
+    """Four of the 32 experts at random leave the toy unable to add: every group's rewards are
+    equal from the first step, without any fault. With the healthy runs as baseline that is the
+    proxy's own finding, not a false alarm of the fault's."""
+    from moescope.export.pipeline import export_proxy
+
+    proxy = export_proxy("toy", tmp_path / "p", keep="1/8", method="random", n_tokens=2000, progress=False,
+                         fidelity=False).path  # fmt: skip
+    runs = {
+        name: moescope.replay(proxy, ReplayConfig(**{**BASE, **kw}), out=tmp_path / f"{name}.jsonl")
+        for name, kw in (("healthy", {}), ("lr_spike", {"faults": ("lr_spike@6",)}))
+    }
+    healthy = compare_healthy(replays["healthy"], runs["healthy"])
+    assert "no_signal" in proxy_only(healthy) and healthy.verdict == "not reproduced"
+    plain = compare(replays["lr_spike"], runs["lr_spike"])
+    based = compare(replays["lr_spike"], runs["lr_spike"], healthy=healthy)
+    before, after = ({m.type: m for m in c.findings} for c in (plain, based))
+    assert before["no_signal"].false_alarm and not before["no_signal"].own
+    assert after["no_signal"].own and based.own == proxy_only(healthy)
+    assert any("no_signal" in r and "the proxy's own, set apart" in r for r in based.reasons)
+    assert not any("no_signal only on the proxy (step" in r and "set apart" not in r for r in based.reasons)
+    assert [m.type for m in based.findings if not m.own] == [
+        m.type for m in plain.findings if m.type not in based.own
+    ]
+
+    args = [str(replays["lr_spike"].path), "--against", str(runs["lr_spike"].path), "--healthy"]
+    p = moescope_process("diagnose", *args, str(replays["healthy"].path), str(runs["healthy"].path))
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert "the proxy raises no_signal (step" in out and "the proxy's own, set apart" in out
+    p = moescope_process("diagnose", *args, str(replays["healthy"].path), str(runs["lr_spike"].path))
+    _, err = p.communicate(timeout=300)  # a faulted run given as the baseline
+    assert p.returncode == 2 and "injected lr_spike@6" in err and len(err.strip().splitlines()) == 1, err
+    p = moescope_process(
+        "diagnose", *args[:1], "--healthy", str(replays["healthy"].path), str(runs["healthy"].path)
+    )
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 2 and "--against" in err and len(err.strip().splitlines()) == 1, err
 
 
 # --- synthetic traces: one rule each, with its negative control ---------------------------------

@@ -344,7 +344,12 @@ def test_report_on_the_toy_end_to_end(tmp_path: Path) -> None:
     proxy = read_trace(report.artifacts / "replay" / "proxy.jsonl")
     assert len(original.steps) == len(proxy.steps) > 0 and proxy.header["proxy"]["keep"] == 8
     assert "verdict: " in report.html[-3].read_text()
+    # with the proxy's and the toy's runs without the fault as the verdict's baseline
+    assert "without the fault the proxy raises " in report.html[-3].read_text()
+    healthy = read_trace(report.artifacts / "replay" / "proxy-healthy.jsonl")
+    assert healthy.header["faults"] == [] and len(healthy.steps) == len(proxy.steps)
     assert (report.artifacts / "study" / "summary.csv").read_text().startswith("keep,method,hit,")
+    assert (report.artifacts / "study" / "baseline.csv").read_text().startswith("keep,method,own,verdicts,")
     targeting = (report.artifacts / "study" / "targeting.csv").read_text()  # the committed targeted study
     assert targeting.startswith("keep,method,hit_unhealed,hit_healed,")
     assert (

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+import json
+from dataclasses import fields, replace
 
 from moescope.analyze.findings import FINDING_TYPES, Finding
-from moescope.analyze.verdict import Comparison, CurveAgreement, FindingMatch, compare
+from moescope.analyze.verdict import Comparison, CurveAgreement, FindingMatch, against_healthy, compare
 from moescope.replay.faults import KINDS
 from moescope.traces import Trace
 
@@ -97,3 +98,42 @@ def test_every_finding_is_judged_without_a_shared_fault_with_a_note_saying_why()
 def test_every_signature_names_findings_the_diagnosis_raises() -> None:
     for kind in KINDS.values():
         assert set(kind.signature) <= set(FINDING_TYPES), kind.name
+
+
+# --- the healthy runs as baseline ----------------------------------------------------------------
+
+
+def test_a_finding_the_proxy_raises_without_a_fault_neither_reproduces_nor_alarms() -> None:
+    healthy = compare(
+        faulted(), faulted(), original_findings=[], proxy_findings=found(("entropy_collapse", 2))
+    )
+    assert healthy.verdict == "not reproduced"  # a false alarm on two healthy runs
+    off = faulted("entropy_control_off@6")  # its signature: entropy_collapse
+    # the original collapses only under the fault; the proxy collapses anyway
+    confounded = compare(off, off, original_findings=found(("entropy_collapse", 7)),
+                         proxy_findings=found(("entropy_collapse", 7)))  # fmt: skip
+    assert confounded.verdict == "reproduced"
+    based = against_healthy(confounded, healthy)
+    assert based.verdict == based.every_finding == "not reproduced" and based.own == {"entropy_collapse": 2}
+    assert "(0 of 1 on time)" in based.reasons[0]
+    assert "without a fault (healthy run, step 2): not counted as reproduced" in based.reasons[1]
+    # a fault whose original raises nothing: the proxy's collapse was a false alarm, now set apart
+    quiet = compare(faulted("update_omission@6"), faulted("update_omission@6"), original_findings=[],
+                    proxy_findings=found(("entropy_collapse", 3)))  # fmt: skip
+    assert quiet.verdict == "not reproduced"
+    omitted = compare(faulted("update_omission@6"), faulted("update_omission@6"), original_findings=[],
+                      proxy_findings=found(("entropy_collapse", 3)), healthy=healthy)  # fmt: skip
+    assert omitted.verdict == "both healthy"
+    # a run that raises nothing the proxy's healthy run raises is judged as before
+    spike = compare(faulted("lr_spike@4"), faulted("lr_spike@4"), original_findings=TOY, proxy_findings=PROXY)
+    elsewhere = compare(faulted(), faulted(), original_findings=[], proxy_findings=found(("kl_blowup", 2)))
+    assert replace(against_healthy(spike, elsewhere), own={}) == spike
+
+
+def test_a_comparison_read_back_from_its_dict_judges_the_same() -> None:
+    spike = compare(faulted("lr_spike@4"), faulted("lr_spike@4"), original_findings=TOY, proxy_findings=PROXY)
+    healthy = compare(faulted(), faulted(), original_findings=[], proxy_findings=found(("load_collapse", 1)))
+    read = Comparison.from_dict(json.loads(json.dumps(spike.to_dict())))
+    assert read == spike
+    assert against_healthy(read, healthy) == against_healthy(spike, healthy)
+    assert against_healthy(read, healthy).every_finding == "partially reproduced"

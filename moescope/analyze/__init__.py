@@ -1,5 +1,6 @@
 """Analyze: traces and other frameworks' logs → findings → a reproduction verdict.
 
 ``readers`` turn logs into traces, ``diagnosis`` finds what went wrong, ``verdict`` compares an
-original run with a proxy's.
+original run with a proxy's (with their healthy runs as baseline, when given); ``baseline`` judges
+the fidelity study's stored comparisons so.
 """

@@ -28,6 +28,13 @@ spike must still produce a grad-norm spike and a KL jump, at about the same step
   finding is judged: ``reproduced`` when every original finding reappears on time and nothing
   new appears; ``partially reproduced`` when some do; ``not reproduced`` when none do;
   ``both healthy`` when neither trace raises anything. Reasons say why.
+- **The healthy runs as baseline** (``healthy=compare(original_healthy, proxy_healthy)``): a
+  proxy can raise a finding without any fault (one whose pruning left it collapsing its entropy
+  in every run, or giving every group the same reward). Such a type, raised by the proxy's
+  healthy run and not by the original's, is *the proxy's own*: in the faulted comparison it is
+  set apart (``FindingMatch.own``), neither a false alarm nor evidence that the proxy reproduces
+  the original's finding of that type, and the reasons say so: a proxy that raises a finding
+  on its own cannot show whether a fault raises it.
 """
 
 from __future__ import annotations
@@ -36,13 +43,14 @@ import itertools
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from moescope import schema as S
 from moescope.analyze.diagnosis import diagnose
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.series import running, series
+from moescope.errors import MoescopeError
 from moescope.replay.faults import KINDS
 from moescope.traces import Trace
 
@@ -56,6 +64,9 @@ CURVES = (S.ACTOR_LOSS, S.GRAD_NORM, S.ENTROPY, S.REWARD_MEAN, S.KL, S.LOAD_CV)
 
 @dataclass(frozen=True)
 class FindingMatch:
+    """One finding type on the two traces; ``own``: the proxy raises it in its healthy run and
+    the original does not, so it is set apart (neither a false alarm nor a reproduction)."""
+
     type: str
     original_step: int | None
     proxy_step: int | None
@@ -64,6 +75,12 @@ class FindingMatch:
     offset_steps: int | None
     offset_fraction: float | None
     false_alarm: bool = False
+    own: bool = False
+
+    @property
+    def hit(self) -> bool:
+        """Reproduced on time, and not the proxy's own."""
+        return self.reproduced and self.on_time and not self.own
 
 
 @dataclass(frozen=True)
@@ -87,7 +104,9 @@ class Comparison:
     ``faults``: the injected fault kinds whose signature was looked for (by default those both
     traces name); ``signature``: the finding types the verdict was judged on (the faults'
     signature the original raised; empty when every finding was); ``every_finding``: the verdict
-    over every finding, whichever decided.
+    over every finding, whichever decided; ``own``: the proxy's own finding types, from its
+    healthy run, with their onset there (empty without a healthy baseline); ``note``: why every
+    finding was judged although the traces name faults.
     """
 
     verdict: str
@@ -97,6 +116,28 @@ class Comparison:
     faults: list[str] = field(default_factory=list)
     signature: list[str] = field(default_factory=list)
     every_finding: str | None = None
+    own: dict[str, int | None] = field(default_factory=dict)
+    note: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Comparison:
+        """The comparison :meth:`to_dict` wrote (a study row holds one), reasons and all.
+
+        >>> c = Comparison("reproduced", [], [FindingMatch("grad_spike", 6, 7, True, True, 1, 0.05)])
+        >>> Comparison.from_dict(c.to_dict()) == c
+        True
+        """
+        known = {f.name for f in fields(cls)} - {"findings", "curves"}
+        curve_fields = {f.name for f in fields(CurveAgreement)}
+        return cls(
+            **{k: v for k, v in d.items() if k in known and k != "reasons"},
+            reasons=list(d.get("reasons", [])),
+            findings=[FindingMatch(**m) for m in d.get("findings", [])],
+            curves=[
+                CurveAgreement(**{k: v for k, v in c.items() if k in curve_fields})
+                for c in d.get("curves", [])
+            ],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -139,23 +180,73 @@ def compare(
     original_findings: list[Finding] | None = None,
     proxy_findings: list[Finding] | None = None,
     faults: Sequence[str] | None = None,
+    healthy: Comparison | None = None,
 ) -> Comparison:
     """The reproduction verdict of ``proxy`` against ``original`` (findings computed if not given).
 
     ``faults``: the injected faults to judge the signature of (``NAME[@STEP][:ARG]`` or names);
-    by default those both traces' headers name; ``()`` judges every finding.
+    by default those both traces' headers name; ``()`` judges every finding. ``healthy``: the
+    comparison of the two models' runs without faults, whose proxy-only findings are set apart.
     """
     a = original_findings if original_findings is not None else diagnose(original)
     b = proxy_findings if proxy_findings is not None else diagnose(proxy)
     run_length = max(len(original.steps), 1)
     matches = _match(_onsets(a), _onsets(b), run_length)
     curves = [c for c in (_curve(original, proxy, m) for m in CURVES) if c is not None]
-    every, reasons = _verdict(matches, curves)
     names, signature, note = _signature(original, proxy, faults, matches)
-    if not signature:
-        return Comparison(every, [note, *reasons] if note else reasons, matches, curves, names, [], every)
-    verdict, head = _signature_verdict(matches, signature, names, every)
-    return Comparison(verdict, [head, *reasons], matches, curves, names, signature, every)
+    raw = Comparison("", [], matches, curves, names, signature, note=note)
+    return against_healthy(raw, healthy) if healthy is not None else _conclude(raw)
+
+
+def compare_healthy(
+    original: Trace,
+    proxy: Trace,
+    *,
+    original_findings: list[Finding] | None = None,
+    proxy_findings: list[Finding] | None = None,
+) -> Comparison:
+    """The two models' runs without faults compared, every finding judged: the baseline that
+    :func:`compare` takes as ``healthy``. A run whose header names a fault is refused, since
+    what a fault raises would then count as the proxy's own."""
+    for role, trace in (("original", original), ("proxy", proxy)):
+        named = [str(f) for f in (trace.header.get("faults") or []) if str(f).strip()]
+        if named:
+            where = f" ({trace.path})" if trace.path else ""
+            raise MoescopeError(
+                f"the {role}'s healthy run{where} injected {', '.join(named)}; "
+                "give the two runs of the same config without faults as the baseline."
+            )
+    kwargs = {"original_findings": original_findings, "proxy_findings": proxy_findings}
+    return compare(original, proxy, faults=(), **kwargs)
+
+
+def against_healthy(comparison: Comparison, healthy: Comparison) -> Comparison:
+    """``comparison`` judged again with the proxy's own findings set apart: the types the
+    ``healthy`` comparison (the two models without faults) found only on the proxy.
+
+    Works on a comparison read back with :meth:`Comparison.from_dict`, so a study's stored rows
+    can be judged against their healthy runs without replaying anything.
+    """
+    own = proxy_only(healthy)
+    matches = [replace(m, own=m.type in own) for m in comparison.findings]
+    return _conclude(replace(comparison, findings=matches, own=own))
+
+
+def proxy_only(healthy: Comparison) -> dict[str, int | None]:
+    """The finding types a comparison found only on the proxy, with their onset there: on two
+    healthy runs, what the proxy raises without any fault."""
+    return {m.type: m.proxy_step for m in healthy.findings if m.false_alarm}
+
+
+def _conclude(c: Comparison) -> Comparison:
+    """The verdict and reasons of a comparison whose matches, curves and signature are known."""
+    every, reasons = _verdict(c.findings, c.curves, c.own)
+    if not c.signature:
+        return replace(
+            c, verdict=every, reasons=[c.note, *reasons] if c.note else reasons, every_finding=every
+        )
+    verdict, head = _signature_verdict(c.findings, c.signature, c.faults, every)
+    return replace(c, verdict=verdict, reasons=[head, *reasons], every_finding=every)
 
 
 def _signature(
@@ -203,10 +294,9 @@ def _signature_verdict(
     matches: list[FindingMatch], signature: list[str], names: list[str], every: str
 ) -> tuple[str, str]:
     judged = [m for m in matches if m.type in signature and not m.false_alarm]
-    hits = [m for m in judged if m.reproduced and m.on_time]
     head = (
         f"judged on the signature of {', '.join(names)}: {', '.join(signature)} "
-        f"({len(hits)} of {len(judged)} on time); every finding: {every}"
+        f"({sum(m.hit for m in judged)} of {len(judged)} on time); every finding: {every}"
     )
     return _grade(judged, []), head
 
@@ -278,18 +368,31 @@ def _direction(x: list[float], y: list[float]) -> float | None:
     return sum(p == q for p, q in pairs) / len(pairs) if pairs else None
 
 
-def _verdict(matches: list[FindingMatch], curves: list[CurveAgreement]) -> tuple[str, list[str]]:
+def _verdict(
+    matches: list[FindingMatch], curves: list[CurveAgreement], own: dict[str, int | None]
+) -> tuple[str, list[str]]:
     originals = [m for m in matches if not m.false_alarm]
-    alarms = [m for m in matches if m.false_alarm]
+    alarms = [m for m in matches if m.false_alarm and not m.own]
     reasons = []
     for m in originals:
-        if m.reproduced and m.on_time:
+        if m.own and m.reproduced:
+            reasons.append(
+                f"{m.type} raised on both (onset {m.original_step} vs {m.proxy_step}), but the proxy "
+                f"raises it without a fault (healthy run, step {own[m.type]}): not counted as reproduced"
+            )
+        elif m.reproduced and m.on_time:
             reasons.append(f"{m.type} reproduced (onset {m.original_step} vs {m.proxy_step})")
         elif m.reproduced:
             reasons.append(f"{m.type} reproduced late or early (onset {m.original_step} vs {m.proxy_step})")
         else:
             reasons.append(f"{m.type} at step {m.original_step} not reproduced")
     reasons += [f"{m.type} only on the proxy (step {m.proxy_step})" for m in alarms]
+    reasons += [
+        f"{m.type} only on the proxy (step {m.proxy_step}), as in its healthy run (step {own[m.type]}): "
+        "the proxy's own, set apart"
+        for m in matches
+        if m.false_alarm and m.own
+    ]
     agreeing = [c for c in curves if c.trend_agrees]
     if curves:
         reasons.append(
@@ -300,9 +403,10 @@ def _verdict(matches: list[FindingMatch], curves: list[CurveAgreement]) -> tuple
 
 
 def _grade(judged: list[FindingMatch], alarms: list[FindingMatch]) -> str:
-    """The verdict on the ``judged`` findings of the original, with the proxy's false ``alarms``."""
+    """The verdict on the ``judged`` findings of the original, with the proxy's false ``alarms``;
+    a finding that is the proxy's own is neither reproduced nor an alarm."""
     if not judged and not alarms:
         return "both healthy"
-    if judged and all(m.reproduced and m.on_time for m in judged) and not alarms:
+    if judged and all(m.hit for m in judged) and not alarms:
         return "reproduced"
-    return "partially reproduced" if any(m.reproduced for m in judged) else "not reproduced"
+    return "partially reproduced" if any(m.reproduced and not m.own for m in judged) else "not reproduced"
