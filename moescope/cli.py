@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from moescope import schema as S
 from moescope._util.flags import add_flags, config_field, flag_values, shown_default
+from moescope._util.process import leave
 from moescope._version import __version__
 from moescope.errors import MoescopeError
 from moescope.export.config import ExportConfig
@@ -261,6 +262,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         original=args.original,
         out=args.out,
         overwrite=args.overwrite,
+        healthy=not args.no_healthy,
     )
     agreement = result.agreement()
     print(f"{args.model} under {result.fault}, fixed with {', '.join(result.fixes)}:")
@@ -274,7 +276,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             if agreement is None
             else ("  (the original: the same)" if agreement[o.type] else "  (the original: not so)")
         )
-        print(f"  {o.type}: {o.verdict}{same}")
+        why = " (raised without the fault too: the model's own, not judged)" if o.verdict == "own" else ""
+        print(f"  {o.type}: {o.verdict}{why}{same}")
     c = result.cost
     print(
         f"  cost: step time x{c['step_time_ratio']:.2f}, "
@@ -540,6 +543,11 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
     va.add_argument("--out", type=Path, required=True, metavar="DIR", help="traces and validation.json")
     va.add_argument("--overwrite", action="store_true", help="replace an existing directory")
     va.add_argument(
+        "--no-healthy",
+        action="store_true",
+        help="skip the run without the fault (its findings are the model's own, left out of the verdict)",
+    )
+    va.add_argument(
         "--config", type=Path, metavar="JSON", help="ReplayConfig fields as JSON (flags override)"
     )
     add_flags(va, ReplayConfig)
@@ -586,18 +594,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def script() -> NoReturn:
-    """Entry point of the ``moescope`` script and of ``python -m moescope``: exit with ``main``'s status.
-
-    A ``torchrun`` worker leaves through ``os._exit`` once its output is flushed. Its work is done
-    and written by then, and the interpreter's own teardown is where gloo aborts a finished worker
-    now and then ("terminate called without an active exception", SIGABRT), which fails the run.
-    """
-    status = main()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    sys.exit(status)
+    """Entry point of the ``moescope`` script and of ``python -m moescope``: exit with ``main``'s
+    status (a ``torchrun`` worker without the interpreter's teardown: :mod:`moescope._util.process`)."""
+    leave(main())
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ def test_two_processes_under_accelerate_write_one_trace_equal_to_one_process(tmp
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     one = subprocess.run(
         [sys.executable, *common, "--batch", "16", "--trace", str(tmp_path / "one.jsonl")],
-        capture_output=True, text=True, env=env, timeout=600,
+        capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
     launcher = Path(sys.executable).with_name("accelerate")
@@ -249,7 +249,7 @@ def test_two_processes_under_accelerate_write_one_trace_equal_to_one_process(tmp
         [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
          "--mixed_precision", "no", "--dynamo_backend", "no",
          *common, "--batch", "8", "--trace", str(tmp_path / "two.jsonl")],
-        capture_output=True, text=True, env=env, timeout=600,
+        capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = read_trace(tmp_path / "one.jsonl"), read_trace(tmp_path / "two.jsonl")

@@ -10,7 +10,7 @@ import pytest
 
 from moescope.analyze.findings import Finding
 from moescope.analyze.fixes import FIXES, fix_fields
-from moescope.analyze.validation import outcomes, validate
+from moescope.analyze.validation import Validation, outcomes, validate
 from moescope.cli import main
 from moescope.errors import MoescopeError
 from moescope.replay import ReplayConfig
@@ -65,6 +65,24 @@ def test_verdicts_per_finding_type() -> None:
     assert outcomes([nan], [replace(nan, evidence={"steps": [5]})], last_step=9)[0].verdict == "reduced"
 
 
+def test_a_finding_the_model_raises_without_the_fault_is_its_own_and_not_judged() -> None:
+    collapse = Finding("entropy_collapse", 2, "warning", "", {})
+    mismatch = Finding("rollout_mismatch", 0, "warning", "", {"median": 0.05})
+    fixed = [replace(collapse, step=3)]  # the fix removes the mismatch; the collapse stays
+    plain = validation(outcomes([collapse, mismatch], fixed, last_step=11))
+    assert plain.verdicts == {"entropy_collapse": "unchanged", "rollout_mismatch": "removed"}
+    assert plain.summary == "reduced"
+    based = validation(outcomes([collapse, mismatch], fixed, last_step=11, own=[collapse]))
+    assert based.verdicts == {"entropy_collapse": "own", "rollout_mismatch": "removed"}
+    assert based.summary == "removed"
+    only_own = outcomes([], fixed, last_step=11, own=[collapse])  # introduced by the fix? no: its own
+    assert [o.verdict for o in only_own] == ["own"] and validation(only_own).summary == "no finding"
+
+
+def validation(found: list) -> Validation:
+    return Validation("toy", "routing_mismatch@0", ("fp32_router",), found, {})
+
+
 def test_routing_replay_reduces_and_an_fp32_router_removes_a_routing_mismatch(tmp_path: Path) -> None:
     fault = "routing_mismatch@1"
     replayed = validate("toy", fault, ["routing_replay"], config=BASE, out=tmp_path / "r3")
@@ -76,8 +94,11 @@ def test_routing_replay_reduces_and_an_fp32_router_removes_a_routing_mismatch(tm
     assert {p.name for p in (tmp_path / "both").iterdir()} == {
         "fault.jsonl",
         "fault+fix.jsonl",
+        "healthy.jsonl",  # the run without the fault: the toy raises nothing there
         "validation.json",
     }
+    bare = validate("toy", fault, ["fp32_router"], config=BASE, out=tmp_path / "bare", healthy=False)
+    assert bare.verdicts == both.verdicts and not (tmp_path / "bare" / "healthy.jsonl").exists()
     assert 0 < both.cost["step_time_ratio"] < 10 and both.cost["reward_fault"] >= 0
 
 

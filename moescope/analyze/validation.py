@@ -11,15 +11,19 @@ finding type the fault raises (warnings and errors) gets a verdict:
   or the time the run spends failing (from its first step to the run's last);
 - ``unchanged``: otherwise;
 
-plus ``introduced`` for a type only the fixed run raises, and the fix's cost: the fixed run's step
-time over the faulted run's (measured) and both runs' mean reward. With ``original``, the same two
-runs on the proxy's source model say whether the proxy's verdicts are the original's.
+plus ``introduced`` for a type only the fixed run raises, and ``own`` for a type the model raises
+in a third run without the fault (``healthy=True``, the default): a finding the model shows
+anyway is not the fault's, so no fix can be judged on it (a proxy that collapses its entropy in
+every run would otherwise read *reduced* where its original reads *removed*). The fix's cost: the
+fixed run's step time over the faulted run's (measured) and both runs' mean reward. With
+``original``, the same runs on the proxy's source model say whether the proxy's verdicts are the
+original's.
 
 One word sums a validation up (:attr:`Validation.summary`): ``removed`` when the fix removes
 every finding the fault raised, ``unchanged`` when it removes or reduces none, ``reduced``
 between, and ``no finding`` when the fault raised none; what the fix introduces is reported
-beside it, not in it. A proxy agrees with its original on a fault × fix pair when the two
-summaries are the same word.
+beside it, not in it, and the model's own findings are left out of it. A proxy agrees with its
+original on a fault × fix pair when the two summaries are the same word.
 
 The output directory::
 
@@ -27,14 +31,17 @@ The output directory::
       validation.json            the verdicts, cost and notes (the original's under "original")
       fault.jsonl                the faulted run's trace
       fault+fix.jsonl            the fixed run's trace
-      original-fault.jsonl       with an original: its two runs
+      healthy.jsonl              the run without the fault (unless healthy=False)
+      original-fault.jsonl       with an original: its runs
       original-fault+fix.jsonl
+      original-healthy.jsonl
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,11 +55,12 @@ from moescope.errors import MoescopeError
 from moescope.replay.config import ReplayConfig
 from moescope.traces import Trace, read_trace
 
-OUTCOMES = ("removed", "reduced", "unchanged", "introduced")
+OUTCOMES = ("removed", "reduced", "unchanged", "introduced", "own")
 SUMMARIES = ("removed", "reduced", "unchanged", "no finding")
 RESULT = "validation.json"
 FAULT_TRACE = "fault.jsonl"
 FIXED_TRACE = "fault+fix.jsonl"
+HEALTHY_TRACE = "healthy.jsonl"
 ORIGINAL_PREFIX = "original-"
 REDUCED = 0.5  # a finding whose reported magnitude the fix at least halves is reduced
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
@@ -90,7 +98,7 @@ class Validation:
     @property
     def summary(self) -> str:
         """One word for the fix against the fault's findings (the module docstring's rule)."""
-        mine = [o.verdict for o in self.outcomes if o.verdict != "introduced"]
+        mine = [o.verdict for o in self.outcomes if o.verdict not in ("introduced", "own")]
         if not mine:
             return "no finding"
         if all(v == "removed" for v in mine):
@@ -148,18 +156,22 @@ def validate(
     original: Any = None,
     out: str | Path,
     overwrite: bool = False,
+    healthy: bool = True,
 ) -> Validation:
-    """Replay ``fault`` with and without ``fixes`` on ``model`` (and on ``original``); the
-    verdicts, written with the four traces to ``out`` (``validation.json``)."""
+    """Replay ``fault`` with and without ``fixes`` on ``model`` (and on ``original``), and, with
+    ``healthy``, without the fault, whose findings are each model's own; the verdicts, written
+    with the traces to ``out`` (``validation.json``)."""
     base = replace(config or ReplayConfig(), faults=(fault,))
     fixed, notes = _fixed_config(base, fixes, fault)
     if original is not None:
         check_source(model, original)
 
+    runs = (base, fixed, replace(base, faults=()) if healthy else None)
+
     def fill(work: Path) -> None:
-        result = _pair(model, base, fixed, work, "", fault, fixes, notes)
+        result = _runs(model, runs, work, "", fault, fixes, notes)
         if original is not None:
-            result.original = _pair(original, base, fixed, work, "original-", fault, fixes, notes)
+            result.original = _runs(original, runs, work, ORIGINAL_PREFIX, fault, fixes, notes)
         (work / RESULT).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
         holder.append(result)
 
@@ -177,7 +189,11 @@ def rejudge(directory: str | Path) -> Validation:
     for prefix, validation in runs:
         faulted = read_trace(directory / f"{prefix}{FAULT_TRACE}")
         fixed = read_trace(directory / f"{prefix}{FIXED_TRACE}")
-        validation.outcomes = outcomes(diagnose(faulted), diagnose(fixed), last_step=_last_step(faulted))
+        healthy = directory / f"{prefix}{HEALTHY_TRACE}"
+        own = diagnose(read_trace(healthy)) if healthy.is_file() else []
+        validation.outcomes = outcomes(
+            diagnose(faulted), diagnose(fixed), last_step=_last_step(faulted), own=own
+        )
     write_atomic(directory / RESULT, (json.dumps(result.to_dict(), indent=1) + "\n").encode())
     return result
 
@@ -197,44 +213,50 @@ def _fixed_config(
         return replace(base, **fields, faults=()), [note]
 
 
-def _pair(
+def _runs(
     model: Any,
-    base: ReplayConfig,
-    fixed: ReplayConfig,
+    runs: tuple[ReplayConfig, ReplayConfig, ReplayConfig | None],
     work: Path,
     prefix: str,
     fault: str,
     fixes: list[str] | tuple[str, ...],
     notes: list[str],
 ) -> Validation:
+    """One model's runs: the fault, the fault with the fix, and (when given) no fault."""
     from moescope.replay.run import replay
 
+    base, fixed, healthy = runs
     faulted = replay(model, base, out=work / f"{prefix}{FAULT_TRACE}")
     repaired = replay(model, fixed, out=work / f"{prefix}{FIXED_TRACE}")
+    own = diagnose(replay(model, healthy, out=work / f"{prefix}{HEALTHY_TRACE}")) if healthy else []
+    found = outcomes(diagnose(faulted), diagnose(repaired), last_step=_last_step(faulted), own=own)
     return Validation(
         model=str(model) if isinstance(model, str | Path) else type(model).__name__,
         fault=fault,
         fixes=tuple(fixes),
-        outcomes=outcomes(diagnose(faulted), diagnose(repaired), last_step=_last_step(faulted)),
+        outcomes=found,
         cost=cost(faulted, repaired),
         notes=list(notes),
     )
 
 
-def outcomes(faulted: list[Finding], fixed: list[Finding], *, last_step: int) -> list[Outcome]:
+def outcomes(
+    faulted: list[Finding], fixed: list[Finding], *, last_step: int, own: Sequence[Finding] = ()
+) -> list[Outcome]:
     """The verdict per finding type (warnings and errors) of two runs ending at ``last_step``,
-    in the order of the module docstring."""
-    before, after = _worst(faulted), _worst(fixed)
+    in the order of the module docstring; a type the run without the fault raised (``own``)
+    reads ``own``."""
+    before, after, mine = _worst(faulted), _worst(fixed), _worst(own)
     out = []
     for kind, f in before.items():
         g = after.get(kind)
-        verdict = _verdict(f, g, last_step)
+        verdict = "own" if kind in mine else _verdict(f, g, last_step)
         out.append(
             Outcome(kind, verdict, f.step, g.step if g else None, f.severity, g.severity if g else None)
         )
     for kind, g in after.items():
         if kind not in before:
-            out.append(Outcome(kind, "introduced", None, g.step, None, g.severity))
+            out.append(Outcome(kind, "own" if kind in mine else "introduced", None, g.step, None, g.severity))
     return out
 
 
@@ -242,7 +264,7 @@ def _last_step(trace: Trace) -> int:
     return int(trace.steps[-1][S.STEP]) if trace.steps else 0
 
 
-def _worst(findings: list[Finding]) -> dict[str, Finding]:
+def _worst(findings: Sequence[Finding]) -> dict[str, Finding]:
     """The most severe (then earliest) finding of each type, info left out."""
     out: dict[str, Finding] = {}
     for f in findings:

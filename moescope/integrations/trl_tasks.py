@@ -123,12 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         instrument(trainer, args.trace, faults=args.fault)
         trainer.train()
-        # destroys the process group of a distributed run: left to interpreter shutdown, gloo's
-        # teardown aborts a finished process now and then ("terminate called without an active
-        # exception")
-        trainer.accelerator.end_training()
+        trainer.accelerator.end_training()  # the process group of a distributed run, destroyed
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from moescope._util.process import leave
+
+    leave(main())  # a distributed worker without the interpreter's teardown, where gloo can hang
