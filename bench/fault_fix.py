@@ -4,7 +4,8 @@ For every embedded model (``toy``, ``toy-v3``) a capability-targeted proxy is ex
 ``--keep`` (``moescope export MODEL --keep 1/4``: healed in rounds until it keeps the
 checklist's accuracy ratio), then every fault × fix pair of :data:`PAIRS` is validated on it with
 the model as ``--original``, once per seed (:func:`moescope.validate`: the fault replayed alone
-and with the fix, same seeds and prompts, on both models). A pair's word is the validation's summary (removed,
+and with the fix, same seeds and prompts, on both models, and each model without the fault, whose
+findings are its own and not judged). A pair's word is the validation's summary (removed,
 reduced, unchanged, no finding); the proxy agrees when its word is the original's.
 
     .venv/bin/python bench/fault_fix.py [--models toy toy-v3] [--keep 1/4] [--steps 16] [--seeds 0 1]
@@ -197,6 +198,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         "",
         "## Every validation",
+        "",
+        "Each finding the faulted or the fixed run raised, with its verdict; *own*: the model raises it in "
+        "its run without the fault too, so the fix is not judged on it.",
         "",
         "| model | seed | fault | fix | proxy findings | original findings |",
     ]
