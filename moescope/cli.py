@@ -251,6 +251,19 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _against_original(agreement: dict[str, bool | None] | None, type: str, theirs: dict[str, str]) -> str:
+    """What the original's validation says of one finding type, for a line of the proxy's."""
+    if agreement is None:
+        return ""
+    if agreement[type] is None:
+        return f"  (the original: {theirs.get(type, 'not raised')}; not compared, a model's own finding)"
+    return (
+        "  (the original: the same)"
+        if agreement[type]
+        else f"  (the original: {theirs.get(type, 'not raised')})"
+    )
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from moescope.analyze.validation import validate
 
@@ -270,14 +283,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  note: {note}")
     if not result.outcomes:
         print("  the fault raises no warning or error, with or without the fix")
+    theirs = {o.type: o.verdict for o in result.original.outcomes} if result.original else {}
     for o in result.outcomes:
-        same = (
-            ""
-            if agreement is None
-            else ("  (the original: the same)" if agreement[o.type] else "  (the original: not so)")
-        )
         why = " (raised without the fault too: the model's own, not judged)" if o.verdict == "own" else ""
-        print(f"  {o.type}: {o.verdict}{why}{same}")
+        print(f"  {o.type}: {o.verdict}{why}{_against_original(agreement, o.type, theirs)}")
+    for t in sorted(theirs.keys() - {o.type for o in result.outcomes}):
+        print(f"  {t}: not raised{_against_original(agreement, t, theirs)}")
     c = result.cost
     print(
         f"  cost: step time x{c['step_time_ratio']:.2f}, "

@@ -207,6 +207,10 @@ def test_reward_collapse_no_signal_and_degenerate_output():
     ]
     found = by_type(diagnose(trace(rows)))
     assert found["reward_collapse"].step == 5 and found["no_signal"].step == 5
+    lucky = [{**r, "reward/no_signal_frac": 1.0} if i == 1 else r for i, r in enumerate(rows)]
+    assert by_type(diagnose(trace(lucky)))["no_signal"].step == 5  # one early dead step does not date it
+    scattered = [{"reward/no_signal_frac": float(i % 2)} for i in range(12)]
+    assert by_type(diagnose(trace(scattered)))["no_signal"].step == 1  # never held: its first dead step
     cut = [{"response/truncated_frac": 0.1 if i < 4 else 1.0} for i in range(10)]
     assert by_type(diagnose(trace(cut)))["degenerate_output"].step == 4
     same = [{"response_length/min": 7, "response_length/max": 7 if i > 3 else 9} for i in range(9)]

@@ -10,7 +10,7 @@ import pytest
 
 from moescope.analyze.findings import Finding
 from moescope.analyze.fixes import FIXES, fix_fields
-from moescope.analyze.validation import Validation, outcomes, validate
+from moescope.analyze.validation import Validation, outcomes, read_validation, validate
 from moescope.cli import main
 from moescope.errors import MoescopeError
 from moescope.replay import ReplayConfig
@@ -77,6 +77,14 @@ def test_a_finding_the_model_raises_without_the_fault_is_its_own_and_not_judged(
     assert based.summary == "removed"
     only_own = outcomes([], fixed, last_step=11, own=[collapse])  # introduced by the fix? no: its own
     assert [o.verdict for o in only_own] == ["own"] and validation(only_own).summary == "no finding"
+    # against an original that raises no collapse: the proxy's own type is not compared either way
+    proxy = validation(outcomes([collapse, mismatch], fixed, last_step=11, own=[collapse]))
+    proxy.original = validation(outcomes([mismatch], [], last_step=11))
+    assert proxy.agreement() == {"entropy_collapse": None, "rollout_mismatch": True} and proxy.agrees()
+    proxy.original = validation(outcomes([collapse, mismatch], [collapse], last_step=11))  # not its own
+    assert proxy.agreement() == {"entropy_collapse": None, "rollout_mismatch": True}
+    proxy.outcomes = outcomes([collapse, mismatch], fixed, last_step=11)  # the proxy's own no longer known
+    assert proxy.agreement() == {"entropy_collapse": True, "rollout_mismatch": True}
 
 
 def validation(found: list) -> Validation:
@@ -121,7 +129,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, capsys) -> None:
         assert match in capsys.readouterr().err and not out.exists()
 
 
-def test_an_original_that_is_not_the_proxys_source_is_refused(tmp_path: Path) -> None:
+def test_an_original_that_is_not_the_proxys_source_is_refused(tmp_path: Path, capsys) -> None:
     from moescope.export.pipeline import export_proxy
 
     proxy = tmp_path / "proxy"
@@ -131,9 +139,25 @@ def test_an_original_that_is_not_the_proxys_source_is_refused(tmp_path: Path) ->
     with pytest.raises(MoescopeError, match=r"is not the model .* was cut from"):
         validate(proxy, "lr_spike@1", ["grad_clip"], config=BASE, original="toy-v3", out=tmp_path / "v")
     assert not (tmp_path / "v").exists()
-    both = validate(
-        proxy, "routing_mismatch@1", ["fp32_router"], config=BASE, original="toy", out=tmp_path / "v"
+    (tmp_path / "base.json").write_text(json.dumps(BASE.to_dict()))
+    fault = ["--fault", "routing_mismatch@1", "--fix", "fp32_router", "--original", "toy"]
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "validate",
+                str(proxy),
+                *fault,
+                "--out",
+                str(tmp_path / "v"),
+                "--config",
+                str(tmp_path / "base.json"),
+            ]
+        )
+        == 0
     )
+    assert "rollout_mismatch: removed  (the original: the same)" in capsys.readouterr().out
+    both = read_validation(tmp_path / "v")
     assert both.original is not None and both.original.model == "toy"
     assert both.agreement() == {"rollout_mismatch": True}  # removed on the proxy and on the original
     assert (tmp_path / "v" / "original-fault+fix.jsonl").is_file()
@@ -142,7 +166,7 @@ def test_an_original_that_is_not_the_proxys_source_is_refused(tmp_path: Path) ->
 def test_the_cli_says_it_in_one_word_and_draws_both_runs(tmp_path: Path, capsys) -> None:
     import vl_convert
 
-    from moescope.analyze.validation import read_validation, rejudge
+    from moescope.analyze.validation import rejudge
     from moescope.display.charts.validation import RUN_LABELS, validation_boards
     from moescope.schema import MISMATCH_KL, REWARD_MEAN
 

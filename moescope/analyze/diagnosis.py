@@ -31,7 +31,8 @@ nothing (negative controls in the tests):
   the early-run baseline (and under the OPEFO floor, when the run had one) / rises above three
   times it, for ``SUSTAIN`` steps.
 - ``reward_collapse``: the running mean reward falls below a fifth of a positive early baseline.
-- ``no_signal``: every group's rewards were equal (no GRPO gradient) on most steps.
+- ``no_signal``: every group's rewards were equal (no GRPO gradient) on most steps; dated where
+  such steps first follow one another for ``SUSTAIN`` steps.
 - ``degenerate_output``: all responses truncated, or a constant response length, for ``SUSTAIN``
   steps.
 

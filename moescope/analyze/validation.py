@@ -109,13 +109,18 @@ class Validation:
         """Whether the proxy's summary is the original's (``None`` without an original)."""
         return None if self.original is None else self.summary == self.original.summary
 
-    def agreement(self) -> dict[str, bool] | None:
-        """Per finding type either run raised, whether the proxy's verdict is the original's."""
+    def agreement(self) -> dict[str, bool | None] | None:
+        """Per finding type either run raised, whether the proxy's verdict is the original's;
+        ``None`` for a type either model raises without the fault (``own``): no fix is judged on
+        it, so it neither agrees nor disagrees (as the one-word summaries leave it out)."""
         if self.original is None:
             return None
         mine = {o.type: o.verdict for o in self.outcomes}
         theirs = {o.type: o.verdict for o in self.original.outcomes}
-        return {t: mine.get(t) == theirs.get(t) for t in sorted(mine.keys() | theirs.keys())}
+        return {
+            t: None if "own" in (mine.get(t), theirs.get(t)) else mine.get(t) == theirs.get(t)
+            for t in sorted(mine.keys() | theirs.keys())
+        }
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

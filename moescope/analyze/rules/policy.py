@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import first_logged, series, shift, throughout
+from moescope.analyze.rules.series import first_logged, series, shift, sustained, throughout
 from moescope.analyze.rules.thresholds import SUSTAIN
 from moescope.traces import Trace
 
@@ -65,14 +65,18 @@ def check_no_signal(trace: Trace) -> list[Finding]:
     points = series(trace, S.NO_SIGNAL_FRAC)
     if not points:
         return []
-    dead = [s for s, v in points if v >= 1.0]
+    flags = [v >= 1.0 for _, v in points]
+    dead = [s for (s, _), flag in zip(points, flags, strict=True) if flag]
     excerpt = len(points) < SUSTAIN and len(dead) == len(points)  # a few pasted records, all dead
     if len(dead) < max(SUSTAIN, len(points) // 2) and not excerpt:
         return []
+    # dated where the dead steps first hold for SUSTAIN steps: one early step whose groups happened
+    # to agree does not date a signal a later collapse took away
+    start = sustained(flags)
     return [
         Finding(
             "no_signal",
-            dead[0],
+            dead[0] if start is None else points[start][0],
             "warning",
             f"No learning signal on {len(dead)} of {len(points)} steps: every group's rewards were equal, "
             "so GRPO advantages were all 0 (prompts too easy or too hard).",
