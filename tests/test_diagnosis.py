@@ -117,9 +117,16 @@ def test_a_proxys_own_findings_are_set_apart_with_the_healthy_runs_as_baseline(t
     plain = compare(replays["lr_spike"], runs["lr_spike"])
     based = compare(replays["lr_spike"], runs["lr_spike"], healthy=healthy)
     before, after = ({m.type: m for m in c.findings} for c in (plain, based))
-    assert before["no_signal"].false_alarm and not before["no_signal"].own
+    # judged against the fault without the baseline: a false alarm, or (where the toy's reward
+    # collapse leaves it stalled too) the toy's no_signal "reproduced" steps too early
+    counted = before["no_signal"]
+    assert not counted.own and (counted.false_alarm or (counted.original_step > 0 and not counted.on_time))
     assert after["no_signal"].own and based.own == proxy_only(healthy)
-    assert any("no_signal" in r and "the proxy's own, set apart" in r for r in based.reasons)
+    set_apart = (
+        "the proxy's own, set apart",
+        "the proxy raises it without a fault",
+    )  # alone, or beside the toy's
+    assert any("no_signal" in r and any(s in r for s in set_apart) for r in based.reasons), based.reasons
     assert not any("no_signal only on the proxy (step" in r and "set apart" not in r for r in based.reasons)
     assert [m.type for m in based.findings if not m.own] == [
         m.type for m in plain.findings if m.type not in based.own
@@ -129,7 +136,7 @@ def test_a_proxys_own_findings_are_set_apart_with_the_healthy_runs_as_baseline(t
     p = moescope_process("diagnose", *args, str(replays["healthy"].path), str(runs["healthy"].path))
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
-    assert "the proxy raises no_signal (step" in out and "the proxy's own, set apart" in out
+    assert "the proxy raises no_signal (step" in out and any(s in out for s in set_apart)
     p = moescope_process("diagnose", *args, str(replays["healthy"].path), str(runs["lr_spike"].path))
     _, err = p.communicate(timeout=300)  # a faulted run given as the baseline
     assert p.returncode == 2 and "injected lr_spike@6" in err and len(err.strip().splitlines()) == 1, err
@@ -211,6 +218,15 @@ def test_reward_collapse_no_signal_and_degenerate_output():
     assert by_type(diagnose(trace(lucky)))["no_signal"].step == 5  # one early dead step does not date it
     scattered = [{"reward/no_signal_frac": float(i % 2)} for i in range(12)]
     assert by_type(diagnose(trace(scattered)))["no_signal"].step == 1  # never held: its first dead step
+
+    # a signal gone at the end of a long log counts however long the run went well before
+    def stalled(dead: range, steps: int = 20) -> dict:
+        return by_type(diagnose(trace([{"reward/no_signal_frac": float(i in dead)} for i in range(steps)])))
+
+    assert stalled(range(15, 20))["no_signal"].step == 15
+    assert "since step 15 (5 steps, to the end of the log)" in stalled(range(15, 20))["no_signal"].message
+    assert "no_signal" not in stalled(range(18, 20))  # two steps: not yet held
+    assert "no_signal" not in stalled(range(5, 9))  # a stretch the run recovered from, under half the run
     cut = [{"response/truncated_frac": 0.1 if i < 4 else 1.0} for i in range(10)]
     assert by_type(diagnose(trace(cut)))["degenerate_output"].step == 4
     same = [{"response_length/min": 7, "response_length/max": 7 if i > 3 else 9} for i in range(9)]

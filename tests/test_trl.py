@@ -161,10 +161,12 @@ def test_an_lr_spike_collapses_the_reward_as_in_a_replay(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_an_lr_spike_is_judged_on_its_signature_not_on_where_the_broken_policy_goes(tmp_path: Path) -> None:
     """Three seeds of the toy under the same spike: the reward collapses at the same step on
-    each, and then the broken policies go different ways (toward noise, into a repetition loop;
-    which seeds go which way depends on the CPU's arithmetic), so the original does not reproduce
-    itself finding for finding. The verdict judges the signature: every pair of seeds reproduces
-    it; a tenfold spike, which the policy survives, does not reproduce the thousandfold one."""
+    each, and then the broken policies may go different ways (toward noise, into a repetition
+    loop: which seeds go which way depends on the CPU's arithmetic, and on some CPUs all go the
+    same way), so the original need not reproduce itself finding for finding. The verdict judges
+    the signature: every pair of seeds reproduces it, whatever follows (the rule itself is tested
+    on findings that differ in ``test_verdict``); a tenfold spike, which the policy survives, does
+    not reproduce the thousandfold one."""
     config = {
         "max_steps": 12,
         "per_device_train_batch_size": 32,
@@ -175,7 +177,7 @@ def test_an_lr_spike_is_judged_on_its_signature_not_on_where_the_broken_policy_g
     pairs = [compare(a, b) for i, a in enumerate(runs) for b in runs[i + 1 :]]
     for pair in pairs:
         assert pair.verdict == "reproduced" and pair.signature == ["reward_collapse"], pair.reasons
-    assert any(pair.every_finding == "partially reproduced" for pair in pairs), [p.reasons for p in pairs]
+        assert pair.every_finding in ("reproduced", "partially reproduced"), pair.reasons
     mild = faulted(tmp_path, "mild", "lr_spike@4:10", **config)
     assert compare(runs[0], mild).verdict == "not reproduced"
 

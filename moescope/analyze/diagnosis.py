@@ -31,8 +31,9 @@ nothing (negative controls in the tests):
   the early-run baseline (and under the OPEFO floor, when the run had one) / rises above three
   times it, for ``SUSTAIN`` steps.
 - ``reward_collapse``: the running mean reward falls below a fifth of a positive early baseline.
-- ``no_signal``: every group's rewards were equal (no GRPO gradient) on most steps; dated where
-  such steps first follow one another for ``SUSTAIN`` steps.
+- ``no_signal``: every group's rewards were equal (no GRPO gradient) on most steps, dated where
+  such steps first follow one another for ``SUSTAIN`` steps; or on the log's last ``SUSTAIN`` or
+  more steps (``frac_reward_zero_std`` gone to 1: a run that stalls late), dated where that began.
 - ``degenerate_output``: all responses truncated, or a constant response length, for ``SUSTAIN``
   steps.
 

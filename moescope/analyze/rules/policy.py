@@ -68,18 +68,25 @@ def check_no_signal(trace: Trace) -> list[Finding]:
     flags = [v >= 1.0 for _, v in points]
     dead = [s for (s, _), flag in zip(points, flags, strict=True) if flag]
     excerpt = len(points) < SUSTAIN and len(dead) == len(points)  # a few pasted records, all dead
-    if len(dead) < max(SUSTAIN, len(points) // 2) and not excerpt:
+    gone = len(flags) - next((i + 1 for i in range(len(flags) - 1, -1, -1) if not flags[i]), 0)
+    if len(dead) >= max(SUSTAIN, len(points) // 2) or excerpt:
+        # dated where the dead steps first hold for SUSTAIN steps: one early step whose groups
+        # happened to agree does not date a signal a later collapse took away
+        start = sustained(flags)
+        step = dead[0] if start is None else points[start][0]
+        message = f"No learning signal on {len(dead)} of {len(points)} steps"
+    elif gone >= SUSTAIN:  # the signal is gone at the end of the log, however long it ran before
+        step = points[len(points) - gone][0]
+        message = f"No learning signal since step {step} ({gone} steps, to the end of the log)"
+    else:
         return []
-    # dated where the dead steps first hold for SUSTAIN steps: one early step whose groups happened
-    # to agree does not date a signal a later collapse took away
-    start = sustained(flags)
     return [
         Finding(
             "no_signal",
-            dead[0] if start is None else points[start][0],
+            step,
             "warning",
-            f"No learning signal on {len(dead)} of {len(points)} steps: every group's rewards were equal, "
-            "so GRPO advantages were all 0 (prompts too easy or too hard).",
+            f"{message}: every group's rewards were equal, so GRPO advantages were all 0 (prompts too "
+            "easy or too hard, or a policy that collapsed).",
             {"steps": dead},
         )
     ]
