@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -587,9 +588,25 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore")
 
 
+_NUMBERS = re.compile(r"^-\d*\.?\d+(,-?\d*\.?\d+)+$")
+
+
+def _joined_number_lists(argv: Sequence[str]) -> list[str]:
+    """``--view-weights -1,1`` read as ``--view-weights=-1,1``: argparse takes a value that starts
+    with a minus for an option unless it is one number, so a list would fail as "expected one
+    argument" instead of reaching the check that names the problem."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NUMBERS.match(token):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``moescope`` script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_joined_number_lists(sys.argv[1:] if argv is None else argv))
     _quiet()
     try:
         return args.func(args)

@@ -289,6 +289,7 @@ def test_command_line_flags_and_bad_input(tiny_checkpoint, tmp_path: Path, capsy
     assert manifest["selection"]["params"]["views"] == ["router", "context"]
     for bad, match in (
         (["--views=router", "--view-weights=-1"], "non-negative"),
+        (["--views", "router,context", "--view-weights", "-1,1"], "non-negative"),  # spaced, not argparse
         (["--views=router,mood"], "unknown view"),
         (["--view-weights=1"], "without the views"),
     ):
