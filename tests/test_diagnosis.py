@@ -48,6 +48,13 @@ def test_healthy_runs_raise_no_warning(replays, name):
     assert serious(diagnose(replays[name])) == []
 
 
+def test_a_healthy_replay_of_toy_v3_raises_no_warning(tmp_path):
+    """The second embedded model, which solves more of its prompts (over half of its groups have no
+    reward spread): its healthy run is no stall, no collapse, nothing."""
+    trace = moescope.replay("toy-v3", ReplayConfig(**BASE), out=tmp_path / "v3.jsonl")
+    assert max(s["reward/no_signal_frac"] for s in trace.steps) > 0 and serious(diagnose(trace)) == []
+
+
 def test_lr_spike_is_a_grad_spike_and_a_kl_blowup_at_the_step(replays):
     found = by_type(diagnose(replays["lr_spike"]))
     assert found["grad_spike"].step == 6 and found["grad_spike"].severity == "warning"
