@@ -252,17 +252,14 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
-def _against_original(agreement: dict[str, bool | None] | None, type: str, theirs: dict[str, str]) -> str:
+def _against_original(agreement: dict[str, bool | None] | None, kind: str, theirs: dict[str, str]) -> str:
     """What the original's validation says of one finding type, for a line of the proxy's."""
     if agreement is None:
         return ""
-    if agreement[type] is None:
-        return f"  (the original: {theirs.get(type, 'not raised')}; not compared, a model's own finding)"
-    return (
-        "  (the original: the same)"
-        if agreement[type]
-        else f"  (the original: {theirs.get(type, 'not raised')})"
-    )
+    verdict = theirs.get(kind, "not raised")
+    if agreement[kind] is None:
+        return f"  (the original: {verdict}; not compared, a model's own finding)"
+    return "  (the original: the same)" if agreement[kind] else f"  (the original: {verdict})"
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -68,7 +68,7 @@ def check_no_signal(trace: Trace) -> list[Finding]:
     flags = [v >= 1.0 for _, v in points]
     dead = [s for (s, _), flag in zip(points, flags, strict=True) if flag]
     excerpt = len(points) < SUSTAIN and len(dead) == len(points)  # a few pasted records, all dead
-    gone = len(flags) - next((i + 1 for i in range(len(flags) - 1, -1, -1) if not flags[i]), 0)
+    gone = next((n for n, flag in enumerate(reversed(flags)) if not flag), len(flags))  # dead at the end
     if len(dead) >= max(SUSTAIN, len(points) // 2) or excerpt:
         # dated where the dead steps first hold for SUSTAIN steps: one early step whose groups
         # happened to agree does not date a signal a later collapse took away
