@@ -281,11 +281,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  note: {note}")
     if not result.outcomes:
         print("  the fault raises no warning or error, with or without the fix")
-    theirs = {o.type: o.verdict for o in result.original.outcomes} if result.original else {}
+    theirs = result.original.verdicts if result.original else {}
     for o in result.outcomes:
         why = " (raised without the fault too: the model's own, not judged)" if o.verdict == "own" else ""
         print(f"  {o.type}: {o.verdict}{why}{_against_original(agreement, o.type, theirs)}")
-    for t in sorted(theirs.keys() - {o.type for o in result.outcomes}):
+    for t in sorted(theirs.keys() - result.verdicts.keys()):
         print(f"  {t}: not raised{_against_original(agreement, t, theirs)}")
     c = result.cost
     print(

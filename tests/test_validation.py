@@ -142,20 +142,8 @@ def test_an_original_that_is_not_the_proxys_source_is_refused(tmp_path: Path, ca
     (tmp_path / "base.json").write_text(json.dumps(BASE.to_dict()))
     fault = ["--fault", "routing_mismatch@1", "--fix", "fp32_router", "--original", "toy"]
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "validate",
-                str(proxy),
-                *fault,
-                "--out",
-                str(tmp_path / "v"),
-                "--config",
-                str(tmp_path / "base.json"),
-            ]
-        )
-        == 0
-    )
+    out = ["--out", str(tmp_path / "v"), "--config", str(tmp_path / "base.json")]
+    assert main(["validate", str(proxy), *fault, *out]) == 0
     assert "rollout_mismatch: removed  (the original: the same)" in capsys.readouterr().out
     both = read_validation(tmp_path / "v")
     assert both.original is not None and both.original.model == "toy"

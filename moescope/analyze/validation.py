@@ -115,8 +115,7 @@ class Validation:
         it, so it neither agrees nor disagrees (as the one-word summaries leave it out)."""
         if self.original is None:
             return None
-        mine = {o.type: o.verdict for o in self.outcomes}
-        theirs = {o.type: o.verdict for o in self.original.outcomes}
+        mine, theirs = self.verdicts, self.original.verdicts
         return {
             t: None if "own" in (mine.get(t), theirs.get(t)) else mine.get(t) == theirs.get(t)
             for t in sorted(mine.keys() | theirs.keys())
