@@ -7,9 +7,9 @@ copies of the model that keep every expert, each weight multiplied by ``1 + σ·
 healthy run on the original and on every copy (same config, data and sampling seeds:
 ``fidelity_study._config``), and judges each copy exactly as the study judges a proxy
 (``fidelity_study.judgment``). Each copy's KL and accuracy ratio are measured as the export
-measures a proxy's, so the figures sit next to the study's proxies (KL 1–4 nats at 1/2 to 1/8).
+measures a proxy's, so the figures sit next to the study's proxies (KL 0.4 to 4.4 nats).
 
-    .venv/bin/python bench/curve_floor.py [--model toy-v3] [--scales 0.01 0.03 0.1] [--seeds 3]
+    .venv/bin/python bench/curve_floor.py [--model toy-v3] [--scales 0.003 0.01 0.03 0.1] [--seeds 3]
 
 Prints one row per scale: KL, capability, steps whose mean reward equals the original's, and
 the mean ρ per curve over the seeds.
@@ -86,7 +86,7 @@ def agreement(original: list[Path], copy: list[Path]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="toy-v3", choices=MODELS)
-    parser.add_argument("--scales", nargs="+", type=float, default=(0.01, 0.03, 0.1))
+    parser.add_argument("--scales", nargs="+", type=float, default=(0.003, 0.01, 0.03, 0.1))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--workers", type=int, default=2)
