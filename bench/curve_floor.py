@@ -6,8 +6,9 @@ copies of the model that keep every expert, each weight multiplied by ``1 + σ·
 ``σ`` in ``--scales`` (a proxy as near the original as one can wish), replays the study's
 healthy run on the original and on every copy (same config, data and sampling seeds:
 ``fidelity_study._config``), and judges each copy exactly as the study judges a proxy
-(``fidelity_study.judgment``). Each copy's KL and accuracy ratio are measured as the export
-measures a proxy's, so the figures sit next to the study's proxies (KL 0.4 to 4.4 nats).
+(``moescope.analyze.verdict.compare``, as ``fidelity_study.judgment`` does). Each copy's KL
+and accuracy ratio are measured as the export measures a proxy's, so the figures sit next to
+the study's proxies (KL 0.4 to 4.4 nats).
 
     .venv/bin/python bench/curve_floor.py [--model toy-v3] [--scales 0.003 0.01 0.03 0.1] [--seeds 3]
 
@@ -24,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fidelity_study import MODELS, _replay, judgment
+from fidelity_study import MODELS, _replay
 
 GOAL_CURVES = ("actor/loss", "actor/grad_norm", "actor/entropy")
 ALSO = ("reward/mean", "actor/kl")
@@ -69,15 +70,17 @@ def closeness(model: str, copies: dict[float, Path]) -> dict[float, tuple[float,
 
 def agreement(original: list[Path], copy: list[Path]) -> dict[str, Any]:
     """Mean ρ per curve over the seeds, and the steps whose mean reward equals the original's."""
+    from moescope.analyze.verdict import compare
     from moescope.traces import read_trace
 
     rhos: dict[str, list[float]] = {}
     same = total = 0
     for o, c in zip(original, copy, strict=True):
-        for metric, curve in judgment(o, c)["curves"].items():
-            if curve["spearman"] is not None:
-                rhos.setdefault(metric, []).append(curve["spearman"])
-        pairs = list(zip(read_trace(o).steps, read_trace(c).steps, strict=False))
+        ours, theirs = read_trace(o), read_trace(c)
+        for curve in compare(ours, theirs).curves:  # the study's judgment of a proxy run
+            if curve.spearman is not None:
+                rhos.setdefault(curve.metric, []).append(curve.spearman)
+        pairs = list(zip(ours.steps, theirs.steps, strict=False))
         same += sum(a.get("reward/mean") == b.get("reward/mean") for a, b in pairs)
         total += len(pairs)
     return {"rho": {m: statistics.mean(v) for m, v in rhos.items()}, "same_reward": (same, total)}
