@@ -79,6 +79,32 @@ def test_one_decoder_layer_is_in_memory_at_a_time() -> None:
     assert resident and set(resident[::2]) == {0} and set(resident[1::2]) == {1}  # before / inside a layer
 
 
+def test_untied_embeddings_and_head_are_read_only_when_used(tiny_checkpoint) -> None:
+    """Vocabulary-sized matrices stay out of memory while the layers run: the embeddings are in
+    memory from the start of a forward to the end of their lookup (the head, inside its forward)."""
+    seen: list[tuple[str, str, str]] = []
+    with layer_sequential(tiny_checkpoint("qwen3_moe")) as model:
+        embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+        assert embeddings.weight is not head.weight
+
+        def where(moment: str) -> None:
+            seen.append((moment, embeddings.weight.device.type, head.weight.device.type))
+
+        hooks = [
+            embeddings.register_forward_pre_hook(lambda *_: where("lookup")),
+            decoder_layers(model)[0].register_forward_pre_hook(lambda *_: where("layer")),
+        ]
+        where("before")
+        collect_routing(model, _ids(model), **OPTIONS)
+        where("after")
+        for hook in hooks:
+            hook.remove()
+    assert seen[0] == ("before", "meta", "meta") and seen[-1] == ("after", "meta", "meta")
+    assert {s for s in seen[1:-1] if s[0] == "lookup"} == {("lookup", "cpu", "meta")}
+    assert {s for s in seen[1:-1] if s[0] == "layer"} == {("layer", "meta", "meta")}
+    assert sum(s[0] == "lookup" for s in seen) == 2  # one forward per batch of OPTIONS
+
+
 def test_one_decoder_layer_is_in_memory_while_its_experts_are_embedded(monkeypatch) -> None:
     seen: list[int] = []
     embed_layer = embeddings._embed_layer

@@ -66,7 +66,7 @@ import torch
 from moescope._util.io import write_atomic
 from moescope._util.threads import map_on_cores, single_threaded
 from moescope.errors import MoescopeError
-from moescope.models.resident import resident
+from moescope.models.resident import execution_device, resident
 from moescope.models.view import MoELayer, MoEModel, adapt
 from moescope.provenance import config_hash
 from moescope.schema import EXPERT, LAYER, SCHEMA_VERSION, check_schema
@@ -299,7 +299,7 @@ def probe_hidden_states(moe: MoEModel, ids: torch.Tensor) -> dict[int, torch.Ten
     accepts = inspect.signature(model.forward).parameters
     extra = {"use_cache": False, "logits_to_keep": 1}  # no cache; the LM head is not what is probed
     with _capture_block_inputs(moe, captured), _eval_mode(model), torch.no_grad():
-        device = next(model.parameters()).device
+        device = execution_device(model)
         ids = ids.reshape(-1, ids.shape[-1]).to(device)
         model(input_ids=ids, **{key: value for key, value in extra.items() if key in accepts})
     return captured

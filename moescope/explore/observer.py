@@ -27,6 +27,7 @@ from moescope.explore.routing_sums import (
     slot_norms,
 )
 from moescope.explore.stats import RoutingStats
+from moescope.models.resident import execution_device
 from moescope.models.view import decoder_model
 from moescope.provenance import config_hash
 
@@ -68,7 +69,7 @@ class RoutingObserver:
 
     def reset(self) -> None:
         """Start the sums again from zero (e.g. once per RL step)."""
-        device = next(self.moe.model.parameters()).device
+        device = execution_device(self.moe.model)
         sigmoid = self.moe.rule.scoring == "sigmoid"
         hidden = self.moe.layers[0].router_weight.shape[1]  # the router reads the block's input
         self._sums = RoutingSums(len(self.moe.layers), self.moe.num_experts, device, sigmoid, hidden)

@@ -37,6 +37,7 @@ import torch
 from moescope.errors import MoescopeError
 from moescope.models.accuracy import TaskSpec, is_prompt_file
 from moescope.models.prompts import answer_budget, prompt_stream
+from moescope.models.resident import execution_device
 
 RL = "rl"
 """The ``calibration`` value that selects the replay's prompts plus the model's own completions."""
@@ -188,7 +189,7 @@ def _sample(
     """One completion per prompt (left-padded batch), cut after end-of-sequence."""
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    device = next(model.parameters()).device
+    device = execution_device(model)
     rows = [torch.tensor(p, dtype=torch.long) for p in prompts]
     ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad, padding_side="left")
     mask = torch.nn.utils.rnn.pad_sequence(

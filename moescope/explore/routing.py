@@ -45,6 +45,7 @@ from moescope.explore.calibration import calibration_batches, describe_source
 from moescope.explore.observer import RoutingObserver
 from moescope.explore.routing_sums import ENTROPY_BINS
 from moescope.explore.stats import RoutingStats
+from moescope.models.resident import execution_device
 from moescope.models.view import adapt
 
 __all__ = [
@@ -117,7 +118,7 @@ def collect_routing(
     )
     extra = _forward_kwargs(model)
     vocab = model.get_input_embeddings().num_embeddings
-    device = next(model.parameters()).device
+    device = execution_device(model)
     was_training = model.training
     model.eval()
     try:

@@ -3,15 +3,16 @@
 Every statistic the in-memory pass collects (:func:`~moescope.explore.routing.collect_routing`:
 expert load, co-activation, routed-context sums, saliency, router entropy and logits) comes from
 hooks on the real model's modules, so the layer-sequential pass runs the *same* model and the
-same hooks and only changes where the weights live. The embeddings and final norm are loaded
-as the in-memory pass loads them; the decoder layers' weights stay on the meta device, and
-accelerate's big-model hooks load each layer's weights when it starts and release them when it
-ends, the decoder layer being accelerate's *preload* unit, so hooks that re-run an expert on
-the routed tokens (saliency for models whose experts transformers does not fuse) see the
-weights of their own layer. The LM head, unless it shares the embeddings' weight, is loaded
-the same way when it runs: the pass keeps one position's logits, so it is a vocabulary-sized
-matrix used once per batch. The batch's hidden states pass from layer to layer in memory, as
-in any forward.
+same hooks and only changes where the weights live. The final norm is loaded as the in-memory
+pass loads it; the decoder layers' weights stay on the meta device, and accelerate's big-model
+hooks load each layer's weights when it starts and release them when it ends, the decoder layer
+being accelerate's *preload* unit, so hooks that re-run an expert on the routed tokens
+(saliency for models whose experts transformers does not fuse) see the weights of their own
+layer. The input embeddings and the LM head, unless they share one weight, are read the same
+way when they run: each is a vocabulary-sized matrix used once per batch (the pass keeps one
+position's logits), which held for the whole pass would sit beside every layer (on the 4 GB
+bench checkpoint the embeddings were an eighth of the pass's peak memory). The batch's hidden
+states pass from layer to layer in memory, as in any forward.
 
 Where the layers' weights come from is what bounds memory. accelerate takes them from a
 ``weights_map``; here that is :class:`~moescope.models.layer_weights.LayerWeights`, which reads
@@ -23,11 +24,12 @@ rather than mapped. ``from_pretrained``'s own disk offload (layers placed on ``"
 read every tensor once while loading, re-save the converted ones to an offload folder, and map
 each shard, whose pages count in the process's resident memory: on the 4 GB bench checkpoint a
 peak RSS of 4.5 GB against the in-memory pass's 8.4 GB, where this design's is 1.0 GB.
-Peak memory is one layer's weights, the embeddings and one batch's activations, above the
-interpreter's own; :func:`check_memory` refuses a pass in which those would not fit, before
-its first layer runs. Code that uses a layer's weights outside its forward (the expert
-embeddings of :func:`~moescope.explore.embeddings.embed_experts`) runs the same hooks around
-it (:func:`~moescope.models.resident.resident`), one layer in memory at a time there too.
+Peak memory is one layer's weights and one batch's activations (and the embeddings, where the
+LM head shares them), above the interpreter's own; :func:`check_memory` refuses a pass in
+which those would not fit, before its first layer runs. Code that uses a layer's weights
+outside its forward (the expert embeddings of :func:`~moescope.explore.embeddings.embed_experts`)
+runs the same hooks around it (:func:`~moescope.models.resident.resident`), one layer in memory
+at a time there too.
 
 Hand-rolled alternatives were weighed: a loop that runs ``layer(hidden)`` itself must rebuild
 what the model's forward computes around its layers (rotary positions, masks, per-layer
@@ -85,9 +87,9 @@ def layer_sequential(model: str | Path, *, dtype: Any = None) -> Iterator[PreTra
     """``model`` loaded so that each decoder layer's weights are in memory only while it runs.
 
     ``dtype`` is :func:`~moescope.models.loading.load_model`'s (float32 by default, ``"auto"``
-    the checkpoint's). The embeddings and final norm are loaded as ``load_model`` loads them; a
-    decoder layer's weights (and the LM head's, unless tied to the embeddings) are read from the
-    checkpoint's shards each time it runs. A quantized checkpoint is refused: its scales are
+    the checkpoint's). The final norm is loaded as ``load_model`` loads it; a decoder layer's
+    weights (and the embeddings' and LM head's, unless tied) are read from the checkpoint's
+    shards each time it runs. A quantized checkpoint is refused: its scales are
     applied by transformers' quantizers, which this reading bypasses.
     """
     from moescope.models.layer_weights import load_without_layers, meta_model, resolve_dtype
@@ -102,22 +104,23 @@ def layer_sequential(model: str | Path, *, dtype: Any = None) -> Iterator[PreTra
         )
     files = check_weights(path)
     loaded = meta_model(config, resolve_dtype(dtype, config, files))
-    placement = _head_on_disk(loaded, layer_device_map(loaded))
+    placement = _vocabulary_on_disk(loaded, layer_device_map(loaded))
     weights = load_without_layers(loaded, files, placement, name=str(path))
     _dispatch(loaded, placement, weights)
+    _embeddings_read_per_forward(loaded)
     yield loaded
 
 
-def _head_on_disk(model: PreTrainedModel, placement: dict[str, str]) -> dict[str, str]:
-    """``placement`` with the LM head read when used, like a layer, unless it shares the
-    embeddings' weight: the pass keeps the last position's logits only, so the head is a
-    vocabulary-sized matrix used once per batch."""
-    head = model.get_output_embeddings()
-    weight = getattr(head, "weight", None)
-    name = next((name for name, module in model.named_modules() if module is head), None)
-    if weight is None or weight is model.get_input_embeddings().weight or placement.get(name) != "cpu":
+def _vocabulary_on_disk(model: PreTrainedModel, placement: dict[str, str]) -> dict[str, str]:
+    """``placement`` with the input embeddings and the LM head read when used, like a layer,
+    unless they share one weight: each is a vocabulary-sized matrix used once per batch (the
+    pass keeps the last position's logits only), and resident they would sit beside every layer."""
+    embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if getattr(head, "weight", None) is getattr(embeddings, "weight", None):
         return placement
-    return placement | {name: "disk"}
+    names = {id(module): name for name, module in model.named_modules()}
+    wanted = (names.get(id(module)) for module in (embeddings, head) if module is not None)
+    return placement | {name: "disk" for name in wanted if placement.get(name) == "cpu"}
 
 
 def _dispatch(model: PreTrainedModel, placement: dict[str, str], weights: Mapping[str, Any]) -> None:
@@ -143,6 +146,29 @@ def _dispatch(model: PreTrainedModel, placement: dict[str, str], weights: Mappin
         )
     finally:
         log.setLevel(level)
+
+
+def _embeddings_read_per_forward(model: PreTrainedModel) -> None:
+    """Input embeddings read when used stay in memory from the start of each forward to the end
+    of their lookup: some forwards read the embeddings' device before the lookup (Llama 4 moves
+    the token ids there), which accelerate's hook around the lookup alone leaves on the meta
+    device. The same hook loads and releases them, once each per forward."""
+    from accelerate.hooks import remove_hook_from_module
+
+    embeddings = model.get_input_embeddings()
+    hook = getattr(embeddings, "_hf_hook", None)
+    if hook is None or not hook.offload:
+        return
+    remove_hook_from_module(embeddings)
+
+    def load(*_: Any) -> None:
+        hook.pre_forward(embeddings)
+
+    def release(module: Any, _: Any, output: Any) -> Any:
+        return hook.post_forward(module, output)
+
+    model.register_forward_pre_hook(load)
+    embeddings.register_forward_hook(release)
 
 
 def collect_routing_sequential(

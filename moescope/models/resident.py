@@ -7,6 +7,8 @@ layer's weights or calls its experts itself — the weight, router and outputs v
 :func:`~moescope.explore.embeddings.embed_experts` — would find them on the meta device.
 :func:`resident` runs that same hook around such code, so there too one layer is in memory at a
 time, read the way its forward reads it. On a model loaded whole it does nothing.
+Under the same dispatch a model's first parameter may be on the meta device (its embeddings,
+read when used): :func:`execution_device` says where its inputs belong.
 """
 
 from __future__ import annotations
@@ -14,7 +16,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
+import torch
 from torch import nn
+
+
+def execution_device(model: nn.Module) -> torch.device:
+    """Where ``model`` computes: the device of its first weight that is not on the meta device.
+
+    A layer-sequential model keeps every weight that is read when used (its embeddings
+    included) on the meta device, so its first parameter does not say where inputs belong.
+
+    Example
+    -------
+    >>> execution_device(nn.Linear(2, 2))
+    device(type='cpu')
+    """
+    devices = (p.device for p in model.parameters() if p.device.type != "meta")
+    return next(devices, torch.device("cpu"))
 
 
 @contextmanager
