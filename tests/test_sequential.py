@@ -17,14 +17,17 @@ from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
 from moescope.explore.routing import collect_routing
 from moescope.explore.sequential import (
+    activation_bytes,
     check_memory,
     collect_routing_sequential,
     largest_layer_bytes,
     layer_device_map,
     layer_sequential,
+    pass_batch_size,
     router_rows,
 )
 from moescope.export.streaming.export import export_streaming
+from moescope.models.layer_weights import LayerWeights
 from moescope.models.loading import load_model
 from moescope.models.view import adapt, decoder_layers
 from moescope.models.zoo import TINY_ARCHS, tiny
@@ -211,6 +214,28 @@ def test_a_streaming_export_offers_the_calibrated_methods(tmp_path: Path) -> Non
         kept = [layer.kept for layer in streamed.selection.layers]
         assert kept == [layer.kept for layer in in_memory.layers], method
         assert streamed.manifest["calibration"] == {"source": "tasks", "data": "task suite (seed 0)"}
+
+
+def test_a_streaming_export_reads_each_layer_once_for_its_statistics(tmp_path: Path, monkeypatch) -> None:
+    """Every batch of a layer-sequential pass reads every layer again: the pass takes as many rows
+    per batch as memory allows, here all of them (16 rows a batch read the toy's layers 4 times)."""
+    reads: list[str] = []
+    read = LayerWeights.read
+    monkeypatch.setattr(LayerWeights, "read", lambda self, layer: reads.append(layer) or read(self, layer))
+    options = {"keep": "1/4", "method": "frequency", "calibration": "tasks", "n_tokens": 1000}
+    export_streaming("toy", tmp_path / "proxy", progress=False, **options)
+    assert reads and reads.count(reads[0]) == 1
+
+
+def test_a_pass_takes_as_many_rows_as_half_the_memory_beside_a_layer_holds() -> None:
+    model = tiny("qwen3_moe")
+    layer = largest_layer_bytes(model)
+    row = activation_bytes(model.config, n_tokens=128, batch_size=1, seq_len=128)
+    assert pass_batch_size(model, n_tokens=10_000, available=layer + 2 * 100 * row) == 100
+    assert (
+        pass_batch_size(model, n_tokens=40, available=layer + 2 * 100 * row) == 40
+    )  # a row per token at most
+    assert pass_batch_size(model, n_tokens=10_000, available=layer) == 16  # collect_routing's default
 
 
 def test_a_pass_that_does_not_fit_in_memory_is_refused_before_a_layer_runs() -> None:

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
     from moescope.explore.stats import RoutingStats
 
 
+PASS_MEMORY_SHARE = 0.5  # of the memory beside one layer, what a batch's activations may take
+
+
 def layer_device_map(model: PreTrainedModel) -> dict[str, str]:
     """Every decoder layer on ``"disk"``, every other top-level module resident (``"cpu"``).
 
@@ -191,9 +194,37 @@ def collect_routing_sequential(
     from moescope.explore.routing import collect_routing
 
     with layer_sequential(model, dtype=dtype) as loaded:
+        if "batch_size" not in options:
+            shape = {name: options[name] for name in ("n_tokens", "seq_len") if name in options}
+            options["batch_size"] = pass_batch_size(loaded, available=available, **shape)
         batch = {name: options[name] for name in ("n_tokens", "batch_size", "seq_len") if name in options}
         check_memory(loaded, available=available, **batch)
         return collect_routing(loaded, data, **options)
+
+
+def pass_batch_size(
+    model: PreTrainedModel,
+    *,
+    n_tokens: int | None = None,
+    seq_len: int | None = None,
+    available: int | None = None,
+) -> int:
+    """Rows per forward of a layer-sequential pass: as many as half the memory left beside its
+    largest layer holds (:func:`activation_bytes`, rows at ``seq_len``), at least
+    :func:`~moescope.explore.routing.collect_routing`'s default, at most one row per token.
+
+    Every batch reads every layer from the shards again, so a checkpoint larger than memory is
+    read once per batch: at the in-memory pass's 16 rows, a streaming export of toy-v3
+    calibrated on the task suite's short rows read each layer 71 times for its statistics.
+    """
+    from moescope._util.memory import available_memory
+
+    n_tokens = n_tokens if n_tokens is not None else _routing_default("n_tokens")
+    seq_len = seq_len if seq_len is not None else _routing_default("seq_len")
+    free = available_memory() if available is None else available
+    room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
+    per_row = activation_bytes(model.config, n_tokens=seq_len, batch_size=1, seq_len=seq_len)
+    return max(_routing_default("batch_size"), min(int(max(room, 0) // per_row), n_tokens))
 
 
 def check_memory(

@@ -11,7 +11,7 @@ from moescope.explore.calibration import calibration_data, calibration_record
 from moescope.explore.clustering import select_experts
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
-from moescope.explore.sequential import check_memory, layer_sequential, router_rows
+from moescope.explore.sequential import check_memory, layer_sequential, pass_batch_size, router_rows
 from moescope.export.config import ExportConfig
 from moescope.models.loading import load_tokenizer
 
@@ -24,14 +24,21 @@ def calibrated_selection(
     of that data."""
     with layer_sequential(source, dtype="auto") as lm:  # as the in-memory export loads it
         seed, n_tokens = config.seed, config.n_tokens
-        check_memory(lm, n_tokens=n_tokens)  # collect_routing's batches, below
+        batch_size = pass_batch_size(lm, n_tokens=n_tokens)  # each batch reads every layer again
+        check_memory(lm, n_tokens=n_tokens, batch_size=batch_size)
         tokenizer = load_tokenizer(source)
         data = calibration_data(
             lm, tokenizer, calibration, n_tokens=n_tokens, seed=seed, prompts=config.tasks
         )
         with router_rows(lm) as routers:
             stats = collect_routing(
-                lm, data, tokenizer=tokenizer, n_tokens=n_tokens, seed=seed, progress=progress
+                lm,
+                data,
+                tokenizer=tokenizer,
+                n_tokens=n_tokens,
+                batch_size=batch_size,
+                seed=seed,
+                progress=progress,
             )
         options: dict[str, Any] = {"method": config.method, "stats": stats, "seed": seed}
         if config.method == "paper":
