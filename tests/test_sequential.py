@@ -231,10 +231,9 @@ def test_a_pass_takes_as_many_rows_as_half_the_memory_beside_a_layer_holds() -> 
     model = tiny("qwen3_moe")
     layer = largest_layer_bytes(model)
     row = activation_bytes(model.config, n_tokens=128, batch_size=1, seq_len=128)
-    assert pass_batch_size(model, n_tokens=10_000, available=layer + 2 * 100 * row) == 100
-    assert (
-        pass_batch_size(model, n_tokens=40, available=layer + 2 * 100 * row) == 40
-    )  # a row per token at most
+    room = layer + 2 * 100 * row
+    assert pass_batch_size(model, n_tokens=10_000, available=room) == 100
+    assert pass_batch_size(model, n_tokens=40, available=room) == 40  # a row per token at most
     assert pass_batch_size(model, n_tokens=10_000, available=layer) == 16  # collect_routing's default
 
 
