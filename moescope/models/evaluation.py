@@ -127,6 +127,13 @@ def decode_completions(tokenizer: Any, new_ids: torch.Tensor) -> list[str]:
 
 
 def _generate(model: Any, tokenizer: Any, prompts: list[str], budget: int, sample_kw: dict) -> list[str]:
+    return decode_completions(tokenizer, new_token_ids(model, tokenizer, prompts, budget, sample_kw))
+
+
+def new_token_ids(
+    model: Any, tokenizer: Any, prompts: list[str], budget: int, sample_kw: dict
+) -> torch.Tensor:
+    """``(len(prompts), ≤ budget)`` ids generated after the left-padded ``prompts``."""
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left").to(model.device)
     out = model.generate(
         **enc,
@@ -135,7 +142,7 @@ def _generate(model: Any, tokenizer: Any, prompts: list[str], budget: int, sampl
         eos_token_id=tokenizer.eos_token_id,
         **sample_kw,
     )
-    return decode_completions(tokenizer, out[:, enc["input_ids"].shape[1] :])
+    return out[:, enc["input_ids"].shape[1] :]
 
 
 def generate_answers(
