@@ -107,3 +107,20 @@ def test_layer_sequential_gives_the_in_memory_figure_reading_each_layer_once_per
         assert reads.count(reads[0]) <= 2 * 13  # greedy and sampled: a read per token, 13 at most
     pd.testing.assert_frame_equal(got, expected, atol=1e-5, rtol=0)
     pd.testing.assert_frame_equal(batched, expected, atol=1e-5, rtol=0)
+
+
+def test_short_memory_splits_the_forward_into_batches(toy, monkeypatch) -> None:
+    from moescope._util import memory
+    from moescope.explore.sequential import largest_layer_bytes
+
+    model, tok = toy
+    expected = original_accuracy(model, tok, ("add2", "rev"), n_prompts=4)
+    forwards: list[int] = []
+    handle = model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    monkeypatch.setattr(memory, "available_memory", lambda: largest_layer_bytes(model) + 2_000_000)
+    try:
+        got = original_accuracy(model, tok, ("add2", "rev"), n_prompts=4)
+    finally:
+        handle.remove()
+    assert 1 < len(forwards) <= 8
+    pd.testing.assert_frame_equal(got, expected, atol=1e-6, rtol=0)

@@ -16,6 +16,12 @@ accuracy, mixed, n``, the same tasks and rows) from a handful:
   prompt of every task in one ``generate`` (one for greedy, one for the samples), each row's
   completion cut to its own task's budget before it is judged. One read per generated token.
 
+Teacher-forced is the default. On the task suite at 100 prompts and 4 samples (toy and toy-v3)
+it was within 0.003 of ``model_accuracy`` at 64 samples, the expectation it computes; against
+``model_accuracy`` at 4 samples and 5 seeds it differed by 0.007 (toy) and 0.005 (toy-v3) per task
+on average, batched sampling by 0.012 and 0.010, being a second draw of the same noise; and it
+read the model once where batched sampling read it 26 times and ``model_accuracy`` 423.
+
 Example
 -------
 >>> from moescope.models.toy import load_toy
@@ -62,9 +68,10 @@ def original_accuracy(
     """``task, mode, accuracy, mixed, n`` of ``model`` on resolved ``tasks``, in the shape of
     :func:`~moescope.models.accuracy.model_accuracy` (same rows, same order), from few forwards.
 
-    ``model`` may be in memory or layer-sequential. ``batch_size``: rows per forward (per
-    ``generate`` for ``"sampled"``); by default all of them, one read of the model per batch
-    (per generated token). ``seed`` only seeds ``"sampled"``.
+    ``model`` may be in memory or layer-sequential. ``batch_size``: rows per forward, each a read
+    of the model (by default as many as memory allows: :func:`answer_log_probs`); for
+    ``"sampled"``, rows per ``generate``, a read per generated token (by default all, whose
+    key-value cache must fit). ``seed`` only seeds ``"sampled"``.
     """
     if tokenizer is None:
         raise MoescopeError("task accuracy needs the model's tokenizer; pass tokenizer= (or tasks=()).")
@@ -178,10 +185,14 @@ def answer_log_probs(
 ) -> tuple[list[float], list[bool]]:
     """Per row, log P(``targets`` | ``prompts``) at temperature 1 and whether every target token
     is the argmax, from forwards of ``prompt + target[:-1]`` left-padded as ``generate`` pads
-    (positions counted from each row's first token), ``batch_size`` rows each (all by default).
+    (positions counted from each row's first token), ``batch_size`` rows each: by default as
+    many as half the memory beside the largest layer holds (all, unless memory is short), since
+    each forward of a layer-sequential model reads it whole.
     """
     n = len(prompts)
-    size = n if batch_size is None else batch_size
+    size = batch_size or _rows_per_forward(
+        model, n, max(map(len, prompts)) + max(map(len, targets)), max(map(len, targets))
+    )
     logp: list[float] = []
     greedy: list[bool] = []
     model_was_training = model.training
@@ -195,6 +206,19 @@ def answer_log_probs(
     finally:
         model.train(model_was_training)
     return logp, greedy
+
+
+def _rows_per_forward(model: PreTrainedModel, rows: int, width: int, keep: int) -> int:
+    """Rows whose activations (:func:`~moescope.explore.sequential.activation_bytes`) and kept
+    logits (three float32 copies: logits, their float cast, the log-softmax) take at most
+    :data:`~moescope.explore.sequential.PASS_MEMORY_SHARE` of the memory beside the largest layer."""
+    from moescope._util.memory import available_memory
+    from moescope.explore.sequential import PASS_MEMORY_SHARE, activation_bytes, largest_layer_bytes
+
+    vocab = model.config.get_text_config().vocab_size
+    per_row = activation_bytes(model.config, n_tokens=width, batch_size=1, seq_len=width) + 12 * keep * vocab
+    room = PASS_MEMORY_SHARE * (available_memory() - largest_layer_bytes(model))
+    return max(1, min(rows, int(max(room, 0) // per_row)))
 
 
 def _batch_log_probs(
