@@ -1,14 +1,23 @@
-"""The original's accuracy from few reads of the model: the estimators."""
+"""The original's accuracy from few reads of the model: the estimators, their record, a given figure."""
 
 from __future__ import annotations
+
+import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
+from moescope.errors import MoescopeError
 from moescope.explore.sequential import layer_sequential
 from moescope.export.fidelity.original import answer_log_probs, original_accuracy
+from moescope.export.fidelity.original_record import (
+    OriginalAccuracy,
+    cached_original_accuracy,
+    parse_original_accuracy,
+)
 from moescope.models.accuracy import model_accuracy
 from moescope.models.layer_weights import LayerWeights
 from moescope.models.loading import load_model
@@ -124,3 +133,81 @@ def test_short_memory_splits_the_forward_into_batches(toy, monkeypatch) -> None:
         handle.remove()
     assert 1 < len(forwards) <= 8
     pd.testing.assert_frame_equal(got, expected, atol=1e-6, rtol=0)
+
+
+# --- the record ------------------------------------------------------------------------------------
+
+
+def test_the_record_is_reused_for_the_same_measurement_only(toy, tmp_path: Path) -> None:
+    model, tok = toy
+    path = tmp_path / "original_accuracy.json"
+    first, reused = cached_original_accuracy(path, model, tok, ("add2",), n_prompts=3)
+    assert not reused and path.is_file()
+    pd.testing.assert_frame_equal(first.to_frame(), original_accuracy(model, tok, ("add2",), n_prompts=3))
+    again, reused = cached_original_accuracy(path, model, tok, ("add2",), n_prompts=3, seed=7)
+    assert reused  # teacher-forced draws nothing: the seed does not change its figure
+    pd.testing.assert_frame_equal(again.to_frame(), first.to_frame())
+    assert math.isnan(OriginalAccuracy.load(path).to_frame()["mixed"][0])  # greedy's NaN survives JSON
+    for changed in ({"n_prompts": 4}, {"method": "sampled"}, {"samples": 2}):
+        _, reused = cached_original_accuracy(path, model, tok, ("add2",), **{"n_prompts": 3, **changed})
+        assert not reused, changed
+        cached_original_accuracy(path, model, tok, ("add2",), n_prompts=3)
+    _, reused = cached_original_accuracy(path, model, tok, ("add3",), n_prompts=3)
+    assert not reused
+    lines = heldout("add2", 2)  # a prompt file: no seed nor samples, so only the estimator differs
+    assert not cached_original_accuracy(path, model, tok, lines)[1]
+    assert not cached_original_accuracy(path, model, tok, lines, method="sampled")[1]
+    assert cached_original_accuracy(path, model, tok, lines, method="sampled", samples=9, seed=9)[1]
+
+
+def test_another_model_or_a_damaged_record_is_measured_again(toy, tmp_path: Path) -> None:
+    model, tok = toy
+    path = tmp_path / "original_accuracy.json"
+    cached_original_accuracy(path, model, tok, ("add2",), n_prompts=2)
+    other, other_tok = load_model("toy-v3")
+    record, reused = cached_original_accuracy(path, other, other_tok, ("add2",), n_prompts=2)
+    assert not reused and OriginalAccuracy.load(path).measurement == record.measurement
+    path.write_text("{not json")
+    assert not cached_original_accuracy(path, other, other_tok, ("add2",), n_prompts=2)[1]
+
+
+# --- a given figure --------------------------------------------------------------------------------
+
+
+def test_a_given_figure_becomes_the_frame_the_check_compares() -> None:
+    overall = parse_original_accuracy(" 0.83 ", ("add2", "add3"), n_prompts=50)
+    assert overall["mode"].tolist() == ["greedy", "sampled"] * 2 and overall["n"].tolist() == [50] * 4
+    assert overall.loc[overall["mode"] == "sampled", "accuracy"].tolist() == [0.83, 0.83]
+    per_task = parse_original_accuracy("add3=0.7, add2=0", ("add2", "add3"))
+    assert per_task.loc[per_task["mode"] == "sampled", "accuracy"].tolist() == [0.0, 0.7]
+    lines = [Example("a", "x", "y"), Example("b", "x", "y"), Example("a", "z", "y")]
+    given = parse_original_accuracy("a=0.5,b=1", lines)
+    assert given[["task", "mode", "accuracy", "n"]].values.tolist() == [
+        ["a", "greedy", 0.5, 2],
+        ["b", "greedy", 1.0, 1],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (" ", "is empty"),
+        ("0.8,", "empty part"),
+        ("high", "not a number"),
+        ("83", "outside 0 to 1"),
+        ("-0.1", "outside 0 to 1"),
+        ("nan", "outside 0 to 1"),
+        ("add2=1.5,add3=0.5", "add2=1.5 is outside 0 to 1"),
+        ("add2=0.9,add4=0.5", "names add4, not among the measured tasks (add2, add3)"),
+        ("add2=0.9", "no share for add3"),
+        ("add2=0.9,0.5", "'0.5' names no task"),
+        ("add2=0.9,add2=0.8", "gives add2 twice"),
+        ("0", "solves none of the tasks"),
+        ("add2=0,add3=0", "solves none of the tasks"),
+    ],
+)
+def test_a_bad_given_figure_is_one_sentence_with_the_fix(text: str, says: str) -> None:
+    with pytest.raises(MoescopeError) as err:
+        parse_original_accuracy(text, ("add2", "add3"))
+    message = str(err.value)
+    assert says in message and "\n" not in message and message.count("; ") == 1 and message.endswith(".")
