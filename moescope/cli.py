@@ -15,7 +15,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from moescope import schema as S
 from moescope._util.flags import add_flags, config_field, flag_values, shown_default
@@ -136,6 +136,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"proxy: {result.path} ({m['keep']} of {m['source']['num_experts']} routed experts per layer, "
         f"{m['keep_ratio']:.1%}, method {m['method']})"
     )
+    original = m.get("original")
+    if original is not None:
+        figure = original.get("accuracy", {}).get("source")
+        print(
+            f"original: read {original['read']} ({original['why']})"
+            + (f"; its accuracy {figure}" if figure else "")
+        )
     _print_method_choice(m.get("method_choice"))
     if result.healing is not None:
         h = result.healing
@@ -153,9 +160,21 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
     for check in result.checklist or ():
         print(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.figure}")
+    if result.checklist is None:
+        print(f"capability: not measured: {_unmeasured(m)}")
     if result.targeting is not None and not result.targeting.passed:
         print(f"FAIL: the proxy misses its capability target: {result.targeting.reason}")
     return 0
+
+
+def _unmeasured(manifest: dict[str, Any]) -> str:
+    """Why an export measured no capability, from its manifest."""
+    targeting = manifest.get("targeting") or {}
+    if targeting.get("why"):
+        return targeting["why"]
+    if not manifest["config"].get("fidelity"):
+        return "fidelity is off (--no-fidelity)"
+    return manifest.get("calibration", {}).get("why", "no measurement was asked for")
 
 
 def _print_targeting(t: Targeting, num_experts: int) -> None:

@@ -40,7 +40,6 @@ def test_the_dict_is_json_and_reads_back() -> None:
         ({"keep": "auto", "tasks": []}, "keep=auto needs a task to measure;"),
         ({"keep": "auto", "min_capability": 0}, "keep=auto needs a capability target;"),
         ({"keep": "auto", "selection": "s.json"}, "keep=auto needs to choose the experts;"),
-        ({"keep": "auto", "streaming": True}, "keep=auto needs the model in memory;"),
         ({"keep": "auto", "fidelity": False}, "keep=auto needs the fidelity measurement;"),
         ({"heal_steps": "3"}, "Export config has a field of the wrong type"),
     ],

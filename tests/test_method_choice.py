@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 
 from moescope.cli import main
-from moescope.errors import MoescopeError
 from moescope.explore.clustering import select_experts
 from moescope.export.fidelity.records import Check
 from moescope.export.fidelity.validity import CAPABILITY
 from moescope.export.manifest import read_manifest
 from moescope.export.method_choice import AUTO_CANDIDATES, MethodChoices, choosing_selector
-from moescope.export.pipeline import export_proxy
+from moescope.export.surgery import build_proxy
 from moescope.models.zoo import tiny
 
 FIDELITY = ["--n-tokens", "1000", "--min-capability", "0", "--prompts", "add2,add3"]
@@ -66,14 +65,8 @@ def test_an_unmeasurable_candidate_never_wins_and_a_tie_keeps_the_first(ratios, 
     selectors = {m: (lambda keep, seed=seed: select_experts(model, keep, method="random", seed=seed))
                  for seed, m in enumerate(AUTO_CANDIDATES)}  # fmt: skip
     record, probe = MethodChoices(), _Probe(*ratios)
-    picked = choosing_selector(model, selectors, probe, record)(4)
+    picked = choosing_selector(lambda s: build_proxy(model, s), selectors, probe, record)(4)
     assert picked.layers == selectors[chosen](4).layers and probe.measured == len(AUTO_CANDIDATES)
     assert record.choices[0].chosen == chosen and record.choices[0].keep == 4
     saved = record.to_dict()["choices"][0]["ratios"]
     assert [None if math.isnan(r) else r for r in ratios] == list(saved.values())  # NaN as JSON null
-
-
-def test_auto_needs_the_model_in_memory(tiny_checkpoint, tmp_path: Path) -> None:
-    with pytest.raises(MoescopeError, match=r"method=auto .* needs the model in memory.*give a --method"):
-        export_proxy(tiny_checkpoint("qwen3_moe"), tmp_path / "p", keep="1/2", method="auto", streaming=True)
-    assert not (tmp_path / "p").exists()

@@ -297,7 +297,7 @@ def test_cli_export_reloads_and_bad_input_exits_2(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_cli_export_measures_task_capability_on_a_prompt_file(tmp_path: Path) -> None:
     """``--prompts``: the checklist's task capability compares accuracy on the user's prompts;
-    a missing file, or prompts with a streaming export, fail before anything is written."""
+    a missing file, or prompts with the one-read weight-view cut, fail before anything is written."""
     from moescope.models.tasks import heldout
 
     prompts = tmp_path / "sums.jsonl"
@@ -313,7 +313,10 @@ def test_cli_export_measures_task_capability_on_a_prompt_file(tmp_path: Path) ->
     capability = read_manifest(out)["checklist"][2]
     assert capability["details"]["measured"] and capability["details"]["tasks"] == ["sums"]
     assert "(greedy; sums " in capability["figure"] and capability["figure"] in stdout
-    for extra, says in [((), "nope.jsonl does not exist"), (("--streaming",), "needs the model in memory")]:
+    for extra, says in [
+        ((), "nope.jsonl does not exist"),
+        (("--streaming", "--method", "cluster"), "reads the model"),
+    ]:
         missing = prompts if extra else tmp_path / "nope.jsonl"
         bad = moescope_process(
             "export", "toy", "--keep", "1/2", *extra, "--prompts", str(missing), "--out", str(tmp_path / "p2")

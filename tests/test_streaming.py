@@ -19,8 +19,9 @@ from safetensors.torch import load_file, save_file
 from moescope.errors import MoescopeError, UnsupportedArchitectureError
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
+from moescope.export.gather import needs_streaming
 from moescope.export.pipeline import export_proxy
-from moescope.export.streaming.export import embed_checkpoint, export_streaming, needs_streaming
+from moescope.export.streaming.export import embed_checkpoint, export_streaming
 from moescope.keep import parse_keep
 from moescope.models.loading import INDEX_FILE
 from moescope.models.support import spec_for
@@ -421,19 +422,24 @@ def test_bad_requests_are_refused_before_anything_is_written(sharded, tmp_path: 
 
 
 def test_export_streams_when_the_model_would_not_fit(sharded, tmp_path: Path, monkeypatch) -> None:
+    """Without a budget, the memory available decides: an original that does not fit beside a
+    proxy is read a layer at a time, and the proxy cut from its shards."""
     from transformers import AutoConfig
 
-    import moescope.export.streaming.export as streaming
+    import moescope.export.gather as gather
 
     source = sharded("qwen3_moe")
     weights = sum(f.stat().st_size for f in source.glob("*.safetensors"))
-    monkeypatch.setattr(streaming, "available_memory", lambda: int(weights * 1.6))
+    monkeypatch.setattr(gather, "available_memory", lambda: int(weights * 1.6))
     assert not needs_streaming(source, keep="1/2")  # model + half-size proxy: 1.5x the weights
     assert needs_streaming(source, keep=8)  # keep all: 2x
     assert needs_streaming(source)  # keep unknown: assume the proxy could be as large as the model
-    monkeypatch.setattr(streaming, "available_memory", lambda: 1)
-    result = export_proxy(source, tmp_path / "p", keep=4, progress=False)  # streaming=None: automatic
-    assert result.manifest["view"] == "weights" and result.embeddings is not None
+    monkeypatch.setattr(gather, "available_memory", lambda: 1)
+    ids = torch.randint(3, 100, (8, 32), generator=torch.Generator().manual_seed(0))
+    options = {"keep": 4, "method": "frequency", "calibration": ids, "n_tokens": 256, "fidelity": False}
+    result = export_proxy(source, tmp_path / "p", progress=False, **options)  # streaming=None: automatic
+    assert result.manifest["original"]["read"] == "layer-sequential"
+    assert "exceed the memory available" in result.manifest["original"]["why"]
     written = AutoConfig.from_pretrained(result.path)
     assert written.num_local_experts == 4
     assert config_hash(written) == result.manifest["proxy"]["config_hash"]

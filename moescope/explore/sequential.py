@@ -163,6 +163,7 @@ def _embeddings_read_per_forward(model: PreTrainedModel) -> None:
     if hook is None or not hook.offload:
         return
     remove_hook_from_module(embeddings)
+    embeddings._read_when_used = hook  # what resident() runs to read them outside a forward
 
     def load(*_: Any) -> None:
         hook.pre_forward(embeddings)

@@ -18,7 +18,7 @@ from moescope._util.configs import config_from_dict
 from moescope._util.flags import flag
 from moescope.errors import MoescopeError
 from moescope.explore.paper import DEFAULT_VIEWS, SIGMOID_VIEWS, paper_views
-from moescope.explore.selection import METHODS, STREAMING_METHOD, Selection
+from moescope.explore.selection import METHODS, Selection
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.method_choice import AUTO_CANDIDATES, AUTO_METHOD, FALLBACK
 from moescope.models.tasks import family_names
@@ -45,8 +45,8 @@ class ExportConfig:
         a count (``8``), or ``"auto"``: the smallest share from 1/8 to 1/2 whose proxy reaches
         ``min_capability`` (:func:`moescope.export.targeting.search_keep`); optional with a
         selection. ``selection``: a ``selection.json`` to reuse (e.g. notebook 01's); without
-        one, the experts are chosen by ``method`` with ``seed`` (``None``: ``"auto"`` in memory,
-        ``"cluster"`` when streaming; :data:`DEFAULT_METHOD`); ``"auto"`` cuts a proxy with each
+        one, the experts are chosen by ``method`` with ``seed`` (``None``: ``"auto"``,
+        :data:`DEFAULT_METHOD`); ``"auto"`` cuts a proxy with each
         of ``paper``, ``reap`` and ``taylor`` and keeps the one that keeps the most task skill,
         measured (:mod:`moescope.export.method_choice`).
         ``views`` and ``view_weights`` (method ``paper``; :mod:`moescope.explore.paper`): the
@@ -62,11 +62,14 @@ class ExportConfig:
         sampled completions (:mod:`moescope.explore.rl_data`), ``"tasks"`` (the task suite's
         prompts and answers), or a ``.txt`` / ``.jsonl`` file.
     Cut
-        ``streaming``: cut the safetensors shards without loading the model
-        (:func:`~moescope.export.streaming.export.export_streaming`; ``cluster`` clusters the
-        weights view, ``frequency``, ``reap`` and ``paper`` calibrate a layer at a time, ``taylor``
-        needs the model in memory); ``None`` streams when the
-        in-memory export would not fit in the memory available now.
+        ``streaming``: where the original is read (:mod:`moescope.export.gather`): ``True``, a
+        decoder layer at a time (layer-sequential), the proxy cut from its shards; ``False``,
+        loaded whole; ``None``, layer-sequential when the original and a proxy would not fit
+        ``max_memory`` (bytes or ``"24GB"``, as accelerate's ``max_memory``; default the memory
+        available now). Every method, healing and measurement run either way, on the same data;
+        the proxy is loaded whole wherever it is measured or healed. ``method="cluster"`` with
+        ``streaming=True`` instead clusters the weight view in one read of the shards
+        (:func:`~moescope.export.streaming.export.export_streaming`) and measures nothing.
     Healing
         ``heal_steps`` of distillation toward the original at ``heal_lr`` (only router rows and
         kept experts train; :func:`moescope.export.healing.heal`). Capability target
@@ -74,7 +77,10 @@ class ExportConfig:
         ``min_capability`` (``0``: no target), heal ``heal_round`` more steps and measure again,
         up to ``heal_budget`` steps; the checklist's capability check then asks for
         ``min_capability``. It needs tasks to measure and ``fidelity`` on; where either is
-        missing (or the export streams) the manifest says the target was not measured.
+        missing the manifest says the target was not measured. ``original_accuracy``: the
+        original's figure when known (``"0.83"``, or ``"add2=0.9,add3=0.7"``), else measured:
+        sampled in memory, teacher-forced in one pass when read a layer at a time
+        (:mod:`moescope.export.fidelity.original`), and kept for the next export.
     Measurement
         ``fidelity``: measure fidelity and run the validity checklist (``True``, or the options
         of :func:`~moescope.export.fidelity.measure.measure_fidelity`). ``tasks``: the tasks of
@@ -103,7 +109,7 @@ class ExportConfig:
             "selection method",
             choices=EXPORT_METHODS,
             shown=f"{DEFAULT_METHOD}: the best of {', '.join(AUTO_CANDIDATES)} on the tasks, "
-            f"{FALLBACK} without tasks; {STREAMING_METHOD} when streaming",
+            f"{FALLBACK} without tasks",
         ),
     )
     views: str | tuple[str, ...] | None = field(
@@ -133,8 +139,17 @@ class ExportConfig:
     streaming: bool | None = field(
         default=None,
         metadata=flag(
-            "cut the safetensors shards without loading the model",
-            shown="when the in-memory export would not fit",
+            "read the original a decoder layer at a time and cut the proxy from its shards",
+            shown="when the original and a proxy would not fit --max-memory",
+        ),
+    )
+    max_memory: str | None = field(
+        default=None,
+        metadata=flag(
+            "memory the weights may take, as accelerate's max_memory (24GB, 4MB): an original that "
+            "does not fit beside a proxy is read a decoder layer at a time",
+            metavar="SIZE",
+            shown="the memory available",
         ),
     )
     heal_steps: int = field(
@@ -144,6 +159,15 @@ class ExportConfig:
     min_capability: float = field(
         default=CAPABILITY_THRESHOLD,
         metadata=flag("heal in rounds until the proxy keeps this accuracy ratio; 0: off", metavar="R"),
+    )
+    original_accuracy: str | None = field(
+        default=None,
+        metadata=flag(
+            "the original's sampled accuracy, if known: one share (0.83) or one per task "
+            "(add2=0.9,add3=0.7); not measured then",
+            metavar="ACC",
+            shown="measured: sampled in memory, teacher-forced when read a layer at a time",
+        ),
     )
     heal_budget: int = field(
         default=400, metadata=flag("most healing steps spent reaching --min-capability", metavar="STEPS")
@@ -235,7 +259,6 @@ def _check_auto(c: ExportConfig) -> None:
         (c.min_capability == 0, "a capability target; give min_capability above 0"),
         (c.tasks == (), 'a task to measure; give tasks (e.g. "toy") or a prompt file'),
         (c.selection is not None, "to choose the experts; drop the selection (it fixes the count)"),
-        (c.streaming is True, "the model in memory; drop streaming"),
         (c.heal_steps > 0, "to heal each candidate itself; drop heal_steps (heal_budget bounds it)"),
         (not c.fidelity, "the fidelity measurement; drop no-fidelity"),
     )
@@ -290,10 +313,11 @@ def _is_data(calibration: Any) -> bool:
 
 
 def resolve_method(
-    config: ExportConfig, inputs: ExportInputs, streaming: bool
+    config: ExportConfig, inputs: ExportInputs, default: str = DEFAULT_METHOD
 ) -> tuple[ExportConfig, ExportInputs]:
     """The config and its manifest record with the selection method in effect: the one asked for,
-    else :data:`DEFAULT_METHOD` in memory and
-    :data:`~moescope.explore.selection.STREAMING_METHOD` when streaming (no forward pass there)."""
-    method = config.method or (STREAMING_METHOD if streaming else DEFAULT_METHOD)
+    else ``default`` (:data:`DEFAULT_METHOD`; the one-read shard cut of
+    :func:`~moescope.export.streaming.export.export_streaming` passes
+    :data:`~moescope.explore.selection.STREAMING_METHOD`, which needs no forward pass)."""
+    method = config.method or default
     return replace(config, method=method), replace(inputs, record={**inputs.record, "method": method})

@@ -27,8 +27,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from moescope.export.surgery import build_proxy
-
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -88,19 +86,20 @@ class MethodChoices:
 
 
 def choosing_selector(
-    original: PreTrainedModel,
+    cut: Callable[[Selection], PreTrainedModel],
     selectors: Mapping[str, Callable[[Any], Selection]],
     probe: CapabilityProbe,
     record: MethodChoices,
 ) -> Callable[[Any], Selection]:
-    """``keep → Selection``: every candidate's selection at that keep, cut and measured with
-    ``probe``; the best kept (a NaN ratio counts as none), its choice appended to ``record``."""
+    """``keep → Selection``: every candidate's selection at that keep, cut into a proxy by ``cut``
+    (from the original in memory, or from its shards) and measured with ``probe``; the best kept
+    (a NaN ratio counts as none), its choice appended to ``record``."""
 
     record.candidates = tuple(selectors)
 
     def select(keep: Any) -> Selection:
         selections = {method: choose(keep) for method, choose in selectors.items()}
-        ratios = {method: _ratio(probe, original, s) for method, s in selections.items()}
+        ratios = {method: _ratio(probe, cut(s)) for method, s in selections.items()}
         best = max(ratios, key=lambda m: -math.inf if math.isnan(ratios[m]) else ratios[m])
         record.choices.append(Choice(selections[best].keep, ratios, best))
         return selections[best]
@@ -108,6 +107,6 @@ def choosing_selector(
     return select
 
 
-def _ratio(probe: CapabilityProbe, original: PreTrainedModel, selection: Selection) -> float:
-    details = probe.check(build_proxy(original, selection)).details
+def _ratio(probe: CapabilityProbe, proxy: PreTrainedModel) -> float:
+    details = probe.check(proxy).details
     return float(details.get("ratio", math.nan))

@@ -23,11 +23,14 @@ from moescope.explore.calibration import calibration_data, calibration_record, c
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
 from moescope.explore.routing import collect_routing
-from moescope.explore.selection import Selection
+from moescope.explore.selection import STREAMING_METHOD, Selection
+from moescope.explore.sequential import check_memory, pass_batch_size, router_rows
 from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.fidelity.measure import manifest_sections, measure_fidelity, validity_checklist
+from moescope.export.fidelity.original_record import ORIGINAL_ACCURACY_NAME, export_original_accuracy
+from moescope.export.gather import Gathered, Placement, check_budget, gather, placement_for
 from moescope.export.healing import BATCH_SIZE, SEQ_LEN, heal, training_batches
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
 from moescope.export.method_choice import (
@@ -38,8 +41,8 @@ from moescope.export.method_choice import (
     choosing_selector,
 )
 from moescope.export.result import ExportResult
-from moescope.export.streaming.export import export_streaming, needs_streaming, write_selected
-from moescope.export.surgery import build_proxy, given_selection, kept_count
+from moescope.export.streaming.export import export_streaming, write_selected
+from moescope.export.surgery import given_selection, kept_count
 from moescope.export.targeting import (
     CapabilityProbe,
     Targeting,
@@ -49,7 +52,7 @@ from moescope.export.targeting import (
     target_auto,
 )
 from moescope.models.accuracy import check_task_spec, resolve_tasks
-from moescope.models.loading import load_model, resolve_model
+from moescope.models.loading import resolve_model
 from moescope.models.multimodal import is_multimodal, save_with_language_model
 from moescope.models.view import adapt
 
@@ -103,15 +106,16 @@ def export_proxy(
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before loading anything
     named_tasks = check_task_spec(config.tasks)  # a bad prompt file fails before anything loads
     check_source(inputs.calibration)  # so does a calibration file without text
-    streaming = config.streaming
-    if streaming is None:
-        streaming = needs_streaming(source, keep=config.keep, selection=inputs.selection)
-    config, inputs = resolve_method(config, inputs, streaming)
-    if streaming:
-        _refuse_in_memory_steps(config, named_tasks)
-        objects = inputs.objects()
-        return export_streaming(source, out, config, overwrite=overwrite, progress=progress, **objects)
-    return _export_in_memory(model, source, out, config, inputs, named_tasks, overwrite, progress)
+    placement = placement_for(source, config.keep, inputs.selection, config.streaming, config.max_memory)
+    if placement.sequential and config.streaming and config.method == STREAMING_METHOD:
+        _refuse_in_memory_steps(config, named_tasks)  # the weight view, cut in one read
+        return export_streaming(
+            source, out, config, overwrite=overwrite, progress=progress, **inputs.objects()
+        )
+    config, inputs = resolve_method(config, inputs)
+    measured = bool(config.fidelity or config.min_capability > 0 or config.heal_steps or config.keep == AUTO)
+    check_budget(placement, loads_proxy=measured)
+    return _export_planned(model, source, out, config, inputs, named_tasks, overwrite, progress, placement)
 
 
 def _arguments(
@@ -130,7 +134,7 @@ def _arguments(
     return config, inputs, out
 
 
-def _export_in_memory(
+def _export_planned(
     model: str | Path,
     source: Path,
     out: str | Path,
@@ -139,29 +143,36 @@ def _export_in_memory(
     named_tasks: Any,
     overwrite: bool,
     progress: bool,
+    placement: Placement,
 ) -> ExportResult:
-    """Load the model; choose, cut, heal and measure in memory; write the proxy and its manifest."""
+    """Read the original where ``placement`` says; choose, cut, heal and measure; write the proxy
+    and its manifest. The steps are the same whichever gatherer reads the original."""
     multimodal = is_multimodal(source)
-    lm, tokenizer = load_model(model, dtype="auto")
-    if named_tasks is not None and tokenizer is None:
-        raise MoescopeError(
-            f"task accuracy needs a tokenizer, and {source} holds none; save the model's tokenizer "
-            "into that directory, or export without prompts."
-        )
-    if config.keep == AUTO and (why := _unmeasured(lm, tokenizer, config)):
-        raise MoescopeError(
-            f"keep=auto measures each candidate's task accuracy, which is not possible here: {why}."
-        )
-    data = _calibration(lm, tokenizer, config, inputs)
-    choices = MethodChoices() if config.method == AUTO_METHOD and inputs.selection is None else None
-    probe = functools.cache(lambda: _capability_probe(lm, tokenizer, config))  # the original measured once
-    select = _selector(lm, tokenizer, config, inputs, data, progress, choices, probe)
-    chosen, proxy, healing, targeting = _cut_and_heal(lm, tokenizer, config, data, select, probe)
-    assessed = _assess(lm, proxy, tokenizer, chosen, config)
-    manifest = make_manifest(source, lm, proxy, chosen)
+    with gather(model, source, placement, out=Path(out)) as got:
+        lm, tokenizer = got.original, got.tokenizer
+        if named_tasks is not None and tokenizer is None:
+            raise MoescopeError(
+                f"task accuracy needs a tokenizer, and {source} holds none; save the model's tokenizer "
+                "into that directory, or export without prompts."
+            )
+        if config.keep == AUTO and (why := _unmeasured(lm, tokenizer, config)):
+            raise MoescopeError(
+                f"keep=auto measures each candidate's task accuracy, which is not possible here: {why}."
+            )
+        data = _calibration(lm, tokenizer, config, inputs)
+        choices = MethodChoices() if config.method == AUTO_METHOD and inputs.selection is None else None
+        known = functools.cache(lambda: _known_original(got, config, inputs))
+        probe = functools.cache(lambda: _capability_probe(lm, tokenizer, config, known()[0]))
+        select = _selector(got, config, inputs, data, progress, choices, probe)
+        chosen, proxy, healing, targeting = _cut_and_heal(got, config, data, select, probe)
+        assessed = _assess(lm, proxy, tokenizer, chosen, config, known()[0] if config.fidelity else None)
+        manifest = make_manifest(source, lm, proxy, chosen)
     manifest.update(manifest_sections(assessed["fidelity"], assessed["checklist"], healing))
     manifest.update(config=inputs.record, calibration=_calibration_record(data, inputs.record["calibration"]))
     manifest.update(_targeting_section(lm, tokenizer, config, targeting))
+    manifest["original"] = {"read": placement.mode, "why": placement.why}
+    if known.cache_info().currsize:  # type: ignore[attr-defined]
+        manifest["original"]["accuracy"] = known()[1]
     if choices is not None:
         manifest["method_choice"] = choices.to_dict()
 
@@ -198,16 +209,17 @@ def _write_multimodal(
 
 
 def _needs_memory(what: str, later: str) -> MoescopeError:
-    """The one refusal of every in-memory step asked of a streaming export, with its later way."""
+    """The one refusal of every step that reads the model asked of the one-read weight-view cut."""
     return MoescopeError(
-        f"{what} needs the model in memory, which a streaming export avoids; export without "
-        f"--streaming, or {later}."
+        f"{what} reads the model, which --method cluster with --streaming (the weight view, cut in "
+        f"one read) never does; drop --method cluster (every other method reads the original a "
+        f"layer at a time), or {later}."
     )
 
 
 def _refuse_in_memory_steps(config: ExportConfig, named_tasks: Any) -> None:
-    """Healing, task accuracy and ``keep=auto`` need the model in memory, which a streaming
-    export never loads."""
+    """Healing, task accuracy and ``keep=auto`` need the model, which the one-read weight-view
+    cut (``streaming=True, method="cluster"``) never loads."""
     if config.keep == AUTO:
         raise _needs_memory("keep=auto", "give a --keep")
     if config.method == AUTO_METHOD:
@@ -241,8 +253,7 @@ def _calibration_record(data: Data, source: str) -> dict[str, Any]:
 
 
 def _selector(
-    lm: PreTrainedModel,
-    tokenizer: Any,
+    got: Gathered,
     config: ExportConfig,
     inputs: ExportInputs,
     data: Data,
@@ -253,6 +264,7 @@ def _selector(
     """``keep → Selection``: the given selection checked against the model, or experts chosen by
     ``config.method`` from one calibration pass, whatever counts are asked of it; ``auto``
     measures its candidates' proxies, recording each choice in ``choices``."""
+    lm, tokenizer = got.original, got.tokenizer
     moe = adapt(lm)
     method, seed = config.method, config.seed
     if inputs.selection is not None:
@@ -269,35 +281,42 @@ def _selector(
         choices.why = _no_tasks(lm, tokenizer, config)
         method = FALLBACK if choices.why else method
     candidates = [m for m in AUTO_CANDIDATES if m != "taylor" or supports_taylor(moe)]
-    stats, embeddings, taylor = None, None, None
+    stats, embeddings, taylor, routers = None, None, None, None
+    pass_options = _pass_options(got, config)
     if method not in ("random", "taylor"):
-        stats = collect_routing(
-            lm, data(), tokenizer=tokenizer, n_tokens=config.n_tokens, seed=seed, progress=progress
-        )
+        with router_rows(lm) as routers:  # the paper's router view, read while each layer runs
+            stats = collect_routing(lm, data(), tokenizer=tokenizer, progress=progress, **pass_options)
     if method == "cluster":
         embeddings = embed_experts(lm, "multiview", stats=stats, seed=seed, progress=progress)
     if method == "taylor" or (method == AUTO_METHOD and "taylor" in candidates):
-        taylor = taylor_importance(
-            lm, data(), tokenizer=tokenizer, n_tokens=config.n_tokens, seed=seed, progress=progress
-        )
+        taylor = taylor_importance(lm, data(), tokenizer=tokenizer, progress=progress, **pass_options)
 
     def selector(method: str) -> Callable[[Any], Selection]:
         options = {"method": method, "embeddings": embeddings, "stats": stats, "seed": seed}
         if method == "paper":
-            options.update(views=config.views, view_weights=config.view_weights)
+            options.update(views=config.views, view_weights=config.view_weights, routers=routers)
         if method == "taylor":
             options.update(taylor=taylor)
         return lambda keep: select_experts(lm, keep, allow_top_k=config.allow_top_k, **options)
 
     if method == AUTO_METHOD:
         assert choices is not None
-        return choosing_selector(lm, {m: selector(m) for m in candidates}, probe(), choices)
+        return choosing_selector(got.cut, {m: selector(m) for m in candidates}, probe(), choices)
     return selector(method)
 
 
+def _pass_options(got: Gathered, config: ExportConfig) -> dict[str, Any]:
+    """The calibration passes' shape: the in-memory pass's, or, layer-sequentially, as many rows
+    per batch as memory holds beside a layer (each batch reads every layer from the shards)."""
+    options: dict[str, Any] = {"n_tokens": config.n_tokens, "seed": config.seed}
+    if got.placement.sequential:
+        options["batch_size"] = pass_batch_size(got.original, n_tokens=config.n_tokens)
+        check_memory(got.original, n_tokens=config.n_tokens, batch_size=options["batch_size"])
+    return options
+
+
 def _cut_and_heal(
-    lm: PreTrainedModel,
-    tokenizer: Any,
+    got: Gathered,
     config: ExportConfig,
     data: Data,
     select: Callable[[Any], Selection],
@@ -306,6 +325,7 @@ def _cut_and_heal(
     """The proxy of ``config.keep`` (healed ``heal_steps``, then toward the target), or of the
     count ``keep="auto"`` finds; with its selection, healing report and targeting record.
     ``measure``: the capability probe, taken only where there is a target to measure."""
+    lm, tokenizer = got.original, got.tokenizer
     probe = None if config.min_capability <= 0 or _unmeasured(lm, tokenizer, config) else measure()
 
     def batches() -> Iterator[Batch]:
@@ -314,10 +334,10 @@ def _cut_and_heal(
 
     if config.keep == AUTO:
         assert probe is not None  # refused before the calibration pass otherwise
-        chosen, proxy, targeting = target_auto(lm, select, probe, batches(), config)
+        chosen, proxy, targeting = target_auto(lm, select, probe, batches(), config, cut=got.cut)
         return chosen, proxy, None, targeting
     chosen = select(config.keep)
-    proxy = build_proxy(lm, chosen)
+    proxy = got.cut(chosen)
     healing = None
     if config.heal_steps:
         steps, lr, seed, tasks = config.heal_steps, config.heal_lr, config.seed, config.tasks
@@ -356,29 +376,63 @@ def _targeting_section(
     )
 
 
-def _capability_probe(lm: PreTrainedModel, tokenizer: Any, config: ExportConfig) -> CapabilityProbe:
-    """The capability measurement as the fidelity measurement will take it (its tasks, prompt
-    count, samples and seed), against the target (the checklist's threshold without one)."""
-    tasks = resolve_tasks(config.tasks, lm)
+def _known_original(got: Gathered, config: ExportConfig, inputs: ExportInputs) -> tuple[Any, dict[str, Any]]:
+    """The original's accuracy where it is not sampled in memory (given, or teacher-forced a
+    layer at a time and kept beside the selection file or in the cache), with its record."""
+    tasks = resolve_tasks(config.tasks, got.original)
+    if tasks is None:
+        return None, {}
+    selection = inputs.selection
+    beside = Path(selection).with_name(ORIGINAL_ACCURACY_NAME) if isinstance(selection, str) else None
+    return export_original_accuracy(
+        got.original,
+        got.tokenizer,
+        tasks,
+        given=config.original_accuracy,
+        sequential=got.placement.sequential,
+        path=beside,
+        **_fidelity_options(config),
+    )
+
+
+def _fidelity_options(config: ExportConfig) -> dict[str, Any]:
+    """The task-accuracy settings the fidelity measurement takes (its prompts, samples, seed)."""
     given = config.fidelity if isinstance(config.fidelity, dict) else {}
     defaults = inspect.signature(measure_fidelity).parameters
     options = {name: given.get(name, defaults[name].default) for name in ("n_prompts", "samples")}
-    seed = given.get("seed", config.seed)
+    return {**options, "seed": given.get("seed", config.seed)}
+
+
+def _capability_probe(
+    lm: PreTrainedModel, tokenizer: Any, config: ExportConfig, known: Any = None
+) -> CapabilityProbe:
+    """The capability measurement as the fidelity measurement will take it (its tasks, prompt
+    count, samples and seed), against the target (the checklist's threshold without one)."""
+    tasks = resolve_tasks(config.tasks, lm)
     threshold = config.min_capability or CAPABILITY_THRESHOLD
-    return CapabilityProbe(lm, tokenizer, tasks, threshold=threshold, seed=seed, **options)
+    options = _fidelity_options(config)
+    return CapabilityProbe(lm, tokenizer, tasks, threshold=threshold, known=known, **options)
 
 
 def _assess(
-    lm: PreTrainedModel, proxy: PreTrainedModel, tokenizer: Any, chosen: Selection, config: ExportConfig
+    lm: PreTrainedModel,
+    proxy: PreTrainedModel,
+    tokenizer: Any,
+    chosen: Selection,
+    config: ExportConfig,
+    known: Any = None,
 ) -> dict[str, Any]:
     """Fidelity and the validity checklist of the proxy as it will be saved; the capability check
-    asks for the target (the checklist's own threshold without one)."""
+    asks for the target (the checklist's own threshold without one). ``known``: the original's
+    accuracy frame where it is not sampled here."""
     seed, tasks, fidelity = config.seed, config.tasks, config.fidelity
     if not fidelity:
         return {"fidelity": None, "checklist": None}
     options = {"seed": seed, "tasks": tasks, **(fidelity if isinstance(fidelity, dict) else {})}
     held_out = calibration_data(lm, tokenizer, seed=seed + 1)
-    measured = measure_fidelity(lm, proxy, held_out, tokenizer=tokenizer, selection=chosen, **options)
+    measured = measure_fidelity(
+        lm, proxy, held_out, tokenizer=tokenizer, selection=chosen, original_accuracy=known, **options
+    )
     threshold = config.min_capability or CAPABILITY_THRESHOLD
     checks = validity_checklist(lm, proxy, measured, selection=chosen, accuracy_threshold=threshold)
     return {"fidelity": measured, "checklist": checks}

@@ -167,7 +167,8 @@ _FIX = "pass a file written by Targeting.save, or export the proxy again"
 class CapabilityProbe:
     """The checklist's capability figure of one proxy after another.
 
-    The original is measured once; a proxy on the tasks the check compares only (the in-window
+    The original is measured once (or ``known``: its accuracy frame on ``tasks``, measured
+    before or given); a proxy on the tasks the check compares only (the in-window
     families of the task suite, whose figures do not depend on which other families are measured
     with them; all lines of a prompt file), with the same prompts, samples and seed as the
     fidelity measurement, so :meth:`check` gives the figure the checklist will report.
@@ -183,10 +184,11 @@ class CapabilityProbe:
         n_prompts: int = 100,
         samples: int = 4,
         seed: int = 0,
+        known: pd.DataFrame | None = None,
     ) -> None:
         self.tokenizer, self.tasks, self.threshold = tokenizer, tasks, threshold
         self.options = {"n_prompts": n_prompts, "samples": samples, "seed": seed}
-        frame = model_accuracy(original, tokenizer, tasks, **self.options)
+        frame = known if known is not None else model_accuracy(original, tokenizer, tasks, **self.options)
         if isinstance(tasks, tuple):
             _, used, _ = capability_rows(pair_accuracy(frame, frame))
             self.tasks = tuple(task for task in tasks if task in set(used["task"]))
@@ -329,20 +331,23 @@ def target_auto(
     probe: CapabilityProbe,
     batches: Iterator[Batch],
     config: ExportConfig,
+    cut: Callable[[Selection], PreTrainedModel] | None = None,
 ) -> tuple[Selection, PreTrainedModel, Targeting]:
     """``keep="auto"``: :func:`search_keep` over :func:`keep_candidates`, each attempt a fresh
     proxy of ``select(count)`` healed by :func:`reach_target` on ``batches`` from their start
     (the same data for every count, made once: RL data samples the original as it goes).
-    Returns the chosen selection, its healed proxy and the record; only the proxy that may
-    still be chosen is kept in memory between attempts."""
+    ``cut`` makes a proxy of a selection (default: from ``original`` in memory). Returns the
+    chosen selection, its healed proxy and the record; only the proxy that may still be chosen
+    is kept in memory between attempts."""
     moe = adapt(original)
+    cut = cut or (lambda selection: build_proxy(original, selection))
     attempts: list[Attempt] = []
     held: dict[int, tuple[Selection, PreTrainedModel]] = {}
     replay = _Replay(batches)
 
     def passes(count: int) -> bool:
         chosen = select(count)
-        proxy = build_proxy(original, chosen)
+        proxy = cut(chosen)
         attempts.append(reach_target(original, proxy, chosen, probe, iter(replay), config))
         held[count] = (chosen, proxy)
         best = _best(attempts).keep

@@ -49,9 +49,16 @@ def resident(module: nn.Module) -> Iterator[nn.Module]:
     ...     same is layer
     True
     """
-    hooked = [m for m in module.modules() if getattr(m, "_hf_hook", None) is not None]
+    hooks = [(m, _loading_hook(m)) for m in module.modules()]
     with ExitStack() as stack:
-        for part in hooked:
-            part._hf_hook.pre_forward(part)
-            stack.callback(part._hf_hook.post_forward, part, None)
+        for part, hook in hooks:
+            if hook is not None:
+                hook.pre_forward(part)
+                stack.callback(hook.post_forward, part, None)
         yield module
+
+
+def _loading_hook(module: nn.Module) -> object | None:
+    """accelerate's hook on ``module``, or the one the layer-sequential pass moved off input
+    embeddings it reads when used (:mod:`moescope.explore.sequential`)."""
+    return getattr(module, "_hf_hook", None) or getattr(module, "_read_when_used", None)

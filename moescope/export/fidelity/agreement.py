@@ -22,6 +22,7 @@ from moescope.errors import MoescopeError
 from moescope.explore.calibration import TASKS, calibration_batches, check_budget, pad_scored
 from moescope.explore.routing import observe_routing
 from moescope.explore.stats import RoutingStats
+from moescope.models.resident import execution_device
 from moescope.models.tasks import HELDOUT_MAX, TASK_FAMILIES, Example, heldout
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def evaluating(*models: torch.nn.Module) -> Iterator[None]:
 
 def _log_probs(model: PreTrainedModel, batch: Batch) -> torch.Tensor:
     """``(B, T-1, V)`` float32 next-token log-probabilities at every position but the last."""
-    device = next(model.parameters()).device
+    device = execution_device(model)  # a layer-sequential original's first weight is on meta
     inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask")}
     return torch.log_softmax(model(**inputs, use_cache=False).logits[:, :-1].float(), dim=-1)
 

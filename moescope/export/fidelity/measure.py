@@ -142,12 +142,17 @@ def task_accuracy(
 
 
 def _both_accuracies(
-    original: PreTrainedModel, proxy: PreTrainedModel, tokenizer: Any, resolved: Any, kw: dict[str, Any]
+    original: PreTrainedModel,
+    proxy: PreTrainedModel,
+    tokenizer: Any,
+    resolved: Any,
+    kw: dict[str, Any],
+    known: pd.DataFrame | None = None,
 ) -> pd.DataFrame | None:
     if resolved is None:
         return None
-    first, second = (model_accuracy(m, tokenizer, resolved, **kw) for m in (original, proxy))
-    return pair_accuracy(first, second)
+    first = known if known is not None else model_accuracy(original, tokenizer, resolved, **kw)
+    return pair_accuracy(first, model_accuracy(proxy, tokenizer, resolved, **kw))
 
 
 def pair_accuracy(original: pd.DataFrame, proxy: pd.DataFrame) -> pd.DataFrame:
@@ -198,6 +203,7 @@ def measure_fidelity(
     samples: int = 4,
     batch_size: int = 16,
     seq_len: int = 128,
+    original_accuracy: pd.DataFrame | None = None,
 ) -> Fidelity:
     """Compare ``proxy`` with ``original`` on held-out data; see the module docstring.
 
@@ -214,6 +220,9 @@ def measure_fidelity(
         router rows when not given (a healed in-memory proxy needs it).
     n_prompts, samples : held-out prompts per family and samples per prompt (toy suite).
     batch_size, seq_len : rows per forward pass and longest row of the held-out pass.
+    original_accuracy : the original's accuracy frame on ``tasks``, measured before (an original
+        read a layer at a time: :mod:`moescope.export.fidelity.original`) or given; measured
+        here by sampling when ``None``.
     """
     original, proxy, tokenizer = resolve_models(original, proxy, tokenizer)
     kept = kept_experts(original, proxy, selection)
@@ -223,7 +232,7 @@ def measure_fidelity(
     shares = routing_shares(*stats, kept)
     distance, coverage = _routing_figures(shares)
     kw = {"n_prompts": n_prompts, "samples": samples, "seed": seed}
-    accuracy = _both_accuracies(original, proxy, tokenizer, resolved, kw)
+    accuracy = _both_accuracies(original, proxy, tokenizer, resolved, kw, original_accuracy)
     settings = {
         "n_tokens": n_tokens,
         "batch_size": batch_size,

@@ -277,3 +277,46 @@ def _share(value: str, text: str, task: str | None = None) -> float:
             f"--original-accuracy {text!r}: {where} is outside 0 to 1; give a share (0.83, not 83)."
         )
     return share
+
+
+# --- which figure an export uses -------------------------------------------------------------------
+
+
+def cache_path(model: PreTrainedModel) -> Path:
+    """Where an export keeps the original's measured figure when no selection file names a
+    place: ``$MOESCOPE_CACHE`` (default ``~/.cache/moescope``), by the model's config hash."""
+    import os
+
+    root = (
+        os.environ.get("MOESCOPE_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moescope"
+    )
+    return Path(root) / "originals" / config_hash(model.config) / ORIGINAL_ACCURACY_NAME
+
+
+def export_original_accuracy(
+    model: PreTrainedModel,
+    tokenizer: Any,
+    tasks: tuple[str, ...] | list[Example],
+    *,
+    given: str | None,
+    sequential: bool,
+    path: Path | None = None,
+    n_prompts: int = 100,
+    samples: int = 4,
+    seed: int = 0,
+) -> tuple[pd.DataFrame | None, dict[str, Any]]:
+    """The original's accuracy frame an export compares its proxies with, and the manifest's
+    record of where it came from: ``given`` (``--original-accuracy``); for an original read a
+    layer at a time, teacher-forced in one pass and kept at ``path`` (default
+    :func:`cache_path`) for the next export; ``None`` for one in memory, which the probe
+    samples as it always has."""
+    settings = {"n_prompts": n_prompts, "samples": samples, "seed": seed}
+    if given is not None:
+        return parse_original_accuracy(given, tasks, n_prompts=n_prompts), {"source": "given", "value": given}
+    if not sequential:
+        return None, {"source": "sampled in memory", **settings}
+    path = path or cache_path(model)
+    record, reused = cached_original_accuracy(path, model, tokenizer, tasks, **settings)
+    how = "reused" if reused else "measured"
+    return record.to_frame(), {"source": f"teacher-forced, {how}", "path": str(path), **settings}

@@ -19,7 +19,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,8 +34,9 @@ from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.fidelity.records import Check
 from moescope.export.manifest import read_manifest
 from moescope.export.surgery import expert_state_keys, weight_semantics
+from moescope.models.resident import resident
 from moescope.models.routers import RoutingRule, describe
-from moescope.models.view import MoELayer, MoEModel, adapt
+from moescope.models.view import MoELayer, MoEModel, adapt, decoder_layers
 from moescope.provenance import config_hash
 
 if TYPE_CHECKING:
@@ -170,9 +174,7 @@ def backbone_check(omoe: MoEModel, pmoe: MoEModel) -> Check:
     routing = routing_keys(omoe)
     config = _config_differences(omoe.model.config, pmoe.model.config, routing)
     modules = _module_differences(omoe.model, pmoe.model)
-    original, proxy = backbone_tensors(omoe), backbone_tensors(pmoe)
-    tensors = tensor_differences(original, proxy)
-    compared = len(original.keys() | proxy.keys())
+    tensors, compared = _backbone_differences(omoe, pmoe)
     count = f"{omoe.spec.count_key} {omoe.num_experts} → {pmoe.num_experts}"
     if config or modules or tensors:
         parts = (
@@ -259,6 +261,32 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def _backbone_differences(omoe: MoEModel, pmoe: MoEModel) -> tuple[dict[str, str], int]:
+    """:func:`tensor_differences` of the two backbones, and how many tensors were compared; a
+    layer-sequential original's tensors are read a decoder layer at a time (the embeddings and
+    LM head together), each once."""
+    proxy, names = backbone_tensors(pmoe), set(backbone_tensors(omoe))
+    stack = decoder_layers(omoe.model)
+    prefixes = {id(m): f"{n}." for n, m in omoe.model.named_modules()}
+    groups = [([layer], prefixes[id(layer)]) for layer in stack]
+    model = omoe.model
+    vocabulary = [m for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None]
+    differences: dict[str, str] = {}
+    for modules, prefix in [*groups, (vocabulary, None)]:
+        with ExitStack() as held:
+            for module in modules:
+                held.enter_context(resident(module))
+            current = backbone_tensors(omoe)
+            part = {
+                n: t
+                for n, t in current.items()
+                if (n.startswith(prefix) if prefix else not any(n.startswith(p) for _, p in groups))
+            }
+            differences |= tensor_differences(part, {n: proxy[n] for n in part if n in proxy})
+    differences |= tensor_differences({}, {n: proxy[n] for n in proxy.keys() - names})
+    return dict(sorted(differences.items())), len(names | proxy.keys())
+
+
 def backbone_tensors(moe: MoEModel) -> dict[str, torch.Tensor]:
     """Every tensor of the model that holds no per-expert slice (see :func:`model_tensors`)."""
     experts = expert_state_keys(moe)
@@ -304,16 +332,17 @@ def routing_check(omoe: MoEModel, pmoe: MoEModel, selection: Selection | None = 
         found[f"MoE layers {omoe.moe_indices} → {pmoe.moe_indices}"] = []
     for problem in _rule_differences(omoe.rule, pmoe.rule):
         found[problem] = []
+    kept = functools.cache(lambda: kept_experts(omoe.model, pmoe.model, selection))
+    stack = decoder_layers(omoe.model)
     for layer in pmoe.layers:
         if layer.index not in omoe.moe_indices:
             continue
-        original = omoe.layer(layer.index)
-        for problem in _module_settings(original, layer, omoe.num_experts, pmoe.num_experts) + _shared(
-            original, layer
-        ):
+        with resident(stack[layer.index]):  # a layer-sequential original: this layer read once
+            original = omoe.layer(layer.index)
+            problems = _module_settings(original, layer, omoe.num_experts, pmoe.num_experts)
+            problems += _shared(original, layer) + _bias_problems(original, layer, pmoe.num_experts, kept)
+        for problem in problems:
             found.setdefault(problem, []).append(layer.index)
-    for problem, layers in _bias_problems(omoe, pmoe, selection).items():
-        found.setdefault(problem, []).extend(layers)
     problems = {p: (f"layers {layers}" if layers else "model") for p, layers in found.items()}
     shared = sum(layer.shared_experts is not None for layer in pmoe.layers)
     if problems:
@@ -385,37 +414,34 @@ def _module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
-def _bias_problems(omoe: MoEModel, pmoe: MoEModel, selection: Selection | None) -> dict[str, list[int]]:
-    found: dict[str, list[int]] = {}
-    kept: dict[int, tuple[int, ...]] | None = None
-    for layer in pmoe.layers:
-        if layer.index not in omoe.moe_indices:
+def _bias_problems(
+    original: MoELayer, layer: MoELayer, count: int, kept: Callable[[], dict[int, tuple[int, ...]]]
+) -> list[str]:
+    """What is wrong with one proxy layer's biases (``kept``: the kept experts, found on first use)."""
+    problems = []
+    for role in ("router_bias", "correction_bias"):
+        a, b = getattr(original, role), getattr(layer, role)
+        if (a is None) != (b is None):
+            problem = (
+                f"{role} {'absent' if a is None else 'present'} → {'absent' if b is None else 'present'}"
+            )
+        elif a is None:
             continue
-        original = omoe.layer(layer.index)
-        for role in ("router_bias", "correction_bias"):
-            a, b = getattr(original, role), getattr(layer, role)
-            if (a is None) != (b is None):
-                problem = (
-                    f"{role} {'absent' if a is None else 'present'} → {'absent' if b is None else 'present'}"
-                )
-            elif a is None:
-                continue
-            elif b.shape != (pmoe.num_experts,) or b.dtype != a.dtype:
-                problem = f"{role} {b.dtype} {tuple(b.shape)}, not {a.dtype} ({pmoe.num_experts},)"
-            elif role == "router_bias":
-                continue  # trained with the router rows by healing; its layout is what counts
+        elif b.shape != (count,) or b.dtype != a.dtype:
+            problem = f"{role} {b.dtype} {tuple(b.shape)}, not {a.dtype} ({count},)"
+        elif role == "router_bias":
+            continue  # trained with the router rows by healing; its layout is what counts
+        else:
+            try:
+                index = torch.tensor(kept()[layer.index], device=a.device)
+            except MoescopeError:
+                problem = f"{role} not verified: the kept experts are unknown, pass selection="
             else:
-                try:
-                    kept = kept if kept is not None else kept_experts(omoe.model, pmoe.model, selection)
-                except MoescopeError:
-                    problem = f"{role} not verified: the kept experts are unknown, pass selection="
-                else:
-                    index = torch.tensor(kept[layer.index], device=a.device)
-                    if tensor_bytes(a.index_select(0, index)) == tensor_bytes(b):
-                        continue
-                    problem = f"{role} is not the original's entries of the kept experts"
-            found.setdefault(problem, []).append(layer.index)
-    return found
+                if tensor_bytes(a.index_select(0, index)) == tensor_bytes(b):
+                    continue
+                problem = f"{role} is not the original's entries of the kept experts"
+        problems.append(problem)
+    return problems
 
 
 def _bias_summary(moe: MoEModel) -> str:

@@ -42,11 +42,10 @@ from typing import Any
 import numpy as np
 
 from moescope._util.io import check_output_dir, readable, replace_dir
-from moescope._util.memory import available_memory
 from moescope.errors import MoescopeError
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import ExpertEmbeddings, _Projector, model_facts
-from moescope.explore.selection import Selection
+from moescope.explore.selection import STREAMING_METHOD, Selection
 from moescope.export.config import ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
 from moescope.export.result import ExportResult
@@ -55,9 +54,6 @@ from moescope.export.streaming.checkpoint import Checkpoint, open_checkpoint
 from moescope.export.streaming.passes import EMBED_DIM, Pass, plan_outputs
 from moescope.export.streaming.weight_view import LayerRead, MemoryBudget, layer_vectors
 from moescope.export.surgery import given_selection, kept_count, proxy_config
-from moescope.keep import parse_keep
-from moescope.models.loading import load_config, resolve_model, weight_files
-from moescope.models.support import language_config, spec_for
 
 DEFAULT_SHARD_SIZE = "5GB"
 
@@ -108,7 +104,7 @@ def export_streaming(
     or random).
     """
     config, inputs = configure(config, options)
-    config, inputs = resolve_method(config, inputs, streaming=True)
+    config, inputs = resolve_method(config, inputs, default=STREAMING_METHOD)
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before reading anything
     checkpoint = open_checkpoint(model)
     keep_n, chosen, calibration = _selection_before_pass(checkpoint, config, inputs, progress)
@@ -136,7 +132,10 @@ def _unused_steps(config: ExportConfig, record: dict[str, Any]) -> dict[str, Any
     """What the manifest says of the steps a streaming export skips. Clustering the weight view,
     or a given selection, reads no calibration data; and it never holds the model, so no
     capability target is measured."""
-    why = "a streaming export never loads the model"
+    why = (
+        "the weight view is cut in one read of the shards and runs no model (--method cluster "
+        "--streaming); drop --method cluster to read the original a layer at a time and measure"
+    )
     notes: dict[str, Any] = {"calibration": {"source": record["calibration"], "used": False, "why": why}}
     if config.min_capability > 0:
         notes["targeting"] = {"min_capability": config.min_capability, "measured": False, "why": why}
@@ -236,30 +235,3 @@ def _progress(items: Any, enabled: bool, desc: str, **kwargs: Any) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(items, desc=desc, disable=not enabled, leave=False, unit_scale=True, **kwargs)
-
-
-# --- when to stream ------------------------------------------------------------------------------
-
-
-def needs_streaming(
-    model: str | Path, *, keep: Any = None, selection: Selection | str | Path | None = None
-) -> bool:
-    """Whether the in-memory export would not fit: its peak (the model, plus the proxy it
-    builds) against the memory available now."""
-    source = resolve_model(model)
-    weights = sum(file.stat().st_size for file in weight_files(source))
-    return weights * (1 + _keep_ratio(source, keep, selection)) > available_memory()
-
-
-def _keep_ratio(source: Path, keep: Any, selection: Selection | str | Path | None) -> float:
-    """The kept share of the experts, as far as it can be told cheaply (1 when it cannot)."""
-    if selection is not None:
-        return (selection if isinstance(selection, Selection) else Selection.load(selection)).keep_ratio
-    if keep is None:
-        return 1.0
-    config = language_config(load_config(source))
-    experts = spec_for(config).num_experts(config)
-    try:
-        return parse_keep(keep, experts, 0, allow_top_k=True) / experts
-    except MoescopeError:
-        return 1.0  # the export itself says what is wrong with keep

@@ -1,0 +1,242 @@
+"""Where an export finds the original: loaded whole, or one decoder layer at a time.
+
+Every step of an export reads the original through calls a transformers model answers whatever
+holds its weights: forward passes with hooks (routing statistics, the teacher's distributions,
+fidelity), ``generate`` (own completions, task accuracy), a backward pass (Taylor scores), one
+layer's weights outside a forward (the weight views, the checklist). So the export runs one plan,
+and a *gatherer* decides only where the original's weights live:
+
+- **in memory**: the model loaded whole, as ``from_pretrained`` loads it; a proxy is cut from it
+  in memory (:func:`~moescope.export.surgery.build_proxy`).
+- **layer-sequential**: the model of :func:`~moescope.explore.sequential.layer_sequential`, whose
+  decoder layers are read from the shards while they run, one resident at a time; a proxy is cut
+  from the shards (:func:`~moescope.export.streaming.export.write_selected`) and loaded, the same
+  tensors ``build_proxy`` would copy.
+
+The layer-sequential gatherer runs when the export is told to stream, or when the in-memory
+export's peak (the original, plus a proxy) would not fit the memory budget: ``max_memory`` (as
+accelerate's ``max_memory``: what the weights may take), else the memory available now. The
+proxy itself is loaded whole wherever it is measured or healed, so it must fit the budget.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from moescope._util.memory import available_memory
+from moescope.errors import MoescopeError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from moescope.explore.selection import Selection
+
+IN_MEMORY, LAYER_SEQUENTIAL = "in memory", "layer-sequential"
+
+
+def parse_size(size: int | str | None, what: str = "max_memory") -> int | None:
+    """Bytes of a size given as bytes or as accelerate writes them (``"4MB"``, ``"24GiB"``).
+
+    Example
+    -------
+    >>> parse_size("4MB"), parse_size(None)
+    (4000000, None)
+    """
+    from transformers.utils.hub import convert_file_size_to_int
+
+    if size is None:
+        return None
+    try:
+        value = convert_file_size_to_int(size)
+    except (ValueError, TypeError):
+        value = 0
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise MoescopeError(f"{what}={size!r} is not a size; give bytes or a size such as '24GB' or '4MB'.")
+    return value
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which gatherer an export runs, and why, in words the console prints; ``budget`` is
+    ``max_memory`` in bytes (``None``: not given), ``proxy`` a lower bound of the proxy's weights
+    (the kept share of the original's), known before anything loads."""
+
+    mode: str
+    why: str
+    budget: int | None
+    proxy: int = 0
+
+    @property
+    def sequential(self) -> bool:
+        return self.mode == LAYER_SEQUENTIAL
+
+
+def choose_placement(
+    weights: int, keep_ratio: float, *, streaming: bool | None, max_memory: int | None
+) -> Placement:
+    """The gatherer for an original of ``weights`` bytes whose proxy keeps ``keep_ratio`` of it at
+    most: layer-sequential when told (``streaming``), or when the in-memory peak (the original
+    plus one proxy) exceeds ``max_memory`` (default: the memory available now).
+
+    Example
+    -------
+    >>> choose_placement(7_500_000, 0.5, streaming=None, max_memory=4_000_000).mode
+    'layer-sequential'
+    """
+    proxy = int(weights * keep_ratio)
+    if streaming is False:
+        return Placement(IN_MEMORY, "asked for (no streaming)", max_memory, proxy)
+    if streaming:
+        return Placement(LAYER_SEQUENTIAL, "asked for (streaming)", max_memory, proxy)
+    peak = weights + proxy
+    budget = max_memory if max_memory is not None else available_memory()
+    named = "--max-memory" if max_memory is not None else "the memory available"
+    if peak > budget:
+        why = f"the original and a proxy ({_size(peak)}) exceed {named} ({_size(budget)})"
+        return Placement(LAYER_SEQUENTIAL, why, max_memory, proxy)
+    why = f"the original and a proxy ({_size(peak)}) fit {named} ({_size(budget)})"
+    return Placement(IN_MEMORY, why, max_memory, proxy)
+
+
+def check_budget(placement: Placement, *, loads_proxy: bool, layer: int | None = None) -> None:
+    """Refuse, in one sentence and before any pass, a budget that cannot hold what the export
+    must hold: one decoder layer of the original (``layer`` bytes), and, where the proxy is
+    measured or healed (``loads_proxy``), the proxy whole."""
+    budget = placement.budget
+    if budget is None:
+        return
+    if layer is not None and layer > budget:
+        raise MoescopeError(
+            f"one decoder layer of the original ({_size(layer)}) does not fit --max-memory "
+            f"({_size(budget)}), and the layer-sequential pass holds one; raise --max-memory."
+        )
+    if loads_proxy and placement.proxy > budget:
+        raise MoescopeError(
+            f"the proxy (about {_size(placement.proxy)}) does not fit --max-memory ({_size(budget)}), and "
+            "measuring or healing it loads it whole; raise --max-memory, keep fewer experts, or cut it "
+            "without measuring (--min-capability 0 --no-fidelity)."
+        )
+
+
+def placement_for(
+    model: str | Path,
+    keep: Any = None,
+    selection: Selection | str | Path | None = None,
+    streaming: bool | None = None,
+    max_memory: int | str | None = None,
+) -> Placement:
+    """:func:`choose_placement` for a checkpoint: its weights on disk, the kept share as far as
+    it can be told before anything loads (1 when it cannot)."""
+    from moescope.models.loading import resolve_model, weight_files
+
+    budget = parse_size(max_memory)
+    source = resolve_model(model)
+    weights = sum(file.stat().st_size for file in weight_files(source))
+    ratio = keep_ratio(source, keep, selection)
+    return choose_placement(weights, ratio, streaming=streaming, max_memory=budget)
+
+
+def needs_streaming(
+    model: str | Path, *, keep: Any = None, selection: Selection | str | Path | None = None
+) -> bool:
+    """Whether the in-memory export would not fit: its peak (the model, plus the proxy it
+    builds) against the memory available now."""
+    return placement_for(model, keep, selection).sequential
+
+
+def keep_ratio(source: Path, keep: Any, selection: Selection | str | Path | None) -> float:
+    """The kept share of the experts, as far as it can be told cheaply (1 when it cannot;
+    ``keep="auto"`` tries at most half)."""
+    from moescope.explore.selection import Selection
+    from moescope.keep import parse_keep
+    from moescope.models.loading import load_config
+    from moescope.models.support import language_config, spec_for
+
+    if selection is not None:
+        return (selection if isinstance(selection, Selection) else Selection.load(selection)).keep_ratio
+    if keep is None:
+        return 1.0
+    if keep == "auto":
+        return 0.5
+    config = language_config(load_config(source))
+    experts = spec_for(config).num_experts(config)
+    try:
+        return parse_keep(keep, experts, 0, allow_top_k=True) / experts
+    except MoescopeError:
+        return 1.0  # the export itself says what is wrong with keep
+
+
+@dataclass
+class Gathered:
+    """The original as the export reads it, and how a proxy of it is made.
+
+    ``original`` is a transformers model (resident, or read a layer at a time);
+    ``cut(selection)`` returns the proxy of that selection, loaded whole.
+    """
+
+    original: PreTrainedModel
+    tokenizer: Any
+    placement: Placement
+    cut: Callable[[Selection], PreTrainedModel]
+
+
+@contextmanager
+def gather(model: str | Path, source: Path, placement: Placement, *, out: Path) -> Iterator[Gathered]:
+    """The original of ``model`` placed as ``placement`` says, for the ``with`` block.
+
+    ``out`` is the proxy's directory: a layer-sequential cut is written beside it (on the disk
+    that will hold the proxy), loaded, and removed.
+    """
+    from moescope.models.loading import load_model, load_tokenizer
+
+    if not placement.sequential:
+        from moescope.export.surgery import build_proxy
+
+        lm, tokenizer = load_model(model, dtype="auto")
+        yield Gathered(lm, tokenizer, placement, lambda selection: build_proxy(lm, selection))
+        return
+
+    from moescope.explore.sequential import largest_layer_bytes, layer_sequential
+
+    with layer_sequential(source, dtype="auto") as lm:  # as the in-memory export loads it
+        check_budget(placement, loads_proxy=False, layer=largest_layer_bytes(lm))
+        yield Gathered(lm, load_tokenizer(source), placement, _shard_cutter(source, out, placement.budget))
+
+
+def _shard_cutter(source: Path, out: Path, budget: int | None) -> Callable[[Selection], PreTrainedModel]:
+    """``selection → proxy``: cut from ``source``'s shards into a scratch directory beside ``out``,
+    loaded whole (refused, in one sentence, where it would not fit ``budget``)."""
+    from moescope.export.streaming.export import write_selected
+    from moescope.models.loading import load_model, weight_files
+
+    def cut(selection: Selection) -> PreTrainedModel:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{Path(out).name}.cut-", dir=Path(out).parent))
+        try:
+            write_selected(source, scratch, selection, progress=False)
+            size = sum(f.stat().st_size for f in weight_files(scratch))
+            if budget is not None and size > budget:
+                raise MoescopeError(
+                    f"the proxy ({_size(size)}) does not fit --max-memory ({_size(budget)}), and measuring "
+                    "or healing it loads it whole; raise --max-memory, keep fewer experts, or cut it "
+                    "without measuring (--min-capability 0 --no-fidelity)."
+                )
+            proxy, _ = load_model(scratch, dtype="auto", with_tokenizer=False)
+            return proxy
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    return cut
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.1f} kB"

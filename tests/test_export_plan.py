@@ -1,0 +1,140 @@
+"""One export plan, two gatherers: an original read a decoder layer at a time (forced here with a
+memory budget below the embedded model's size) gives the proxy the in-memory export gives."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from moescope.cli import main
+from moescope.errors import MoescopeError
+from moescope.explore.clustering import select_experts
+from moescope.explore.sequential import layer_sequential
+from moescope.export.fidelity.validity import backbone_check, routing_check
+from moescope.export.gather import IN_MEMORY, LAYER_SEQUENTIAL, choose_placement, parse_size
+from moescope.export.manifest import read_manifest
+from moescope.export.pipeline import export_proxy
+from moescope.export.surgery import build_proxy
+from moescope.models.loading import load_model, resolve_model, weight_files
+from moescope.models.view import adapt
+
+TOY_BUDGET = "4MB"  # below the toy's weights, above one of its layers and a 1/4 proxy
+QUICK = {"keep": "1/4", "calibration": "tasks", "n_tokens": 1000, "fidelity": False, "min_capability": 0}
+
+
+def test_the_budget_chooses_the_gatherer() -> None:
+    """Layer-sequential when the original and a proxy exceed the budget, or when told."""
+    assert choose_placement(100, 0.25, streaming=None, max_memory=125).mode == IN_MEMORY
+    assert choose_placement(100, 0.25, streaming=None, max_memory=124).mode == LAYER_SEQUENTIAL
+    assert choose_placement(100, 0.25, streaming=True, max_memory=None).mode == LAYER_SEQUENTIAL
+    assert choose_placement(100, 0.25, streaming=False, max_memory=1).mode == IN_MEMORY
+    assert "exceed --max-memory (124 B" not in choose_placement(100, 0.25, streaming=None, max_memory=124).why
+    assert parse_size("4MB") == 4_000_000 and parse_size("1GiB") == 1 << 30
+
+
+@pytest.mark.parametrize("size", ["lots", "0", "-3MB", ""])
+def test_a_budget_that_is_no_size_is_one_sentence(size: str) -> None:
+    with pytest.raises(MoescopeError, match=r"max_memory=.* is not a size; give bytes or a size such as"):
+        parse_size(size)
+
+
+def test_the_toy_budget_forces_the_layer_sequential_gatherer() -> None:
+    weights = sum(f.stat().st_size for f in weight_files(resolve_model("toy")))
+    assert weights > parse_size(TOY_BUDGET)  # so the test exercises the path it names
+
+
+@pytest.mark.parametrize("method", ["frequency", "reap", "paper", "taylor", "cluster"])
+def test_a_budget_below_the_model_keeps_the_in_memory_experts(method: str, tmp_path: Path) -> None:
+    options = {**QUICK, "method": method, "progress": False}
+    memory = export_proxy("toy", tmp_path / "memory", **options)
+    sequential = export_proxy("toy", tmp_path / "sequential", max_memory=TOY_BUDGET, **options)
+    assert memory.manifest["original"]["read"] == IN_MEMORY
+    assert sequential.manifest["original"]["read"] == LAYER_SEQUENTIAL
+    assert "exceed --max-memory (4.0 MB)" in sequential.manifest["original"]["why"]
+    kept = [[layer.kept for layer in result.selection.layers] for result in (memory, sequential)]
+    assert kept[0] == kept[1], method
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        written = [
+            load_model(result.path, with_tokenizer=False)[0].state_dict() for result in (memory, sequential)
+        ]
+    assert written[0].keys() == written[1].keys()
+    assert all(written[0][name].equal(written[1][name]) for name in written[0]), method
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen2_moe", "gpt_oss"])
+def test_the_checklist_reads_a_layer_sequential_original_a_layer_at_a_time(
+    arch: str, tiny_checkpoint
+) -> None:
+    """Backbone and routing checks of a proxy against the original read from its shards equal the
+    checks against the original in memory (correction biases, shared experts, router biases)."""
+    path = tiny_checkpoint(arch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, _ = load_model(path, dtype="auto", with_tokenizer=False)
+        selection = select_experts(model, "1/2", method="random", seed=1)
+        proxy = build_proxy(model, selection)
+        expected = [
+            backbone_check(adapt(model), adapt(proxy)),
+            routing_check(adapt(model), adapt(proxy), selection),
+        ]
+        with layer_sequential(path, dtype="auto") as original:
+            got = [
+                backbone_check(adapt(original), adapt(proxy)),
+                routing_check(adapt(original), adapt(proxy), selection),
+            ]
+            proxy.model.norm.weight.data.add_(1.0)  # a changed backbone tensor is found there too
+            changed = backbone_check(adapt(original), adapt(proxy))
+    assert [(c.passed, c.figure) for c in got] == [(c.passed, c.figure) for c in expected]
+    assert all(c.passed for c in got)
+    assert not changed.passed and "model.norm.weight" in changed.details["tensors_differing"]
+
+
+def _checks(original, proxy, selection) -> list:
+    return [
+        backbone_check(adapt(original), adapt(proxy)),
+        routing_check(adapt(original), adapt(proxy), selection),
+    ]
+
+
+def test_a_proxy_larger_than_the_budget_is_refused_before_any_pass(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "proxy"
+    argv = ["export", "toy", "--keep", "1/2", "--max-memory", "10kB", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not fit --max-memory (10.0 kB)" in err and err.count("\n") == 0, err
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_budget_below_one_layer_is_refused(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "proxy"
+    argv = [
+        "export",
+        "toy",
+        "--keep",
+        "1/4",
+        "--max-memory",
+        "10kB",
+        "--no-fidelity",
+        "--min-capability",
+        "0",
+    ]
+    assert main([*argv, "--method", "frequency", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "one decoder layer of the original" in err and "raise --max-memory" in err and err.count("\n") == 0
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_console_says_where_the_original_was_read_and_why_capability_was_not_measured(
+    tmp_path: Path, capsys
+) -> None:
+    argv = ["export", "toy", "--keep", "1/4", "--max-memory", TOY_BUDGET, "--method", "frequency"]
+    quick = ["--calibration", "tasks", "--n-tokens", "1000", "--no-fidelity", "--min-capability", "0"]
+    assert main([*argv, *quick, "--out", str(tmp_path / "proxy")]) == 0
+    printed = capsys.readouterr().out
+    assert "original: read layer-sequential (the original and a proxy" in printed
+    assert "capability: not measured: fidelity is off (--no-fidelity)" in printed
+    manifest = read_manifest(tmp_path / "proxy")
+    assert manifest["original"]["read"] == LAYER_SEQUENTIAL and manifest["config"]["max_memory"] == TOY_BUDGET
