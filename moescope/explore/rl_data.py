@@ -37,7 +37,7 @@ import torch
 from moescope.errors import MoescopeError
 from moescope.models.accuracy import TaskSpec, is_prompt_file
 from moescope.models.prompts import answer_budget, prompt_stream
-from moescope.models.resident import execution_device
+from moescope.models.resident import execution_device, read_per_forward
 
 RL = "rl"
 """The ``calibration`` value that selects the replay's prompts plus the model's own completions."""
@@ -156,21 +156,45 @@ def rl_pairs(data: RLCalibration, model: Any, tokenizer: Any) -> Iterator[Pair]:
 
 
 def _chunks(
-    model: Any, tokenizer: Any, source: TaskSpec, seed: int, temperature: float, *, first: int
+    model: Any,
+    tokenizer: Any,
+    source: TaskSpec,
+    seed: int,
+    temperature: float,
+    *,
+    first: int,
+    group: int | None = None,
 ) -> Iterator[list[Pair]]:
-    """Chunks of :data:`_BATCH` sampled pairs of the prompt stream, from chunk ``first`` on."""
+    """Chunks of :data:`_BATCH` sampled pairs of the prompt stream, from chunk ``first`` on,
+    ``group`` chunks to a ``generate`` call (default: one, or as many as memory holds where
+    every forward reads the model from disk: :func:`chunks_per_pass`). Each chunk draws with
+    its own seed, so grouping changes what is sampled only by the float noise of a larger batch."""
     if tokenizer is None or tokenizer.eos_token_id is None:
         raise MoescopeError(
             "calibration 'rl' samples the model's own answers and needs its tokenizer with an "
             "end-of-sequence token; save the tokenizer with the model, or pass --calibration tasks."
         )
     budget = answer_budget(source)
+    group = group or chunks_per_pass(model, budget)
     stream = itertools.islice(prompt_stream(source, seed=seed), first * _BATCH, None)
-    for chunk in itertools.count(first):
-        texts = [ex.prompt for ex in itertools.islice(stream, _BATCH)]
+    for start in itertools.count(first, group):
+        texts = [ex.prompt for ex in itertools.islice(stream, _BATCH * group)]
         ids = [tuple(row) for row in tokenizer(texts, add_special_tokens=True)["input_ids"]]
-        sampled = _sample(model, tokenizer, ids, budget, temperature, _chunk_seed(seed, chunk))
-        yield list(zip(ids, sampled, strict=True))
+        seeds = [_chunk_seed(seed, start + i) for i in range(-(-len(ids) // _BATCH))]
+        sampled = _sample(model, tokenizer, ids, budget, temperature, seeds)
+        for i in range(0, len(ids), _BATCH):
+            yield list(zip(ids[i : i + _BATCH], sampled[i : i + _BATCH], strict=True))
+
+
+def chunks_per_pass(model: Any, budget: int, *, prompt_tokens: int = 64, available: int | None = None) -> int:
+    """Chunks of prompts sampled in one ``generate``: one for a model in memory (each chunk its
+    own call, as a seed has always reproduced), else as many as half the memory beside its
+    largest layer holds (each generated token reads every layer from disk once per call)."""
+    from moescope.explore.sequential import generation_rows
+
+    if not read_per_forward(model):
+        return 1
+    return max(1, generation_rows(model, prompt_tokens + budget, available=available) // _BATCH)
 
 
 def _name(source: TaskSpec) -> str | list[str]:
@@ -184,9 +208,17 @@ def _chunk_seed(seed: int, chunk: int) -> int:
 
 
 def _sample(
-    model: Any, tokenizer: Any, prompts: list[tuple[int, ...]], budget: int, temperature: float, seed: int
+    model: Any,
+    tokenizer: Any,
+    prompts: list[tuple[int, ...]],
+    budget: int,
+    temperature: float,
+    seeds: list[int],
 ) -> list[tuple[int, ...]]:
-    """One completion per prompt (left-padded batch), cut after end-of-sequence."""
+    """One completion per prompt (left-padded batch), cut after end-of-sequence; the rows of
+    chunk ``i`` (:data:`_BATCH` prompts each) drawn with ``seeds[i]``. One chunk draws from
+    the global generator, as it always has; several draw each with its own
+    (:class:`_ChunkDraws`), the same draws as one chunk per call."""
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     device = execution_device(model)
@@ -195,26 +227,54 @@ def _sample(
     mask = torch.nn.utils.rnn.pad_sequence(
         [torch.ones_like(r) for r in rows], batch_first=True, padding_side="left"
     )
+    options: dict[str, Any] = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+    if len(seeds) > 1:
+        from transformers import LogitsProcessorList
+
+        options = {
+            "do_sample": False,
+            "logits_processor": LogitsProcessorList([_ChunkDraws(seeds, temperature)]),
+        }
     was_training = model.training
     devices = [device.index or 0] if device.type == "cuda" else []
     try:
         model.eval()
         with torch.no_grad(), torch.random.fork_rng(devices=devices):  # leaves the caller's stream as is
-            torch.manual_seed(seed)
+            torch.manual_seed(seeds[0])
             out = model.generate(
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
-                do_sample=True,
-                temperature=temperature,
-                top_k=0,
-                top_p=1.0,
                 max_new_tokens=budget,
                 pad_token_id=pad,
                 eos_token_id=eos,
+                **options,
             )
     finally:
         model.train(was_training)
     return [_until_eos(row, eos) for row in out[:, ids.shape[1] :].tolist()]
+
+
+class _ChunkDraws:
+    """A logits processor that samples each chunk's rows itself, at ``temperature``, with a
+    generator seeded as that chunk alone would seed the global one, and leaves only the drawn
+    token possible: greedy decoding then emits it. ``generate`` draws with
+    ``multinomial(softmax(scores / T))``, one call per step over the batch, so each chunk's
+    draws here are those it would make alone."""
+
+    def __init__(self, seeds: list[int], temperature: float) -> None:
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scaled = scores if self.temperature == 1.0 else scores / self.temperature
+        probs = torch.softmax(scaled, dim=-1).cpu()
+        drawn = torch.cat(
+            [
+                torch.multinomial(probs[i * _BATCH : (i + 1) * _BATCH], 1, generator=generator)
+                for i, generator in enumerate(self.generators)
+            ]
+        ).to(scores.device)
+        return torch.full_like(scores, -torch.inf).scatter_(1, drawn, 0.0)
 
 
 def _until_eos(row: list[int], eos: int) -> tuple[int, ...]:

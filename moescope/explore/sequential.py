@@ -228,6 +228,33 @@ def pass_batch_size(
     return max(_routing_default("batch_size"), min(int(max(room, 0) // per_row), n_tokens))
 
 
+def generation_rows(model: PreTrainedModel, tokens: int, *, available: int | None = None) -> int:
+    """Rows one ``generate`` call may hold: as many as half the memory beside the largest layer
+    holds, each with its key/value cache of ``tokens`` positions (:func:`kv_cache_bytes`) and
+    one forward's activations; at least one."""
+    from moescope._util.memory import available_memory
+
+    free = available_memory() if available is None else available
+    room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
+    per_row = kv_cache_bytes(model.config, tokens) + activation_bytes(
+        model.config, n_tokens=tokens, batch_size=1, seq_len=tokens
+    )
+    return max(1, int(max(room, 0) // per_row))
+
+
+def kv_cache_bytes(config: Any, tokens: int) -> int:
+    """A generous bound of one row's key/value cache, in float32: keys and values of every
+    attention head of every layer at ``tokens`` positions (latent-attention models cache
+    full heads in transformers too)."""
+    text = config.get_text_config()
+    heads = _attention_heads(text)
+    head_dim = (
+        max(int(getattr(text, name, 0) or 0) for name in ("head_dim", "qk_head_dim", "v_head_dim"))
+        or text.hidden_size // heads
+    )
+    return 4 * 2 * text.num_hidden_layers * heads * head_dim * tokens
+
+
 def check_memory(
     model: PreTrainedModel,
     *,

@@ -62,3 +62,16 @@ def _loading_hook(module: nn.Module) -> object | None:
     """accelerate's hook on ``module``, or the one the layer-sequential pass moved off input
     embeddings it reads when used (:mod:`moescope.explore.sequential`)."""
     return getattr(module, "_hf_hook", None) or getattr(module, "_read_when_used", None)
+
+
+def read_per_forward(model: nn.Module) -> bool:
+    """Whether ``model``'s decoder layers are read from disk each time they run (the
+    layer-sequential pass): then every forward costs a read of the checkpoint, and callers
+    batch as many rows into one as memory holds.
+
+    Example
+    -------
+    >>> read_per_forward(nn.Linear(2, 2))
+    False
+    """
+    return any(getattr(getattr(m, "_hf_hook", None), "offload", False) for m in model.modules())
