@@ -21,6 +21,7 @@ SCRIPTS: dict[str, list[str]] = {
     "export": ["export.py", "--gb", "4.0", "--repeats", "7"],
     "calibration": ["calibration.py", "--repeats", "5"],
     "sequential": ["sequential.py", "--gb", "4.0"],
+    "taylor_sequential": ["taylor_sequential.py"],  # --gb 4.0 adds about 15 min on 2 cores
     "replay": ["replay.py", "--steps", "8"],
     "clustering": ["clustering.py"],
     "charts": ["charts.py"],

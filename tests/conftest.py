@@ -69,6 +69,25 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def rl_rows():
+    """A factory ``rows -> RLCalibration``: random rows of 8 ids under 128 (the tiny zoo's
+    vocabulary), the first 5 the prompt and the last 3 its sampled completion (seeded)."""
+    from moescope.explore.rl_data import RLCalibration
+
+    def make(rows: int) -> RLCalibration:
+        ids = torch.randint(3, 128, (rows, 8), generator=torch.Generator().manual_seed(1)).tolist()
+        return RLCalibration(
+            prompts=tuple(tuple(r[:5]) for r in ids),
+            completions=tuple(tuple(r[5:]) for r in ids),
+            seed=0,
+            temperature=1.0,
+            max_new_tokens=3,
+        )
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def chromium() -> str:
     """Debian's chromium (else one on PATH), driven by Playwright, never a downloaded browser;
     ``CHROMIUM`` names another build (``make test`` sets it after checking it is there)."""

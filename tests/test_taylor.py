@@ -10,7 +10,6 @@ import torch
 from moescope.cli import main
 from moescope.errors import MoescopeError
 from moescope.explore.clustering import select_experts
-from moescope.explore.rl_data import RLCalibration
 from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.export.manifest import read_manifest
 from moescope.export.pipeline import export_proxy
@@ -74,18 +73,11 @@ def test_each_sum_is_the_derivative_of_the_likelihood_by_the_experts_output(arch
         np.testing.assert_allclose(taylor.sums[row, expert], abs(derivative), rtol=1e-3)
 
 
-def test_sums_add_over_sequences_and_score_only_the_completions() -> None:
+def test_sums_add_over_sequences_and_score_only_the_completions(rl_rows) -> None:
     """RL calibration data: the completion tokens count and the prompt is context; two batches of
     one row each sum to one batch of both; an expert no token routed to scores 0."""
     model = _model("deepseek_v3")
-    rows = torch.randint(3, 128, (2, 8), generator=torch.Generator().manual_seed(1)).tolist()
-    data = RLCalibration(
-        prompts=tuple(tuple(r[:5]) for r in rows),
-        completions=tuple(tuple(r[5:]) for r in rows),
-        seed=0,
-        temperature=1.0,
-        max_new_tokens=3,
-    )
+    data = rl_rows(2)
     whole = taylor_importance(model, data, batch_size=2)
     parts = taylor_importance(model, data, batch_size=1)
     np.testing.assert_allclose(whole.sums, parts.sums, rtol=1e-5)

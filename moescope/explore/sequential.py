@@ -29,7 +29,9 @@ LM head shares them), above the interpreter's own; :func:`check_memory` refuses 
 which those would not fit, before its first layer runs. Code that uses a layer's weights
 outside its forward (the expert embeddings of :func:`~moescope.explore.embeddings.embed_experts`)
 runs the same hooks around it (:func:`~moescope.models.resident.resident`), one layer in memory
-at a time there too.
+at a time there too. Taylor importance (:func:`taylor_importance_sequential`) needs a backward,
+for which autograd would keep every layer's weights: there each layer runs again from its kept
+input in the backward, its weights read a second time (:mod:`moescope.explore.taylor`).
 
 Hand-rolled alternatives were weighed: a loop that runs ``layer(hidden)`` itself must rebuild
 what the model's forward computes around its layers (rotary positions, masks, per-layer
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from moescope.explore.stats import RoutingStats
+    from moescope.explore.taylor import TaylorImportance
 
 
 PASS_MEMORY_SHARE = 0.5  # of the memory beside one layer, what a batch's activations may take
@@ -195,12 +198,69 @@ def collect_routing_sequential(
     from moescope.explore.routing import collect_routing
 
     with layer_sequential(model, dtype=dtype) as loaded:
-        if "batch_size" not in options:
-            shape = {name: options[name] for name in ("n_tokens", "seq_len") if name in options}
-            options["batch_size"] = pass_batch_size(loaded, available=available, **shape)
-        batch = {name: options[name] for name in ("n_tokens", "batch_size", "seq_len") if name in options}
-        check_memory(loaded, available=available, **batch)
-        return collect_routing(loaded, data, **options)
+        shape = {name: options[name] for name in ("n_tokens", "seq_len") if name in options}
+        return collect_routing(loaded, data, **_fitted(loaded, options, shape, available=available))
+
+
+def taylor_importance_sequential(
+    model: str | Path, data: Any, *, dtype: Any = "auto", available: int | None = None, **options: Any
+) -> TaylorImportance:
+    """:func:`~moescope.explore.taylor.taylor_importance` on ``model`` run a decoder layer at a
+    time (:func:`layer_sequential`), its backward too: the same sums, with one layer's weights in
+    memory.
+
+    ``dtype`` is :func:`layer_sequential`'s (``"auto"``, the checkpoint's, as an export loads
+    it). Each batch reads every layer twice (its forward, and the backward's run of each layer
+    from its kept input), so unless ``batch_size`` is given a batch takes as many rows as half
+    the memory beside the largest layer holds (:func:`pass_batch_size`, every layer's input and
+    every position's logits counted). ``available`` is as for :func:`collect_routing_sequential`.
+
+    Example
+    -------
+    >>> import torch
+    >>> ids = torch.randint(3, 44, (4, 32), generator=torch.Generator().manual_seed(0))  # 44: the vocabulary
+    >>> taylor = taylor_importance_sequential("toy", ids, n_tokens=128, seq_len=32)
+    >>> taylor.sequences, taylor.tokens  # every token after a row's first is scored
+    (4, 124)
+    """
+    from moescope.explore.taylor import taylor_importance
+
+    with layer_sequential(model, dtype=dtype) as loaded:
+        shape = _taylor_shape(data, options)
+        return taylor_importance(
+            loaded, data, **_fitted(loaded, options, shape, available=available, backward=True)
+        )
+
+
+def _fitted(
+    model: PreTrainedModel,
+    options: dict[str, Any],
+    shape: dict[str, int],
+    *,
+    available: int | None,
+    backward: bool = False,
+) -> dict[str, Any]:
+    """``options`` with ``batch_size`` (:func:`pass_batch_size` unless given), refused by
+    :func:`check_memory` where one batch and the largest layer do not fit."""
+    memory = {"available": available, "backward": backward}
+    batch_size = options.get("batch_size") or pass_batch_size(model, **shape, **memory)
+    check_memory(model, batch_size=batch_size, **shape, **memory)
+    return {**options, "batch_size": batch_size}
+
+
+def _taylor_shape(data: Any, options: dict[str, Any]) -> dict[str, int]:
+    """``n_tokens`` and ``seq_len`` of a Taylor pass: RL data is every row once, each padded to
+    the longest at most; other data, the options or their defaults."""
+    import inspect
+
+    from moescope.explore.rl_data import RLCalibration
+    from moescope.explore.taylor import taylor_importance
+
+    if isinstance(data, RLCalibration):
+        width = max(len(prompt) + len(completion) for prompt, completion in data.pairs())
+        return {"n_tokens": len(data.pairs()) * width, "seq_len": width}
+    defaults = inspect.signature(taylor_importance).parameters
+    return {name: options.get(name, defaults[name].default) for name in ("n_tokens", "seq_len")}
 
 
 def pass_batch_size(
@@ -209,10 +269,12 @@ def pass_batch_size(
     n_tokens: int | None = None,
     seq_len: int | None = None,
     available: int | None = None,
+    backward: bool = False,
 ) -> int:
     """Rows per forward of a layer-sequential pass: as many as half the memory left beside its
-    largest layer holds (:func:`activation_bytes`, rows at ``seq_len``), at least
-    :func:`~moescope.explore.routing.collect_routing`'s default, at most one row per token.
+    largest layer holds (:func:`activation_bytes`, rows at ``seq_len``; ``backward`` as there),
+    at least :func:`~moescope.explore.routing.collect_routing`'s default, at most one row per
+    token.
 
     Every batch reads every layer from the shards again, so a checkpoint larger than memory is
     read once per batch: at the in-memory pass's 16 rows, a streaming export of toy-v3
@@ -224,7 +286,9 @@ def pass_batch_size(
     seq_len = seq_len if seq_len is not None else _routing_default("seq_len")
     free = available_memory() if available is None else available
     room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
-    per_row = activation_bytes(model.config, n_tokens=seq_len, batch_size=1, seq_len=seq_len)
+    per_row = activation_bytes(
+        model.config, n_tokens=seq_len, batch_size=1, seq_len=seq_len, backward=backward
+    )
     return max(_routing_default("batch_size"), min(int(max(room, 0) // per_row), n_tokens))
 
 
@@ -262,13 +326,15 @@ def check_memory(
     batch_size: int | None = None,
     seq_len: int | None = None,
     available: int | None = None,
+    backward: bool = False,
 ) -> None:
     """Refuse, in one sentence and before any layer runs, a pass whose largest decoder layer and
     one batch's activations would not fit in ``available`` bytes (default: the memory the system
     has free now, the resident weights already loaded).
 
     ``n_tokens``, ``batch_size`` and ``seq_len`` are the pass's
-    (:func:`~moescope.explore.routing.collect_routing`'s defaults where not given). A layer that
+    (:func:`~moescope.explore.routing.collect_routing`'s defaults where not given), ``backward``
+    whether one follows (:func:`activation_bytes`). A layer that
     does not fit is read into memory anyway, and the process is killed mid-pass; a batch is the
     one part the caller can shrink.
     """
@@ -276,7 +342,10 @@ def check_memory(
 
     batch = {"n_tokens": n_tokens, "batch_size": batch_size, "seq_len": seq_len}
     batch = {name: value if value is not None else _routing_default(name) for name, value in batch.items()}
-    layer, activations = largest_layer_bytes(model), activation_bytes(model.config, **batch)
+    layer, activations = (
+        largest_layer_bytes(model),
+        activation_bytes(model.config, **batch, backward=backward),
+    )
     free = available_memory() if available is None else available
     if layer + activations <= free:
         return
@@ -303,16 +372,28 @@ def largest_layer_bytes(model: PreTrainedModel) -> int:
     )
 
 
-def activation_bytes(config: Any, *, n_tokens: int, batch_size: int, seq_len: int) -> int:
+def activation_bytes(
+    config: Any, *, n_tokens: int, batch_size: int, seq_len: int, backward: bool = False
+) -> int:
     """A generous estimate of one forward's activations, in float32: two dozen hidden-sized
     vectors per token (residual stream, norms, attention projections, the routed experts' inputs
     and outputs), the eager attention scores and their softmax (rows × heads × length²), and the
-    last position's logits."""
+    last position's logits.
+
+    With ``backward`` (Taylor importance: a backward follows, each layer run again from its
+    input), every decoder layer's input is kept until the backward, one layer's activations are
+    held twice (its forward run again, and their gradients), and every position's logits four
+    times (the logits, their log-softmax, and the gradients of both).
+    """
     text = config.get_text_config()
     tokens = min(n_tokens, batch_size * seq_len)
     rows = min(batch_size, -(-tokens // seq_len))
     scores = 2 * rows * _attention_heads(text) * seq_len**2
-    return 4 * (24 * tokens * text.hidden_size + scores + rows * text.vocab_size)
+    layer = 24 * tokens * text.hidden_size + scores
+    if not backward:
+        return 4 * (layer + rows * text.vocab_size)
+    inputs = text.num_hidden_layers * tokens * text.hidden_size
+    return 4 * (2 * layer + inputs + 4 * tokens * text.vocab_size)
 
 
 def _attention_heads(config: Any) -> int:

@@ -21,13 +21,21 @@ policy generates (the scored completion; the prompt is context), through the res
 (README, *Explore, export, replay*, has the figures).
 
 Cost: one forward and one backward pass per batch with the parameters frozen (gradients reach
-the multipliers only), so the model must be in memory with room for one batch's activations,
-as for healing; a streaming export cannot use it. Llama 4 scales each expert's *input* by its
-routing score, where scaling the score does not take the expert away: refused there.
+the multipliers only). Loaded whole, the model needs room for one batch's activations beside
+it, as for healing. Loaded a decoder layer at a time
+(:func:`~moescope.explore.sequential.layer_sequential`, or
+:func:`~moescope.explore.sequential.taylor_importance_sequential` from a path), the backward
+would keep every layer's weights (autograd saves what each product's gradient needs), so there
+each decoder layer runs under activation checkpointing: the forward keeps a layer's input only,
+and the backward runs the layer again from it, its weights read from the shards a second time,
+before its own gradients; one layer's weights are in memory at a time and the sums are the same.
+Llama 4 scales each expert's *input* by its routing score, where scaling the score does not take
+the expert away: refused there.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,7 +47,8 @@ import torch
 from moescope.errors import MoescopeError
 from moescope.explore.calibration import calibration_batches, pad_scored
 from moescope.explore.rl_data import RLCalibration
-from moescope.models.view import MoEModel, adapt
+from moescope.models.resident import execution_device, read_when_used
+from moescope.models.view import MoEModel, adapt, decoder_layers
 from moescope.provenance import config_hash
 
 _WEIGHTS = ("hidden_states", "top_k_index", "top_k_weights")  # the experts module's call
@@ -98,7 +107,9 @@ def taylor_importance(
         :func:`~moescope.explore.routing.collect_routing`.
     progress : show a tqdm progress bar.
 
-    The model runs in eval mode with its parameters' ``requires_grad`` off; both are restored.
+    The model runs in eval mode with its parameters' ``requires_grad`` off; both are restored. A
+    model whose decoder layers are read when used (layer-sequential) is run a layer at a time in
+    the backward too (see the module docstring): each batch reads every layer twice.
     """
     from tqdm.auto import tqdm
 
@@ -111,26 +122,16 @@ def taylor_importance(
     batches = _scored_batches(data, tokenizer, n_tokens, batch_size, seq_len, seed)
     sums = torch.zeros(len(moe.layers), moe.num_experts, dtype=torch.float64)
     sequences = tokens = 0
-    parameter = next(model.parameters())
-    device, dtype = parameter.device, torch.promote_types(parameter.dtype, torch.float32)
-    with _frozen(model):
+    device = execution_device(model)
+    dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)
+    with _frozen(model), _recomputed_layers(model):
         for batch in tqdm(batches, desc="taylor", unit="batch", disable=not progress):
             batch = {name: t.to(device) for name, t in batch.items()}
-            rows, width = batch["input_ids"].shape
-            scales = [
-                torch.ones(rows, moe.num_experts, device=device, dtype=dtype, requires_grad=True)
-                for _ in moe.layers
-            ]
-            with _scaled_experts(moe, scales, width):
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            log_p = torch.log_softmax(logits[:, :-1].to(dtype), dim=-1)
-            picked = log_p.gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
-            scored = batch["scored"][:, 1:].to(dtype)
-            likelihood = (picked * scored).sum()
-            for row, grad in enumerate(torch.autograd.grad(likelihood, scales, allow_unused=True)):
+            for row, grad in enumerate(_scale_gradients(model, moe, batch, dtype)):
                 if grad is not None:
                     sums[row] += grad.double().abs().sum(0).cpu()
-            sequences, tokens = sequences + rows, tokens + int(scored.sum())
+            sequences += len(batch["input_ids"])
+            tokens += int(batch["scored"][:, 1:].sum())
     if tokens == 0:
         raise MoescopeError("the calibration data holds no scored token; give rows of two tokens or more.")
     return TaylorImportance(
@@ -158,6 +159,38 @@ def _scored_batches(
         yield {**batch, "scored": batch["attention_mask"].bool()}
 
 
+def _scale_gradients(
+    model: Any, moe: MoEModel, batch: dict[str, torch.Tensor], dtype: torch.dtype
+) -> tuple[torch.Tensor | None, ...]:
+    """Per MoE layer, ``(rows, E)``: ``∂ log p(scored tokens of the row) / ∂ m[row, e]`` of one
+    batch (None for a layer no scored token depends on).
+
+    The multipliers stay on the experts through the backward: a layer run again from its input
+    (layer-sequential) must compute what its forward computed.
+    """
+    rows, width = batch["input_ids"].shape
+    scales = [
+        torch.ones(rows, moe.num_experts, device=batch["input_ids"].device, dtype=dtype, requires_grad=True)
+        for _ in moe.layers
+    ]
+    extra = (
+        {"use_cache": False} if _takes(model.forward, "use_cache") else {}
+    )  # a layer run again would write twice
+    with _scaled_experts(moe, scales, width):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **extra).logits
+        log_p = torch.log_softmax(logits[:, :-1].to(dtype), dim=-1)
+        picked = log_p.gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+        likelihood = (picked * batch["scored"][:, 1:].to(dtype)).sum()
+        return torch.autograd.grad(likelihood, scales, allow_unused=True)
+
+
+def _takes(function: Any, name: str) -> bool:
+    """Whether ``function`` takes a keyword ``name``, itself or through ``**kwargs`` (some models'
+    forwards pass ``use_cache`` on that way, and create a cache when it is not given)."""
+    params = inspect.signature(function).parameters.values()
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
+
+
 @contextmanager
 def _frozen(model: torch.nn.Module) -> Iterator[None]:
     """Eval mode, no parameter gradients, gradients on: restored on exit."""
@@ -171,6 +204,32 @@ def _frozen(model: torch.nn.Module) -> Iterator[None]:
         for p, flag in flags:
             p.requires_grad_(flag)
         model.train(was_training)
+
+
+@contextmanager
+def _recomputed_layers(model: torch.nn.Module) -> Iterator[None]:
+    """Each decoder layer whose weights accelerate reads when used (a layer-sequential model) run
+    under non-reentrant activation checkpointing; restored on exit.
+
+    The checkpoint wraps accelerate's own forward, so the backward's recompute loads the layer and
+    releases it again, and the recomputed graph, the weights it saved included, is freed when that
+    layer's backward ends. The recompute runs whole (no early stop): stopped at its last saved
+    tensor, it would skip accelerate's release and leave the layer loaded.
+    """
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    layers = [layer for layer in decoder_layers(model) if read_when_used(layer)]
+    forwards = [layer.forward for layer in layers]  # accelerate's: load, run, release
+    for layer, forward in zip(layers, forwards, strict=True):
+        layer.forward = partial(checkpoint, forward, use_reentrant=False)
+    try:
+        with set_checkpoint_early_stop(False):
+            yield
+    finally:
+        for layer, forward in zip(layers, forwards, strict=True):
+            layer.forward = forward
 
 
 @contextmanager

@@ -8,7 +8,8 @@ layer's weights or calls its experts itself — the weight, router and outputs v
 :func:`resident` runs that same hook around such code, so there too one layer is in memory at a
 time, read the way its forward reads it. On a model loaded whole it does nothing.
 Under the same dispatch a model's first parameter may be on the meta device (its embeddings,
-read when used): :func:`execution_device` says where its inputs belong.
+read when used): :func:`execution_device` says where its inputs belong, and
+:func:`read_when_used` whether a module's weights are loaded only while it runs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,19 @@ def execution_device(model: nn.Module) -> torch.device:
     """
     devices = (p.device for p in model.parameters() if p.device.type != "meta")
     return next(devices, torch.device("cpu"))
+
+
+def read_when_used(module: nn.Module) -> bool:
+    """Whether accelerate loads ``module``'s weights when it runs and releases them after (a
+    decoder layer of a layer-sequential model), rather than keeping them in memory.
+
+    Example
+    -------
+    >>> read_when_used(nn.Linear(2, 2))
+    False
+    """
+    hook = getattr(module, "_hf_hook", None)
+    return any(getattr(each, "offload", False) for each in getattr(hook, "hooks", (hook,)))
 
 
 @contextmanager

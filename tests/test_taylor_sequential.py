@@ -1,0 +1,144 @@
+"""Taylor importance of a model loaded a decoder layer at a time: the in-memory sums on every
+architecture that supports it, with one layer's weights in memory through the backward too."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+from moescope.errors import MoescopeError
+from moescope.explore.sequential import (
+    activation_bytes,
+    largest_layer_bytes,
+    layer_sequential,
+    pass_batch_size,
+    taylor_importance_sequential,
+)
+from moescope.explore.taylor import supports_taylor, taylor_importance
+from moescope.models.layer_weights import LayerWeights
+from moescope.models.loading import load_model
+from moescope.models.view import adapt, decoder_layers
+from moescope.models.zoo import TINY_ARCHS, tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+_SLOW_ARCHS = {"granitemoehybrid"}  # the reference Mamba-2 kernel takes seconds on CPU
+_SCALING = [a for a in TINY_ARCHS if supports_taylor(adapt(tiny(a)))]
+OPTIONS = {"n_tokens": 192, "seq_len": 32}
+
+
+def _ids(model: torch.nn.Module, rows: int = 6) -> torch.Tensor:
+    vocab = model.config.get_text_config().vocab_size
+    return torch.randint(3, vocab, (rows, 32), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize(
+    "arch", [pytest.param(a, marks=pytest.mark.slow) if a in _SLOW_ARCHS else a for a in _SCALING]
+)
+def test_sums_equal_the_in_memory_pass(arch: str, tiny_checkpoint) -> None:
+    """Two batches of three rows in memory; one batch of all six a layer at a time (as many rows
+    as memory allows): sums over sequences, the same whatever the batches."""
+    path = tiny_checkpoint(arch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, _ = load_model(path, dtype="auto", with_tokenizer=False)
+        ids = _ids(model)
+        expected = taylor_importance(model, ids, batch_size=3, **OPTIONS)
+        got = taylor_importance_sequential(path, ids, **OPTIONS)
+    assert (got.sequences, got.tokens, got.layers) == (expected.sequences, expected.tokens, expected.layers)
+    assert got.config_hash == expected.config_hash and expected.sums.max() > 0
+    np.testing.assert_allclose(got.sums, expected.sums, rtol=1e-5, atol=1e-6 * expected.sums.max())
+
+
+def test_one_decoder_layer_is_in_memory_through_the_backward(monkeypatch) -> None:
+    """Each layer's weights are read twice a batch (its forward, then its run again in the
+    backward), and no other layer's weights are alive, in a module or kept by autograd, while a
+    layer runs: without the run again, autograd kept every layer's weights until the backward."""
+    reads: list[str] = []
+    read = LayerWeights.read
+    monkeypatch.setattr(LayerWeights, "read", lambda self, layer: reads.append(layer) or read(self, layer))
+    alive: dict[int, list[weakref.ref]] = {}
+    seen: list[int] = []
+    with layer_sequential("toy") as model:
+        layers = decoder_layers(model)
+        forwards = [layer.forward for layer in layers]
+
+        def track(index: int):
+            def hook(*_: object) -> None:  # inside the layer: its weights are loaded
+                alive[index] = [weakref.ref(p) for p in layers[index].parameters()]
+                seen.append(sum(any(r() is not None for r in refs) for refs in alive.values()))
+
+            return hook
+
+        hooks = [layer.experts.register_forward_pre_hook(track(layer.index)) for layer in adapt(model).layers]
+        taylor_importance(model, _ids(model), batch_size=3, **OPTIONS)
+        for hook in hooks:
+            hook.remove()
+        assert all(p.device.type == "meta" for p in layers.parameters())  # released after
+        assert [layer.forward for layer in layers] == forwards  # accelerate's own forward again
+    assert set(seen) == {1}, seen
+    assert len(seen) == 2 * 2 * len(layers)  # 2 batches, each layer in the forward and the backward
+    assert all(reads.count(layer) == 2 * 2 for layer in set(reads)) and len(set(reads)) == len(layers)
+
+
+def test_an_lm_head_read_from_disk_is_not_in_memory_beside_a_layer(tiny_checkpoint, monkeypatch) -> None:
+    """Not run again in the backward: autograd keeps its weight from its forward, after the last
+    layer, to its backward, the first, so the head and a layer are never in memory together."""
+    head_alive: list[bool] = []
+    with layer_sequential(tiny_checkpoint("qwen3_moe")) as model:
+        head = model.get_output_embeddings()
+        assert head.weight is not model.get_input_embeddings().weight
+        held: list[weakref.ref] = []
+        forward = head._old_forward  # what accelerate's hook runs once the weight is loaded
+
+        def watched(*args: object) -> torch.Tensor:
+            held.append(weakref.ref(head.weight))
+            return forward(*args)
+
+        monkeypatch.setattr(head, "_old_forward", watched)
+        kept: list[bool] = []  # after the head's forward, its weight released: autograd keeps it
+        hooks = [head.register_forward_hook(lambda *_: kept.append(held[-1]() is not None))]
+        for layer in adapt(model).layers:
+            hooks.append(
+                layer.experts.register_forward_pre_hook(
+                    lambda *_: head_alive.append(any(r() is not None for r in held))
+                )
+            )
+        taylor_importance(model, _ids(model), batch_size=6, **OPTIONS)
+        for hook in hooks:
+            hook.remove()
+    assert kept == [True] and len(head_alive) == 2 * len(adapt(model).layers) and not any(head_alive)
+
+
+def test_rl_completions_are_scored_as_in_memory(tiny_checkpoint, rl_rows) -> None:
+    path, data = tiny_checkpoint("deepseek_v3"), rl_rows(3)
+    model, _ = load_model(path, dtype="auto", with_tokenizer=False)
+    expected = taylor_importance(model, data, batch_size=2)
+    got = taylor_importance_sequential(path, data)
+    assert got.tokens == expected.tokens == 9 and got.sequences == 3
+    np.testing.assert_allclose(got.sums, expected.sums, rtol=1e-5, atol=1e-6 * expected.sums.max())
+
+
+def test_a_batch_counts_every_layer_input_and_every_position_logits() -> None:
+    """The backward holds each layer's input and every position's logits: fewer rows fit."""
+    model = tiny("qwen3_moe")
+    layer = largest_layer_bytes(model)
+    row = activation_bytes(model.config, n_tokens=128, batch_size=1, seq_len=128, backward=True)
+    assert row > activation_bytes(model.config, n_tokens=128, batch_size=1, seq_len=128)
+    deeper = tiny("qwen3_moe", num_hidden_layers=8).config
+    assert activation_bytes(deeper, n_tokens=128, batch_size=1, seq_len=128, backward=True) > row
+    room = layer + 2 * 100 * row
+    assert pass_batch_size(model, n_tokens=10_000, available=room, backward=True) == 100
+    assert pass_batch_size(model, n_tokens=10_000, available=room) > 100
+
+
+def test_a_pass_that_does_not_fit_is_refused_before_a_layer_runs() -> None:
+    with layer_sequential("toy") as model:
+        layer = largest_layer_bytes(model)
+    ids = torch.randint(3, 44, (6, 32))  # 44: the toy vocabulary
+    with pytest.raises(MoescopeError, match=r"^one decoder layer .* is free; calibrate with fewer tokens"):
+        taylor_importance_sequential("toy", ids, available=layer + 1, **OPTIONS)
