@@ -232,6 +232,25 @@ def taylor_importance_sequential(
         )
 
 
+def fit_pass(
+    model: PreTrainedModel,
+    data: Any,
+    options: dict[str, Any],
+    *,
+    backward: bool = False,
+    available: int | None = None,
+) -> dict[str, Any]:
+    """``options`` of a calibration pass (``backward``: a Taylor pass) over ``data`` on a
+    layer-sequential ``model``, with as many rows per batch as memory holds beside a layer
+    (each batch reads every layer from the shards), refused in one sentence where even one
+    batch does not fit."""
+    if backward:
+        shape = _taylor_shape(data, options)
+    else:
+        shape = {name: options.get(name, _routing_default(name)) for name in ("n_tokens", "seq_len")}
+    return _fitted(model, options, shape, available=available, backward=backward)
+
+
 def _fitted(
     model: PreTrainedModel,
     options: dict[str, Any],

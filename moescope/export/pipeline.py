@@ -24,7 +24,7 @@ from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import STREAMING_METHOD, Selection
-from moescope.explore.sequential import check_memory, pass_batch_size, router_rows
+from moescope.explore.sequential import fit_pass, router_rows
 from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
@@ -282,14 +282,14 @@ def _selector(
         method = FALLBACK if choices.why else method
     candidates = [m for m in AUTO_CANDIDATES if m != "taylor" or supports_taylor(moe)]
     stats, embeddings, taylor, routers = None, None, None, None
-    pass_options = _pass_options(got, config)
+    options = {"n_tokens": config.n_tokens, "seed": seed, "tokenizer": tokenizer, "progress": progress}
     if method not in ("random", "taylor"):
         with router_rows(lm) as routers:  # the paper's router view, read while each layer runs
-            stats = collect_routing(lm, data(), tokenizer=tokenizer, progress=progress, **pass_options)
+            stats = collect_routing(lm, data(), **_fit(got, data(), options))
     if method == "cluster":
         embeddings = embed_experts(lm, "multiview", stats=stats, seed=seed, progress=progress)
     if method == "taylor" or (method == AUTO_METHOD and "taylor" in candidates):
-        taylor = taylor_importance(lm, data(), tokenizer=tokenizer, progress=progress, **pass_options)
+        taylor = taylor_importance(lm, data(), **_fit(got, data(), options, backward=True))
 
     def selector(method: str) -> Callable[[Any], Selection]:
         options = {"method": method, "embeddings": embeddings, "stats": stats, "seed": seed}
@@ -305,14 +305,12 @@ def _selector(
     return selector(method)
 
 
-def _pass_options(got: Gathered, config: ExportConfig) -> dict[str, Any]:
-    """The calibration passes' shape: the in-memory pass's, or, layer-sequentially, as many rows
+def _fit(got: Gathered, data: Any, options: dict[str, Any], backward: bool = False) -> dict[str, Any]:
+    """A calibration pass's options: the in-memory pass's, or, layer-sequentially, as many rows
     per batch as memory holds beside a layer (each batch reads every layer from the shards)."""
-    options: dict[str, Any] = {"n_tokens": config.n_tokens, "seed": config.seed}
-    if got.placement.sequential:
-        options["batch_size"] = pass_batch_size(got.original, n_tokens=config.n_tokens)
-        check_memory(got.original, n_tokens=config.n_tokens, batch_size=options["batch_size"])
-    return options
+    if not got.placement.sequential:
+        return options
+    return fit_pass(got.original, data, options, backward=backward)
 
 
 def _cut_and_heal(

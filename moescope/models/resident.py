@@ -88,4 +88,4 @@ def read_per_forward(model: nn.Module) -> bool:
     >>> read_per_forward(nn.Linear(2, 2))
     False
     """
-    return any(getattr(getattr(m, "_hf_hook", None), "offload", False) for m in model.modules())
+    return any(read_when_used(module) for module in model.modules())
