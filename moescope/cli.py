@@ -139,10 +139,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     original = m.get("original")
     if original is not None:
         figure = original.get("accuracy", {}).get("source")
-        print(
-            f"original: read {original['read']} ({original['why']})"
-            + (f"; its accuracy {figure}" if figure else "")
-        )
+        accuracy = f"; its accuracy {figure}" if figure else ""
+        reads = original.get("checkpoint_reads")
+        read = f"; its checkpoint read {reads} time{'' if reads == 1 else 's'}" if reads is not None else ""
+        print(f"original: read {original['read']} ({original['why']}{read}){accuracy}")
     _print_method_choice(m.get("method_choice"))
     if result.healing is not None:
         h = result.healing
@@ -150,6 +150,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     c = m.get("calibration", {})
     if c.get("sampled"):
         print(f"calibration: rl, {c['prompts']} replay prompts + own samples ({c['tokens']} tokens)")
+    elif c.get("used", True) and c.get("source"):
+        print(f"calibration: {c['source']}" + (f" ({c['data']})" if c.get("data") else ""))
     if result.targeting is not None:
         _print_targeting(result.targeting, m["source"]["num_experts"])
     if result.fidelity is not None:

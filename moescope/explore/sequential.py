@@ -114,7 +114,15 @@ def layer_sequential(model: str | Path, *, dtype: Any = None) -> Iterator[PreTra
     weights = load_without_layers(loaded, files, placement, name=str(path))
     _dispatch(loaded, placement, weights)
     _embeddings_read_per_forward(loaded)
+    loaded._layer_weights = weights  # what checkpoint_reads counts
     yield loaded
+
+
+def checkpoint_reads(model: PreTrainedModel) -> int:
+    """How many times a layer-sequential ``model`` has read its checkpoint so far: the reads of
+    its most-read decoder layer (each forward reads every layer once; 0 for a model in memory)."""
+    weights = getattr(model, "_layer_weights", None)
+    return max(weights.reads.values(), default=0) if weights is not None else 0
 
 
 def _vocabulary_on_disk(model: PreTrainedModel, placement: dict[str, str]) -> dict[str, str]:

@@ -24,7 +24,7 @@ from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import STREAMING_METHOD, Selection
-from moescope.explore.sequential import fit_pass, router_rows
+from moescope.explore.sequential import checkpoint_reads, fit_pass, router_rows
 from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
@@ -167,10 +167,13 @@ def _export_planned(
         chosen, proxy, healing, targeting = _cut_and_heal(got, config, data, select, probe)
         assessed = _assess(lm, proxy, tokenizer, chosen, config, known()[0] if config.fidelity else None)
         manifest = make_manifest(source, lm, proxy, chosen)
+        reads = checkpoint_reads(lm)
     manifest.update(manifest_sections(assessed["fidelity"], assessed["checklist"], healing))
     manifest.update(config=inputs.record, calibration=_calibration_record(data, inputs.record["calibration"]))
     manifest.update(_targeting_section(lm, tokenizer, config, targeting))
     manifest["original"] = {"read": placement.mode, "why": placement.why}
+    if placement.sequential:
+        manifest["original"]["checkpoint_reads"] = reads
     if known.cache_info().currsize:  # type: ignore[attr-defined]
         manifest["original"]["accuracy"] = known()[1]
     if choices is not None:

@@ -20,6 +20,7 @@ mapped: pages of a mapped file count toward the process's resident memory while 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import functools
@@ -216,6 +217,7 @@ class LayerWeights(Mapping[str, torch.Tensor]):
         self._meta = {name: tensor for name, tensor in state.items() if name.startswith(layers)}
         self._layer = {name: next(layer for layer in layers if name.startswith(layer)) for name in self._meta}
         self._ready: dict[str, torch.Tensor] = {}
+        self.reads: collections.Counter[str] = collections.Counter()  # layer prefix → times read
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._ready:
@@ -236,6 +238,7 @@ class LayerWeights(Mapping[str, torch.Tensor]):
     def read(self, layer: str) -> dict[str, torch.Tensor]:
         """Every tensor of one layer (its prefix, e.g. ``"model.layers.3."``), as the model holds it."""
         release_freed_memory()  # the previous layer's, freed when accelerate released it
+        self.reads[layer] += 1
         groups = self._groups[layer]
         files = {file for group in groups.values() for _, file, _ in group.sources}
         with contextlib.ExitStack() as stack:
