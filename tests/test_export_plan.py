@@ -3,6 +3,7 @@ memory budget below the embedded model's size) gives the proxy the in-memory exp
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 
@@ -138,3 +139,17 @@ def test_the_console_says_where_the_original_was_read_and_why_capability_was_not
     assert "capability: not measured: fidelity is off (--no-fidelity)" in printed
     manifest = read_manifest(tmp_path / "proxy")
     assert manifest["original"]["read"] == LAYER_SEQUENTIAL and manifest["config"]["max_memory"] == TOY_BUDGET
+
+
+def test_own_completions_are_sampled_as_many_chunks_at_a_time_as_memory_holds() -> None:
+    """Chunks sampled in one generate draw each with its own seed: the same completions as one
+    chunk per call, so the layer-sequential export reads the checkpoint once per token for all."""
+    from moescope.explore import rl_data
+
+    model, tokenizer = load_model("toy")
+    alone = list(itertools.islice(rl_data._chunks(model, tokenizer, "add2", 0, 1.0, first=1, group=1), 3))
+    grouped = list(itertools.islice(rl_data._chunks(model, tokenizer, "add2", 0, 1.0, first=1, group=3), 3))
+    assert grouped == alone and len({pair for chunk in alone for pair in chunk}) > 300
+    with layer_sequential(resolve_model("toy")) as original:
+        assert rl_data.chunks_per_pass(original, 8, available=1 << 30) > 1
+    assert rl_data.chunks_per_pass(model, 8) == 1  # in memory: one chunk per call, as ever
