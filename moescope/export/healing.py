@@ -49,7 +49,6 @@ from moescope.explore.rl_data import RLCalibration, rl_pairs
 from moescope.export.fidelity.agreement import (
     Batch,
     heldout_batches,
-    kl_loss,
     next_token_agreement,
     task_batches,
 )
@@ -58,6 +57,7 @@ from moescope.export.fidelity.records import HealingReport, manifest_sections
 from moescope.export.fidelity.validity import model_tensors, tensor_bytes, validity_checklist
 from moescope.export.manifest import copy_side_files, read_manifest, write_manifest
 from moescope.export.surgery import expert_state_keys
+from moescope.export.teacher import TeacherCache, distillation_loss
 from moescope.models.accuracy import TaskSpec, model_accuracy, resolve_tasks
 from moescope.models.loading import load_model
 from moescope.models.multimodal import is_multimodal, save_with_language_model
@@ -68,7 +68,7 @@ from moescope.provenance import config_hash
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["HealingReport", "heal", "heal_proxy_dir"]
+__all__ = ["HealingReport", "heal", "heal_proxy_dir", "healing_batches"]
 
 BATCH_SIZE, SEQ_LEN = 32, 128
 """Rows per healing step and the longest row, unless told otherwise."""
@@ -130,8 +130,36 @@ def training_batches(
     return passes()
 
 
+def healing_batches(
+    data: Any,
+    tokenizer: Any,
+    *,
+    steps: int,
+    batch_size: int = BATCH_SIZE,
+    seq_len: int = SEQ_LEN,
+    seed: int = 0,
+) -> list[Batch]:
+    """The first ``steps`` batches healing draws from ``data`` (``steps × batch_size`` rows): the
+    batches of a :class:`~moescope.export.teacher.TeacherCache` for a budget of ``steps``.
+
+    They are the batches :func:`training_batches` gives an in-memory run with the same
+    arguments. RL data must hold the rows itself, since the in-memory run samples the original
+    for more once they are used, so a budget it does not cover is refused; a capability-targeted
+    export needs its ``heal_budget`` batches (every attempt of ``keep="auto"`` starts again from
+    the first).
+    """
+    _check_steps(steps)
+    if isinstance(data, RLCalibration) and steps * batch_size > len(data):
+        raise MoescopeError(
+            f"{steps} healing steps of {batch_size} rows need {steps * batch_size} RL rows and the "
+            f"data holds {len(data)}; sample more (a larger n_tokens) or heal fewer steps."
+        )
+    shape = {"batch_size": batch_size, "seq_len": seq_len, "seed": seed}
+    return list(itertools.islice(training_batches(data, tokenizer, **shape), steps))
+
+
 def _train(
-    original: PreTrainedModel,
+    original: PreTrainedModel | TeacherCache,
     proxy: PreTrainedModel,
     params: dict[str, torch.nn.Parameter],
     batches: Iterator[Batch],
@@ -151,14 +179,14 @@ def _train(
 
 
 def _step(
-    original: PreTrainedModel,
+    original: PreTrainedModel | TeacherCache,
     proxy: PreTrainedModel,
     params: dict[str, torch.nn.Parameter],
     optimizer: torch.optim.Optimizer,
     batch: Batch,
 ) -> float:
     """One update on the KL, gradients clipped to norm 1; the loss."""
-    loss = kl_loss(original, proxy, batch)
+    loss = distillation_loss(original, proxy, batch)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
@@ -172,11 +200,17 @@ class Distillation:
     One Adam state at a constant ``lr`` throughout (no decay: how long it runs is not known at
     the start), on one stream of ``batches`` that goes on where it stopped; the rounds of a
     capability-targeted export (:mod:`moescope.export.targeting`) are one such run. What trains
-    is what :func:`heal` trains; :meth:`verify` proves every other tensor bit-identical.
+    is what :func:`heal` trains; :meth:`verify` proves every other tensor bit-identical. The
+    ``original`` may be its :class:`~moescope.export.teacher.TeacherCache` on the ``batches``.
     """
 
     def __init__(
-        self, original: PreTrainedModel, proxy: PreTrainedModel, batches: Iterator[Batch], *, lr: float
+        self,
+        original: PreTrainedModel | TeacherCache,
+        proxy: PreTrainedModel,
+        batches: Iterator[Batch],
+        *,
+        lr: float,
     ) -> None:
         self.original, self.proxy, self.batches = original, proxy, batches
         self.params = trainable_tensors(adapt(proxy))
@@ -213,6 +247,7 @@ def heal(
     tasks: TaskSpec = None,
     n_prompts: int = 100,
     samples: int = 4,
+    teacher: TeacherCache | None = None,
 ) -> HealingReport:
     """Distil ``proxy`` toward ``original`` in place; return what happened.
 
@@ -228,16 +263,25 @@ def heal(
         held out, which the report says).
     tasks, n_prompts, samples : the accuracy before and after, as in
         :func:`moescope.export.fidelity.measure.measure_fidelity` (``()`` for none).
+    teacher : the original's :class:`~moescope.export.teacher.TeacherCache` on
+        :func:`healing_batches` of these arguments, trained against in its place (the same
+        batches; ``original`` is then run only for the KL and accuracy before and after).
     """
     _check_steps(steps)
+    if teacher is not None:
+        teacher.check(config=original.config)  # a cache of another model fails before any work
     resolved = resolve_tasks(tasks, original)  # a malformed prompt file fails before any training
     accuracy_kw = {"n_prompts": n_prompts, "samples": samples, "seed": seed}
     check, check_text = _heldout_check(data, heldout, tokenizer, n_tokens=heldout_tokens, seed=seed)
     before, _ = next_token_agreement(original, proxy, check)
     accuracy = [_accuracy(m, tokenizer, resolved, accuracy_kw) for m in (original, proxy)]
     shape = {"batch_size": batch_size, "seq_len": seq_len, "seed": seed}
-    batches = training_batches(data, tokenizer, model=original, **shape)  # RL data goes on sampling
-    trained, losses, tokens, verified = _distil(original, proxy, batches, steps=steps, lr=lr)
+    if teacher is None:
+        batches = training_batches(data, tokenizer, model=original, **shape)  # RL data goes on sampling
+    else:
+        batches = iter(healing_batches(data, tokenizer, steps=steps, **shape))
+    trainer = original if teacher is None else teacher
+    trained, losses, tokens, verified = _distil(trainer, proxy, batches, steps=steps, lr=lr)
     after, _ = next_token_agreement(original, proxy, check)
     accuracy.append(_accuracy(proxy, tokenizer, resolved, accuracy_kw))
     return HealingReport(
@@ -266,7 +310,12 @@ def _check_steps(steps: Any) -> None:
 
 
 def _distil(
-    original: PreTrainedModel, proxy: PreTrainedModel, batches: Iterator[Batch], *, steps: int, lr: float
+    original: PreTrainedModel | TeacherCache,
+    proxy: PreTrainedModel,
+    batches: Iterator[Batch],
+    *,
+    steps: int,
+    lr: float,
 ) -> tuple[tuple[str, ...], list[float], int, int]:
     """Train the proxy's trainable tensors alone; (their names, losses, tokens seen, how many
     other tensors were verified bit-identical after)."""
@@ -313,11 +362,12 @@ def _before_after(
 
 @contextmanager
 def _training_only(
-    original: PreTrainedModel, proxy: PreTrainedModel, params: dict[str, torch.nn.Parameter]
+    original: PreTrainedModel | TeacherCache, proxy: PreTrainedModel, params: dict[str, torch.nn.Parameter]
 ) -> Iterator[None]:
     """Gradients for ``params`` only; both models in eval mode (inference routing, no dropout).
-    Training flags and ``requires_grad`` are restored after."""
+    Training flags and ``requires_grad`` are restored after. A teacher cache has no mode."""
     flags = {name: p.requires_grad for name, p in proxy.named_parameters()}
+    original = original if isinstance(original, torch.nn.Module) else torch.nn.Module()
     modes = (original.training, proxy.training)
     try:
         proxy.requires_grad_(False).eval()

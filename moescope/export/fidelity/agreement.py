@@ -142,6 +142,13 @@ def _targets(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return scored[:, 1:], batch["input_ids"][:, 1:]
 
 
+def scored_log_probs(model: PreTrainedModel, batch: Batch) -> torch.Tensor:
+    """``(N, V)`` float32 next-token log-probabilities of ``model`` at the batch's N scored positions."""
+    valid, _ = _targets(batch)
+    log_q = _log_probs(model, batch)
+    return log_q[valid.to(log_q.device)]
+
+
 def _scored(
     original: PreTrainedModel, proxy: PreTrainedModel, batch: Batch
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
