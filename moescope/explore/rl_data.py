@@ -190,7 +190,7 @@ def chunks_per_pass(model: Any, budget: int, *, prompt_tokens: int = 64, availab
     """Chunks of prompts sampled in one ``generate``: one for a model in memory (each chunk its
     own call, as a seed has always reproduced), else as many as half the memory beside its
     largest layer holds (each generated token reads every layer from disk once per call)."""
-    from moescope.explore.sequential import generation_rows
+    from moescope.models.footprint import generation_rows
 
     if not read_per_forward(model):
         return 1

@@ -49,15 +49,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope.errors import ModelLoadError, MoescopeError
+from moescope.models.footprint import (  # the estimates the passes are sized by
+    PASS_MEMORY_SHARE,
+    activation_bytes,
+    largest_layer_bytes,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from moescope.explore.stats import RoutingStats
     from moescope.explore.taylor import TaylorImportance
-
-
-PASS_MEMORY_SHARE = 0.5  # of the memory beside one layer, what a batch's activations may take
 
 
 def layer_device_map(model: PreTrainedModel) -> dict[str, str]:
@@ -280,10 +282,9 @@ def _taylor_shape(data: Any, options: dict[str, Any]) -> dict[str, int]:
     the longest at most; other data, the options or their defaults."""
     import inspect
 
-    from moescope.explore.rl_data import RLCalibration
     from moescope.explore.taylor import taylor_importance
 
-    if isinstance(data, RLCalibration):
+    if callable(getattr(data, "pairs", None)):  # RL calibration (rl_data samples through this module)
         width = max(len(prompt) + len(completion) for prompt, completion in data.pairs())
         return {"n_tokens": len(data.pairs()) * width, "seq_len": width}
     defaults = inspect.signature(taylor_importance).parameters
@@ -317,33 +318,6 @@ def pass_batch_size(
         model.config, n_tokens=seq_len, batch_size=1, seq_len=seq_len, backward=backward
     )
     return max(_routing_default("batch_size"), min(int(max(room, 0) // per_row), n_tokens))
-
-
-def generation_rows(model: PreTrainedModel, tokens: int, *, available: int | None = None) -> int:
-    """Rows one ``generate`` call may hold: as many as half the memory beside the largest layer
-    holds, each with its key/value cache of ``tokens`` positions (:func:`kv_cache_bytes`) and
-    one forward's activations; at least one."""
-    from moescope._util.memory import available_memory
-
-    free = available_memory() if available is None else available
-    room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
-    per_row = kv_cache_bytes(model.config, tokens) + activation_bytes(
-        model.config, n_tokens=tokens, batch_size=1, seq_len=tokens
-    )
-    return max(1, int(max(room, 0) // per_row))
-
-
-def kv_cache_bytes(config: Any, tokens: int) -> int:
-    """A generous bound of one row's key/value cache, in float32: keys and values of every
-    attention head of every layer at ``tokens`` positions (latent-attention models cache
-    full heads in transformers too)."""
-    text = config.get_text_config()
-    heads = _attention_heads(text)
-    head_dim = (
-        max(int(getattr(text, name, 0) or 0) for name in ("head_dim", "qk_head_dim", "v_head_dim"))
-        or text.hidden_size // heads
-    )
-    return 4 * 2 * text.num_hidden_layers * heads * head_dim * tokens
 
 
 def check_memory(
@@ -385,48 +359,6 @@ def check_memory(
         f"one decoder layer ({_size(layer)}) and the activations of one calibration batch (about "
         f"{_size(activations)}) need {_size(layer + activations)} but {_size(free)} is free; {fix}."
     )
-
-
-def largest_layer_bytes(model: PreTrainedModel) -> int:
-    """Bytes of the largest decoder layer's weights and buffers, in the dtypes they load in."""
-    from itertools import chain
-
-    from moescope.models.view import decoder_layers
-
-    return max(
-        sum(t.numel() * t.element_size() for t in chain(layer.parameters(), layer.buffers()))
-        for layer in decoder_layers(model)
-    )
-
-
-def activation_bytes(
-    config: Any, *, n_tokens: int, batch_size: int, seq_len: int, backward: bool = False
-) -> int:
-    """A generous estimate of one forward's activations, in float32: two dozen hidden-sized
-    vectors per token (residual stream, norms, attention projections, the routed experts' inputs
-    and outputs), the eager attention scores and their softmax (rows × heads × length²), and the
-    last position's logits.
-
-    With ``backward`` (Taylor importance: a backward follows, each layer run again from its
-    input), every decoder layer's input is kept until the backward, one layer's activations are
-    held twice (its forward run again, and their gradients), and every position's logits four
-    times (the logits, their log-softmax, and the gradients of both).
-    """
-    text = config.get_text_config()
-    tokens = min(n_tokens, batch_size * seq_len)
-    rows = min(batch_size, -(-tokens // seq_len))
-    scores = 2 * rows * _attention_heads(text) * seq_len**2
-    layer = 24 * tokens * text.hidden_size + scores
-    if not backward:
-        return 4 * (layer + rows * text.vocab_size)
-    inputs = text.num_hidden_layers * tokens * text.hidden_size
-    return 4 * (2 * layer + inputs + 4 * tokens * text.vocab_size)
-
-
-def _attention_heads(config: Any) -> int:
-    """The most attention heads of any layer (transformers' heterogeneous configs keep them per layer)."""
-    layers = getattr(config, "per_layer_config", None) or [config]
-    return max(int(getattr(layer, "num_attention_heads", None) or 1) for layer in layers)
 
 
 def _routing_default(name: str) -> int:

@@ -263,9 +263,10 @@ def heal(
         held out, which the report says).
     tasks, n_prompts, samples : the accuracy before and after, as in
         :func:`moescope.export.fidelity.measure.measure_fidelity` (``()`` for none).
-    teacher : the original's :class:`~moescope.export.teacher.TeacherCache` on
-        :func:`healing_batches` of these arguments, trained against in its place (the same
-        batches; ``original`` is then run only for the KL and accuracy before and after).
+    teacher : the original's :class:`~moescope.export.teacher.TeacherCache`, trained against in
+        its place on the batches it was computed on (:func:`healing_batches` of these arguments
+        are the in-memory run's; ``original`` is then run only for the KL and accuracy before
+        and after).
     """
     _check_steps(steps)
     if teacher is not None:
@@ -278,8 +279,13 @@ def heal(
     shape = {"batch_size": batch_size, "seq_len": seq_len, "seed": seed}
     if teacher is None:
         batches = training_batches(data, tokenizer, model=original, **shape)  # RL data goes on sampling
+    elif steps > len(teacher.batches):
+        raise MoescopeError(
+            f"the teacher cache holds {len(teacher.batches)} batches and healing asks for {steps} "
+            "steps; build it on as many batches as steps (healing_batches), or heal fewer steps."
+        )
     else:
-        batches = iter(healing_batches(data, tokenizer, steps=steps, **shape))
+        batches = iter(teacher.batches)  # what the cache was computed on
     trainer = original if teacher is None else teacher
     trained, losses, tokens, verified = _distil(trainer, proxy, batches, steps=steps, lr=lr)
     after, _ = next_token_agreement(original, proxy, check)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +52,7 @@ from moescope.export.targeting import (
     record_fixed,
     target_auto,
 )
+from moescope.export.teacher import build_teacher_cache
 from moescope.models.accuracy import check_task_spec, resolve_tasks
 from moescope.models.loading import resolve_model
 from moescope.models.multimodal import is_multimodal, save_with_language_model
@@ -328,25 +330,47 @@ def _cut_and_heal(
     ``measure``: the capability probe, taken only where there is a target to measure."""
     lm, tokenizer = got.original, got.tokenizer
     probe = None if config.min_capability <= 0 or _unmeasured(lm, tokenizer, config) else measure()
-
-    def batches() -> Iterator[Batch]:
-        options = {"batch_size": BATCH_SIZE, "seq_len": SEQ_LEN, "seed": config.seed}
-        return training_batches(data(), tokenizer, model=lm, **options)
-
+    batches, teacher = _healing_data(got, config, data)
     if config.keep == AUTO:
         assert probe is not None  # refused before the calibration pass otherwise
-        chosen, proxy, targeting = target_auto(lm, select, probe, batches(), config, cut=got.cut)
+        chosen, proxy, targeting = target_auto(lm, select, probe, batches(), config, got.cut, teacher)
         return chosen, proxy, None, targeting
     chosen = select(config.keep)
     proxy = got.cut(chosen)
     healing = None
     if config.heal_steps:
-        steps, lr, seed, tasks = config.heal_steps, config.heal_lr, config.seed, config.tasks
-        healing = heal(lm, proxy, data(), tokenizer=tokenizer, steps=steps, lr=lr, seed=seed, tasks=tasks)
+        steps, lr, seed = config.heal_steps, config.heal_lr, config.seed
+        cache = teacher() if teacher else None  # measured before and after on the tasks in memory only
+        tasks = () if cache is not None else config.tasks
+        options = {"steps": steps, "lr": lr, "seed": seed, "tasks": tasks, "teacher": cache}
+        healing = heal(lm, proxy, data(), tokenizer=tokenizer, **options)
     if probe is None:
         return chosen, proxy, healing, None
-    attempt = reach_target(lm, proxy, chosen, probe, batches(), config)
+    attempt = reach_target(lm, proxy, chosen, probe, batches(), config, teacher)
     return chosen, proxy, healing, record_fixed(attempt, config)
+
+
+def _healing_data(
+    got: Gathered, config: ExportConfig, data: Data
+) -> tuple[Callable[[], Iterator[Batch]], Callable[[], Any] | None]:
+    """Healing's batches, and what it distils from where that is not the original itself: an
+    original read a layer at a time gives its top-k next-token distributions on the batches the
+    whole healing budget draws, computed in as few passes as memory allows, when first needed
+    (:mod:`moescope.export.teacher`). The batches are the ones an in-memory export draws (RL
+    data sampled on from the original, as many chunks a pass as memory holds)."""
+    lm, tokenizer = got.original, got.tokenizer
+
+    def stream() -> Iterator[Batch]:
+        options = {"batch_size": BATCH_SIZE, "seq_len": SEQ_LEN, "seed": config.seed}
+        return training_batches(data(), tokenizer, model=lm, **options)
+
+    if not got.placement.sequential:
+        return stream, None
+    steps = max(config.heal_steps, config.heal_budget if config.min_capability > 0 else 0, 1)
+    fixed = functools.cache(lambda: list(itertools.islice(stream(), steps)))
+    teacher = functools.cache(lambda: build_teacher_cache(lm, fixed()))
+
+    return lambda: iter(fixed()), teacher  # every round of every attempt stays within the budget
 
 
 def _unmeasured(lm: PreTrainedModel, tokenizer: Any, config: ExportConfig) -> str:

@@ -221,15 +221,18 @@ def reach_target(
     probe: CapabilityProbe,
     batches: Iterator[Batch],
     config: ExportConfig,
+    teacher: Callable[[], Any] | None = None,
 ) -> Attempt:
     """Heal ``proxy`` (of ``selection``) in place, ``config.heal_round`` steps at a time, until
     ``probe`` passes it or ``config.heal_budget`` steps are spent; a ratio that cannot be
-    measured stops at once."""
+    measured stops at once. ``teacher`` gives what healing distils from, on the first round
+    only (default ``original``; an original read a layer at a time gives its cached
+    distributions, :mod:`moescope.export.teacher`)."""
     check = probe.check(proxy)
     curve = [(0, ratio_of(check))]
     run, spent = None, 0
     while not check.passed and spent < config.heal_budget and not math.isnan(curve[-1][1]):
-        run = run or Distillation(original, proxy, batches, lr=config.heal_lr)
+        run = run or Distillation(teacher() if teacher else original, proxy, batches, lr=config.heal_lr)
         steps = min(config.heal_round, config.heal_budget - spent)
         run.train(steps)
         spent += steps
@@ -332,11 +335,13 @@ def target_auto(
     batches: Iterator[Batch],
     config: ExportConfig,
     cut: Callable[[Selection], PreTrainedModel] | None = None,
+    teacher: Callable[[], Any] | None = None,
 ) -> tuple[Selection, PreTrainedModel, Targeting]:
     """``keep="auto"``: :func:`search_keep` over :func:`keep_candidates`, each attempt a fresh
     proxy of ``select(count)`` healed by :func:`reach_target` on ``batches`` from their start
     (the same data for every count, made once: RL data samples the original as it goes).
-    ``cut`` makes a proxy of a selection (default: from ``original`` in memory). Returns the
+    ``cut`` makes a proxy of a selection (default: from ``original`` in memory), ``teacher``
+    is :func:`reach_target`'s. Returns the
     chosen selection, its healed proxy and the record; only the proxy that may still be chosen
     is kept in memory between attempts."""
     moe = adapt(original)
@@ -348,7 +353,7 @@ def target_auto(
     def passes(count: int) -> bool:
         chosen = select(count)
         proxy = cut(chosen)
-        attempts.append(reach_target(original, proxy, chosen, probe, iter(replay), config))
+        attempts.append(reach_target(original, proxy, chosen, probe, iter(replay), config, teacher))
         held[count] = (chosen, proxy)
         best = _best(attempts).keep
         for other in [c for c in held if c != best]:
