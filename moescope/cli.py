@@ -150,6 +150,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     c = m.get("calibration", {})
     if c.get("sampled"):
         print(f"calibration: rl, {c['prompts']} replay prompts + own samples ({c['tokens']} tokens)")
+    elif c.get("source") == "rollouts":
+        given = f"{c['prompts']} prompts ({c['tokens']} tokens)"
+        print(f"calibration: rollouts of {c['file']}, {given}, none sampled")
     elif c.get("used", True) and c.get("source"):
         print(f"calibration: {c['source']}" + (f" ({c['data']})" if c.get("data") else ""))
     if result.targeting is not None:

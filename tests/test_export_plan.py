@@ -4,6 +4,7 @@ memory budget below the embedded model's size) gives the proxy the in-memory exp
 from __future__ import annotations
 
 import itertools
+import json
 import warnings
 from pathlib import Path
 
@@ -153,3 +154,25 @@ def test_own_completions_are_sampled_as_many_chunks_at_a_time_as_memory_holds() 
     with layer_sequential(resolve_model("toy")) as original:
         assert rl_data.chunks_per_pass(original, 8, available=1 << 30) > 1
     assert rl_data.chunks_per_pass(model, 8) == 1  # in memory: one chunk per call, as ever
+
+
+def test_a_users_own_rollouts_calibrate_without_sampling(tmp_path: Path, capsys) -> None:
+    """A ``.jsonl`` of prompt + completion, as a rollout engine dumps it: the statistics are taken
+    on those rows, nothing is sampled, and the console says so; a line without a completion is
+    one sentence."""
+    from moescope.models.tasks import heldout
+
+    rollouts = tmp_path / "rollouts.jsonl"
+    rows = [{"prompt": e.prompt, "completion": e.answer} for e in heldout("add2", 40)]
+    rollouts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["export", "toy", "--keep", "1/4", "--method", "frequency", "--calibration", str(rollouts)]
+    assert main([*argv, "--no-fidelity", "--min-capability", "0", "--out", str(tmp_path / "p")]) == 0
+    printed, manifest = capsys.readouterr().out, read_manifest(tmp_path / "p")
+    assert manifest["calibration"]["source"] == "rollouts" and manifest["calibration"]["prompts"] == 40
+    assert "calibration: rollouts of rollouts.jsonl, 40 prompts" in printed and "none sampled" in printed
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"prompt": "1+2="}) + "\n")
+    assert main([*argv[:-1], str(broken), "--out", str(tmp_path / "q")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "broken.jsonl:2 has no 'prompt' and 'completion' strings" in err and err.count("\n") == 0
+    assert not (tmp_path / "q").exists()

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from moescope.errors import MoescopeError
-from moescope.explore.rl_data import RL, RLCalibration, sample_rl_calibration
+from moescope.explore.rl_data import RL, RLCalibration, is_rollouts_file, read_rollouts, sample_rl_calibration
 from moescope.models.accuracy import TaskSpec
 from moescope.models.tasks import TASK_FAMILIES, make_examples
 
@@ -81,6 +81,8 @@ def calibration_data(
     >>> calibration_data(tiny("mixtral"), None, "rl", n_tokens=100, seed=0).shape
     torch.Size([2, 64])
     """
+    if is_rollouts_file(source) and tokenizer is not None:
+        return read_rollouts(source, tokenizer)  # the user's own rollouts: nothing is sampled
     if not _is_named(source):
         return source
     if tokenizer is None:
@@ -252,10 +254,14 @@ def _record_text(line: str, where: str) -> str:
         ) from None
     if isinstance(record, dict) and isinstance(record.get("text"), str):
         return record["text"]
-    prompt, answer = (record.get(key) if isinstance(record, dict) else None for key in ("prompt", "answer"))
-    if isinstance(prompt, str) and isinstance(answer, str):
-        return prompt + answer
-    raise MoescopeError(f"{where} has no 'text' string (nor 'prompt' and 'answer'); add one to every line.")
+    prompt = record.get("prompt") if isinstance(record, dict) else None
+    for key in ("answer", "completion"):
+        answer = record.get(key) if isinstance(record, dict) else None
+        if isinstance(prompt, str) and isinstance(answer, str):
+            return prompt + answer
+    raise MoescopeError(
+        f"{where} has no 'text' string (nor 'prompt' with 'answer' or 'completion'); add one to every line."
+    )
 
 
 def _tokenize(texts: Iterable[str], tokenizer: Any) -> Iterator[list[int]]:

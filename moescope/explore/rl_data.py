@@ -56,8 +56,11 @@ class RLCalibration:
     completions : the sampled token ids, up to and including end-of-sequence (all
         ``max_new_tokens`` of them when the model never ended).
     seed, temperature, max_new_tokens : how they were sampled.
-    source : the prompt source (``None``: the task suite; family names; a prompt file).
+    source : the prompt source (``None``: the task suite; family names; a prompt file), or the
+        rollouts file the rows were read from.
     eos_token_id : the tokenizer's end-of-sequence id, which ends a completion.
+    rollouts : the completions were read from the user's rollouts (:func:`read_rollouts`), not
+        sampled; healing then trains on these rows again rather than sampling more.
     """
 
     prompts: tuple[tuple[int, ...], ...]
@@ -67,6 +70,7 @@ class RLCalibration:
     max_new_tokens: int
     source: TaskSpec = None
     eos_token_id: int | None = None
+    rollouts: bool = False
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -87,6 +91,9 @@ class RLCalibration:
         """What the manifest records of the calibration data (JSON values)."""
         completion_tokens = sum(len(c) for c in self.completions)
         ended = sum(bool(c) and c[-1] == self.eos_token_id for c in self.completions)
+        if self.rollouts:
+            given = {"source": "rollouts", "file": Path(str(self.source)).name, "sampled": False}
+            return {**given, "prompts": len(self.prompts), "tokens": self.n_tokens, "truncated": 0}
         return {
             "source": RL,
             "prompt_source": _name(self.source),
@@ -104,6 +111,8 @@ class RLCalibration:
 
     def describe(self) -> str:
         """One line, as :func:`moescope.explore.calibration.describe_source` names data."""
+        if self.rollouts:
+            return f"rollouts of {Path(str(self.source)).name} ({len(self)} prompts, {self.n_tokens} tokens)"
         return f"RL prompts + own samples ({len(self)} prompts, {self.n_tokens} tokens, seed {self.seed})"
 
 
@@ -149,10 +158,61 @@ def sample_rl_calibration(
 def rl_pairs(data: RLCalibration, model: Any, tokenizer: Any) -> Iterator[Pair]:
     """Endless ``(prompt, completion)`` pairs: those of ``data``, then fresh ones sampled from
     ``model`` further along the same stream (healing trains on new rows, never the same again)."""
+    if data.rollouts:  # the user's own rows: no stream to sample further along
+        yield from itertools.cycle(data.pairs())
+        return
     yield from data.pairs()
     first = len(data) // _BATCH
     for chunk in _chunks(model, tokenizer, data.source, data.seed, data.temperature, first=first):
         yield from chunk
+
+
+def read_rollouts(path: str | Path, tokenizer: Any) -> RLCalibration:
+    """The user's own rollouts as RL calibration: a ``.jsonl`` of ``{"prompt", "completion"}``
+    lines, as a rollout engine dumps them (the completion is the sampled text, without the
+    prompt). Prompts are tokenized as a rollout tokenizes them, completions as continuations
+    ending in end-of-sequence; nothing is sampled, so the model is not run for them.
+    """
+    import json
+
+    path = Path(path)
+    prompts, completions = [], []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            prompt, completion = (
+                record.get(k) if isinstance(record, dict) else None for k in ("prompt", "completion")
+            )
+            if not isinstance(prompt, str) or not isinstance(completion, str):
+                raise MoescopeError(
+                    f"{path.name}:{number} has no 'prompt' and 'completion' strings; a rollouts file "
+                    'holds one {"prompt", "completion"} object per line.'
+                )
+            prompts.append(tuple(tokenizer(prompt, add_special_tokens=True)["input_ids"]))
+            tail = tokenizer(completion, add_special_tokens=False)["input_ids"]
+            completions.append(tuple(tail) + ((eos,) if eos is not None else ()))
+    if not prompts:
+        raise MoescopeError(f'{path.name} holds no rollouts; write one {{"prompt", "completion"}} per line.')
+    budget = max(len(c) for c in completions)
+    return RLCalibration(tuple(prompts), tuple(completions), 0, 1.0, budget, str(path), eos, rollouts=True)
+
+
+def is_rollouts_file(source: Any) -> bool:
+    """Whether ``source`` names a ``.jsonl`` whose first record has a ``"completion"``."""
+    import json
+
+    if not isinstance(source, str | Path) or Path(source).suffix.lower() not in (".jsonl", ".ndjson"):
+        return False
+    try:
+        with Path(source).open(encoding="utf-8", errors="replace") as f:
+            first = next((line for line in f if line.strip()), "")
+        record = json.loads(first) if first else None
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(record, dict) and "completion" in record
 
 
 def _chunks(
