@@ -139,7 +139,13 @@ def sample_rl_calibration(
     """
     pairs: list[Pair] = []
     total = 0
-    for chunk in _chunks(model, tokenizer, prompts, seed, temperature, first=0):
+    group = None
+    if read_per_forward(model):  # sample no more chunks at once than the budget can take
+        group = min(
+            chunks_per_pass(model, answer_budget(prompts)),
+            _chunks_at_most(tokenizer, prompts, seed, n_tokens),
+        )
+    for chunk in _chunks(model, tokenizer, prompts, seed, temperature, first=0, group=group):
         pairs += chunk
         total += sum(len(p) + len(c) for p, c in chunk)
         if total >= n_tokens:  # whole chunks only, so that rl_pairs can go on from here
@@ -153,6 +159,16 @@ def sample_rl_calibration(
         prompts,
         tokenizer.eos_token_id,
     )
+
+
+def _chunks_at_most(tokenizer: Any, source: TaskSpec, seed: int, n_tokens: int) -> int:
+    """Chunks that surely reach ``n_tokens``: each pair holds its prompt and at least one
+    sampled token (end-of-sequence)."""
+    stream, total, count = prompt_stream(source, seed=seed), 0, 0
+    while total < n_tokens and (texts := [ex.prompt for ex in itertools.islice(stream, _BATCH)]):
+        total += sum(len(row) + 1 for row in tokenizer(texts, add_special_tokens=True)["input_ids"])
+        count += 1
+    return max(count, 1)
 
 
 def rl_pairs(data: RLCalibration, model: Any, tokenizer: Any) -> Iterator[Pair]:
