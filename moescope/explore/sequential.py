@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Any
 
 from moescope.errors import ModelLoadError, MoescopeError
 from moescope.models.footprint import (  # the estimates the passes are sized by
-    PASS_MEMORY_SHARE,
     activation_bytes,
     largest_layer_bytes,
+    rows_beside_layer,
 )
 
 if TYPE_CHECKING:
@@ -308,16 +308,13 @@ def pass_batch_size(
     read once per batch: at the in-memory pass's 16 rows, a streaming export of toy-v3
     calibrated on the task suite's short rows read each layer 71 times for its statistics.
     """
-    from moescope._util.memory import available_memory
-
     n_tokens = n_tokens if n_tokens is not None else _routing_default("n_tokens")
     seq_len = seq_len if seq_len is not None else _routing_default("seq_len")
-    free = available_memory() if available is None else available
-    room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
     per_row = activation_bytes(
         model.config, n_tokens=seq_len, batch_size=1, seq_len=seq_len, backward=backward
     )
-    return max(_routing_default("batch_size"), min(int(max(room, 0) // per_row), n_tokens))
+    rows = rows_beside_layer(model, per_row, available=available)
+    return max(_routing_default("batch_size"), min(rows, n_tokens))
 
 
 def check_memory(

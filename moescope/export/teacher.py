@@ -273,14 +273,11 @@ def build_teacher_cache(
 def forward_rows(model: PreTrainedModel, width: int, *, available: int | None = None) -> int:
     """Rows of ``width`` tokens per forward: as many as half the memory beside the largest
     decoder layer holds, counting a forward's activations and its logits at every position."""
-    from moescope._util.memory import available_memory
-    from moescope.explore.sequential import PASS_MEMORY_SHARE, activation_bytes, largest_layer_bytes
+    from moescope.models.footprint import activation_bytes, rows_beside_layer
 
-    free = available_memory() if available is None else available
-    room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
     vocab = model.config.get_text_config().vocab_size
     per_row = activation_bytes(model.config, n_tokens=width, batch_size=1, seq_len=width) + 12 * width * vocab
-    return max(1, int(room // per_row))
+    return rows_beside_layer(model, per_row, available=available)
 
 
 Row = tuple[torch.Tensor, torch.Tensor, torch.Tensor]

@@ -13,18 +13,24 @@ if TYPE_CHECKING:
 PASS_MEMORY_SHARE = 0.5  # of the memory beside one layer, what a batch's activations may take
 
 
-def generation_rows(model: PreTrainedModel, tokens: int, *, available: int | None = None) -> int:
-    """Rows one ``generate`` call may hold: as many as half the memory beside the largest layer
-    holds, each with its key/value cache of ``tokens`` positions (:func:`kv_cache_bytes`) and
-    one forward's activations; at least one."""
+def rows_beside_layer(model: PreTrainedModel, per_row: int, *, available: int | None = None) -> int:
+    """Rows of ``per_row`` bytes that :data:`PASS_MEMORY_SHARE` of the memory beside the largest
+    decoder layer holds (``available``: bytes free, default what the system has); at least one."""
     from moescope._util.memory import available_memory
 
     free = available_memory() if available is None else available
     room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
-    per_row = kv_cache_bytes(model.config, tokens) + activation_bytes(
-        model.config, n_tokens=tokens, batch_size=1, seq_len=tokens
-    )
     return max(1, int(max(room, 0) // per_row))
+
+
+def generation_rows(model: PreTrainedModel, tokens: int, *, available: int | None = None) -> int:
+    """Rows one ``generate`` call may hold (:func:`rows_beside_layer`), each with its key/value
+    cache of ``tokens`` positions (:func:`kv_cache_bytes`) and one forward's activations."""
+    config = model.config
+    per_row = kv_cache_bytes(config, tokens) + activation_bytes(
+        config, n_tokens=tokens, batch_size=1, seq_len=tokens
+    )
+    return rows_beside_layer(model, per_row, available=available)
 
 
 def kv_cache_bytes(config: Any, tokens: int) -> int:

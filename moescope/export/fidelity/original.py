@@ -209,16 +209,14 @@ def answer_log_probs(
 
 
 def _rows_per_forward(model: PreTrainedModel, rows: int, width: int, keep: int) -> int:
-    """Rows whose activations (:func:`~moescope.explore.sequential.activation_bytes`) and kept
+    """Rows whose activations (:func:`~moescope.models.footprint.activation_bytes`) and kept
     logits (three float32 copies: logits, their float cast, the log-softmax) take at most
-    :data:`~moescope.explore.sequential.PASS_MEMORY_SHARE` of the memory beside the largest layer."""
-    from moescope._util.memory import available_memory
-    from moescope.explore.sequential import PASS_MEMORY_SHARE, activation_bytes, largest_layer_bytes
+    :data:`~moescope.models.footprint.PASS_MEMORY_SHARE` of the memory beside the largest layer."""
+    from moescope.models.footprint import activation_bytes, rows_beside_layer
 
     vocab = model.config.get_text_config().vocab_size
     per_row = activation_bytes(model.config, n_tokens=width, batch_size=1, seq_len=width) + 12 * keep * vocab
-    room = PASS_MEMORY_SHARE * (available_memory() - largest_layer_bytes(model))
-    return max(1, min(rows, int(max(room, 0) // per_row)))
+    return min(rows, rows_beside_layer(model, per_row))
 
 
 def _batch_log_probs(
