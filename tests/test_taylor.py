@@ -13,6 +13,7 @@ from moescope.explore.clustering import select_experts
 from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.export.manifest import read_manifest
 from moescope.export.pipeline import export_proxy
+from moescope.export.streaming.export import export_streaming
 from moescope.models.view import adapt
 from moescope.models.zoo import TINY_ARCHS, tiny, tiny_config
 
@@ -115,8 +116,17 @@ def test_export_with_taylor_scores_the_rl_completions(tmp_path) -> None:
     assert "Taylor importance" in manifest["selection"]["params"]["score"]
 
 
-def test_a_streaming_export_refuses_taylor_and_writes_nothing(tiny_checkpoint, tmp_path) -> None:
-    with pytest.raises(MoescopeError, match=r"method=taylor needs the model in memory.*--method reap"):
-        path = tiny_checkpoint("qwen3_moe")
-        export_proxy(path, tmp_path / "p", keep="1/2", method="taylor", streaming=True)
-    assert not list(tmp_path.iterdir())
+def test_a_streaming_export_scores_taylor_a_layer_at_a_time(tiny_checkpoint, tmp_path) -> None:
+    """The export plan runs Taylor on an original read a layer at a time: the in-memory choice;
+    the one-read shard cut, which runs no model, refuses it and names the way."""
+    path = tiny_checkpoint("qwen3_moe")
+    options = {"keep": "1/2", "method": "taylor", "fidelity": False, "min_capability": 0, "progress": False}
+    streamed = export_proxy(path, tmp_path / "s", streaming=True, **options)
+    in_memory = export_proxy(path, tmp_path / "m", streaming=False, **options)
+    assert streamed.manifest["original"]["read"] == "layer-sequential"
+    assert [layer.kept for layer in streamed.selection.layers] == [
+        layer.kept for layer in in_memory.selection.layers
+    ]
+    with pytest.raises(MoescopeError, match=r"method=taylor runs a backward pass.*export_proxy"):
+        export_streaming(path, tmp_path / "p", keep="1/2", method="taylor", progress=False)
+    assert not (tmp_path / "p").exists()

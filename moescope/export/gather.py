@@ -110,6 +110,12 @@ def check_budget(placement: Placement, *, loads_proxy: bool, layer: int | None =
     measured or healed (``loads_proxy``), the proxy whole."""
     budget = placement.budget
     if budget is None:
+        if loads_proxy and placement.sequential and placement.proxy > available_memory():
+            raise MoescopeError(
+                f"the proxy (about {_size(placement.proxy)}) does not fit the memory available "
+                f"({_size(available_memory())}), and measuring or healing it loads it whole; keep fewer "
+                "experts, or cut it without measuring (--min-capability 0 --no-fidelity)."
+            )
         return
     if layer is not None and layer > budget:
         raise MoescopeError(

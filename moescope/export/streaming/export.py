@@ -174,9 +174,9 @@ def _selection_before_pass(
     count = kept_count(moe, config.keep, config.allow_top_k)
     if method == "taylor":
         raise MoescopeError(
-            "method=taylor needs the model in memory (a backward pass), which a streaming export "
-            "avoids; export without --streaming, or give --method reap, paper or frequency (they "
-            "calibrate a decoder layer at a time)."
+            "method=taylor runs a backward pass, which the one-read shard cut (export_streaming) "
+            "does not; export with export_proxy (moescope export), which reads the original a "
+            "decoder layer at a time, or give method reap, paper or frequency here."
         )
     if method in ("frequency", "reap", "paper"):
         chosen, record = calibrated_selection(checkpoint.path, config, inputs.calibration, count, progress)
