@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# The original's measured accuracy is kept for later exports; the suite keeps it to itself.
+os.environ["MOESCOPE_CACHE"] = tempfile.mkdtemp(prefix="moescope-cache-")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # OpenMP threads that spin while they wait take the cores a CLI subprocess or a second process
 # needs: on 2 busy cores a toy export ran 10x slower. Passive waiting costs nothing measurable alone.

@@ -176,3 +176,19 @@ def test_a_users_own_rollouts_calibrate_without_sampling(tmp_path: Path, capsys)
     err = capsys.readouterr().err.strip()
     assert "broken.jsonl:2 has no 'prompt' and 'completion' strings" in err and err.count("\n") == 0
     assert not (tmp_path / "q").exists()
+
+
+def test_a_layer_sequential_export_measures_as_in_memory_in_few_reads(tmp_path: Path) -> None:
+    """Fidelity and the checklist of the same proxy equal the in-memory export's; the original's
+    accuracy is teacher-forced in one pass (kept in the cache), the held-out pass batched, so
+    the checkpoint is read a handful of times in all."""
+    options = {**QUICK, "method": "frequency", "fidelity": True, "tasks": ("add2",), "progress": False}
+    memory = export_proxy("toy", tmp_path / "memory", **options)
+    sequential = export_proxy("toy", tmp_path / "sequential", max_memory=TOY_BUDGET, **options)
+    original = sequential.manifest["original"]
+    assert original["accuracy"]["source"].startswith("teacher-forced")
+    assert original["checkpoint_reads"] <= 6, original  # routing 1, accuracy ≤ 1, held-out 1, checklist 2
+    assert sequential.fidelity.kl == pytest.approx(memory.fidelity.kl, rel=1e-4)
+    assert [(c.name, c.passed) for c in sequential.checklist] == [
+        (c.name, c.passed) for c in memory.checklist
+    ]

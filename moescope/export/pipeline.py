@@ -25,7 +25,7 @@ from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import STREAMING_METHOD, Selection
-from moescope.explore.sequential import checkpoint_reads, fit_pass, router_rows
+from moescope.explore.sequential import checkpoint_reads, fit_pass, pass_batch_size, router_rows
 from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
@@ -56,6 +56,7 @@ from moescope.export.teacher import build_teacher_cache
 from moescope.models.accuracy import check_task_spec, resolve_tasks
 from moescope.models.loading import resolve_model
 from moescope.models.multimodal import is_multimodal, save_with_language_model
+from moescope.models.resident import read_per_forward
 from moescope.models.view import adapt
 
 if TYPE_CHECKING:
@@ -420,6 +421,10 @@ def _known_original(got: Gathered, config: ExportConfig, inputs: ExportInputs) -
     )
 
 
+def _fidelity_default(name: str) -> Any:
+    return inspect.signature(measure_fidelity).parameters[name].default
+
+
 def _fidelity_options(config: ExportConfig) -> dict[str, Any]:
     """The task-accuracy settings the fidelity measurement takes (its prompts, samples, seed)."""
     given = config.fidelity if isinstance(config.fidelity, dict) else {}
@@ -454,6 +459,9 @@ def _assess(
     if not fidelity:
         return {"fidelity": None, "checklist": None}
     options = {"seed": seed, "tasks": tasks, **(fidelity if isinstance(fidelity, dict) else {})}
+    if read_per_forward(lm):  # each forward reads the checkpoint: the same rows in fewer
+        shape = {name: options.get(name, _fidelity_default(name)) for name in ("n_tokens", "seq_len")}
+        options["rows_per_forward"] = pass_batch_size(lm, **shape)
     held_out = calibration_data(lm, tokenizer, seed=seed + 1)
     measured = measure_fidelity(
         lm, proxy, held_out, tokenizer=tokenizer, selection=chosen, original_accuracy=known, **options

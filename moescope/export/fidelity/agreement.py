@@ -60,6 +60,28 @@ def heldout_batches(
     )
 
 
+def merge_batches(batches: Sequence[Batch], rows: int) -> list[Batch]:
+    """Consecutive ``batches`` joined into batches of at most ``rows`` rows, each right-padded to
+    the longest (masked, unscored): the same rows and scored tokens in fewer forwards, for a
+    model that reads its checkpoint on every forward."""
+    merged: list[Batch] = []
+    for batch in batches:
+        if merged and len(merged[-1]["input_ids"]) + len(batch["input_ids"]) <= rows:
+            merged[-1] = _joined(merged[-1], batch)
+        else:
+            merged.append(dict(batch))
+    return merged
+
+
+def _joined(a: Batch, b: Batch) -> Batch:
+    width = max(a["input_ids"].shape[1], b["input_ids"].shape[1])
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]))  # 0: masked, unscored
+
+    return {key: torch.cat([padded(a[key]), padded(b[key])]) for key in a}
+
+
 def task_batches(
     examples: Iterable[Example], tokenizer: Any, *, n_tokens: int, batch_size: int
 ) -> Iterator[Batch]:

@@ -49,7 +49,7 @@ from moescope import schema
 from moescope._util.records import write_record
 from moescope.errors import MoescopeError
 from moescope.explore.calibration import TASKS, describe_source
-from moescope.export.fidelity.agreement import heldout_batches, next_token_agreement
+from moescope.export.fidelity.agreement import heldout_batches, merge_batches, next_token_agreement
 from moescope.export.fidelity.records import (
     DISTANCE,
     Check,
@@ -204,6 +204,7 @@ def measure_fidelity(
     batch_size: int = 16,
     seq_len: int = 128,
     original_accuracy: pd.DataFrame | None = None,
+    rows_per_forward: int | None = None,
 ) -> Fidelity:
     """Compare ``proxy`` with ``original`` on held-out data; see the module docstring.
 
@@ -220,6 +221,8 @@ def measure_fidelity(
         router rows when not given (a healed in-memory proxy needs it).
     n_prompts, samples : held-out prompts per family and samples per prompt (toy suite).
     batch_size, seq_len : rows per forward pass and longest row of the held-out pass.
+    rows_per_forward : join the held-out batches into forwards of this many rows (the same rows
+        and tokens: for an original read a layer at a time, where each forward reads it).
     original_accuracy : the original's accuracy frame on ``tasks``, measured before (an original
         read a layer at a time: :mod:`moescope.export.fidelity.original`) or given; measured
         here by sampling when ``None``.
@@ -228,6 +231,8 @@ def measure_fidelity(
     kept = kept_experts(original, proxy, selection)
     resolved = resolve_tasks(tasks, original)  # a malformed prompt file fails before any forward pass
     batches = heldout_batches(data, tokenizer, n_tokens=n_tokens, batch_size=batch_size, seq_len=seq_len)
+    if rows_per_forward:
+        batches = merge_batches(batches, rows_per_forward)
     figures, stats = next_token_agreement(original, proxy, batches, observe=True)
     shares = routing_shares(*stats, kept)
     distance, coverage = _routing_figures(shares)
