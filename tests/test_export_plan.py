@@ -192,3 +192,19 @@ def test_a_layer_sequential_export_measures_as_in_memory_in_few_reads(tmp_path: 
     assert [(c.name, c.passed) for c in sequential.checklist] == [
         (c.name, c.passed) for c in memory.checklist
     ]
+
+
+def test_a_proxy_larger_than_the_budget_is_cut_from_the_shards_when_nothing_is_measured(
+    tmp_path: Path,
+) -> None:
+    """Nothing measured or healed: the proxy is written from the shards and never loaded, so a
+    half proxy (4.0 MB) is cut under the same 4 MB budget that refuses measuring it."""
+    options = {**QUICK, "keep": "1/2", "method": "frequency", "progress": False}
+    result = export_proxy("toy", tmp_path / "p", max_memory=TOY_BUDGET, **options)
+    assert result.manifest["original"]["read"] == LAYER_SEQUENTIAL
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proxy, _ = load_model(result.path, with_tokenizer=False)
+    assert adapt(proxy).num_experts == 16 and sum(f.stat().st_size for f in weight_files(result.path)) > 4e6
+    with pytest.raises(MoescopeError, match="does not fit --max-memory"):
+        export_proxy("toy", tmp_path / "q", max_memory=TOY_BUDGET, **{**options, "fidelity": True})

@@ -114,7 +114,7 @@ def check_budget(placement: Placement, *, loads_proxy: bool, layer: int | None =
             raise MoescopeError(
                 f"the proxy (about {_size(placement.proxy)}) does not fit the memory available "
                 f"({_size(available_memory())}), and measuring or healing it loads it whole; keep fewer "
-                "experts, or cut it without measuring (--min-capability 0 --no-fidelity)."
+                "experts, or cut it without measuring (a --method other than auto, and --no-fidelity)."
             )
         return
     if layer is not None and layer > budget:
@@ -126,7 +126,7 @@ def check_budget(placement: Placement, *, loads_proxy: bool, layer: int | None =
         raise MoescopeError(
             f"the proxy (about {_size(placement.proxy)}) does not fit --max-memory ({_size(budget)}), and "
             "measuring or healing it loads it whole; raise --max-memory, keep fewer experts, or cut it "
-            "without measuring (--min-capability 0 --no-fidelity)."
+            "without measuring (a --method other than auto, and --no-fidelity)."
         )
 
 
@@ -231,7 +231,7 @@ def _shard_cutter(source: Path, out: Path, budget: int | None) -> Callable[[Sele
                 raise MoescopeError(
                     f"the proxy ({_size(size)}) does not fit --max-memory ({_size(budget)}), and measuring "
                     "or healing it loads it whole; raise --max-memory, keep fewer experts, or cut it "
-                    "without measuring (--min-capability 0 --no-fidelity)."
+                    "without measuring (a --method other than auto, and --no-fidelity)."
                 )
             proxy, _ = load_model(scratch, dtype="auto", with_tokenizer=False)
             return proxy

@@ -43,7 +43,7 @@ from moescope.export.method_choice import (
 )
 from moescope.export.result import ExportResult
 from moescope.export.streaming.export import export_streaming, write_selected
-from moescope.export.surgery import given_selection, kept_count
+from moescope.export.surgery import given_selection, kept_count, proxy_config
 from moescope.export.targeting import (
     CapabilityProbe,
     Targeting,
@@ -116,8 +116,7 @@ def export_proxy(
             source, out, config, overwrite=overwrite, progress=progress, **inputs.objects()
         )
     config, inputs = resolve_method(config, inputs)
-    measured = bool(config.fidelity or config.min_capability > 0 or config.heal_steps or config.keep == AUTO)
-    check_budget(placement, loads_proxy=measured)
+    check_budget(placement, loads_proxy=loads_proxy(config))
     return _export_planned(model, source, out, config, inputs, named_tasks, overwrite, progress, placement)
 
 
@@ -169,7 +168,8 @@ def _export_planned(
         select = _selector(got, config, inputs, data, progress, choices, probe)
         chosen, proxy, healing, targeting = _cut_and_heal(got, config, data, select, probe)
         assessed = _assess(lm, proxy, tokenizer, chosen, config, known()[0] if config.fidelity else None)
-        manifest = make_manifest(source, lm, proxy, chosen)
+        cut = proxy if proxy is not None else proxy_config(lm.config, adapt(lm), chosen.keep)
+        manifest = make_manifest(source, lm, cut, chosen)
         reads = checkpoint_reads(lm)
     manifest.update(manifest_sections(assessed["fidelity"], assessed["checklist"], healing))
     manifest.update(config=inputs.record, calibration=_calibration_record(data, inputs.record["calibration"]))
@@ -183,7 +183,9 @@ def _export_planned(
         manifest["method_choice"] = choices.to_dict()
 
     def fill(work: Path) -> None:
-        if multimodal:  # the loaded language model lacks the vision tower: cut the shards instead
+        if proxy is None:  # nothing measured or healed: cut from the shards, never loaded whole
+            write_selected(source, work, chosen, progress=progress)
+        elif multimodal:  # the loaded language model lacks the vision tower: cut the shards instead
             healed = bool(healing or (targeting and targeting.chosen.steps))
             _write_multimodal(source, work, proxy, chosen, healed=healed, progress=progress)
         else:
@@ -337,6 +339,8 @@ def _cut_and_heal(
         chosen, proxy, targeting = target_auto(lm, select, probe, batches(), config, got.cut, teacher)
         return chosen, proxy, None, targeting
     chosen = select(config.keep)
+    if got.placement.sequential and not loads_proxy(config):
+        return chosen, None, None, None  # written from the shards, as it is
     proxy = got.cut(chosen)
     healing = None
     if config.heal_steps:
@@ -372,6 +376,13 @@ def _healing_data(
     teacher = functools.cache(lambda: build_teacher_cache(lm, fixed()))
 
     return lambda: iter(fixed()), teacher  # every round of every attempt stays within the budget
+
+
+def loads_proxy(config: ExportConfig) -> bool:
+    """Whether the export holds the proxy whole: to measure it, heal it, or measure ``auto``'s
+    candidates. Otherwise an original read a layer at a time gives a proxy cut from its shards
+    and never loaded, however large."""
+    return bool(config.fidelity or config.heal_steps or config.keep == AUTO or config.method == AUTO_METHOD)
 
 
 def _unmeasured(lm: PreTrainedModel, tokenizer: Any, config: ExportConfig) -> str:
