@@ -32,8 +32,9 @@ METHODS = ("cluster", "paper", "frequency", "reap", "taylor", "random")
 """How :func:`~moescope.explore.clustering.select_experts` chooses (a selection's ``method``)."""
 
 STREAMING_METHOD = "cluster"
-"""What a streaming export chooses by unless told: it never runs the model, so it clusters the
-weights (the paper's views need a calibration pass)."""
+"""What the one-read shard cut (:func:`~moescope.export.streaming.export.export_streaming`)
+chooses by unless told: it never runs the model, so it clusters the weights (the paper's views
+need a calibration pass)."""
 
 
 @dataclass(frozen=True)

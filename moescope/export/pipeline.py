@@ -1,8 +1,9 @@
 """The whole export: ``export_proxy(model, config, out=...)`` from a model to a proxy directory.
 
-Resolve the model, make the calibration data once (on first use: the ``"rl"`` samples take a
-generation pass), choose the experts (or take a selection), cut the proxy in memory or over the
-shards, heal it if asked, heal it toward its capability target or search the kept count
+Resolve the model and where to read it (in memory, or a decoder layer at a time:
+:mod:`moescope.export.gather`), make the calibration data once (on first use: the ``"rl"``
+samples take a generation pass), choose the experts (or take a selection), cut the proxy in
+memory or from the shards, heal it if asked, heal it toward its capability target or search the kept count
 (:mod:`moescope.export.targeting`), measure it, and write it with its manifest (which records
 the :class:`~moescope.export.config.ExportConfig`, the calibration data and the targeting)
 through a temporary sibling renamed into place.
@@ -89,9 +90,12 @@ def export_proxy(
     **options : ``ExportConfig`` fields, put into ``config``; ``selection`` may also be a
         :class:`~moescope.explore.selection.Selection`, and ``calibration`` token ids.
 
-    The keyword form ``export_proxy(model, out, keep=..., method=..., ...)`` works as well. A
-    streaming export never holds the models in memory: it measures nothing, and refuses healing
-    and task accuracy. The manifest records the config under ``"config"``.
+    The keyword form ``export_proxy(model, out, keep=..., method=..., ...)`` works as well. An
+    original that does not fit beside a proxy in ``max_memory`` (or with ``streaming=True``) is
+    read a decoder layer at a time, and every step runs on it as in memory
+    (:mod:`moescope.export.gather`); ``streaming=True, method="cluster"`` is the one-read
+    weight-view cut, which measures nothing. The manifest records the config under ``"config"``
+    and where the original was read under ``"original"``.
 
     Examples
     --------
