@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from browser import free_port
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from moescope import schema as S
@@ -249,6 +250,7 @@ def test_two_processes_under_accelerate_write_one_trace_equal_to_one_process(tmp
     launcher = Path(sys.executable).with_name("accelerate")
     two = subprocess.run(
         [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--main_process_port", str(free_port()),  # not a port another run may still hold
          "--mixed_precision", "no", "--dynamo_backend", "no",
          *common, "--batch", "8", "--trace", str(tmp_path / "two.jsonl")],
         capture_output=True, text=True, env=env, timeout=300,

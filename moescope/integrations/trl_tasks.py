@@ -124,7 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         instrument(trainer, args.trace, faults=args.fault)
         trainer.train()
         trainer.accelerator.end_training()  # the process group of a distributed run, destroyed
+        # Kept past the return: freeing the trainer frees DDP's Reducer, whose gloo process group
+        # joins a loop thread that waits for the GIL the freeing holds (a hang seen under load);
+        # a distributed worker then leaves through os._exit, never freeing it.
+        _HELD.append(trainer)
     return 0
+
+
+_HELD: list[Any] = []
 
 
 if __name__ == "__main__":
