@@ -26,6 +26,14 @@ def available_memory() -> int:
     return min(free, _cgroup_headroom())
 
 
+def format_size(n: int) -> str:
+    """Bytes as a message names them: ``"4.1 GB"``, ``"285.2 MB"``, ``"10.0 kB"``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.1f} kB"
+
+
 def _meminfo_available() -> int:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -48,6 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moescope._util.memory import format_size
 from moescope.errors import ModelLoadError, MoescopeError
 from moescope.models.footprint import (  # the estimates the passes are sized by
     activation_bytes,
@@ -353,8 +354,9 @@ def check_memory(
         else "this checkpoint needs a machine with more memory"
     )
     raise MoescopeError(
-        f"one decoder layer ({_size(layer)}) and the activations of one calibration batch (about "
-        f"{_size(activations)}) need {_size(layer + activations)} but {_size(free)} is free; {fix}."
+        f"one decoder layer ({format_size(layer)}) and the activations of one calibration batch (about "
+        f"{format_size(activations)}) need {format_size(layer + activations)} but "
+        f"{format_size(free)} is free; {fix}."
     )
 
 
@@ -364,13 +366,6 @@ def _routing_default(name: str) -> int:
     from moescope.explore.routing import collect_routing
 
     return inspect.signature(collect_routing).parameters[name].default
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 1e3:.1f} kB"
 
 
 @contextmanager

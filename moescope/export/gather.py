@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moescope._util.memory import available_memory
+from moescope._util.memory import available_memory, format_size
 from moescope.errors import MoescopeError
 
 if TYPE_CHECKING:
@@ -98,9 +98,9 @@ def choose_placement(
     budget = max_memory if max_memory is not None else available_memory()
     named = "--max-memory" if max_memory is not None else "the memory available"
     if peak > budget:
-        why = f"the original and a proxy ({_size(peak)}) exceed {named} ({_size(budget)})"
+        why = f"the original and a proxy ({format_size(peak)}) exceed {named} ({format_size(budget)})"
         return Placement(LAYER_SEQUENTIAL, why, max_memory, proxy)
-    why = f"the original and a proxy ({_size(peak)}) fit {named} ({_size(budget)})"
+    why = f"the original and a proxy ({format_size(peak)}) fit {named} ({format_size(budget)})"
     return Placement(IN_MEMORY, why, max_memory, proxy)
 
 
@@ -111,23 +111,17 @@ def check_budget(placement: Placement, *, loads_proxy: bool, layer: int | None =
     budget = placement.budget
     if budget is None:
         if loads_proxy and placement.sequential and placement.proxy > available_memory():
-            raise MoescopeError(
-                f"the proxy (about {_size(placement.proxy)}) does not fit the memory available "
-                f"({_size(available_memory())}), and measuring or healing it loads it whole; keep fewer "
-                "experts, or cut it without measuring (a --method other than auto, and --no-fidelity)."
+            raise _proxy_too_large(
+                f"about {format_size(placement.proxy)}", "the memory available", available_memory()
             )
         return
     if layer is not None and layer > budget:
         raise MoescopeError(
-            f"one decoder layer of the original ({_size(layer)}) does not fit --max-memory "
-            f"({_size(budget)}), and the layer-sequential pass holds one; raise --max-memory."
+            f"one decoder layer of the original ({format_size(layer)}) does not fit --max-memory "
+            f"({format_size(budget)}), and the layer-sequential pass holds one; raise --max-memory."
         )
     if loads_proxy and placement.proxy > budget:
-        raise MoescopeError(
-            f"the proxy (about {_size(placement.proxy)}) does not fit --max-memory ({_size(budget)}), and "
-            "measuring or healing it loads it whole; raise --max-memory, keep fewer experts, or cut it "
-            "without measuring (a --method other than auto, and --no-fidelity)."
-        )
+        raise _proxy_too_large(f"about {format_size(placement.proxy)}", "--max-memory", budget)
 
 
 def placement_for(
@@ -228,11 +222,7 @@ def _shard_cutter(source: Path, out: Path, budget: int | None) -> Callable[[Sele
             write_selected(source, scratch, selection, progress=False)
             size = sum(f.stat().st_size for f in weight_files(scratch))
             if budget is not None and size > budget:
-                raise MoescopeError(
-                    f"the proxy ({_size(size)}) does not fit --max-memory ({_size(budget)}), and measuring "
-                    "or healing it loads it whole; raise --max-memory, keep fewer experts, or cut it "
-                    "without measuring (a --method other than auto, and --no-fidelity)."
-                )
+                raise _proxy_too_large(format_size(size), "--max-memory", budget)
             proxy, _ = load_model(scratch, dtype="auto", with_tokenizer=False)
             return proxy
         finally:
@@ -241,8 +231,11 @@ def _shard_cutter(source: Path, out: Path, budget: int | None) -> Callable[[Sele
     return cut
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 1e3:.1f} kB"
+def _proxy_too_large(size: str, limit: str, budget: int) -> MoescopeError:
+    """The one refusal of a proxy that must be loaded whole and does not fit."""
+    fix = "raise --max-memory, keep" if limit == "--max-memory" else "keep"
+    return MoescopeError(
+        f"the proxy ({size}) does not fit {limit} ({format_size(budget)}), and measuring or healing it "
+        f"loads it whole; {fix} fewer experts, or cut it without measuring (a --method other than "
+        "auto, and --no-fidelity)."
+    )

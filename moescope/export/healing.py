@@ -138,24 +138,25 @@ def healing_batches(
     batch_size: int = BATCH_SIZE,
     seq_len: int = SEQ_LEN,
     seed: int = 0,
+    model: Any = None,
 ) -> list[Batch]:
     """The first ``steps`` batches healing draws from ``data`` (``steps × batch_size`` rows): the
     batches of a :class:`~moescope.export.teacher.TeacherCache` for a budget of ``steps``.
 
     They are the batches :func:`training_batches` gives an in-memory run with the same
-    arguments. RL data must hold the rows itself, since the in-memory run samples the original
-    for more once they are used, so a budget it does not cover is refused; a capability-targeted
-    export needs its ``heal_budget`` batches (every attempt of ``keep="auto"`` starts again from
-    the first).
+    arguments. RL data goes on sampling from ``model`` (the original) once its own rows are
+    used, as the in-memory run does; without it, a budget the rows do not cover is refused. A
+    capability-targeted export needs its ``heal_budget`` batches (every attempt of
+    ``keep="auto"`` starts again from the first).
     """
     _check_steps(steps)
-    if isinstance(data, RLCalibration) and steps * batch_size > len(data):
+    if model is None and isinstance(data, RLCalibration) and steps * batch_size > len(data):
         raise MoescopeError(
             f"{steps} healing steps of {batch_size} rows need {steps * batch_size} RL rows and the "
             f"data holds {len(data)}; sample more (a larger n_tokens) or heal fewer steps."
         )
     shape = {"batch_size": batch_size, "seq_len": seq_len, "seed": seed}
-    return list(itertools.islice(training_batches(data, tokenizer, **shape), steps))
+    return list(itertools.islice(training_batches(data, tokenizer, model=model, **shape), steps))
 
 
 def _train(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,7 +32,7 @@ from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.fidelity.measure import manifest_sections, measure_fidelity, validity_checklist
 from moescope.export.fidelity.original_record import ORIGINAL_ACCURACY_NAME, export_original_accuracy
 from moescope.export.gather import Gathered, Placement, check_budget, gather, placement_for
-from moescope.export.healing import BATCH_SIZE, SEQ_LEN, heal, training_batches
+from moescope.export.healing import BATCH_SIZE, SEQ_LEN, heal, healing_batches, training_batches
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
 from moescope.export.method_choice import (
     AUTO_CANDIDATES,
@@ -364,21 +363,16 @@ def _healing_data(
 ) -> tuple[Callable[[], Iterator[Batch]], Callable[[], Any] | None]:
     """Healing's batches, and what it distils from where that is not the original itself: an
     original read a layer at a time gives its top-k next-token distributions on the batches the
-    whole healing budget draws, computed in as few passes as memory allows, when first needed
-    (:mod:`moescope.export.teacher`). The batches are the ones an in-memory export draws (RL
-    data sampled on from the original, as many chunks a pass as memory holds)."""
+    whole healing budget draws (:func:`~moescope.export.healing.healing_batches`, RL data
+    sampled on from the original as an in-memory export does), computed in as few passes as
+    memory allows, when first needed (:mod:`moescope.export.teacher`)."""
     lm, tokenizer = got.original, got.tokenizer
-
-    def stream() -> Iterator[Batch]:
-        options = {"batch_size": BATCH_SIZE, "seq_len": SEQ_LEN, "seed": config.seed}
-        return training_batches(data(), tokenizer, model=lm, **options)
-
+    shape = {"batch_size": BATCH_SIZE, "seq_len": SEQ_LEN, "seed": config.seed}
     if not got.placement.sequential:
-        return stream, None
+        return lambda: training_batches(data(), tokenizer, model=lm, **shape), None
     steps = max(config.heal_steps, config.heal_budget if config.min_capability > 0 else 0, 1)
-    fixed = functools.cache(lambda: list(itertools.islice(stream(), steps)))
+    fixed = functools.cache(lambda: healing_batches(data(), tokenizer, steps=steps, model=lm, **shape))
     teacher = functools.cache(lambda: build_teacher_cache(lm, fixed()))
-
     return lambda: iter(fixed()), teacher  # every round of every attempt stays within the budget
 
 
@@ -443,8 +437,7 @@ def _fidelity_default(name: str) -> Any:
 def _fidelity_options(config: ExportConfig) -> dict[str, Any]:
     """The task-accuracy settings the fidelity measurement takes (its prompts, samples, seed)."""
     given = config.fidelity if isinstance(config.fidelity, dict) else {}
-    defaults = inspect.signature(measure_fidelity).parameters
-    options = {name: given.get(name, defaults[name].default) for name in ("n_prompts", "samples")}
+    options = {name: given.get(name, _fidelity_default(name)) for name in ("n_prompts", "samples")}
     return {**options, "seed": given.get("seed", config.seed)}
 
 

@@ -264,25 +264,26 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _backbone_differences(omoe: MoEModel, pmoe: MoEModel) -> tuple[dict[str, str], int]:
     """:func:`tensor_differences` of the two backbones, and how many tensors were compared; a
     layer-sequential original's tensors are read a decoder layer at a time (the embeddings and
-    LM head together), each once."""
+    LM head together), each once, and only that layer's names are gathered while it is held."""
     proxy, names = backbone_tensors(pmoe), set(backbone_tensors(omoe))
-    stack = decoder_layers(omoe.model)
-    prefixes = {id(m): f"{n}." for n, m in omoe.model.named_modules()}
-    groups = [([layer], prefixes[id(layer)]) for layer in stack]
-    model = omoe.model
+    model, experts = omoe.model, set(expert_state_keys(omoe))
+    prefixes = {id(m): f"{n}." for n, m in model.named_modules()}
+    layers = [(layer, prefixes[id(layer)]) for layer in decoder_layers(model)]
+    inside = tuple(prefix for _, prefix in layers)
     vocabulary = [m for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None]
     differences: dict[str, str] = {}
-    for modules, prefix in [*groups, (vocabulary, None)]:
-        with ExitStack() as held:
-            for module in modules:
-                held.enter_context(resident(module))
-            current = backbone_tensors(omoe)
-            part = {
-                n: t
-                for n, t in current.items()
-                if (n.startswith(prefix) if prefix else not any(n.startswith(p) for _, p in groups))
-            }
-            differences |= tensor_differences(part, {n: proxy[n] for n in part if n in proxy})
+
+    def compare(part: dict[str, torch.Tensor]) -> None:
+        differences.update(tensor_differences(part, {n: proxy[n] for n in part if n in proxy}))
+
+    for layer, prefix in layers:
+        with resident(layer):
+            tensors = {prefix + n: t for n, t in model_tensors(layer).items()}
+            compare({n: t for n, t in tensors.items() if n not in experts})
+    with ExitStack() as held:
+        for module in vocabulary:
+            held.enter_context(resident(module))
+        compare({n: t for n, t in backbone_tensors(omoe).items() if not n.startswith(inside)})
     differences |= tensor_differences({}, {n: proxy[n] for n in proxy.keys() - names})
     return dict(sorted(differences.items())), len(names | proxy.keys())
 
