@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from moescope.models.routers import selection_scores, topk_margin
+from moescope.models.sharding import any_sharded, local, sum_over_shards
 from moescope.models.view import MoEModel
 
 GROUPS = ("attention", "routed_experts", "router", "shared_experts", "embeddings", "other")
@@ -123,17 +124,21 @@ def grad_norms(groups: dict[str, list[torch.nn.Parameter]]) -> tuple[dict[str, f
     """Squared-norm sums per group (for reduction across ranks), the total norm, non-finite count.
 
     One fused norm call per group (fp32 accumulation); the non-finite values are counted only in a
-    group whose norm is not finite, since a finite norm means there are none."""
-    sq, bad = {}, 0
-    for name, params in groups.items():
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            continue
-        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-        sq[name] = float(torch.stack(norms).pow(2).sum())
-        if not math.isfinite(sq[name]):
-            bad += int(sum((~torch.isfinite(g)).sum() for g in grads))
-    return sq, math.sqrt(sum(sq.values())) if sq else 0.0, bad
+    group whose norm is not finite, since a finite norm means there are none. Under FSDP2 each rank
+    holds a disjoint shard of every gradient, so the local squares (and counts) are summed over
+    ranks in one collective: the figures equal the unsharded model's on every rank."""
+    names = [name for name, params in groups.items() if any(p.grad is not None for p in params)]
+    grads = {name: [local(p.grad) for p in groups[name] if p.grad is not None] for name in names}
+    squares = torch.zeros(len(names) + 1, dtype=torch.float64)
+    for i, name in enumerate(names):
+        norms = torch._foreach_norm(grads[name], 2, dtype=torch.float32)
+        squares[i] = float(torch.stack(norms).pow(2).sum())
+        if not math.isfinite(float(squares[i])):
+            squares[-1] += float(sum((~torch.isfinite(g)).sum() for g in grads[name]))
+    if any(any_sharded(groups[name]) for name in names):
+        sum_over_shards(squares)
+    sq = {name: float(squares[i]) for i, name in enumerate(names)}
+    return sq, math.sqrt(sum(sq.values())) if sq else 0.0, int(squares[-1])
 
 
 def entropy_summary(
