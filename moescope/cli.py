@@ -223,6 +223,33 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_heal(args: argparse.Namespace) -> int:
+    from moescope.export.sharded_healing import heal_exported
+    from moescope.replay.comm import Comm
+
+    sharded = args.shard == "fsdp"
+    with Comm.from_env(sharded=sharded) as comm:
+        report = heal_exported(
+            args.proxy,
+            teacher=args.teacher,
+            original=args.original,
+            steps=args.steps,
+            lr=args.lr,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            shard=sharded,
+        )
+    if comm.is_main:
+        where = f"{comm.world} processes, sharded" if sharded else "one process"
+        print(
+            f"healed {args.proxy}: {report.steps} steps on {where}; KL to the original on the teacher "
+            f"batches {report.kl_before:.4f} -> {report.kl_after:.4f}, top-1 agreement "
+            f"{report.top1_before:.3f} -> {report.top1_after:.3f}; {report.frozen_verified} frozen "
+            "tensors verified unchanged (fidelity and checklist dropped: measure them again)"
+        )
+    return 0
+
+
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from moescope.analyze.diagnosis import diagnose
     from moescope.analyze.readers import read_log
@@ -383,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_cost,
         _add_export,
         _add_replay,
+        _add_heal,
         _add_diagnose,
         _add_validate,
         _add_report,
@@ -474,6 +502,34 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--out", type=Path, required=True, metavar="DIR", help="proxy directory")
     add_flags(export, ExportConfig)
     export.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
+
+
+def _add_heal(sub: argparse._SubParsersAction) -> None:
+    """``moescope heal``: distil an exported proxy toward its original's cached distributions."""
+    heal = _command(
+        sub,
+        "heal",
+        cmd_heal,
+        "heal an exported proxy against its original's cached next-token distributions "
+        "(the original read a layer at a time; under torchrun, --shard fsdp shards the proxy)",
+    )
+    heal.add_argument("proxy", metavar="PROXY", type=Path, help="an exported proxy directory (rewritten)")
+    heal.add_argument("--steps", type=int, default=50, metavar="N", help="healing steps (default: 50)")
+    heal.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 0.001)")
+    heal.add_argument("--seed", type=int, default=0, help="seed of the healing batches (default: 0)")
+    heal.add_argument("--batch-size", type=int, default=32, metavar="B", help="rows per step (default: 32)")
+    heal.add_argument(
+        "--teacher", type=Path, metavar="FILE", help="a teacher cache (default: built once and kept)"
+    )
+    heal.add_argument(
+        "--original", metavar="MODEL", help="the original checkpoint (default: the manifest's source)"
+    )
+    heal.add_argument(
+        "--shard",
+        choices=("none", "fsdp"),
+        default="none",
+        help="fsdp: shard the proxy over the torchrun processes (FSDP2) (default: none)",
+    )
 
 
 def _add_replay(sub: argparse._SubParsersAction) -> None:

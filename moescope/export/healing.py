@@ -61,6 +61,7 @@ from moescope.export.teacher import TeacherCache, distillation_loss
 from moescope.models.accuracy import TaskSpec, model_accuracy, resolve_tasks
 from moescope.models.loading import load_model
 from moescope.models.multimodal import is_multimodal, save_with_language_model
+from moescope.models.sharding import local
 from moescope.models.tasks import mixed_examples
 from moescope.models.view import MoEModel, adapt
 from moescope.provenance import config_hash
@@ -85,10 +86,13 @@ def trainable_tensors(moe: MoEModel) -> dict[str, torch.nn.Parameter]:
 
 
 def _digests(model: torch.nn.Module, skip: set[str]) -> dict[str, str]:
-    """SHA-256 of every tensor not in ``skip``: memory stays flat however large the backbone."""
+    """SHA-256 of every tensor not in ``skip``: memory stays flat however large the backbone.
+    A sharded model's tensors are digested as this process's shards (no gathering)."""
     tensors = model_tensors(model)
     return {
-        name: hashlib.sha256(tensor_bytes(t)).hexdigest() for name, t in tensors.items() if name not in skip
+        name: hashlib.sha256(tensor_bytes(local(t))).hexdigest()
+        for name, t in tensors.items()
+        if name not in skip
     }
 
 
@@ -167,13 +171,18 @@ def _train(
     *,
     steps: int,
     lr: float,
+    part: tuple[int, int] | None = None,
 ) -> tuple[list[float], int]:
-    """Adam on the KL with cosine decay to 0 and gradient clipping; (losses, tokens seen)."""
+    """Adam on the KL with cosine decay to 0 and gradient clipping; (losses, tokens seen).
+
+    ``part=(rank, world)``: a sharded proxy, each process training on its share of every batch
+    (:func:`~moescope.export.teacher.distillation_loss`); the losses are then this process's
+    shares (their sum over processes is the batch's loss)."""
     optimizer = torch.optim.Adam(params.values(), lr=lr)
     cosine = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
     losses, tokens = [], 0
     for batch in itertools.islice(batches, steps):
-        losses.append(_step(original, proxy, params, optimizer, batch))
+        losses.append(_step(original, proxy, params, optimizer, batch, part))
         cosine.step()
         tokens += int(batch["attention_mask"].sum())
     return losses, tokens
@@ -185,9 +194,10 @@ def _step(
     params: dict[str, torch.nn.Parameter],
     optimizer: torch.optim.Optimizer,
     batch: Batch,
+    part: tuple[int, int] | None = None,
 ) -> float:
-    """One update on the KL, gradients clipped to norm 1; the loss."""
-    loss = distillation_loss(original, proxy, batch)
+    """One update on the KL, gradients clipped to norm 1 (over every shard, when sharded); the loss."""
+    loss = distillation_loss(original, proxy, batch, part)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)

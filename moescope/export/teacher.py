@@ -336,16 +336,47 @@ def _head_at(model: PreTrainedModel, inputs: Batch, keep: torch.Tensor) -> torch
 
 
 def distillation_loss(
-    teacher: PreTrainedModel | TeacherCache, proxy: PreTrainedModel, batch: Batch
+    teacher: PreTrainedModel | TeacherCache,
+    proxy: PreTrainedModel,
+    batch: Batch,
+    part: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Mean next-token ``KL(teacher ‖ proxy)`` over the batch's scored positions, gradients
     through the proxy only: :func:`~moescope.export.fidelity.agreement.kl_loss` against a model,
-    the coarsened KL (top ``k`` and the rest) against a cache."""
+    the coarsened KL (top ``k`` and the rest) against a cache.
+
+    ``part=(rank, world)``: this process's contiguous share of the batch's rows, its KL summed
+    and divided by the scored positions of the *whole* batch (a cache only), so the losses of
+    all processes add up to the whole batch's and sharded gradients summed over processes are
+    the one-process gradient."""
     if not isinstance(teacher, TeacherCache):
+        if part is not None:
+            raise MoescopeError("a batch is split over processes only against a teacher cache.")
         return kl_loss(teacher, proxy, batch)
     log_p, token_ids, log_rest = teacher.teacher(batch)
-    log_q = scored_log_probs(proxy, batch).to(log_p.device)
-    return coarse_kl(log_p, token_ids, log_rest, log_q).mean()
+    if part is None:
+        log_q = scored_log_probs(proxy, batch).to(log_p.device)
+        return coarse_kl(log_p, token_ids, log_rest, log_q).mean()
+    rows, positions = row_share(batch, *part)
+    share = {name: tensor[rows] for name, tensor in batch.items()}
+    log_q = scored_log_probs(proxy, share).to(log_p.device)
+    kl = coarse_kl(log_p[positions], token_ids[positions], log_rest[positions], log_q)
+    return kl.sum() / max(len(log_p), 1)
+
+
+def row_share(batch: Batch, rank: int, world: int) -> tuple[slice, slice]:
+    """Process ``rank``'s contiguous rows of ``batch`` out of ``world``, and the slice of the
+    batch's scored positions (row-major, as cached) they hold. The rows must split evenly."""
+    n = batch["input_ids"].shape[0]
+    if n % world:
+        raise MoescopeError(
+            f"a batch of {n} rows does not split evenly over {world} processes; "
+            f"use a batch size that is a multiple of {world}."
+        )
+    lo, hi = rank * n // world, (rank + 1) * n // world
+    per_row = _next_scored(batch).sum(1)
+    start, stop = int(per_row[:lo].sum()), int(per_row[:hi].sum())
+    return slice(lo, hi), slice(start, stop)
 
 
 def coarse_kl(

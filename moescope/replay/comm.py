@@ -18,19 +18,24 @@ import torch.distributed as dist
 class Comm:
     """Rank, world size and the few collectives a replay needs (no-ops in one process)."""
 
-    def __init__(self, owns_group: bool = False) -> None:
-        self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    def __init__(self, owns_group: bool = False, *, sharded: bool = False) -> None:
+        self.group = dist.is_available() and dist.is_initialized()
+        self.world = dist.get_world_size() if self.group else 1
         self.rank = dist.get_rank() if self.world > 1 else 0
         self.owns_group = owns_group
+        self.sharded = sharded  # FSDP reduces the gradients itself
 
     @classmethod
-    def from_env(cls) -> Comm:
-        """Join the process group ``torchrun`` describes in the environment, if any."""
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+    def from_env(cls, *, sharded: bool = False) -> Comm:
+        """Join the process group ``torchrun`` describes in the environment, if any (a sharded
+        run joins it even as the only process, since FSDP needs one)."""
+        launched = "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if (world > 1 or (sharded and launched)) and not dist.is_initialized():
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             dist.init_process_group(backend)
-            return cls(owns_group=True)
-        return cls()
+            return cls(owns_group=True, sharded=sharded)
+        return cls(sharded=sharded)
 
     def __enter__(self) -> Comm:
         return self
@@ -60,8 +65,9 @@ class Comm:
         return tensor
 
     def sum_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Sum gradients over ranks (one flat buffer, one collective)."""
-        if self.world == 1:
+        """Sum gradients over ranks (one flat buffer, one collective); FSDP has summed them
+        already (reduce-scatter) when the model is sharded."""
+        if self.world == 1 or self.sharded:
             return
         params = [p for p in params if p.requires_grad]
         for p in params:
@@ -74,6 +80,11 @@ class Comm:
             n = p.grad.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
+
+    def any_(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (a sharded model's data-dependent extra pass must
+        run on every rank, or FSDP's collectives wait forever)."""
+        return bool(self.max_(torch.tensor(float(flag)))) if self.world > 1 else flag
 
     def first_text(self, text: str | None) -> str | None:
         """The first non-empty value over ranks, in rank order."""

@@ -25,6 +25,7 @@ ALGOS = ("grpo", "gepo", "gspo")
 IS_MODES = ("token", "sequence")
 REWARDS = ("exact", "numeric", "regex")
 SCHEDULES = ("constant", "cosine")
+SHARDING = ("none", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,11 @@ class ReplayConfig:
     Instruments
         ``instruments=False`` drops per-layer routing, per-group gradient norms, the non-finite
         watch and token-entropy summaries (the bare step the bench compares against).
+    Sharding
+        ``shard="fsdp"``: under ``torchrun``, every decoder layer of the policy and the reference
+        is sharded over the processes with FSDP2, so each holds 1/N of the parameters, gradients
+        and AdamW state (:mod:`moescope.models.sharding`); ``"none"``: each process holds the
+        whole model (data parallel). The trace is the same either way.
     Looped MoE
         ``loop_times``: apply the decoder stack this many times with shared weights (``None``:
         the model's own ``loop_times`` config field, else 1).
@@ -164,6 +170,14 @@ class ReplayConfig:
             shown="the model's loop_times, else 1",
         ),
     )
+    shard: str = field(
+        default="none",
+        metadata=flag(
+            "under torchrun: fsdp shards each decoder layer over the processes (FSDP2); "
+            "none replicates the model (data parallel)",
+            choices=SHARDING,
+        ),
+    )
     # instrumentation (off only to measure its cost: bench/replay.py)
     instruments: bool = True
 
@@ -188,6 +202,34 @@ class ReplayConfig:
     @property
     def rollout_dtype_name(self) -> str:
         return self.rollout_precision or self.precision
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the models are sharded over the processes (FSDP2)."""
+        return self.shard == "fsdp"
+
+    def check_world(self, world: int, *, group: bool) -> None:
+        """Refuse a sharded run without a process group, or whose processes would not all run
+        the same passes: under FSDP every process calls every forward and backward together, so
+        each minibatch's prompts must split evenly over the processes."""
+        if not self.sharded:
+            return
+        if not group:
+            raise MoescopeError(
+                "shard='fsdp' needs a process group: launch with `torchrun --nproc-per-node N "
+                "-m moescope replay ...` (or accelerate), or use shard='none'."
+            )
+        per = self.minibatches * world
+        if self.prompts_per_step % per:
+            raise MoescopeError(
+                f"prompts_per_step {self.prompts_per_step} does not split evenly over {self.minibatches} "
+                f"minibatches x {world} sharded processes; make it a multiple of {per}."
+            )
+        if self.pivot:
+            raise MoescopeError(
+                "PivotRL samples a different number of pivots on each process, which sharded "
+                "training cannot run in step; replay --pivot with shard='none'."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -263,6 +305,8 @@ def _check(c: ReplayConfig) -> None:
         problems.append(f"loop_times must be at least 1, not {c.loop_times}")
     if c.sample_steps < 1:
         problems.append(f"sample_steps must be at least 1, not {c.sample_steps}")
+    if c.shard not in SHARDING:
+        problems.append(f"shard {c.shard!r} is not one of {', '.join(SHARDING)}")
     if problems:
         raise MoescopeError("Invalid replay config: " + "; ".join(problems) + ".")
     check_faults(c.faults, precision=c.precision, steps=c.steps)  # before any model loads

@@ -16,6 +16,7 @@ import torch
 from moescope.errors import MoescopeError
 from moescope.models.view import MoEModel
 from moescope.replay.batch import Batch, token_logprobs
+from moescope.replay.comm import Comm
 from moescope.replay.config import ReplayConfig
 from moescope.replay.faults import Fault, FaultPlan
 from moescope.replay.instruments import (
@@ -35,11 +36,14 @@ from moescope.replay.sums import StepSums
 class TrainingForward:
     """Forward passes of the policy in training, with the faults of the step installed."""
 
-    def __init__(self, models: Models, config: ReplayConfig, faults: FaultPlan) -> None:
-        self.m, self.c, self.faults = models, config, faults
+    def __init__(
+        self, models: Models, config: ReplayConfig, faults: FaultPlan, comm: Comm | None = None
+    ) -> None:
+        self.m, self.c, self.faults, self.comm = models, config, faults, comm or Comm()
         if config.routing_replay:
             check_replayable(models.moe)
-        self.routers = [(layer.router, layer.router_weight) for layer in models.moe.layers]
+        # the weight looked up per call: under FSDP2 it is whole only while its router runs
+        self.routers = [(layer.router, _weight_of(layer)) for layer in models.moe.layers]
         self.watch = NonfiniteWatch()
 
     @contextmanager
@@ -86,13 +90,15 @@ class TrainingForward:
         The forward is deterministic, so it is run once more (no gradient) with a hook on every
         module; healthy steps pay one ``isfinite`` on the logits and nothing else.
         """
-        if not self.c.instruments or self.watch.first_module is not None:
+        if not self.c.instruments:
             return
-        if bool(torch.isfinite(out.logits).all()):
+        wanted = self.watch.first_module is None and not bool(torch.isfinite(out.logits).all())
+        if not (self.comm.any_(wanted) if self.comm.sharded else wanted):  # sharded: all run it or none
             return
         with torch.no_grad(), watch_nonfinite(self.m.policy) as watch, self.context(step):
             self.logprobs(self.m.policy, batch)
-        self.watch.first_module = watch.first_module
+        if wanted:
+            self.watch.first_module = watch.first_module
 
     @torch.no_grad()
     def old_logprobs(self, batch: Batch, step: int, sums: StepSums) -> dict[str, torch.Tensor]:
@@ -156,6 +162,10 @@ class TrainingForward:
         with record_routers(self.m.moe, enabled=watch) as routes, self.rollout_context(step):
             roll, _, _ = self.logprobs(self.m.policy, batch, precision)
         return roll, routes
+
+
+def _weight_of(layer: Any) -> Callable[[], torch.Tensor]:
+    return lambda: layer.router_weight
 
 
 def default_nan_module(model: torch.nn.Module, moe: MoEModel) -> str:

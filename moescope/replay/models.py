@@ -10,6 +10,7 @@ import torch
 
 from moescope.errors import MoescopeError
 from moescope.models.looping import apply_loop, loop_times_of
+from moescope.models.sharding import shard_model
 from moescope.models.view import MoEModel, adapt
 from moescope.replay.config import ReplayConfig
 
@@ -40,6 +41,13 @@ def prepare_models(
             "Replay needs a tokenizer to sample text; pass tokenizer= or a checkpoint that ships one."
         )
     return Models(policy, reference, tokenizer, moe, loop_times)
+
+
+def shard_models(models: Models) -> None:
+    """Shard the policy (trained) and the reference (frozen) over the processes with FSDP2."""
+    shard_model(models.policy)
+    if models.reference is not None:
+        shard_model(models.reference, train=False)
 
 
 def reference_copy(policy: torch.nn.Module) -> torch.nn.Module:

@@ -32,9 +32,16 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 class LossScaler:
     """Dynamic loss scaling for fp16 (a thin wrapper over GradScaler); identity otherwise."""
 
-    def __init__(self, precision: str, device: torch.device, init_scale: float) -> None:
+    def __init__(
+        self, precision: str, device: torch.device, init_scale: float, *, sharded: bool = False
+    ) -> None:
         self.enabled = precision == "fp16"
-        self._scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, enabled=self.enabled)
+        if sharded:  # each process sees only its gradient shards: an overflow found anywhere skips everywhere
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self._scaler = ShardedGradScaler(device.type, init_scale=init_scale, enabled=self.enabled)
+        else:
+            self._scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, enabled=self.enabled)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self._scaler.scale(loss)
@@ -72,19 +79,24 @@ class LossScaler:
 
 
 @contextlib.contextmanager
-def rounded_router(routers: list[tuple[torch.nn.Module, torch.Tensor]], precision: str) -> Iterator[None]:
+def rounded_router(
+    routers: list[tuple[torch.nn.Module, torch.Tensor | Callable[[], torch.Tensor]]], precision: str
+) -> Iterator[None]:
     """Compute router logits in ``precision``: inputs and weight rounded to it for each call.
 
-    ``routers`` pairs each router module with its weight. Simulates a router scored in bf16 /
+    ``routers`` pairs each router module with its weight, or with a function returning it: a
+    sharded model (FSDP2) holds the whole weight only while the router runs, so it is looked up
+    at call time. Simulates a router scored in bf16 /
     fp16 by an inference engine or a fused kernel: the top-k choice flips wherever two experts'
     scores are closer than the rounding error. The fp32 weight is restored bit for bit after
     every call, so the optimizer keeps updating the master copy.
     """
 
-    def rounding(weight: torch.Tensor) -> Callable[[Callable], Callable]:
+    def rounding(weight: torch.Tensor | Callable[[], torch.Tensor]) -> Callable[[Callable], Callable]:
         def wrap(original: Callable) -> Callable:
             def low_precision(*args, **kwargs):
-                return call_rounded(original, weight, precision, *args, **kwargs)
+                current = weight() if callable(weight) else weight
+                return call_rounded(original, current, precision, *args, **kwargs)
 
             return low_precision
 

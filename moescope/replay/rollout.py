@@ -60,8 +60,12 @@ def sample_group(
     top_p: float,
     precision: str,
     seed: int,
+    synced: bool = False,
 ) -> tuple[list[list[int]], list[bool], list[str]]:
-    """Sample ``group_size`` continuations of one prompt; returns tokens, truncation flags, texts."""
+    """Sample ``group_size`` continuations of one prompt; returns tokens, truncation flags, texts.
+
+    ``synced``: keep running forward passes until every process has finished (a sharded model's
+    layers are gathered by all processes together); the samples are the same."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt_ids] * group_size, device=device)
     torch.manual_seed(seed)
@@ -76,6 +80,7 @@ def sample_group(
             max_new_tokens=max_new_tokens,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
+            synced_gpus=synced,
         )
     new = out[:, len(prompt_ids) :]
     eos = tokenizer.eos_token_id
@@ -99,6 +104,7 @@ class Sampler:
     reward_fn: RewardFn
     config: ReplayConfig
     max_new_tokens: int
+    synced: bool = False  # a sharded policy: every process runs every generation step
 
     def sample(self, prompt_ids: list[int], seed: int) -> tuple[list[list[int]], list[bool], list[str]]:
         """:func:`sample_group` of ``config.group_size`` continuations of ``prompt_ids``."""
@@ -113,6 +119,7 @@ class Sampler:
             top_p=c.top_p,
             precision=c.rollout_dtype_name,
             seed=seed,
+            synced=self.synced,
         )
 
     def score(self, example: Example, completions: list[str]) -> list[float]:

@@ -28,7 +28,7 @@ from moescope.replay.checkpoint import checkpoint_dir, load_checkpoint, read_sta
 from moescope.replay.comm import Comm
 from moescope.replay.config import ReplayConfig
 from moescope.replay.data import max_new_tokens, prompt_schedule
-from moescope.replay.models import model_loop_times, prepare_models, reference_copy
+from moescope.replay.models import model_loop_times, prepare_models, reference_copy, shard_models
 from moescope.replay.rewards import RewardFn, reward_function
 from moescope.replay.trainer import Trainer
 from moescope.traces import Trace, TraceWriter, read_trace
@@ -59,12 +59,16 @@ def replay(
     """
     config = config or ReplayConfig()
     path = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="moescope-replay-")) / "trace.jsonl"
-    with Comm.from_env() as comm:  # the process group, if this call made it, is gone on return
+    with Comm.from_env(sharded=config.sharded) as comm:  # a group this call made is gone on return
+        config.check_world(comm.world, group=comm.group)
+        _check_writable(path, comm)  # before any model loads, on every process alike
         reward_fn = reward_function(reward if reward is not None else config.reward)
         schedule = prompt_schedule(config)
         state = _resumable_state(path, config) if resume else None  # checked before the (slow) model load
         source, policy, reference, tokenizer = _load(model, config, tokenizer)
         models = prepare_models(policy, reference, tokenizer, model_loop_times(config, policy.config))
+        if config.sharded:
+            shard_models(models)
         trainer = Trainer(models, config, schedule, reward_fn, max_new_tokens(config, schedule), comm)
         start = _resume_from(path, state, trainer) if state is not None else 0
         if not resume and comm.is_main:
@@ -80,14 +84,31 @@ def replay(
                 if progress and comm.is_main:
                     _progress(step, config.steps, record)
                 if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < config.steps:
-                    if comm.is_main:
-                        save_checkpoint(path, policy, trainer.optimizer, trainer.state(step + 1))
-                    comm.barrier()
+                    save_checkpoint(path, policy, trainer.optimizer, trainer.state(step + 1), comm)
         finally:
             if writer is not None:
                 writer.close()
         comm.barrier()
         return read_trace(path)
+
+
+def _check_writable(path: Path, comm: Comm) -> None:
+    """Refuse a trace path rank 0 cannot write, on every process (a rank left waiting in a
+    collective for a rank that failed alone would hang)."""
+    problem = None
+    if comm.is_main:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
+                pass
+        except OSError as exc:
+            problem = (
+                f"cannot write the trace {path} ({exc.strerror or exc}); give --out a path in a writable "
+                "directory."
+            )
+    problem = comm.first_text(problem)
+    if problem:
+        raise MoescopeError(problem)
 
 
 def _load(model: Any, config: ReplayConfig, tokenizer: Any) -> tuple[Path | None, Any, Any, Any]:
@@ -126,7 +147,7 @@ def _resumable_state(path: Path, config: ReplayConfig) -> dict[str, Any] | None:
 
 def _resume_from(path: Path, state: dict[str, Any], trainer: Trainer) -> int:
     """Load the checkpoint into the trainer; the step to continue from."""
-    load_checkpoint(path, trainer.m.policy, trainer.optimizer)
+    load_checkpoint(path, trainer.m.policy, trainer.optimizer, trainer.comm)
     trainer.load_state(state)
     return int(state["next_step"])
 

@@ -65,8 +65,10 @@ class Trainer:
             enabled=config.token_entropy_flow_control,
         )
         self.vocab = models.policy.get_output_embeddings().weight.shape[0]
-        self.sampler = Sampler(models.policy, models.tokenizer, reward_fn, config, max_new_tokens)
-        self.forward = TrainingForward(models, config, self.faults)
+        self.sampler = Sampler(
+            models.policy, models.tokenizer, reward_fn, config, max_new_tokens, synced=comm.sharded
+        )
+        self.forward = TrainingForward(models, config, self.faults, comm)
         self.objective = Objective(self.forward, self.opefo, comm, self.vocab)
 
     @property

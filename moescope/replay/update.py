@@ -40,7 +40,9 @@ class Updater:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
-        self.scaler = LossScaler(config.precision, self.device, config.initial_loss_scale)
+        self.scaler = LossScaler(
+            config.precision, self.device, config.initial_loss_scale, sharded=comm.sharded
+        )
         self.groups = parameter_groups(models.policy, models.moe)
 
     def set_lr(self, lr: float) -> None:

@@ -282,16 +282,22 @@ def _share(value: str, text: str, task: str | None = None) -> float:
 # --- which figure an export uses -------------------------------------------------------------------
 
 
-def cache_path(model: PreTrainedModel) -> Path:
-    """Where an export keeps the original's measured figure when no selection file names a
-    place: ``$MOESCOPE_CACHE`` (default ``~/.cache/moescope``), by the model's config hash."""
+def cache_root() -> Path:
+    """Where moescope keeps what it measured of an original: ``$MOESCOPE_CACHE`` (default
+    ``~/.cache/moescope``)."""
     import os
 
     root = (
         os.environ.get("MOESCOPE_CACHE")
         or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moescope"
     )
-    return Path(root) / "originals" / config_hash(model.config) / ORIGINAL_ACCURACY_NAME
+    return Path(root)
+
+
+def cache_path(model: PreTrainedModel) -> Path:
+    """Where an export keeps the original's measured figure when no selection file names a
+    place: under :func:`cache_root`, by the model's config hash."""
+    return cache_root() / "originals" / config_hash(model.config) / ORIGINAL_ACCURACY_NAME
 
 
 def export_original_accuracy(
