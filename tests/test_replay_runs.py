@@ -3,60 +3,22 @@
 from __future__ import annotations
 
 import json
-import math
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 from cli_process import moescope_process
+from trace_compare import finish, same_trace, torchrun
 
 import moescope
 from moescope.errors import MoescopeError
 from moescope.models.looping import apply_loop
 from moescope.replay import ReplayConfig
-from moescope.replay.trainer import TIMING_KEYS
 from moescope.traces import read_trace
 
 SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--lr", "1e-4"]
-
-
-def finish(process: subprocess.Popen, timeout: int = 300) -> tuple[str, str]:
-    out, err = process.communicate(timeout=timeout)
-    return out, err
-
-
-def same_trace(a, b, rel: float = 0.0) -> None:
-    """Step records equal (timing aside); with ``rel``, floats within that relative tolerance."""
-    assert len(a.steps) == len(b.steps)
-    for x, y in zip(a.steps, b.steps, strict=True):
-        assert set(x) == set(y)
-        for key in x:
-            if key not in TIMING_KEYS:
-                _close(x[key], y[key], rel, f"step {x['step']} {key}")
-
-
-def _close(x, y, rel: float, where: str) -> None:
-    if isinstance(x, list):
-        assert isinstance(y, list) and len(x) == len(y), where
-        for u, v in zip(x, y, strict=True):
-            _close(u, v, rel, where)
-    elif isinstance(x, dict):
-        assert isinstance(y, dict) and set(x) == set(y), where
-        for k in x:
-            _close(x[k], y[k], rel, where)
-    elif isinstance(x, float) and rel:
-        assert math.isclose(x, y, rel_tol=rel, abs_tol=1e-7) or (math.isnan(x) and math.isnan(y)), (
-            where,
-            x,
-            y,
-        )
-    else:
-        assert x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y)), (where, x, y)
 
 
 @pytest.mark.slow
@@ -92,12 +54,7 @@ def test_two_processes_under_torchrun_give_the_one_process_trace(tmp_path):
     one = moescope_process(*common, "--out", str(tmp_path / "one.jsonl"))
     _, err = finish(one)
     assert one.returncode == 0, err
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    two = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-         "-m", "moescope", *common, "--out", str(tmp_path / "two.jsonl")],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+    two = torchrun(*common, "--out", str(tmp_path / "two.jsonl"))
     assert two.returncode == 0, two.stderr[:3000]  # the workers' errors come before torchrun's report
     assert two.stdout.count("trace:") == 1  # rank 0 reports
     a, b = read_trace(tmp_path / "one.jsonl"), read_trace(tmp_path / "two.jsonl")

@@ -74,11 +74,11 @@ def heal_exported(
     shard : shard the proxy over the ``torchrun`` processes with FSDP2.
     """
     _check_steps(steps)
+    rank, world = _process(shard)
     proxy_dir = Path(proxy_dir)
     manifest = read_manifest(proxy_dir)
     if manifest is None:
         raise MoescopeError(f"{proxy_dir} holds no moescope.json, so it is no proxy; export one first.")
-    rank, world = _process(shard)
     if batch_size % world:
         raise MoescopeError(
             f"batch size {batch_size} does not split evenly over {world} processes; "
