@@ -23,6 +23,7 @@ SCRIPTS: dict[str, list[str]] = {
     "sequential": ["sequential.py", "--gb", "4.0"],
     "taylor_sequential": ["taylor_sequential.py"],  # --gb 4.0 adds about 15 min on 2 cores
     "replay": ["replay.py", "--steps", "8"],
+    "sharded": ["sharded.py"],
     "clustering": ["clustering.py"],
     "charts": ["charts.py"],
 }
