@@ -6,9 +6,9 @@ its original is larger still. Here neither is ever whole in one process:
 1. the original's top-k next-token distributions on the healing batches are computed once, a
    decoder layer at a time, and cached (:mod:`moescope.export.teacher`; rank 0 does it, the
    others read the file);
-2. every process loads the proxy, and with ``shard=True`` (under ``torchrun``) each decoder layer
-   is sharded over the processes (:func:`moescope.models.sharding.shard_model`), so each holds
-   1/N of the trainable tensors' gradients and Adam state;
+2. with ``shard=True`` (under ``torchrun``) rank 0 reads the proxy, the others build it empty,
+   each decoder layer is sharded over the processes (:func:`moescope.models.sharding.shard_model`)
+   and filled from rank 0, so each holds 1/N of its weights, gradients and Adam state;
 3. each process trains on its share of every batch's rows (the losses are normalised by the whole
    batch's scored positions and FSDP sums the gradients, so a step equals the one-process step);
 4. rank 0 gathers the healed weights and rewrites the proxy directory atomically.
@@ -45,7 +45,7 @@ from moescope.export.healing import (
 )
 from moescope.export.manifest import copy_side_files, read_manifest, write_manifest
 from moescope.export.teacher import TeacherCache, coarse_kl, row_share, teacher_cache
-from moescope.models.sharding import shard_model
+from moescope.models.sharding import fill_from_rank0, load_for_sharding, rank0_state, shard_model
 from moescope.models.view import adapt
 
 __all__ = ["heal_exported", "teacher_file"]
@@ -158,13 +158,17 @@ def _heal(
 ) -> HealingReport:
     from moescope.models.loading import load_model
 
-    proxy, _ = load_model(proxy_dir, dtype="auto", with_tokenizer=False)
+    load = load_for_sharding if shard else load_model  # sharded: rank 0 alone reads the checkpoint
+    proxy, _ = load(proxy_dir, dtype="auto", with_tokenizer=False)
     names = set(trainable_tensors(adapt(proxy)))
     proxy.requires_grad_(False).eval()  # inference routing, no dropout, as heal() trains
     for name, p in proxy.named_parameters():
         p.requires_grad_(name in names)
     if shard:
+        whole = rank0_state(proxy)
         shard_model(proxy)
+        fill_from_rank0(proxy, whole)
+        del whole
     params = {name: p for name, p in proxy.named_parameters() if name in names}
     frozen = _digests(proxy, names)
     split = part if shard else None

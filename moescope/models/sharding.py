@@ -11,6 +11,8 @@ the MoE figures of a sharded run equal an unsharded run's.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -86,3 +88,92 @@ def is_sharded_model(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+# --- loading on rank 0 only ------------------------------------------------------------------------
+
+
+def load_for_sharding(
+    model: str | Path, *, dtype: Any = None, with_tokenizer: bool = True
+) -> tuple[torch.nn.Module, Any]:
+    """``model`` read from its checkpoint by rank 0 only; the other processes build the same
+    model on the meta device (no memory), to be sharded and then filled from rank 0
+    (:func:`fill_from_rank0`). So a sharded run reads the checkpoint once, into one process's
+    memory, not once per process. ``dtype`` as :func:`~moescope.models.loading.load_model`'s."""
+    from moescope.models.layer_weights import meta_model, resolve_dtype
+    from moescope.models.loading import load_config, load_model, load_tokenizer, resolve_model, weight_files
+
+    source = resolve_model(model)
+    if _rank() == 0:
+        loaded, tokenizer = load_model(source, dtype=dtype, with_tokenizer=with_tokenizer)
+    else:
+        config = load_config(source)
+        loaded = meta_model(config, resolve_dtype(dtype, config, weight_files(source))).eval()
+        tokenizer = load_tokenizer(source) if with_tokenizer else None
+    match_dtypes(loaded)
+    return loaded, tokenizer
+
+
+def meta_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """An empty copy of ``model`` on the meta device, in its dtypes (a frozen reference to be
+    filled from rank 0's copy of the policy, at no memory on any process until then)."""
+    from moescope.models.layer_weights import meta_model
+
+    twin = meta_model(model.config, next(model.parameters()).dtype).eval()
+    match_dtypes(twin, like=model)
+    return twin
+
+
+def match_dtypes(model: torch.nn.Module, like: torch.nn.Module | None = None) -> None:
+    """Give ``model`` the dtype of each tensor of rank 0's model (or of ``like``): a checkpoint
+    keeps some modules in float32 (transformers' ``_keep_in_fp32_modules``) that a model built
+    from its config alone would not."""
+    source = like if like is not None else model
+    dtypes = (
+        {name: str(t.dtype) for name, t in _tensors(source)} if like is not None or _rank() == 0 else None
+    )
+    if like is None and _world() > 1:
+        box = [dtypes]
+        dist.broadcast_object_list(box, src=0)
+        dtypes = box[0]
+    for name, tensor in _tensors(model):
+        wanted = getattr(torch, dtypes[name].removeprefix("torch.")) if dtypes and name in dtypes else None
+        if wanted is not None and tensor.dtype != wanted:
+            tensor.data = tensor.data.to(wanted)
+
+
+def rank0_state(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """Rank 0's whole state (parameters and every buffer, by name), taken before sharding frees
+    it; ``None`` on the other processes."""
+    return dict(_tensors(model)) if _rank() == 0 else None
+
+
+def fill_from_rank0(model: torch.nn.Module, state: dict[str, torch.Tensor] | None) -> None:
+    """Fill a sharded ``model`` from rank 0's ``state``: each process receives only its shards
+    (``broadcast_from_rank0``); buffers, which are not sharded, are broadcast whole. A model still
+    on the meta device is given memory first."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if any(local(t).is_meta for _, t in _tensors(model)):
+        model.to_empty(device="cpu")
+    params = {name for name, _ in model.named_parameters()}
+    weights = {n: t for n, t in (state or {}).items() if n in params}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(model, weights, options=options)
+    for name, buffer in model.named_buffers():
+        if state is not None:
+            buffer.copy_(state[name])
+        if _world() > 1:
+            dist.broadcast(buffer, src=0)
+
+
+def _tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*model.named_parameters(), *model.named_buffers()]
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -10,7 +10,7 @@ import torch
 
 from moescope.errors import MoescopeError
 from moescope.models.looping import apply_loop, loop_times_of
-from moescope.models.sharding import shard_model
+from moescope.models.sharding import fill_from_rank0, rank0_state, shard_model
 from moescope.models.view import MoEModel, adapt
 from moescope.replay.config import ReplayConfig
 
@@ -43,11 +43,18 @@ def prepare_models(
     return Models(policy, reference, tokenizer, moe, loop_times)
 
 
-def shard_models(models: Models) -> None:
-    """Shard the policy (trained) and the reference (frozen) over the processes with FSDP2."""
+def shard_models(models: Models, *, reference_is_policy: bool) -> None:
+    """Shard the policy (trained) and the reference (frozen) over the processes with FSDP2, each
+    filled from rank 0's copy (the reference from the policy's when it is the policy as it
+    starts), so that no other process ever holds a whole model."""
+    policy_state = rank0_state(models.policy)
     shard_model(models.policy)
+    fill_from_rank0(models.policy, policy_state)
     if models.reference is not None:
+        reference_state = policy_state if reference_is_policy else rank0_state(models.reference)
+        del policy_state
         shard_model(models.reference, train=False)
+        fill_from_rank0(models.reference, reference_state)
 
 
 def reference_copy(policy: torch.nn.Module) -> torch.nn.Module:

@@ -23,6 +23,7 @@ from moescope._version import __version__
 from moescope.errors import MoescopeError
 from moescope.export.manifest import read_manifest
 from moescope.models.loading import load_model, resolve_model
+from moescope.models.sharding import load_for_sharding, meta_twin
 from moescope.provenance import config_hash, library_versions
 from moescope.replay.checkpoint import checkpoint_dir, load_checkpoint, read_state, save_checkpoint
 from moescope.replay.comm import Comm
@@ -67,8 +68,8 @@ def replay(
         state = _resumable_state(path, config) if resume else None  # checked before the (slow) model load
         source, policy, reference, tokenizer = _load(model, config, tokenizer)
         models = prepare_models(policy, reference, tokenizer, model_loop_times(config, policy.config))
-        if config.sharded:
-            shard_models(models)
+        if config.sharded:  # filled from rank 0, the one process that read the checkpoint
+            shard_models(models, reference_is_policy=config.kl_beta > 0 and not config.ref_model_path)
         trainer = Trainer(models, config, schedule, reward_fn, max_new_tokens(config, schedule), comm)
         start = _resume_from(path, state, trainer) if state is not None else 0
         if not resume and comm.is_main:
@@ -113,17 +114,21 @@ def _check_writable(path: Path, comm: Comm) -> None:
 
 def _load(model: Any, config: ReplayConfig, tokenizer: Any) -> tuple[Path | None, Any, Any, Any]:
     """(checkpoint path or None, policy, frozen reference or None, tokenizer)."""
+    load = load_for_sharding if config.sharded else load_model  # sharded: rank 0 reads, others wait
     if isinstance(model, torch.nn.Module):
         policy = model
         source = Path(model.name_or_path) if getattr(model, "name_or_path", "") else None
     else:
         source = resolve_model(model)
-        policy, loaded = load_model(source)
+        policy, loaded = load(source)
         tokenizer = tokenizer or loaded
     reference = None
     if config.kl_beta > 0:  # the given reference, else the policy as it starts
         ref_path = config.ref_model_path
-        reference = load_model(ref_path, with_tokenizer=False)[0] if ref_path else reference_copy(policy)
+        if ref_path:
+            reference = load(ref_path, with_tokenizer=False)[0]
+        else:
+            reference = meta_twin(policy) if config.sharded else reference_copy(policy)
     return source, policy, reference, tokenizer
 
 
