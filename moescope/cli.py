@@ -238,6 +238,8 @@ def cmd_heal(args: argparse.Namespace) -> int:
             seed=args.seed,
             batch_size=args.batch_size,
             shard=sharded,
+            min_capability=args.min_capability,
+            heal_round=args.heal_round,
         )
     if comm.is_main:
         where = f"{comm.world} processes, sharded" if sharded else "one process"
@@ -247,6 +249,12 @@ def cmd_heal(args: argparse.Namespace) -> int:
             f"{report.top1_before:.3f} -> {report.top1_after:.3f}; {report.frozen_verified} frozen "
             "tensors verified unchanged (fidelity and checklist dropped: measure them again)"
         )
+        target = report.capability
+        if target:
+            curve = ", ".join(f"{r['steps']}: {r['ratio']:.2f}" for r in target["rounds"])
+            verdict = "reached" if target["reached"] else "NOT reached"
+            head = f"capability target {target['min_capability']:g} {verdict}"
+            print(f"{head} (teacher-forced; steps: ratio {curve})")
     return 0
 
 
@@ -523,6 +531,16 @@ def _add_heal(sub: argparse._SubParsersAction) -> None:
     )
     heal.add_argument(
         "--original", metavar="MODEL", help="the original checkpoint (default: the manifest's source)"
+    )
+    heal.add_argument(
+        "--min-capability",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="heal in rounds until the proxy keeps this share of the original's accuracy (default: 0, off)",
+    )
+    heal.add_argument(
+        "--heal-round", type=int, default=10, metavar="STEPS", help="steps between measurements (default: 10)"
     )
     heal.add_argument(
         "--shard",

@@ -22,9 +22,13 @@ before, are dropped (measure them again with ``measure_fidelity``).
 
 from __future__ import annotations
 
+import itertools
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 
@@ -38,6 +42,7 @@ from moescope.export.healing import (
     BATCH_SIZE,
     _check_steps,
     _digests,
+    _step,
     _train,
     _verify_frozen,
     healing_batches,
@@ -50,6 +55,10 @@ from moescope.models.view import adapt
 
 __all__ = ["heal_exported", "teacher_file"]
 
+CAPABILITY_ROWS = 64
+"""Rows per forward when a proxy's capability is scored (fixed, so every process runs the same
+forwards)."""
+
 
 def heal_exported(
     proxy_dir: str | Path,
@@ -61,8 +70,17 @@ def heal_exported(
     seed: int = 0,
     batch_size: int = BATCH_SIZE,
     shard: bool = False,
+    min_capability: float = 0.0,
+    heal_round: int = 10,
 ) -> HealingReport:
     """Heal the proxy in ``proxy_dir`` against its original's cached distributions; rewrite it.
+
+    With ``min_capability`` > 0, healing runs in rounds of ``heal_round`` steps at a constant LR
+    (as a capability-targeted export does) and stops once the proxy's task accuracy over the
+    original's reaches it, or after ``steps``. Both accuracies are teacher-forced (one forward of
+    every prompt with its answer; :mod:`moescope.export.fidelity.original`): the original's
+    measured a decoder layer at a time once and cached, the sharded proxy's by every process
+    together. The rounds are recorded in the manifest (``healing.capability``).
 
     Parameters
     ----------
@@ -72,8 +90,14 @@ def heal_exported(
     original : the original checkpoint, when it has moved since the export.
     steps, lr, seed, batch_size : the run, as :func:`~moescope.export.healing.heal`'s.
     shard : shard the proxy over the ``torchrun`` processes with FSDP2.
+    min_capability, heal_round : the capability target and the steps between its measurements.
     """
     _check_steps(steps)
+    _check_steps(heal_round)
+    if not 0 <= min_capability <= 1:
+        raise MoescopeError(
+            f"min_capability must lie in [0, 1], not {min_capability}; 0.8 is the default target."
+        )
     rank, world = _process(shard)
     proxy_dir = Path(proxy_dir)
     manifest = read_manifest(proxy_dir)
@@ -86,8 +110,12 @@ def heal_exported(
         )
     source_hash = manifest["source"]["config_hash"]
     path = Path(teacher) if teacher is not None else teacher_file(source_hash, steps, batch_size, seed)
-    if rank == 0 and teacher is None:
-        _build_teacher(original or manifest["source"]["path"], source_hash, path, steps, batch_size, seed)
+    known = None
+    if rank == 0 and (teacher is None or min_capability > 0):
+        shape = {"steps": steps, "batch_size": batch_size, "seed": seed}
+        source = original or manifest["source"]["path"]
+        known = _original_side(source, source_hash, None if teacher else path, min_capability > 0, **shape)
+    known = _from_rank0(known, world)
     _barrier(world)
     if not path.is_file():
         raise MoescopeError(f"teacher cache {path} does not exist; give the file build_teacher_cache saved.")
@@ -97,7 +125,9 @@ def heal_exported(
             f"the teacher cache holds {len(cache.batches)} batches and healing asks for {steps} steps; "
             "heal fewer steps, or build a cache of as many batches."
         )
-    return _heal(proxy_dir, manifest, cache, steps=steps, lr=lr, seed=seed, shard=shard, part=(rank, world))
+    target = Target(min_capability, heal_round, *known) if known is not None else None
+    run = {"steps": steps, "lr": lr, "seed": seed, "shard": shard, "part": (rank, world)}
+    return _heal(proxy_dir, manifest, cache, target, **run)
 
 
 def teacher_file(source_hash: str, steps: int, batch_size: int, seed: int) -> Path:
@@ -122,12 +152,33 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
-def _build_teacher(
-    original: str | Path, source_hash: str, path: Path, steps: int, batch_size: int, seed: int
-) -> None:
-    """The original's distributions on the healing batches, a decoder layer at a time, cached at
-    ``path`` (kept when it already holds them)."""
+@dataclass(frozen=True)
+class Target:
+    """A capability target: the ratio to reach, the steps between measurements, the tasks, and
+    the original's teacher-forced accuracy on them."""
+
+    min_capability: float
+    heal_round: int
+    tasks: tuple[str, ...]
+    original: pd.DataFrame
+
+
+def _original_side(
+    original: str | Path,
+    source_hash: str,
+    path: Path | None,
+    capability: bool,
+    *,
+    steps: int,
+    batch_size: int,
+    seed: int,
+) -> tuple[tuple[str, ...], pd.DataFrame] | None:
+    """What healing needs of the original, read a decoder layer at a time: its distributions on
+    the healing batches cached at ``path`` (kept when it already holds them; none when ``path``
+    is ``None``), and with ``capability`` its teacher-forced task accuracy (cached too)."""
     from moescope.explore.sequential import layer_sequential
+    from moescope.export.fidelity.original_record import export_original_accuracy
+    from moescope.models.accuracy import resolve_tasks
     from moescope.models.loading import load_tokenizer, resolve_model
     from moescope.provenance import config_hash
 
@@ -139,16 +190,39 @@ def _build_teacher(
                 f"{source} is not the model this proxy was cut from (config hash "
                 f"{config_hash(lm.config)}, recorded {source_hash}); pass --original the source checkpoint."
             )
-        shape = {"steps": steps, "batch_size": batch_size, "seed": seed}
-        batches = healing_batches(TASKS, tokenizer, model=lm, **shape)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        teacher_cache(lm, batches, path)
+        known = None
+        if capability:
+            tasks = resolve_tasks(None, lm) if tokenizer is not None else None
+            if not isinstance(tasks, tuple):
+                raise MoescopeError(
+                    "the capability target needs the task suite, and this model has none; heal without "
+                    "--min-capability."
+                )
+            frame, _ = export_original_accuracy(lm, tokenizer, tasks, given=None, sequential=True, seed=seed)
+            known = (tasks, frame)
+        if path is not None:
+            batches = healing_batches(
+                TASKS, tokenizer, model=lm, steps=steps, batch_size=batch_size, seed=seed
+            )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            teacher_cache(lm, batches, path)
+    return known
+
+
+def _from_rank0(value: Any, world: int) -> Any:
+    """Rank 0's ``value`` on every process."""
+    if world == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _heal(
     proxy_dir: Path,
     manifest: dict[str, Any],
     cache: TeacherCache,
+    target: Target | None,
     *,
     steps: int,
     lr: float,
@@ -156,7 +230,7 @@ def _heal(
     shard: bool,
     part: tuple[int, int],
 ) -> HealingReport:
-    from moescope.models.loading import load_model
+    from moescope.models.loading import load_model, load_tokenizer
 
     load = load_for_sharding if shard else load_model  # sharded: rank 0 alone reads the checkpoint
     proxy, _ = load(proxy_dir, dtype="auto", with_tokenizer=False)
@@ -173,12 +247,19 @@ def _heal(
     frozen = _digests(proxy, names)
     split = part if shard else None
     before = _fit(cache, proxy, steps, split)
-    losses, tokens = _train(cache, proxy, params, iter(cache.batches), steps=steps, lr=lr, part=split)
-    after = _fit(cache, proxy, steps, split)
+    rounds = None
+    if target is None:
+        losses, tokens = _train(cache, proxy, params, iter(cache.batches), steps=steps, lr=lr, part=split)
+    else:
+        tokenizer = load_tokenizer(proxy_dir)
+        losses, tokens, rounds = _rounds(
+            cache, proxy, params, target, tokenizer, steps=steps, lr=lr, part=split
+        )
+    after = _fit(cache, proxy, len(losses), split)
     verified = _verify_frozen(frozen, proxy, names)
     losses = _summed(losses) if shard else losses
     report = HealingReport(
-        steps=steps,
+        steps=len(losses),
         lr=lr,
         seed=seed,
         batch_size=int(cache.batches[0]["input_ids"].shape[0]),
@@ -193,12 +274,62 @@ def _heal(
         frozen_verified=verified,
         data=f"teacher cache of {len(cache.batches)} batches ({cache.k} next tokens a position)",
         heldout="the teacher cache's batches (the training data: not held out)",
+        capability=rounds,
     )
     state = _full_state(proxy) if shard else None
     if part[0] == 0:
         _rewrite(proxy_dir, manifest, proxy, state, report, cache)
     _barrier(part[1] if shard else 1)
     return report
+
+
+def _rounds(
+    cache: TeacherCache,
+    proxy: torch.nn.Module,
+    params: dict[str, torch.nn.Parameter],
+    target: Target,
+    tokenizer: Any,
+    *,
+    steps: int,
+    lr: float,
+    part: tuple[int, int] | None,
+) -> tuple[list[float], int, dict[str, Any]]:
+    """Heal ``target.heal_round`` steps at a time at a constant ``lr`` until the proxy's capability
+    reaches the target or ``steps`` are spent; (losses, tokens seen, the rounds' record)."""
+    optimizer = torch.optim.Adam(params.values(), lr=lr)
+    losses, tokens, record = [], 0, []
+    batches = iter(cache.batches)
+    ratio = _capability(proxy, tokenizer, target)
+    record.append({"steps": 0, "ratio": ratio})
+    while ratio < target.min_capability and len(losses) < steps:
+        for batch in itertools.islice(batches, min(target.heal_round, steps - len(losses))):
+            losses.append(_step(cache, proxy, params, optimizer, batch, part))
+            tokens += int(batch["attention_mask"].sum())
+        ratio = _capability(proxy, tokenizer, target)
+        record.append({"steps": len(losses), "ratio": ratio})
+    reached = ratio >= target.min_capability
+    summary = {
+        "min_capability": target.min_capability,
+        "heal_round": target.heal_round,
+        "rounds": record,
+        "reached": reached,
+        "estimator": "teacher-forced (original and proxy)",
+    }
+    return losses, tokens, summary
+
+
+def _capability(proxy: torch.nn.Module, tokenizer: Any, target: Target) -> float:
+    """The proxy's teacher-forced accuracy over the original's on the target's tasks. Every
+    process scores every row, in batches of a fixed size, so a sharded proxy runs the same
+    forwards everywhere."""
+    from moescope.export.fidelity.measure import pair_accuracy
+    from moescope.export.fidelity.original import teacher_forced_accuracy
+    from moescope.export.fidelity.validity import capability_of
+
+    with torch.no_grad(), evaluating(proxy):
+        frame = teacher_forced_accuracy(proxy, tokenizer, target.tasks, batch_size=CAPABILITY_ROWS)
+    check = capability_of(pair_accuracy(target.original, frame), target.min_capability)
+    return float(check.details.get("ratio", math.nan))
 
 
 @torch.no_grad()

@@ -256,6 +256,9 @@ class HealingReport:
     trained : names of the tensors trained (router rows and biases, kept experts).
     frozen_verified : tensors verified bit-identical after training.
     data, heldout : what the calibration data and the held-out data were.
+    capability : healing in rounds toward a capability target (``moescope heal
+        --min-capability``): the target, the steps between measurements, each round's ratio,
+        whether it was reached; ``None`` otherwise.
     """
 
     steps: int
@@ -273,6 +276,7 @@ class HealingReport:
     frozen_verified: int
     data: str = ""
     heldout: str = ""
+    capability: dict[str, Any] | None = None
 
     def to_frame(self) -> pd.DataFrame:
         """The training curve, long form: ``step, loss``."""
@@ -284,6 +288,8 @@ class HealingReport:
         out["loss"] = list(self.loss)
         out["trained"] = list(self.trained)
         out["accuracy"] = None if self.accuracy is None else self.accuracy.to_dict("records")
+        if self.capability is not None:
+            out["capability"] = self.capability
         return jsonable({"kind": _HEALING_KIND, "schema_version": schema.SCHEMA_VERSION, **out})
 
     @classmethod
@@ -294,7 +300,7 @@ class HealingReport:
         values["loss"] = tuple(math.nan if v is None else float(v) for v in d["loss"])
         values["trained"] = tuple(d["trained"])
         values["accuracy"] = None if d["accuracy"] is None else pd.DataFrame.from_records(d["accuracy"])
-        return cls(**values)
+        return cls(**values, capability=d.get("capability"))
 
     def save(self, path: str | Path) -> Path:
         """Write JSON atomically (temporary sibling, then rename)."""
