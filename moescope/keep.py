@@ -80,7 +80,7 @@ class Keep:
                 return keep
             keep = keep.requested
         base = cls(keep, None, *routing, allow_top_k)
-        if isinstance(keep, str) and keep.strip() == AUTO:
+        if keep == AUTO:
             if not allow_auto:
                 raise MoescopeError(
                     f"keep={keep!r} searches the kept count, which only an export with a capability "
