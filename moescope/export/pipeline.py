@@ -165,7 +165,7 @@ def _export_planned(
                 f"task accuracy needs a tokenizer, and {source} holds none; save the model's tokenizer "
                 "into that directory, or export without prompts."
             )
-        if config.keep == AUTO and (why := _unmeasured(lm, tokenizer, config)):
+        if keep is not None and keep.searched and (why := _unmeasured(lm, tokenizer, config)):
             raise MoescopeError(
                 f"keep=auto measures each candidate's task accuracy, which is not possible here: {why}."
             )

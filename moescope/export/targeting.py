@@ -112,6 +112,11 @@ class Targeting:
     reason: str = ""
 
     @property
+    def searched(self) -> bool:
+        """Whether the kept count was searched (``keep="auto"``) rather than given."""
+        return self.search == AUTO
+
+    @property
     def chosen(self) -> Attempt:
         return next(a for a in self.attempts if a.keep == self.keep)
 
