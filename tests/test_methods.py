@@ -3,6 +3,7 @@ selector reads; the names, the choices and the refusal of an unknown one come fr
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,16 @@ def test_an_unknown_method_is_one_sentence_naming_the_registry(capsys, tmp_path:
     assert cli.value.code == 2 and not (tmp_path / "p").exists()
     err = capsys.readouterr().err
     assert "--method" in err and all(name in err for name in method_names(auto=True))
+
+
+def test_a_method_the_layer_sequential_gatherer_cannot_run_is_refused_before_loading(
+    tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether the gatherer supports a method is read from its entry, for auto's candidates too."""
+    monkeypatch.setitem(METHODS, "reap", replace(METHODS["reap"], sequential=False))
+    monkeypatch.setattr(pipeline, "gather", None)  # loading anything would fail otherwise
+    path = tiny_checkpoint("qwen3_moe")
+    for name in ("reap", "auto"):
+        with pytest.raises(MoescopeError, match=rf"--method {name} needs the original in memory \(reap\)"):
+            export_proxy(path, tmp_path / "p", method=name, streaming=True, **QUICK)
+    assert not (tmp_path / "p").exists()

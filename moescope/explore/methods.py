@@ -173,7 +173,7 @@ def check_method(name: Any, *, auto: bool = False) -> str:
 def auto_candidates(*, backward: bool = True) -> tuple[Method, ...]:
     """The methods ``auto`` compares, in registry order; without ``backward`` (a model whose
     experts Taylor scores cannot take away), those needing no backward pass."""
-    return tuple(m for m in _REGISTRY if m.auto_candidate and (backward or not m.backward))
+    return tuple(m for m in METHODS.values() if m.auto_candidate and (backward or not m.backward))
 
 
 def needs_of(methods: Iterable[Method]) -> frozenset[str]:

@@ -24,7 +24,16 @@ from moescope.errors import MoescopeError
 from moescope.explore.calibration import calibration_data, calibration_record, check_source
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
-from moescope.explore.methods import ROUTERS, ROUTING_SUMS, TAYLOR, WEIGHTS, Method, auto_candidates, needs_of
+from moescope.explore.methods import (
+    METHODS,
+    ROUTERS,
+    ROUTING_SUMS,
+    TAYLOR,
+    WEIGHTS,
+    Method,
+    auto_candidates,
+    needs_of,
+)
 from moescope.explore.methods import method as method_named
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
@@ -105,15 +114,34 @@ def export_proxy(
     check_source(inputs.calibration)  # so does a calibration file without text
     keep = _keep(source, config, inputs)  # and an impossible keep, parsed here once for every step
     placement = placement_for(source, keep, inputs.selection, config.streaming, config.max_memory)
-    if placement.sequential and config.streaming and config.method and method_named(config.method).one_read:
+    if placement.sequential and config.streaming and _one_read(config.method):
         _refuse_in_memory_steps(config, named_tasks)  # the weight view, cut in one read
         return export_streaming(
             source, out, config, overwrite=overwrite, progress=progress, **inputs.objects()
         )
     config, inputs = resolve_method(config, inputs)
     check_budget(placement, loads_proxy=loads_proxy(config))
+    if placement.sequential and inputs.selection is None:
+        _check_gatherer(config.method, placement)
     plan = (config, inputs, keep, named_tasks)
     return _export_planned(model, source, out, plan, overwrite, progress, placement)
+
+
+def _one_read(method: str | None) -> bool:
+    """Whether ``method`` is chosen during the one-read shard cut (not ``auto``, not unset)."""
+    return method in METHODS and METHODS[method].one_read
+
+
+def _check_gatherer(method: str, placement: Placement) -> None:
+    """Refuse, before anything loads, a method whose needs the layer-sequential gatherer cannot
+    gather (its registry entry says so)."""
+    plan = auto_candidates() if method == AUTO_METHOD else (method_named(method),)
+    unsupported = [m.name for m in plan if not m.sequential]
+    if unsupported:
+        raise MoescopeError(
+            f"--method {method} needs the original in memory ({', '.join(unsupported)}), and it is read "
+            f"a decoder layer at a time since {placement.why}; raise --max-memory or choose another --method."
+        )
 
 
 def _keep(source: Path, config: ExportConfig, inputs: ExportInputs) -> Keep | None:
