@@ -185,7 +185,7 @@ def _unmeasured(manifest: dict[str, Any]) -> str:
 def _print_targeting(t: Targeting, num_experts: int) -> None:
     """Each kept count tried: its accuracy ratio before and after healing, the curve, pass or fail."""
     head = f"capability target {t.min_capability:g} (healing up to {t.heal_budget} steps"
-    print(f"{head}, {t.heal_round} per round{', keep auto' if t.search == 'auto' else ''}):")
+    print(f"{head}, {t.heal_round} per round{', keep auto' if t.searched else ''}):")
     for a in t.attempts:
         curve = ", ".join(f"{steps}: {ratio:.2f}" for steps, ratio in a.curve)
         verdict = "pass" if a.passed else "fail"
@@ -193,7 +193,7 @@ def _print_targeting(t: Targeting, num_experts: int) -> None:
             f"  keep {a.keep} of {num_experts} ({a.keep_ratio:.1%}): accuracy ratio {a.before:.2f} -> "
             f"{a.after:.2f} after {a.steps} healing steps, {verdict} (steps: ratio {curve})"
         )
-    if t.search == "auto":
+    if t.searched:
         print(f"  chose keep {t.keep} of {num_experts}")
 
 

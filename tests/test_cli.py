@@ -172,3 +172,14 @@ def test_prompts_may_name_task_families_for_the_export_and_the_replay() -> None:
         check_task_spec(unknown.tasks)
     with pytest.raises(MoescopeError, match="give the families once"):
         ReplayConfig(prompts="add2", tasks=("copy",))
+
+
+@pytest.mark.parametrize("search", ["auto", "fixed"])
+def test_the_targeting_lines_say_when_the_kept_count_was_searched(search: str, capsys) -> None:
+    from moescope.cli import _print_targeting
+    from moescope.export.targeting import Attempt, Targeting
+
+    attempts = (Attempt(4, 0.25, ((0, 0.5), (50, 0.9)), True),)
+    _print_targeting(Targeting(0.8, 400, 50, 1e-3, search, attempts, 4), num_experts=16)
+    out = capsys.readouterr().out
+    assert ("keep auto" in out) == ("chose keep 4 of 16" in out) == (search == "auto")

@@ -7,7 +7,8 @@ as ``metric`` says); ties go to the member with the larger sample weight (routed
 to the lower index.
 
 :func:`select_experts` turns a model (or its :class:`~moescope.explore.embeddings.ExpertEmbeddings`)
-into a :class:`Selection`, the ``selection.json`` artifact, by one of ``METHODS``:
+into a :class:`Selection`, the ``selection.json`` artifact, by one of the methods of
+:mod:`moescope.explore.methods`, whose registry names the selector here that runs it:
 
 - ``cluster``: cluster each layer into ``keep`` clusters and keep the representatives;
 - ``paper``: K-Medoids on fused router, co-activation and routed-context distances, keeping
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,8 @@ from moescope.explore.embeddings import (
     embed_experts,
     model_facts,
 )
+from moescope.explore.methods import METHODS, Method
+from moescope.explore.methods import method as method_named
 from moescope.explore.paper import (
     check_view_data,
     default_views,
@@ -58,9 +61,9 @@ from moescope.explore.paper import (
     paper_params,
     paper_views,
 )
-from moescope.explore.selection import METHODS, LayerSelection, Selection
+from moescope.explore.selection import LayerSelection, Selection
 from moescope.explore.taylor import TaylorImportance
-from moescope.keep import parse_keep
+from moescope.keep import Keep
 from moescope.models.view import MoEModel, adapt
 
 try:
@@ -81,14 +84,8 @@ if TYPE_CHECKING:
 CLUSTER_METHODS = ("agglomerative", "kmeans")
 LINKAGES = ("average", "complete", "single", "ward")
 METRICS = ("cosine", "euclidean")
-SCORES = {
-    "cluster": "negative distance to the cluster centre",
-    "paper": "routed contribution: gate weight × expert output norm summed over routed tokens",
-    "frequency": "routed tokens",
-    "reap": "REAP saliency: mean gate weight × expert output norm over routed tokens",
-    "taylor": "Taylor importance: |d log-likelihood of a sequence's scored tokens / d expert output|, summed",
-    "random": "uniform random draw",
-}
+SCORES = {m.name: m.score for m in METHODS.values()}
+"""What each method's scores mean (:attr:`moescope.explore.methods.Method.score`)."""
 _TIE_DECIMALS = 9  # distances equal to this many decimals are a tie
 
 
@@ -267,15 +264,37 @@ class _Source:
     n_group: int
     topk_group: int
 
-    def kept(self, keep: str | float | int, allow_top_k: bool) -> int:
-        """Experts kept per layer, checked against this model's routing (:func:`parse_keep`)."""
+    def kept(self, keep: str | float | int | Keep, allow_top_k: bool) -> Keep:
+        """``keep`` checked against this model's routing (:class:`~moescope.keep.Keep`)."""
         e, k, groups = self.num_experts, self.top_k, self.n_group
-        return parse_keep(keep, e, k, groups, allow_top_k=allow_top_k, topk_group=self.topk_group)
+        return Keep.parse(keep, e, k, groups, allow_top_k=allow_top_k, topk_group=self.topk_group)
+
+
+@dataclass(frozen=True)
+class SelectionRequest:
+    """What a method's selector reads (:attr:`moescope.explore.methods.Method.selector`): the
+    source, the kept count, and what was gathered for it (``None`` where not gathered)."""
+
+    obj: Any
+    method: Method
+    k: int
+    source: _Source
+    seed: int
+    embeddings: ExpertEmbeddings | None = None
+    stats: RoutingStats | None = None
+    clusterer: ExpertClusterer | None = None
+    views: Any = None
+    view_weights: Any = None
+    routers: Mapping[int, np.ndarray] | None = None
+    taylor: TaylorImportance | None = None
+
+
+Chosen = tuple[list[LayerSelection], str | None, dict[str, Any]]  # layers, view, params
 
 
 def select_experts(
     model_or_embeddings: PreTrainedModel | MoEModel | ExpertEmbeddings,
-    keep: str | float | int,
+    keep: str | float | int | Keep,
     *,
     method: str = "cluster",
     embeddings: ExpertEmbeddings | None = None,
@@ -294,8 +313,9 @@ def select_experts(
     ----------
     model_or_embeddings : the source model, or embeddings of it (enough for ``cluster`` and,
         with ``stats``, for the baselines).
-    keep : fraction, ratio or count (:func:`parse_keep`).
-    method : one of ``METHODS``.
+    keep : fraction, ratio or count (:func:`~moescope.keep.parse_keep`), or a :class:`~moescope.keep.Keep`
+        already parsed for this model.
+    method : one of ``METHODS`` (what each reads: :mod:`moescope.explore.methods`).
     embeddings : vectors to cluster; default ``embed_experts(model, "multiview", stats=stats,
         seed=seed)``.
     stats : routing statistics of the model; needed by ``frequency`` and ``reap``. Under
@@ -311,24 +331,26 @@ def select_experts(
         are not in memory (read during a layer-sequential pass); default the model's own.
     taylor : ``taylor`` only: the model's :class:`~moescope.explore.taylor.TaylorImportance`.
     """
-    _check_method(method, views, view_weights)
+    spec = _check_method(method, views, view_weights)
     source = _source(model_or_embeddings)
-    k = source.kept(keep, allow_top_k)
+    k = source.kept(keep, allow_top_k).fixed()
     if stats is not None:
         check_stats(stats, source.config_hash, source.layers)
-    view, params = None, {"score": SCORES[method]}
-    if method == "cluster":
-        emb = _embeddings_for(model_or_embeddings, embeddings, stats, seed, source)
-        template = clone(clusterer) if clusterer is not None else ExpertClusterer()
-        layers, view = _cluster_layers(emb, k, source, template, seed, stats), emb.view
-        params["clusterer"] = {"class": type(template).__name__, **_json_params(template)}
-    elif method == "paper":
-        paper = (views, view_weights, routers)
-        layers, view, params = _paper_layers(model_or_embeddings, k, source, stats, *paper)
-    elif method == "taylor":
-        layers = _baseline_layers(method, _taylor_scores(taylor, source), k, source)
-    else:
-        layers = _baseline_layers(method, _baseline_scores(method, source, stats, seed), k, source)
+    request = SelectionRequest(
+        model_or_embeddings,
+        spec,
+        k,
+        source,
+        seed,
+        embeddings,
+        stats,
+        clusterer,
+        views,
+        view_weights,
+        routers,
+        taylor,
+    )
+    layers, view, params = spec.select(request)
     facts = {name: getattr(source, name) for name in ("num_experts", "top_k", "n_group", "model_type")}
     return Selection(
         method=method,
@@ -350,26 +372,63 @@ def _source(obj: Any) -> _Source:
     return _Source(**model_facts(obj if isinstance(obj, MoEModel) else adapt(obj)))
 
 
-def _check_method(method: str, views: Any, view_weights: Any) -> None:
-    if method not in METHODS:
-        raise MoescopeError(f"unknown selection method {method!r}; choose one of {', '.join(METHODS)}.")
-    if method != "paper" and (views is not None or view_weights is not None):
-        raise MoescopeError(f"views and view weights apply to method 'paper', not {method!r}; drop them.")
+def _check_method(name: str, views: Any, view_weights: Any) -> Method:
+    spec = method_named(name)
+    if not spec.views and (views is not None or view_weights is not None):
+        fused = ", ".join(m.name for m in METHODS.values() if m.views)
+        raise MoescopeError(f"views and view weights apply to method {fused!r}, not {name!r}; drop them.")
+    return spec
 
 
-def _paper_layers(
-    obj: Any, k: int, source: _Source, stats: Any, views: Any, view_weights: Any, routers: Any = None
-) -> tuple[list[LayerSelection], str, dict[str, Any]]:
-    """The ``paper`` selection's layers, its view name (the views joined by ``+``) and params."""
+# --- the selectors the registry names (moescope.explore.methods) ----------------------------------
+
+
+def select_clustered(r: SelectionRequest) -> Chosen:
+    """``cluster``: each layer (each group) clustered into its share; the representatives kept."""
+    emb = _embeddings_for(r.obj, r.embeddings, r.stats, r.seed, r.source)
+    template = clone(r.clusterer) if r.clusterer is not None else ExpertClusterer()
+    layers = _cluster_layers(emb, r.k, r.source, template, r.seed, r.stats)
+    clusterer = {"class": type(template).__name__, **_json_params(template)}
+    return layers, emb.view, {"score": r.method.score, "clusterer": clusterer}
+
+
+def select_paper(r: SelectionRequest) -> Chosen:
+    """``paper``: K-Medoids on the fused distance views; the view name joins the views by ``+``."""
+    obj = r.obj
     moe = None if isinstance(obj, ExpertEmbeddings) else obj if isinstance(obj, MoEModel) else adapt(obj)
+    views, routers = r.views, r.routers
     if views is None:
         views = default_views(None if moe is None else moe.rule.scoring)
-    names, weights = paper_views(views, view_weights)
+    names, weights = paper_views(views, r.view_weights)
     if routers is None and "router" in names and moe is not None:
         routers = _router_rows(moe)
-    check_view_data(names, stats, has_router=routers is not None)
-    layers = paper_layers(source.layers, source.n_group, k, stats, routers, names, weights)
-    return layers, "+".join(names), {"score": SCORES["paper"], **paper_params(names, weights)}
+    check_view_data(names, r.stats, has_router=routers is not None)
+    layers = paper_layers(r.source.layers, r.source.n_group, r.k, r.stats, routers, names, weights)
+    return layers, "+".join(names), {"score": r.method.score, **paper_params(names, weights)}
+
+
+def select_most_routed(r: SelectionRequest) -> Chosen:
+    """``frequency``: the most-routed experts of each group."""
+    return _ranked(r, _stats_rows(r, lambda stats: stats.counts))
+
+
+def select_most_salient(r: SelectionRequest) -> Chosen:
+    """``reap``: the experts of largest REAP saliency in each group."""
+    return _ranked(r, _stats_rows(r, lambda stats: stats.saliency))
+
+
+def select_taylor(r: SelectionRequest) -> Chosen:
+    """``taylor``: the experts of largest Taylor importance in each group."""
+    return _ranked(r, _taylor_scores(r.taylor, r.source))
+
+
+def select_random(r: SelectionRequest) -> Chosen:
+    """``random``: a seeded uniform draw in each group."""
+    return _ranked(r, np.random.default_rng(r.seed).random((len(r.source.layers), r.source.num_experts)))
+
+
+def _ranked(r: SelectionRequest, scores: np.ndarray) -> Chosen:
+    return _baseline_layers(scores, r.k, r.source), None, {"score": r.method.score}
 
 
 def _router_rows(moe: MoEModel) -> dict[int, np.ndarray]:
@@ -415,17 +474,15 @@ def _cluster_layers(
     return out
 
 
-def _baseline_scores(method: str, source: _Source, stats: Any, seed: int) -> np.ndarray:
-    """``(L, E)`` the score each baseline ranks experts by."""
-    if method == "random":
-        return np.random.default_rng(seed).random((len(source.layers), source.num_experts))
+def _stats_rows(r: SelectionRequest, table: Callable[[RoutingStats], Any]) -> np.ndarray:
+    """``(L, E)`` the routing statistic a ranking method ranks experts by."""
+    stats = r.stats
     if stats is None:
         raise MoescopeError(
-            f"the {method} selection needs routing statistics; pass stats= (a RoutingStats "
+            f"the {r.method.name} selection needs routing statistics; pass stats= (a RoutingStats "
             "of this model) or use method='cluster' or 'random'."
         )
-    table = stats.counts if method == "frequency" else stats.saliency
-    return _finite_rows(table, [stats.layer_index(layer) for layer in source.layers])
+    return _finite_rows(table(stats), [stats.layer_index(layer) for layer in r.source.layers])
 
 
 def _taylor_scores(taylor: TaylorImportance | None, source: _Source) -> np.ndarray:
@@ -448,7 +505,7 @@ def _finite_rows(table: Any, rows: list[int]) -> np.ndarray:
     return np.nan_to_num(np.asarray(table, dtype=np.float64)[rows], nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _baseline_layers(method: str, scores: np.ndarray, k: int, source: _Source) -> list[LayerSelection]:
+def _baseline_layers(scores: np.ndarray, k: int, source: _Source) -> list[LayerSelection]:
     """Keep the top ``k / n_group`` scores of every group (ties: the lower index); each kept
     expert is its own cluster, numbered in id order, the others ``-1``."""
     n_layers, n_experts, n_group = *scores.shape, source.n_group

@@ -17,7 +17,9 @@ import numpy as np
 
 from moescope._util.io import write_atomic
 from moescope.errors import MoescopeError
-from moescope.keep import parse_keep
+from moescope.explore.methods import METHODS as REGISTRY
+from moescope.explore.methods import method_names
+from moescope.keep import Keep
 from moescope.models.loading import load_config
 from moescope.provenance import config_hash
 from moescope.schema import CLUSTER, EXPERT, LAYER, SCHEMA_VERSION, check_schema
@@ -28,10 +30,11 @@ if TYPE_CHECKING:
 
     from moescope.models.view import MoEModel
 
-METHODS = ("cluster", "paper", "frequency", "reap", "taylor", "random")
-"""How :func:`~moescope.explore.clustering.select_experts` chooses (a selection's ``method``)."""
+METHODS = method_names()
+"""How :func:`~moescope.explore.clustering.select_experts` chooses (a selection's ``method``;
+each one's needs and behaviour: :mod:`moescope.explore.methods`)."""
 
-STREAMING_METHOD = "cluster"
+STREAMING_METHOD = next(m.name for m in REGISTRY.values() if m.one_read)
 """What the one-read shard cut (:func:`~moescope.export.streaming.export.export_streaming`)
 chooses by unless told: it never runs the model, so it clusters the weights (the paper's views
 need a calibration pass)."""
@@ -83,6 +86,11 @@ class Selection:
             problem = _layer_problem(entry, self.keep, self.num_experts, self.n_group)
             if problem:
                 raise MoescopeError(f"selection layer {entry.layer} {problem}; recompute the selection.")
+
+    def keep_of(self, keep: str | float | int | Keep) -> Keep:
+        """``keep`` parsed against the source model's routing (exactly top-k accepted: a
+        selection may keep it)."""
+        return Keep.parse(keep, self.num_experts, self.top_k, self.n_group, allow_top_k=True)
 
     def kept(self, layer: int) -> tuple[int, ...]:
         """Kept expert ids (original indices, ascending) of decoder layer ``layer``."""
@@ -165,7 +173,7 @@ def _layer_problem(entry: LayerSelection, keep: int, num_experts: int, n_group: 
 def reusable_selection(
     path: str | Path | None,
     model: str | Path | PretrainedConfig | PreTrainedModel | dict[str, Any],
-    keep: str | float | int,
+    keep: str | float | int | Keep,
 ) -> Path | None:
     """``path`` when it holds a selection that export can reuse for ``model`` at ``keep``, else ``None``.
 
@@ -177,8 +185,8 @@ def reusable_selection(
     ----------
     path : a ``selection.json``, or ``None`` / ``""`` for none.
     model : ``"toy"``, a checkpoint directory (only its config is read), or a config or model.
-    keep : fraction, ratio or count of routed experts kept per layer (see
-        :func:`moescope.keep.parse_keep`).
+    keep : fraction, ratio or count of routed experts kept per layer, or its
+        :class:`~moescope.keep.Keep`.
 
     Example
     -------
@@ -196,8 +204,7 @@ def reusable_selection(
     config = load_config(model) if isinstance(model, str | Path) else model
     if not found.made_for(config):
         return None
-    count = parse_keep(keep, found.num_experts, found.top_k, found.n_group, allow_top_k=True)
-    return Path(path) if found.keep == count else None
+    return Path(path) if found.keep == found.keep_of(keep).count else None
 
 
 def selection_overlap(a: Selection, b: Selection) -> float:

@@ -17,16 +17,15 @@ from typing import Any
 from moescope._util.configs import config_from_dict
 from moescope._util.flags import flag
 from moescope.errors import MoescopeError
+from moescope.explore.methods import check_method, method_names
 from moescope.explore.paper import DEFAULT_VIEWS, SIGMOID_VIEWS, paper_views
-from moescope.explore.selection import METHODS, Selection
+from moescope.explore.selection import Selection
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.method_choice import AUTO_CANDIDATES, AUTO_METHOD, FALLBACK
+from moescope.keep import AUTO
 from moescope.models.tasks import family_names
 
-AUTO = "auto"
-"""The ``keep`` that searches for the smallest kept share reaching ``min_capability``."""
-
-EXPORT_METHODS = (AUTO_METHOD, *METHODS)
+EXPORT_METHODS = method_names(auto=True)
 """What an export may choose by: a selection method, or ``auto``, the best of
 :data:`~moescope.export.method_choice.AUTO_CANDIDATES` measured (:mod:`moescope.export.method_choice`)."""
 
@@ -226,10 +225,8 @@ class ExportConfig:
 
 def _check(c: ExportConfig) -> None:
     """One sentence per impossible setting, naming the fix."""
-    if c.method is not None and c.method not in EXPORT_METHODS:
-        raise MoescopeError(
-            f"unknown selection method {c.method!r}; choose one of {', '.join(EXPORT_METHODS)}."
-        )
+    if c.method is not None:
+        check_method(c.method, auto=True)
     if c.heal_steps < 0:
         raise MoescopeError(
             f"heal_steps={c.heal_steps} must be 0 (no healing) or a positive number of steps."

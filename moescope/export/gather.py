@@ -154,7 +154,7 @@ def keep_ratio(source: Path, keep: Any, selection: Selection | str | Path | None
     """The kept share of the experts, as far as it can be told cheaply (1 when it cannot;
     ``keep="auto"`` tries at most half)."""
     from moescope.explore.selection import Selection
-    from moescope.keep import parse_keep
+    from moescope.keep import Keep
     from moescope.models.loading import load_config
     from moescope.models.support import language_config, spec_for
 
@@ -162,12 +162,12 @@ def keep_ratio(source: Path, keep: Any, selection: Selection | str | Path | None
         return (selection if isinstance(selection, Selection) else Selection.load(selection)).keep_ratio
     if keep is None:
         return 1.0
-    if keep == "auto":
-        return 0.5
+    if isinstance(keep, Keep):  # parsed against the model's routing already
+        return keep.ratio
     config = language_config(load_config(source))
     experts = spec_for(config).num_experts(config)
     try:
-        return parse_keep(keep, experts, 0, allow_top_k=True) / experts
+        return Keep.parse(keep, experts, 0, allow_top_k=True, allow_auto=True).ratio
     except MoescopeError:
         return 1.0  # the export itself says what is wrong with keep
 

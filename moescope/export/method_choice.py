@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from moescope.explore.methods import AUTO, auto_candidates
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -40,12 +42,13 @@ class CapabilityProbe(Protocol):
     def check(self, proxy: PreTrainedModel) -> Check: ...
 
 
-AUTO_METHOD = "auto"
+AUTO_METHOD = AUTO
 """The export ``method`` that measures :data:`AUTO_CANDIDATES` and keeps the best."""
 
-AUTO_CANDIDATES = ("paper", "reap", "taylor")
-"""The methods ``auto`` compares (``taylor`` where the model supports it): between them, the most
-skill unhealed in every row of the study."""
+AUTO_CANDIDATES = tuple(m.name for m in auto_candidates())
+"""The methods ``auto`` compares, as the registry marks them (:mod:`moescope.explore.methods`;
+``taylor`` where the model supports it): between them, the most skill unhealed in every row of
+the study."""
 
 FALLBACK = "paper"
 """What ``auto`` is where no task can be measured: the study's best on reproduced verdicts."""

@@ -15,6 +15,7 @@ import functools
 import inspect
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +24,19 @@ from moescope.errors import MoescopeError
 from moescope.explore.calibration import calibration_data, calibration_record, check_source
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
+from moescope.explore.methods import (
+    METHODS,
+    ROUTERS,
+    ROUTING_SUMS,
+    TAYLOR,
+    WEIGHTS,
+    Method,
+    auto_candidates,
+    needs_of,
+)
+from moescope.explore.methods import method as method_named
 from moescope.explore.routing import collect_routing
-from moescope.explore.selection import STREAMING_METHOD, Selection
+from moescope.explore.selection import Selection
 from moescope.explore.sequential import checkpoint_reads, fit_pass, pass_batch_size, router_rows
 from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
@@ -34,27 +46,15 @@ from moescope.export.fidelity.original_record import ORIGINAL_ACCURACY_NAME, exp
 from moescope.export.gather import Gathered, Placement, check_budget, gather, placement_for
 from moescope.export.healing import BATCH_SIZE, SEQ_LEN, heal, healing_batches, training_batches
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
-from moescope.export.method_choice import (
-    AUTO_CANDIDATES,
-    AUTO_METHOD,
-    FALLBACK,
-    MethodChoices,
-    choosing_selector,
-)
+from moescope.export.method_choice import AUTO_METHOD, FALLBACK, MethodChoices, choosing_selector
 from moescope.export.result import ExportResult
 from moescope.export.streaming.export import export_streaming, write_selected
-from moescope.export.surgery import given_selection, kept_count, proxy_config
-from moescope.export.targeting import (
-    CapabilityProbe,
-    Targeting,
-    keep_candidates,
-    reach_target,
-    record_fixed,
-    target_auto,
-)
+from moescope.export.surgery import given_selection, keep_of, proxy_config
+from moescope.export.targeting import CapabilityProbe, Targeting, reach_target, record_fixed, target_auto
 from moescope.export.teacher import build_teacher_cache
+from moescope.keep import Keep
 from moescope.models.accuracy import check_task_spec, resolve_tasks
-from moescope.models.loading import resolve_model
+from moescope.models.loading import load_config, resolve_model
 from moescope.models.multimodal import is_multimodal, save_with_language_model
 from moescope.models.resident import read_per_forward
 from moescope.models.view import adapt
@@ -112,15 +112,48 @@ def export_proxy(
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before loading anything
     named_tasks = check_task_spec(config.tasks)  # a bad prompt file fails before anything loads
     check_source(inputs.calibration)  # so does a calibration file without text
-    placement = placement_for(source, config.keep, inputs.selection, config.streaming, config.max_memory)
-    if placement.sequential and config.streaming and config.method == STREAMING_METHOD:
+    keep = _keep(source, config, inputs)  # and an impossible keep, parsed here once for every step
+    placement = placement_for(source, keep, inputs.selection, config.streaming, config.max_memory)
+    if placement.sequential and config.streaming and _one_read(config.method):
         _refuse_in_memory_steps(config, named_tasks)  # the weight view, cut in one read
         return export_streaming(
             source, out, config, overwrite=overwrite, progress=progress, **inputs.objects()
         )
     config, inputs = resolve_method(config, inputs)
     check_budget(placement, loads_proxy=loads_proxy(config))
-    return _export_planned(model, source, out, config, inputs, named_tasks, overwrite, progress, placement)
+    if placement.sequential and inputs.selection is None:
+        _check_gatherer(config.method, placement)
+    plan = (config, inputs, keep, named_tasks)
+    return _export_planned(model, source, out, plan, overwrite, progress, placement)
+
+
+def _one_read(method: str | None) -> bool:
+    """Whether ``method`` is chosen during the one-read shard cut (not ``auto``, not unset)."""
+    return method in METHODS and METHODS[method].one_read
+
+
+def _check_gatherer(method: str, placement: Placement) -> None:
+    """Refuse, before anything loads, a method whose needs the layer-sequential gatherer cannot
+    gather (its registry entry says so)."""
+    plan = auto_candidates() if method == AUTO_METHOD else (method_named(method),)
+    unsupported = [m.name for m in plan if not m.sequential]
+    if unsupported:
+        raise MoescopeError(
+            f"--method {method} needs the original in memory ({', '.join(unsupported)}), and it is read "
+            f"a decoder layer at a time since {placement.why}; raise --max-memory or choose another --method."
+        )
+
+
+def _keep(source: Path, config: ExportConfig, inputs: ExportInputs) -> Keep | None:
+    """``config.keep`` parsed once against the checkpoint's routing, read from its config before
+    anything loads (``None``: the selection's count); ``"auto"``'s candidates checked too."""
+    if config.keep is None and inputs.selection is not None:
+        return None
+    allow_top_k = config.allow_top_k or inputs.selection is not None  # a selection may keep top-k
+    keep = keep_of(load_config(source), config.keep, allow_top_k=allow_top_k, allow_auto=True)
+    if keep.searched:
+        keep.candidates()  # refuse a model with no count to try
+    return keep
 
 
 def _arguments(
@@ -143,15 +176,15 @@ def _export_planned(
     model: str | Path,
     source: Path,
     out: str | Path,
-    config: ExportConfig,
-    inputs: ExportInputs,
-    named_tasks: Any,
+    plan: tuple[ExportConfig, ExportInputs, Keep | None, Any],
     overwrite: bool,
     progress: bool,
     placement: Placement,
 ) -> ExportResult:
     """Read the original where ``placement`` says; choose, cut, heal and measure; write the proxy
-    and its manifest. The steps are the same whichever gatherer reads the original."""
+    and its manifest. The steps are the same whichever gatherer reads the original. ``plan``:
+    the config, its inputs, the parsed keep and the named tasks."""
+    config, inputs, keep, named_tasks = plan
     multimodal = is_multimodal(source)
     with gather(model, source, placement, out=Path(out)) as got:
         lm, tokenizer = got.original, got.tokenizer
@@ -160,7 +193,7 @@ def _export_planned(
                 f"task accuracy needs a tokenizer, and {source} holds none; save the model's tokenizer "
                 "into that directory, or export without prompts."
             )
-        if config.keep == AUTO and (why := _unmeasured(lm, tokenizer, config)):
+        if keep is not None and keep.searched and (why := _unmeasured(lm, tokenizer, config)):
             raise MoescopeError(
                 f"keep=auto measures each candidate's task accuracy, which is not possible here: {why}."
             )
@@ -168,8 +201,8 @@ def _export_planned(
         choices = MethodChoices() if config.method == AUTO_METHOD and inputs.selection is None else None
         known = functools.cache(lambda: _known_original(got, config, inputs))
         probe = functools.cache(lambda: _capability_probe(lm, tokenizer, config, known()[0]))
-        select = _selector(got, config, inputs, data, progress, choices, probe)
-        chosen, proxy, healing, targeting = _cut_and_heal(got, config, data, select, probe)
+        select = _selector(got, config, inputs, keep, data, progress, choices, probe)
+        chosen, proxy, healing, targeting = _cut_and_heal(got, config, keep, data, select, probe)
         assessed = _assess(lm, proxy, tokenizer, chosen, config, known()[0] if config.fidelity else None)
         cut = proxy if proxy is not None else proxy_config(lm.config, adapt(lm), chosen.keep)
         manifest = make_manifest(source, lm, cut, chosen)
@@ -267,53 +300,63 @@ def _selector(
     got: Gathered,
     config: ExportConfig,
     inputs: ExportInputs,
+    keep: Keep | None,
     data: Data,
     progress: bool,
     choices: MethodChoices | None,
     probe: Callable[[], CapabilityProbe],
 ) -> Callable[[Any], Selection]:
     """``keep → Selection``: the given selection checked against the model, or experts chosen by
-    ``config.method`` from one calibration pass, whatever counts are asked of it; ``auto``
-    measures its candidates' proxies, recording each choice in ``choices``."""
+    ``config.method`` from what the method's registry entry needs, gathered once whatever counts
+    are asked of it; ``auto`` measures its candidates' proxies, recording each choice in ``choices``."""
     lm, tokenizer = got.original, got.tokenizer
     moe = adapt(lm)
-    method, seed = config.method, config.seed
+    method = config.method
     if inputs.selection is not None:
-        if config.keep == AUTO:
+        if keep is not None and keep.searched:
             raise MoescopeError(
                 "keep=auto chooses the experts itself; drop the selection (it fixes the count)."
             )
         return lambda keep: given_selection(moe, inputs.selection, keep)  # type: ignore[arg-type]
-    if config.keep == AUTO:
-        keep_candidates(moe, config.allow_top_k)  # refuse a model with no count to try, before any pass
-    else:
-        kept_count(moe, config.keep, config.allow_top_k)  # refuse an impossible keep before the pass
     if choices is not None:
         choices.why = _no_tasks(lm, tokenizer, config)
         method = FALLBACK if choices.why else method
-    candidates = [m for m in AUTO_CANDIDATES if m != "taylor" or supports_taylor(moe)]
-    stats, embeddings, taylor, routers = None, None, None, None
-    options = {"n_tokens": config.n_tokens, "seed": seed, "tokenizer": tokenizer, "progress": progress}
-    if method not in ("random", "taylor"):
-        with router_rows(lm) as routers:  # the paper's router view, read while each layer runs
-            stats = collect_routing(lm, data(), **_fit(got, data(), options))
-    if method == "cluster":
-        embeddings = embed_experts(lm, "multiview", stats=stats, seed=seed, progress=progress)
-    if method == "taylor" or (method == AUTO_METHOD and "taylor" in candidates):
-        taylor = taylor_importance(lm, data(), **_fit(got, data(), options, backward=True))
+    plan = (
+        auto_candidates(backward=supports_taylor(moe)) if method == AUTO_METHOD else (method_named(method),)
+    )
+    gathered = _gather_needs(got, needs_of(plan), data, config, progress)
 
-    def selector(method: str) -> Callable[[Any], Selection]:
-        options = {"method": method, "embeddings": embeddings, "stats": stats, "seed": seed}
-        if method == "paper":
-            options.update(views=config.views, view_weights=config.view_weights, routers=routers)
-        if method == "taylor":
-            options.update(taylor=taylor)
+    def selector(spec: Method) -> Callable[[Any], Selection]:
+        options = {"method": spec.name, "seed": config.seed, **gathered}
+        if spec.views:
+            options.update(views=config.views, view_weights=config.view_weights)
         return lambda keep: select_experts(lm, keep, allow_top_k=config.allow_top_k, **options)
 
     if method == AUTO_METHOD:
         assert choices is not None
-        return choosing_selector(got.cut, {m: selector(m) for m in candidates}, probe(), choices)
-    return selector(method)
+        return choosing_selector(got.cut, {m.name: selector(m) for m in plan}, probe(), choices)
+    return selector(plan[0])
+
+
+def _gather_needs(
+    got: Gathered, needs: frozenset[str], data: Data, config: ExportConfig, progress: bool
+) -> dict[str, Any]:
+    """What the planned methods need of the original, each gathered once: the routing sums of one
+    calibration pass (the router rows read while each layer runs), the clustered embeddings of
+    the weights, Taylor scores of a backward pass; as :func:`select_experts`' keywords."""
+    lm, seed = got.original, config.seed
+    options = {"n_tokens": config.n_tokens, "seed": seed, "tokenizer": got.tokenizer, "progress": progress}
+    found: dict[str, Any] = {"stats": None, "embeddings": None, "routers": None, "taylor": None}
+    if needs & (ROUTING_SUMS | {ROUTERS}):
+        with router_rows(lm) if ROUTERS in needs else nullcontext() as found["routers"]:
+            found["stats"] = collect_routing(lm, data(), **_fit(got, data(), options))
+    if WEIGHTS in needs:
+        found["embeddings"] = embed_experts(
+            lm, "multiview", stats=found["stats"], seed=seed, progress=progress
+        )
+    if TAYLOR in needs:
+        found["taylor"] = taylor_importance(lm, data(), **_fit(got, data(), options, backward=True))
+    return found
 
 
 def _fit(got: Gathered, data: Any, options: dict[str, Any], backward: bool = False) -> dict[str, Any]:
@@ -327,6 +370,7 @@ def _fit(got: Gathered, data: Any, options: dict[str, Any], backward: bool = Fal
 def _cut_and_heal(
     got: Gathered,
     config: ExportConfig,
+    keep: Keep | None,
     data: Data,
     select: Callable[[Any], Selection],
     measure: Callable[[], CapabilityProbe],
@@ -337,11 +381,11 @@ def _cut_and_heal(
     lm, tokenizer = got.original, got.tokenizer
     probe = None if config.min_capability <= 0 or _unmeasured(lm, tokenizer, config) else measure()
     batches, teacher = _healing_data(got, config, data)
-    if config.keep == AUTO:
+    if keep is not None and keep.searched:
         assert probe is not None  # refused before the calibration pass otherwise
-        chosen, proxy, targeting = target_auto(lm, select, probe, batches(), config, got.cut, teacher)
+        chosen, proxy, targeting = target_auto(lm, select, probe, batches(), config, got.cut, teacher, keep)
         return chosen, proxy, None, targeting
-    chosen = select(config.keep)
+    chosen = select(keep)
     if got.placement.sequential and not loads_proxy(config):
         return chosen, None, None, None  # written from the shards, as it is
     proxy = got.cut(chosen)

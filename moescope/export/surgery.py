@@ -50,7 +50,7 @@ import torch
 
 from moescope.errors import MoescopeError
 from moescope.explore.selection import Selection
-from moescope.keep import parse_keep
+from moescope.keep import Keep
 from moescope.models.routers import RoutingRule
 from moescope.models.rules import NORMALIZE_SWITCHES
 from moescope.models.table import ARCHITECTURES, ArchSpec, config_value, set_config_value
@@ -205,7 +205,7 @@ def given_selection(moe: MoEModel, selection: Selection | str | Path, keep: Any 
     chosen = selection if isinstance(selection, Selection) else Selection.load(selection)
     chosen.check_model(moe.config)
     if keep is not None:
-        wanted = parse_keep(keep, moe.num_experts, moe.top_k, chosen.n_group, allow_top_k=True)
+        wanted = chosen.keep_of(keep).fixed()
         if wanted != chosen.keep:
             raise MoescopeError(
                 f"--keep asks for {wanted} experts per layer but the selection keeps {chosen.keep}; "
@@ -214,11 +214,31 @@ def given_selection(moe: MoEModel, selection: Selection | str | Path, keep: Any 
     return chosen
 
 
-def kept_count(moe: MoEModel, keep: str | float | int | None, allow_top_k: bool = False) -> int:
-    """Experts kept per layer, refused early when the model's routing does not allow it."""
+def keep_of(
+    model: MoEModel | PretrainedConfig,
+    keep: str | float | int | Keep | None,
+    *,
+    allow_top_k: bool = False,
+    allow_auto: bool = False,
+) -> Keep:
+    """``keep`` parsed once against a model's routing (experts, top-k, groups), read from the
+    model or from its config alone (a checkpoint's, before anything loads), refused in one
+    sentence when the routing does not allow it; ``"auto"`` with ``allow_auto``."""
     if keep is None:
         raise MoescopeError("say how many experts to keep: --keep 0.25, --keep 1/4 or --keep 8.")
-    rule = moe.rule
-    return parse_keep(
-        keep, moe.num_experts, moe.top_k, rule.n_group, allow_top_k=allow_top_k, topk_group=rule.topk_group
-    )
+    if isinstance(model, MoEModel):
+        experts, top_k, rule = model.num_experts, model.top_k, model.rule
+    else:
+        from moescope.models.support import language_config, spec_for
+
+        config = language_config(model)
+        spec = spec_for(config)
+        experts, rule = spec.num_experts(config), spec.rule(config)
+        top_k = rule.top_k
+    options = {"allow_top_k": allow_top_k, "topk_group": rule.topk_group, "allow_auto": allow_auto}
+    return Keep.parse(keep, experts, top_k, rule.n_group, **options)
+
+
+def kept_count(moe: MoEModel, keep: str | float | int | Keep | None, allow_top_k: bool = False) -> int:
+    """Experts kept per layer, refused early when the model's routing does not allow it."""
+    return keep_of(moe, keep, allow_top_k=allow_top_k).fixed()

@@ -34,13 +34,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope._util.records import check_kind, jsonable, read_record, write_record
-from moescope.errors import MoescopeError
 from moescope.export.fidelity.measure import pair_accuracy
 from moescope.export.fidelity.records import Check
 from moescope.export.fidelity.validity import capability_of, capability_rows
 from moescope.export.healing import Distillation
-from moescope.export.surgery import build_proxy
-from moescope.keep import parse_keep
+from moescope.export.surgery import build_proxy, keep_of
+from moescope.keep import AUTO, Keep
 from moescope.models.accuracy import model_accuracy
 from moescope.models.view import MoEModel, adapt
 from moescope.schema import SCHEMA_VERSION, STEP
@@ -111,6 +110,11 @@ class Targeting:
     attempts: tuple[Attempt, ...]
     keep: int
     reason: str = ""
+
+    @property
+    def searched(self) -> bool:
+        """Whether the kept count was searched (``keep="auto"``) rather than given."""
+        return self.search == AUTO
 
     @property
     def chosen(self) -> Attempt:
@@ -260,7 +264,7 @@ def miss_reason(attempt: Attempt, config: ExportConfig, search: str = "fixed") -
     if math.isnan(attempt.after):
         return "the original solves none of the measured tasks, so no accuracy ratio can be reached"
     reached = f"accuracy ratio {attempt.after:.2f} < {config.min_capability:g} after {attempt.steps} steps"
-    if search == "auto":
+    if search == AUTO:
         return (
             f"no kept share from 1/8 to 1/2 reached the target within {config.heal_budget} healing "
             f"steps (the best, {attempt.keep} experts: {reached}); raise --heal-budget or lower "
@@ -277,21 +281,8 @@ def miss_reason(attempt: Attempt, config: ExportConfig, search: str = "fixed") -
 
 def keep_candidates(moe: MoEModel, allow_top_k: bool = False) -> list[int]:
     """The kept counts from 1/8 to 1/2 of the routed experts that the model's routing allows
-    (top-k, grouped routing: :func:`moescope.keep.parse_keep`)."""
-    n, rule = moe.num_experts, moe.rule
-    valid = []
-    for count in range(math.ceil(n * ANCHORS[0]), n // 2 + 1):
-        try:
-            parse_keep(count, n, moe.top_k, rule.n_group, allow_top_k=allow_top_k, topk_group=rule.topk_group)
-        except MoescopeError:
-            continue
-        valid.append(count)
-    if not valid:
-        raise MoescopeError(
-            f"no kept count from 1/8 to 1/2 of the {n} experts suits this model's routing "
-            f"(top-k {moe.top_k}, {rule.n_group} expert groups); give --keep instead of auto."
-        )
-    return valid
+    (top-k, grouped routing: :meth:`moescope.keep.Keep.candidates`)."""
+    return keep_of(moe, AUTO, allow_top_k=allow_top_k, allow_auto=True).candidates()
 
 
 def anchor_counts(candidates: Sequence[int], num_experts: int) -> list[int]:
@@ -336,12 +327,14 @@ def target_auto(
     config: ExportConfig,
     cut: Callable[[Selection], PreTrainedModel] | None = None,
     teacher: Callable[[], Any] | None = None,
+    keep: Keep | None = None,
 ) -> tuple[Selection, PreTrainedModel, Targeting]:
     """``keep="auto"``: :func:`search_keep` over :func:`keep_candidates`, each attempt a fresh
     proxy of ``select(count)`` healed by :func:`reach_target` on ``batches`` from their start
     (the same data for every count, made once: RL data samples the original as it goes).
     ``cut`` makes a proxy of a selection (default: from ``original`` in memory), ``teacher``
-    is :func:`reach_target`'s. Returns the
+    is :func:`reach_target`'s; ``keep`` the export's parsed ``"auto"`` (default: parsed from
+    ``original``'s routing). Returns the
     chosen selection, its healed proxy and the record; only the proxy that may still be chosen
     is kept in memory between attempts."""
     moe = adapt(original)
@@ -360,10 +353,11 @@ def target_auto(
             del held[other]
         return attempts[-1].passed
 
-    search_keep(keep_candidates(moe, config.allow_top_k), passes, moe.num_experts)
+    candidates = keep.candidates() if keep is not None else keep_candidates(moe, config.allow_top_k)
+    search_keep(candidates, passes, moe.num_experts)
     best = _best(attempts)
     selection, proxy = held[best.keep]
-    return selection, proxy, _record(config, "auto", attempts, best)
+    return selection, proxy, _record(config, AUTO, attempts, best)
 
 
 def _best(attempts: Sequence[Attempt]) -> Attempt:

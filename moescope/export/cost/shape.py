@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from moescope.errors import MoescopeError
 from moescope.export.cost.formulas import analytic_params, entry_from_config, field_of, kv_heads, kv_per_token
 from moescope.export.cost.sources import hf_config, meta_summary, moe_text_config, not_a_config, read_source
-from moescope.keep import parse_keep
+from moescope.keep import Keep
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -155,14 +155,14 @@ class ModelShape:
             **_config_kv(config),
         )
 
-    def with_keep(self, keep: str | float | int) -> ModelShape:
+    def with_keep(self, keep: str | float | int | Keep) -> ModelShape:
         """The proxy keeping ``keep`` routed experts per layer (``"1/4"``, ``0.25`` or a count).
 
         The cut experts' parameters and router rows go; backbone, shared experts and top-k stay.
-        The keep is checked like every moescope keep (:func:`moescope.keep.parse_keep`).
+        The keep is checked like every moescope keep (:class:`moescope.keep.Keep`).
         """
         e = self.routed_experts
-        kept = parse_keep(keep, e, self.top_k, self.n_group, topk_group=self.topk_group)
+        kept = Keep.parse(keep, e, self.top_k, self.n_group, topk_group=self.topk_group).fixed()
         per_expert, per_row = self.params_routed // e, self.params_router // e
         backbone = self.params_backbone - self.params_router + per_row * kept
         return replace(

@@ -9,15 +9,17 @@ from typing import Any
 
 from moescope.explore.calibration import calibration_data, calibration_record
 from moescope.explore.clustering import select_experts
+from moescope.explore.methods import method as method_named
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
 from moescope.explore.sequential import check_memory, layer_sequential, pass_batch_size, router_rows
 from moescope.export.config import ExportConfig
+from moescope.keep import Keep
 from moescope.models.loading import load_tokenizer
 
 
 def calibrated_selection(
-    source: Path, config: ExportConfig, calibration: Any, keep: int, progress: bool
+    source: Path, config: ExportConfig, calibration: Any, keep: Keep, progress: bool
 ) -> tuple[Selection, dict[str, Any]]:
     """``keep`` experts per layer chosen by ``config.method`` from a layer-sequential calibration
     pass over ``calibration`` (a named source, a file or token ids), and the manifest's record
@@ -41,7 +43,7 @@ def calibrated_selection(
                 progress=progress,
             )
         options: dict[str, Any] = {"method": config.method, "stats": stats, "seed": seed}
-        if config.method == "paper":
+        if method_named(config.method).views:
             options |= {"views": config.views, "view_weights": config.view_weights, "routers": routers}
         chosen = select_experts(lm, keep, allow_top_k=config.allow_top_k, **options)
     name = calibration if isinstance(calibration, str) else "data"

@@ -45,6 +45,8 @@ from moescope._util.io import check_output_dir, readable, replace_dir
 from moescope.errors import MoescopeError
 from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import ExpertEmbeddings, _Projector, model_facts
+from moescope.explore.methods import METHODS
+from moescope.explore.methods import method as method_named
 from moescope.explore.selection import STREAMING_METHOD, Selection
 from moescope.export.config import ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
@@ -53,7 +55,7 @@ from moescope.export.streaming.calibrated import calibrated_selection
 from moescope.export.streaming.checkpoint import Checkpoint, open_checkpoint
 from moescope.export.streaming.passes import EMBED_DIM, Pass, plan_outputs
 from moescope.export.streaming.weight_view import LayerRead, MemoryBudget, layer_vectors
-from moescope.export.surgery import given_selection, kept_count, proxy_config
+from moescope.export.surgery import given_selection, keep_of, proxy_config
 
 DEFAULT_SHARD_SIZE = "5GB"
 
@@ -167,27 +169,25 @@ def _selection_before_pass(
 ) -> tuple[int, Selection | None, dict[str, Any] | None]:
     """The kept count, the selection when it is known before the pass (``None``: clustered layer
     by layer during it), and the record of the calibration data a calibrated method read."""
-    moe, method = checkpoint.moe, config.method
+    moe, method = checkpoint.moe, method_named(config.method)
     if inputs.selection is not None:
         chosen = given_selection(moe, inputs.selection, config.keep)
         return chosen.keep, chosen, None
-    count = kept_count(moe, config.keep, config.allow_top_k)
-    if method == "taylor":
+    keep = keep_of(moe, config.keep, allow_top_k=config.allow_top_k)  # parsed once, for every step
+    if method.backward:
+        forward_only = [m.name for m in METHODS.values() if m.forward and not m.backward and not m.one_read]
         raise MoescopeError(
-            "method=taylor runs a backward pass, which the one-read shard cut (export_streaming) "
+            f"method={method.name} runs a backward pass, which the one-read shard cut (export_streaming) "
             "does not; export with export_proxy (moescope export), which reads the original a "
-            "decoder layer at a time, or give method reap, paper or frequency here."
+            f"decoder layer at a time, or give method {', '.join(forward_only)} here."
         )
-    if method in ("frequency", "reap", "paper"):
-        chosen, record = calibrated_selection(checkpoint.path, config, inputs.calibration, count, progress)
-        return count, chosen, record
-    if method == "cluster":
-        return count, None, None
-    return (
-        count,
-        select_experts(moe, count, method=method, seed=config.seed, allow_top_k=config.allow_top_k),
-        None,
-    )
+    if method.one_read:  # chosen layer by layer during the cutting pass
+        return keep.fixed(), None, None
+    if method.forward:
+        chosen, record = calibrated_selection(checkpoint.path, config, inputs.calibration, keep, progress)
+        return keep.fixed(), chosen, record
+    options = {"method": method.name, "seed": config.seed, "allow_top_k": config.allow_top_k}
+    return keep.fixed(), select_experts(moe, keep, **options), None
 
 
 def _write_config(checkpoint: Checkpoint, work: Path, keep: int) -> None:
