@@ -72,7 +72,7 @@ def test_sharded_healing_equals_one_process_healing(tmp_path):
     export = ["export", "toy", "--keep", "1/4", "--method", "frequency", "--min-capability", "0"]
     run_ok(moescope_process(*export, "--no-fidelity", "--out", str(proxy)))
     shutil.copytree(proxy, tmp_path / "sharded")
-    heal = ["--steps", "3", "--batch-size", "8"]
+    heal = ["--steps", "4", "--batch-size", "8", "--min-capability", "0.95", "--heal-round", "2"]
     out = run_ok(moescope_process("heal", str(proxy), *heal))
     assert "on one process" in out
     two = torchrun("heal", str(tmp_path / "sharded"), *heal, "--shard", "fsdp")
@@ -81,6 +81,9 @@ def test_sharded_healing_equals_one_process_healing(tmp_path):
     one_m, two_m = (json.loads((d / "moescope.json").read_text()) for d in (proxy, tmp_path / "sharded"))
     close(two_m["healing"]["loss"], one_m["healing"]["loss"], 1e-5, "loss")
     assert two_m["healing"]["kl_after"] < two_m["healing"]["kl_before"]
+    rounds = two_m["healing"]["capability"]["rounds"]  # measured on the sharded proxy by both processes
+    assert [r["steps"] for r in rounds] == [0, 2, 4] and "NOT reached" in two.stdout
+    close(rounds, one_m["healing"]["capability"]["rounds"], 1e-5, "capability rounds")
     a, b = (load_file(next(d.glob("*.safetensors"))) for d in (proxy, tmp_path / "sharded"))
     assert a.keys() == b.keys()  # a tied head written once, as an unsharded save writes it
     for name in a:
