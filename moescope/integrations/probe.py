@@ -12,12 +12,16 @@ hands back, per optimizer step, the same canonical metrics, computed by the same
   the top model's ``attention_mask`` marks (padding left out);
 - the model's output is checked in those passes (``isfinite`` on its tensors); when it is
   not finite, the same call is run once more with a hook on every module, which names the first
-  one whose output went non-finite, as the replay does (a healthy step pays the one check);
+  one whose output went non-finite, as the replay does (a healthy step pays the one check; a
+  sharded model, whose forward gathers each layer from every rank, has every rank run it again
+  when any rank's output went non-finite);
 - token entropy by response position bucket (and its histogram), where the output carries
   per-token entropies and the mask of the trained tokens (TRL's fused LM head), for
   ``EntropyFlow``;
 - :meth:`MoEProbe.gradients` takes the norms per parameter group and the non-finite gradient
-  count, where the engine calls it (after clipping in HF's Trainer: the caller rescales).
+  count, where the engine calls it (after clipping in HF's Trainer: the caller rescales); under
+  FSDP2 from each rank's shard, the squares summed over ranks (call :meth:`MoEProbe.regroup`
+  once the model is sharded: sharding replaces its parameters).
 
 A model moescope does not read as MoE (dense, unsupported) is refused by
 :func:`~moescope.models.view.adapt` when the probe is made, before any training.
@@ -32,6 +36,7 @@ from typing import Any
 import torch
 
 from moescope import schema as S
+from moescope.models.sharding import is_sharded_model
 from moescope.models.view import MoEModel, adapt
 from moescope.replay.instruments import (
     GROUPS,
@@ -63,6 +68,7 @@ class MoEProbe:
         self._stack = ExitStack()
         self._sums: dict[str, Any] = {}
         self._locating = False
+        self._located = False  # one search per step
         self.first_module: str | None = None
         self._entropy: dict[str, torch.Tensor] = {}
         self.vocab = int(model.config.get_text_config().vocab_size)
@@ -74,9 +80,10 @@ class MoEProbe:
             self._mask = mask if torch.is_tensor(mask) and mask.dim() == 2 else None
 
         def check(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-            if self._locating or self.first_module is not None or not torch.is_grad_enabled():
+            if self._locating or self._located or not torch.is_grad_enabled():
                 return
-            if has_nonfinite(out):  # logits, or the log-probs of a fused LM head (TRL's)
+            if self._on_any_rank(has_nonfinite(out)):  # logits, or a fused LM head's log-probs (TRL's)
+                self._located = True
                 self.first_module = self._locate(args, kwargs)
             self._add_entropy(out)
 
@@ -94,6 +101,15 @@ class MoEProbe:
             handles.append(layer.router.register_forward_hook(route))
         for handle in handles:
             self._stack.callback(handle.remove)
+
+    def _on_any_rank(self, flag: bool) -> bool:
+        """``flag`` or'ed over the ranks of a sharded model: the search runs the forward again,
+        and a sharded forward gathers each layer from every rank, so all ranks must run it."""
+        if not (distributed() and is_sharded_model(self.model)):
+            return flag
+        any_rank = torch.tensor([float(flag)])
+        torch.distributed.all_reduce(any_rank, op=torch.distributed.ReduceOp.MAX)
+        return bool(any_rank.item())
 
     def _locate(self, args: tuple, kwargs: dict) -> str | None:
         """The first module whose output goes non-finite when the same call runs again (the
@@ -129,6 +145,11 @@ class MoEProbe:
         for key, values in summary.items():
             self._entropy[key] = self._entropy.get(key, 0) + torch.tensor(values, dtype=torch.float64)
 
+    def regroup(self) -> None:
+        """Group the parameters anew: sharding (``fully_shard``) replaces every parameter of the
+        model with a ``DTensor`` one, so groups taken before it would see no gradients."""
+        self.groups = parameter_groups(self.model, self.moe)
+
     def gradients(self) -> dict[str, float]:
         """Gradient norm per parameter group, their total, and the non-finite gradient values."""
         squares, total, bad = grad_norms(self.groups)
@@ -148,7 +169,7 @@ class MoEProbe:
         entropy = self._reduced_entropy()
         if entropy is not None:
             out[S.TOKEN_ENTROPY] = entropy_record(entropy, self.vocab)
-        self._sums, self.first_module, self._entropy = {}, None, {}
+        self._sums, self.first_module, self._located, self._entropy = {}, None, False, {}
         return out
 
     def _reduced_entropy(self) -> dict[str, torch.Tensor] | None:
