@@ -285,25 +285,34 @@ def test_two_processes_under_accelerate_write_one_trace_equal_to_one_process(tmp
 
 
 def test_fsdp2_under_the_shipped_accelerate_config_measures_what_data_parallel_does(tmp_path: Path) -> None:
-    """The same two processes and batches (greedy, float32), once data parallel and once sharded
-    with FSDP2 by examples/accelerate_fsdp2.yaml: at step 0 the routing statistics reduced over
-    the ranks, the loss, and the gradient norms by group (each rank's shard, squares summed over
-    ranks) are the data-parallel run's, to float rounding."""
-    step = ["--steps", "1", "--batch", "8", "--fp32"]
+    """The same two processes and batches (greedy, float32, fp8 routers in generation, NaN in the
+    last MoE layer's experts at step 1), once data parallel and once sharded with FSDP2 by
+    examples/accelerate_fsdp2.yaml. At step 0 the routing statistics reduced over the ranks, the
+    loss, and the gradient norms by group (each rank's shard, squares summed over ranks) are the
+    data-parallel run's to float rounding; at step 1 both name the poisoned module and count the
+    same non-finite gradients."""
+    faults = ["--fault", "routing_mismatch:fp8", "--fault", "nan_op@1"]
+    step = ["--steps", "2", "--batch", "8", "--fp32", *faults]
     dp = launched(tmp_path / "dp.jsonl", DATA_PARALLEL, *step)
     fsdp = launched(tmp_path / "fsdp.jsonl", ["--config_file", str(FSDP2_CONFIG)], *step)
     assert (dp.header["sharded"], fsdp.header["sharded"]) == (False, True)
-    assert fsdp.header["world_size"] == 2 and [s[S.STEP] for s in fsdp.steps] == [0]
+    assert fsdp.header["world_size"] == 2 and [s[S.STEP] for s in fsdp.steps] == [0, 1]
     a, b = dp.steps[0], fsdp.steps[0]
     for row_a, row_b in zip(a[S.EXPERT_LOAD], b[S.EXPERT_LOAD], strict=True):
         assert row_b == pytest.approx(row_a, abs=1e-6)
     for key in (S.LOAD_CV, S.ROUTER_ENTROPY, S.TOPK_MARGIN, S.ROUTER_LOGIT_MAX, S.REWARD_MEAN, S.ACTOR_LOSS):
         assert b[key] == pytest.approx(a[key], rel=1e-6), key
+    # measured on both; not equal: a sharded process that finished sampling runs the others' last
+    # forwards with them (synced generation), and the routers of those passes count too
+    assert 0 < a[S.ROUTING_FLIP_FRAC] < 0.5 and 0 < b[S.ROUTING_FLIP_FRAC] < 0.5
     groups = sorted(k for k in a if k.startswith(S.GRAD_NORM_GROUP))
     assert len(groups) >= 4 and groups == sorted(k for k in b if k.startswith(S.GRAD_NORM_GROUP))
     for key in [*groups, S.GRAD_NORM]:
         assert b[key] == pytest.approx(a[key], rel=1e-4), key
-    assert b[S.NONFINITE] == 0 and b[S.UPDATE_APPLIED] == 1
+    assert b[S.NONFINITE] == 0 and S.FIRST_NONFINITE_MODULE not in b
+    poisoned = (dp.steps[1], fsdp.steps[1])
+    assert [s[S.FIRST_NONFINITE_MODULE] for s in poisoned] == ["model.layers.3.mlp.experts"] * 2
+    assert poisoned[1][S.NONFINITE] == poisoned[0][S.NONFINITE] > 0
 
 
 def test_a_sharding_the_instruments_cannot_read_is_refused_in_one_sentence(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ signature it leaves in the trace:
 ``routing_mismatch``
     The same rounding in the generation passes only (gradients off): the sampler chooses other
     experts than the trainer for a share of tokens, logged as ``rollout/routing_flip_frac``.
+    Under FSDP a process that has finished sampling runs the others' last forwards with them
+    (synced generation), and those passes count too: the share is over a few more tokens.
 ``reward_scale``
     The rewards × ARG from the step on: ``reward/mean`` and ``reward/std`` jump by the factor.
     Needs the trainer's reward functions, so it is installed by :func:`instrument`.
@@ -147,11 +149,12 @@ class TrainerFaults:
         if self._lr is not None:
             out[S.LR] = self._lr  # the rate applied (TRL logs its scheduler's)
             self._lr = None
+        counts = torch.stack([self._flips, self._routed])
         if distributed():  # every process samples its own share of the batch
-            torch.distributed.all_reduce(self._flips)
-            torch.distributed.all_reduce(self._routed)
-        if self._routed.sum() > 0:
-            layers = self._flips / self._routed.clamp(min=1)
+            torch.distributed.all_reduce(counts)
+        flips, routed = counts
+        if routed.sum() > 0:
+            layers = flips / routed.clamp(min=1)
             out[S.ROUTING_FLIP_FRAC] = float(layers.mean())
             out[S.ROUTING_FLIP_LAYERS] = layers.tolist()
         self._flips.zero_()

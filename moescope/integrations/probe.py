@@ -55,6 +55,7 @@ from moescope.replay.metrics import entropy_record, routing_metrics
 __all__ = ["MoEProbe"]
 
 _SUMS = ("counts", "entropy_sum", "tokens", "margin_sum", "margin_tokens")
+_ENTROPY = {"bucket_sum": len(POSITION_BUCKETS), "bucket_count": len(POSITION_BUCKETS), "hist": HIST_BINS}
 
 
 class MoEProbe:
@@ -160,50 +161,37 @@ class MoEProbe:
         """The MoE metrics since the last call (routing, first non-finite module), summed over
         every process of a distributed run (call it on all of them), then reset."""
         out: dict[str, Any] = {}
-        sums = self._reduced()
+        sums, entropy, named = self._reduced()
         if float(sums["_r/tokens"].sum()) > 0:
             out.update(routing_metrics(sums, 1, 1))
-        first = _first_of_ranks(self.first_module)
+        first = _first_of_ranks(self.first_module) if named else None
         if first is not None:
             out[S.FIRST_NONFINITE_MODULE] = first
-        entropy = self._reduced_entropy()
         if entropy is not None:
             out[S.TOKEN_ENTROPY] = entropy_record(entropy, self.vocab)
         self._sums, self.first_module, self._located, self._entropy = {}, None, False, {}
         return out
 
-    def _reduced_entropy(self) -> dict[str, torch.Tensor] | None:
-        """The entropy sums over every process; ``None`` when no process had any."""
-        sizes = {
-            "bucket_sum": len(POSITION_BUCKETS),
-            "bucket_count": len(POSITION_BUCKETS),
-            "hist": HIST_BINS,
-        }
-        flat = torch.cat(
-            [self._entropy.get(key, torch.zeros(n, dtype=torch.float64)) for key, n in sizes.items()]
-        )
-        if distributed():
-            torch.distributed.all_reduce(flat)
-        if not float(flat[len(POSITION_BUCKETS) : 2 * len(POSITION_BUCKETS)].sum()) > 0:
-            return None
-        parts = torch.split(flat, list(sizes.values()))
-        return {f"_te/{key}": part for key, part in zip(sizes, parts, strict=True)}
-
-    def _reduced(self) -> dict[str, Any]:
+    def _reduced(self) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None, bool]:
+        """The routing sums, the entropy sums (``None`` where no process had any) and whether a
+        process named a non-finite module, over every process: one summing collective (and one for
+        the largest logit), as each is a collective the ranks wait for on every step."""
         layers, experts = len(self.moe.layers), self.moe.num_experts
         shapes = {"counts": (layers, experts), **{key: (layers,) for key in _SUMS[1:]}}
-        sums = {
-            key: torch.as_tensor(self._sums.get(key, torch.zeros(shape))).float()
-            for key, shape in shapes.items()
-        }
+        parts = {key: torch.as_tensor(self._sums.get(key, torch.zeros(size))) for key, size in shapes.items()}
+        parts |= {f"_te/{key}": self._entropy.get(key, torch.zeros(n)) for key, n in _ENTROPY.items()}
+        parts["named"] = torch.tensor([float(self.first_module is not None)])
+        flat = torch.cat([part.double().reshape(-1) for part in parts.values()])
         peak = torch.tensor(float(self._sums.get("max_logit", 0.0)))
         if distributed():
-            flat = torch.cat([sums[key].reshape(-1) for key in _SUMS])
             torch.distributed.all_reduce(flat)
             torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
-            sums = dict(zip(_SUMS, torch.split(flat, [sums[key].numel() for key in _SUMS]), strict=True))
-            sums["counts"] = sums["counts"].reshape(layers, experts)
-        return {**{f"_r/{key}": value for key, value in sums.items()}, "_r/max_logit_sum": float(peak)}
+        split = dict(zip(parts, torch.split(flat, [part.numel() for part in parts.values()]), strict=True))
+        sums = {f"_r/{key}": split[key].float() for key in _SUMS} | {"_r/max_logit_sum": float(peak)}
+        sums["_r/counts"] = sums["_r/counts"].reshape(layers, experts)
+        counted = float(split["_te/bucket_count"].sum()) > 0
+        entropy = {f"_te/{key}": split[f"_te/{key}"] for key in _ENTROPY} if counted else None
+        return sums, entropy, bool(split["named"].item())
 
     def remove(self) -> None:
         """Take every hook off the model."""
