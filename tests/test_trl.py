@@ -315,10 +315,11 @@ def test_fsdp2_under_the_shipped_accelerate_config_measures_what_data_parallel_d
     assert poisoned[1][S.NONFINITE] == poisoned[0][S.NONFINITE] > 0
 
 
-def test_a_sharding_the_instruments_cannot_read_is_refused_in_one_sentence(tmp_path: Path) -> None:
+def test_a_sharding_the_instruments_cannot_read_is_refused(tmp_path: Path, monkeypatch) -> None:
     """FSDP2 over every process is read; a two-dimensional mesh (hybrid sharding), whose replicas
-    a sum over ranks would count twice, and FSDP1's flat parameters are refused before training.
-    One process of gloo is enough to build the meshes."""
+    a sum over ranks would count twice, FSDP1's flat parameters, and an FSDP2 launch that left
+    the model whole (accelerate on CPU, without shard_on_cpu) are refused before training. One
+    process of gloo is enough to build the meshes."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
     from transformers import AutoModelForCausalLM
@@ -339,6 +340,12 @@ def test_a_sharding_the_instruments_cannot_read_is_refused_in_one_sentence(tmp_p
         torch.nn.Module.__init__(flat)
         with pytest.raises(MoescopeError, match=r"FSDP1 .* fsdp_version: 2"):
             check_sharding(torch.nn.Sequential(flat))
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # as accelerate launch with the config sets
+        monkeypatch.setenv("FSDP_VERSION", "2")
+        monkeypatch.setattr("moescope.integrations.fsdp._world_size", lambda: 2)
+        with pytest.raises(MoescopeError, match=r"whole model on every process .*shard_on_cpu\(trainer\)"):
+            MoescopeCallback(tmp_path / "t.jsonl").on_train_begin(None, None, None, model=toy())
+        assert not (tmp_path / "t.jsonl").exists()
     finally:
         torch.distributed.destroy_process_group()
 

@@ -15,8 +15,9 @@ gap, so the same config shards CPU processes over gloo (how the tests, and a lap
 Where the launch is not FSDP2, or runs on GPUs, it leaves the Trainer as it is: call it always.
 
 :func:`check_sharding` refuses, in one sentence, a sharded model the instruments cannot read
-right: FSDP1's flattened parameters, and a device mesh of more than one dimension (hybrid
-sharding, tensor parallel), whose replicated shards a sum over ranks would count twice.
+right: FSDP1's flattened parameters, a device mesh of more than one dimension (hybrid sharding,
+tensor parallel), whose replicated shards a sum over ranks would count twice, and an FSDP2
+launch on CPU that was left data parallel (``shard_on_cpu`` not called).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from transformers import TrainerCallback
 
 from moescope.errors import MoescopeError
-from moescope.models.sharding import is_sharded
+from moescope.models.sharding import is_sharded, is_sharded_model
 
 __all__ = ["check_sharding", "fsdp_launch", "shard_on_cpu"]
 
@@ -78,7 +79,14 @@ def check_sharding(model: torch.nn.Module) -> None:
             "moescope's instruments read FSDP2 shards, and this model is wrapped by FSDP1 (flattened "
             "parameters); set fsdp_version: 2 in the accelerate config (examples/accelerate_fsdp2.yaml)."
         )
-    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    world = _world_size()
+    if fsdp_launch() and world > 1 and not is_sharded_model(model):
+        raise MoescopeError(
+            "this accelerate FSDP2 launch left the whole model on every process (accelerate shards "
+            "only on accelerators: on CPU it trains data parallel); call "
+            "moescope.integrations.fsdp.shard_on_cpu(trainer) before training, or add the callback "
+            "with moescope.integrations.trl.instrument, which does."
+        )
     for name, param in model.named_parameters():
         mesh = param.device_mesh if is_sharded(param) else None
         if mesh is not None and (mesh.ndim != 1 or mesh.size() != world):
@@ -87,3 +95,7 @@ def check_sharding(model: torch.nn.Module) -> None:
                 "processes (hybrid sharding or tensor parallel), whose gradient norms a sum over every "
                 "process would miscount; shard with plain FSDP2 over all processes, or drop the callback."
             )
+
+
+def _world_size() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1

@@ -55,7 +55,7 @@ from moescope.analyze.readers.keymap import rename
 from moescope.errors import MoescopeError
 from moescope.export.manifest import read_manifest
 from moescope.integrations.faults import TrainerFaults
-from moescope.integrations.fsdp import check_sharding
+from moescope.integrations.fsdp import check_sharding, shard_on_cpu
 from moescope.integrations.probe import MoEProbe
 from moescope.models.sharding import is_sharded_model
 from moescope.provenance import config_hash, library_versions
@@ -176,8 +176,11 @@ def instrument(
     trainer: Any, trace: str | Path, *, faults: str | tuple[str, ...] | list[str] = ()
 ) -> MoescopeCallback:
     """Add a :class:`MoescopeCallback` to a trainer already built (the one way to inject
-    ``reward_scale``: its reward functions are wrapped here). Returns the callback."""
+    ``reward_scale``: its reward functions are wrapped here). Under an FSDP2 launch on CPU it
+    also makes the trainer shard (:func:`~moescope.integrations.fsdp.shard_on_cpu`). Returns the
+    callback."""
     callback = MoescopeCallback(trace, faults=faults)
+    shard_on_cpu(trainer)  # an FSDP2 launch on CPU, sharded as on GPUs (elsewhere: nothing)
     callback._attach(trainer.model)
     if any("reward_scale" in f for f in callback.fault_texts):
         funcs = getattr(trainer, "reward_funcs", None)
