@@ -52,7 +52,7 @@ import torch
 from moescope import schema as S
 from moescope._util.forwards import patched_forwards
 from moescope.errors import MoescopeError
-from moescope.integrations.probe import distributed
+from moescope.models.sharding import all_reduce_
 from moescope.models.view import MoEModel
 from moescope.replay.faults import Fault, find_fault, parse_faults
 from moescope.replay.forward import default_nan_module, nan_output
@@ -149,9 +149,7 @@ class TrainerFaults:
         if self._lr is not None:
             out[S.LR] = self._lr  # the rate applied (TRL logs its scheduler's)
             self._lr = None
-        counts = torch.stack([self._flips, self._routed])
-        if distributed():  # every process samples its own share of the batch
-            torch.distributed.all_reduce(counts)
+        counts = all_reduce_(torch.stack([self._flips, self._routed]))  # each process samples its share
         flips, routed = counts
         if routed.sum() > 0:
             layers = flips / routed.clamp(min=1)

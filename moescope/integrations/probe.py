@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from moescope import schema as S
-from moescope.models.sharding import is_sharded_model
+from moescope.models.sharding import all_reduce_, is_sharded_model
 from moescope.models.view import MoEModel, adapt
 from moescope.replay.instruments import (
     GROUPS,
@@ -109,7 +109,7 @@ class MoEProbe:
         if not (distributed() and is_sharded_model(self.model)):
             return flag
         any_rank = torch.tensor([float(flag)])
-        torch.distributed.all_reduce(any_rank, op=torch.distributed.ReduceOp.MAX)
+        all_reduce_(any_rank, torch.distributed.ReduceOp.MAX)
         return bool(any_rank.item())
 
     def _locate(self, args: tuple, kwargs: dict) -> str | None:
@@ -183,9 +183,8 @@ class MoEProbe:
         parts["named"] = torch.tensor([float(self.first_module is not None)])
         flat = torch.cat([part.double().reshape(-1) for part in parts.values()])
         peak = torch.tensor(float(self._sums.get("max_logit", 0.0)))
-        if distributed():
-            torch.distributed.all_reduce(flat)
-            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+        all_reduce_(flat)  # on the backend's device: NCCL reduces no CPU tensor
+        all_reduce_(peak, torch.distributed.ReduceOp.MAX)
         split = dict(zip(parts, torch.split(flat, [part.numel() for part in parts.values()]), strict=True))
         sums = {f"_r/{key}": split[key].float() for key in _SUMS} | {"_r/max_logit_sum": float(peak)}
         sums["_r/counts"] = sums["_r/counts"].reshape(layers, experts)
