@@ -86,6 +86,7 @@ class TrainerFaults:
         self._applied = True
         self._lr: float | None = None
         low = self._get("router_precision") or self._get("routing_mismatch")
+        self._rounding = low is not None
         if low is not None:
             self._stack.enter_context(self._rounded_routers(low))
 
@@ -149,8 +150,9 @@ class TrainerFaults:
         if self._lr is not None:
             out[S.LR] = self._lr  # the rate applied (TRL logs its scheduler's)
             self._lr = None
-        counts = all_reduce_(torch.stack([self._flips, self._routed]))  # each process samples its share
-        flips, routed = counts
+        flips, routed = self._flips, self._routed
+        if self._rounding:  # each process samples its share (no collective where nothing is rounded)
+            flips, routed = all_reduce_(torch.stack([flips, routed]))
         if routed.sum() > 0:
             layers = flips / routed.clamp(min=1)
             out[S.ROUTING_FLIP_FRAC] = float(layers.mean())

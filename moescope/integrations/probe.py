@@ -174,19 +174,20 @@ class MoEProbe:
 
     def _reduced(self) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None, bool]:
         """The routing sums, the entropy sums (``None`` where no process had any) and whether a
-        process named a non-finite module, over every process: one summing collective (and one for
-        the largest logit), as each is a collective the ranks wait for on every step."""
+        process named a non-finite module, over every process in one summing collective (the ranks
+        wait for each collective on every step; the largest logit rides along, one slot a rank)."""
         layers, experts = len(self.moe.layers), self.moe.num_experts
         shapes = {"counts": (layers, experts), **{key: (layers,) for key in _SUMS[1:]}}
         parts = {key: torch.as_tensor(self._sums.get(key, torch.zeros(size))) for key, size in shapes.items()}
         parts |= {f"_te/{key}": self._entropy.get(key, torch.zeros(n)) for key, n in _ENTROPY.items()}
         parts["named"] = torch.tensor([float(self.first_module is not None)])
-        flat = torch.cat([part.double().reshape(-1) for part in parts.values()])
-        peak = torch.tensor(float(self._sums.get("max_logit", 0.0)))
-        all_reduce_(flat)  # on the backend's device: NCCL reduces no CPU tensor
-        all_reduce_(peak, torch.distributed.ReduceOp.MAX)
+        rank, world = _rank_and_world()
+        parts["peaks"] = torch.zeros(world)  # each rank's largest logit in its own slot: the sum holds all
+        parts["peaks"][rank] = float(self._sums.get("max_logit", 0.0))
+        flat = all_reduce_(torch.cat([part.double().reshape(-1) for part in parts.values()]))
         split = dict(zip(parts, torch.split(flat, [part.numel() for part in parts.values()]), strict=True))
-        sums = {f"_r/{key}": split[key].float() for key in _SUMS} | {"_r/max_logit_sum": float(peak)}
+        sums = {f"_r/{key}": split[key].float() for key in _SUMS}
+        sums["_r/max_logit_sum"] = float(split["peaks"].max())
         sums["_r/counts"] = sums["_r/counts"].reshape(layers, experts)
         counted = float(split["_te/bucket_count"].sum()) > 0
         entropy = {f"_te/{key}": split[f"_te/{key}"] for key in _ENTROPY} if counted else None
@@ -204,6 +205,12 @@ def distributed() -> bool:
         and torch.distributed.is_initialized()
         and torch.distributed.get_world_size() > 1
     )
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if not distributed():
+        return 0, 1
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
 def _first_of_ranks(name: str | None) -> str | None:
