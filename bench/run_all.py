@@ -24,10 +24,15 @@ SCRIPTS: dict[str, list[str]] = {
     "taylor_sequential": ["taylor_sequential.py"],  # --gb 4.0 adds about 15 min on 2 cores
     "replay": ["replay.py", "--steps", "8"],
     "sharded": ["sharded.py"],
+    "trl_fsdp2": ["trl_fsdp2.py", "--rounds", "4", "--steps", "8"],
     "clustering": ["clustering.py"],
     "charts": ["charts.py"],
 }
-QUICK = {"export": ["export.py", "--gb", "4.0"], "replay": ["replay.py", "--steps", "4"]}
+QUICK = {
+    "export": ["export.py", "--gb", "4.0"],
+    "replay": ["replay.py", "--steps", "4"],
+    "trl_fsdp2": ["trl_fsdp2.py", "--rounds", "2", "--steps", "4"],
+}
 
 
 def main() -> int:

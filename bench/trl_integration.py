@@ -48,11 +48,17 @@ def overhead(work: Path, rounds: int, steps: int) -> None:
     for _ in range(rounds):
         bare.append(step_time(work, steps, False))
         probed.append(step_time(work, steps, True))
+    print(f"overhead: {overhead_text(bare, probed, steps)}")
+
+
+def overhead_text(bare: list[float], probed: list[float], steps: int, goal: float | None = None) -> str:
+    """The instrumented and bare medians over the rounds, their ratio, the same-round range."""
     ratio = statistics.median(probed) / statistics.median(bare)
     pairs = sorted(p / b for p, b in zip(probed, bare, strict=True))
-    print(
-        f"overhead: instrumented GRPO step {statistics.median(probed) * 1e3:.0f} ms vs bare "
-        f"{statistics.median(bare) * 1e3:.0f} ms = {ratio:.3f}x (medians of {rounds} rounds of "
+    verdict = "" if goal is None else f"goal <= {goal:.2f}x{'' if ratio <= goal else ', MISSED'}; "
+    return (
+        f"instrumented GRPO step {statistics.median(probed) * 1e3:.0f} ms vs bare "
+        f"{statistics.median(bare) * 1e3:.0f} ms = {ratio:.3f}x ({verdict}medians of {len(bare)} rounds of "
         f"{steps} steps; same-round ratios {pairs[0]:.2f}-{pairs[-1]:.2f}x)"
     )
 

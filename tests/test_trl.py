@@ -18,6 +18,7 @@ from moescope import schema as S
 from moescope.analyze.diagnosis import diagnose
 from moescope.analyze.verdict import compare
 from moescope.errors import MoescopeError
+from moescope.integrations.fsdp import check_sharding
 from moescope.integrations.trl import MoescopeCallback, instrument
 from moescope.integrations.trl_tasks import grpo_on_tasks
 from moescope.models.embedded import embedded_path
@@ -236,27 +237,36 @@ def test_faults_a_trainer_cannot_have_are_one_sentence(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------- distributed
 
 
+WORKER = ["-m", "moescope.integrations.trl_tasks", "toy", "--greedy"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+DATA_PARALLEL = ["--multi_gpu", "--mixed_precision", "no"]
+FSDP2_CONFIG = Path(__file__).parents[1] / "examples" / "accelerate_fsdp2.yaml"
+
+
+def launched(trace: Path, launch: list[str], *worker: str):
+    """The TRL worker under ``accelerate launch`` (``launch``: its flags) in two processes; its trace."""
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("accelerate")), "launch", *launch,
+         "--num_processes", "2", "--num_machines", "1", "--dynamo_backend", "no",
+         "--main_process_port", str(free_port()),  # not a port another run may still hold
+         *WORKER, *worker, "--trace", str(trace)],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return read_trace(trace)
+
+
 def test_two_processes_under_accelerate_write_one_trace_equal_to_one_process(tmp_path: Path) -> None:
     """Greedy decoding makes both layouts see the same completions; the first step's statistics,
     reduced over the two processes, are the one-process run's. Later steps part a little: each
     process's router load-balancing loss is taken over its half of the batch."""
-    common = ["-m", "moescope.integrations.trl_tasks", "toy", "--steps", "2", "--greedy"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     one = subprocess.run(
-        [sys.executable, *common, "--batch", "16", "--trace", str(tmp_path / "one.jsonl")],
-        capture_output=True, text=True, env=env, timeout=300,
+        [sys.executable, *WORKER, "--steps", "2", "--batch", "16", "--trace", str(tmp_path / "one.jsonl")],
+        capture_output=True, text=True, env=ENV, timeout=300,
     )  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
-    launcher = Path(sys.executable).with_name("accelerate")
-    two = subprocess.run(
-        [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--main_process_port", str(free_port()),  # not a port another run may still hold
-         "--mixed_precision", "no", "--dynamo_backend", "no",
-         *common, "--batch", "8", "--trace", str(tmp_path / "two.jsonl")],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    assert two.returncode == 0, two.stderr[-3000:]
-    a, b = read_trace(tmp_path / "one.jsonl"), read_trace(tmp_path / "two.jsonl")
+    a = read_trace(tmp_path / "one.jsonl")
+    b = launched(tmp_path / "two.jsonl", DATA_PARALLEL, "--steps", "2", "--batch", "8")
     assert (a.header["world_size"], b.header["world_size"]) == (1, 2)
     assert [s[S.STEP] for s in b.steps] == [0, 1], "one writer: each step once"
     first_a, first_b = a.steps[0], b.steps[0]
@@ -272,6 +282,72 @@ def test_two_processes_under_accelerate_write_one_trace_equal_to_one_process(tmp
     ):
         assert first_b[key] == pytest.approx(first_a[key], rel=1e-5), key
     assert first_b[S.GRAD_NORM] == pytest.approx(first_a[S.GRAD_NORM], rel=1e-2)
+
+
+def test_fsdp2_under_the_shipped_accelerate_config_measures_what_data_parallel_does(tmp_path: Path) -> None:
+    """The same two processes and batches (greedy, float32, fp8 routers in generation, NaN in the
+    last MoE layer's experts at step 1), once data parallel and once sharded with FSDP2 by
+    examples/accelerate_fsdp2.yaml. At step 0 the routing statistics reduced over the ranks, the
+    loss, and the gradient norms by group (each rank's shard, squares summed over ranks) are the
+    data-parallel run's to float rounding; at step 1 both name the poisoned module and count the
+    same non-finite gradients."""
+    faults = ["--fault", "routing_mismatch:fp8", "--fault", "nan_op@1"]
+    step = ["--steps", "2", "--batch", "8", "--fp32", *faults]
+    dp = launched(tmp_path / "dp.jsonl", DATA_PARALLEL, *step)
+    fsdp = launched(tmp_path / "fsdp.jsonl", ["--config_file", str(FSDP2_CONFIG)], *step)
+    assert (dp.header["sharded"], fsdp.header["sharded"]) == (False, True)
+    assert fsdp.header["world_size"] == 2 and [s[S.STEP] for s in fsdp.steps] == [0, 1]
+    a, b = dp.steps[0], fsdp.steps[0]
+    for row_a, row_b in zip(a[S.EXPERT_LOAD], b[S.EXPERT_LOAD], strict=True):
+        assert row_b == pytest.approx(row_a, abs=1e-6)
+    for key in (S.LOAD_CV, S.ROUTER_ENTROPY, S.TOPK_MARGIN, S.ROUTER_LOGIT_MAX, S.REWARD_MEAN, S.ACTOR_LOSS):
+        assert b[key] == pytest.approx(a[key], rel=1e-6), key
+    # measured on both; not equal: a sharded process that finished sampling runs the others' last
+    # forwards with them (synced generation), and the routers of those passes count too
+    assert 0 < a[S.ROUTING_FLIP_FRAC] < 0.5 and 0 < b[S.ROUTING_FLIP_FRAC] < 0.5
+    groups = sorted(k for k in a if k.startswith(S.GRAD_NORM_GROUP))
+    assert len(groups) >= 4 and groups == sorted(k for k in b if k.startswith(S.GRAD_NORM_GROUP))
+    for key in [*groups, S.GRAD_NORM]:
+        assert b[key] == pytest.approx(a[key], rel=1e-4), key
+    assert b[S.NONFINITE] == 0 and S.FIRST_NONFINITE_MODULE not in b
+    poisoned = (dp.steps[1], fsdp.steps[1])
+    assert [s[S.FIRST_NONFINITE_MODULE] for s in poisoned] == ["model.layers.3.mlp.experts"] * 2
+    assert poisoned[1][S.NONFINITE] == poisoned[0][S.NONFINITE] > 0
+
+
+def test_a_sharding_the_instruments_cannot_read_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """FSDP2 over every process is read; a two-dimensional mesh (hybrid sharding), whose replicas
+    a sum over ranks would count twice, FSDP1's flat parameters, and an FSDP2 launch that left
+    the model whole (accelerate on CPU, without shard_on_cpu) are refused before training. One
+    process of gloo is enough to build the meshes."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    def toy():
+        return AutoModelForCausalLM.from_pretrained(embedded_path("toy"))
+
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        check_sharding(fully_shard(toy()))
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+        hybrid = fully_shard(toy(), mesh=mesh)
+        callback = MoescopeCallback(tmp_path / "t.jsonl")
+        with pytest.raises(MoescopeError, match=r"2-dimensional mesh .* plain FSDP2"):
+            callback.on_train_begin(None, None, None, model=hybrid)
+        assert not (tmp_path / "t.jsonl").exists() and callback.probe is None
+        flat = FullyShardedDataParallel.__new__(FullyShardedDataParallel)  # FSDP1 needs a GPU to build
+        torch.nn.Module.__init__(flat)
+        with pytest.raises(MoescopeError, match=r"FSDP1 .* fsdp_version: 2"):
+            check_sharding(torch.nn.Sequential(flat))
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # as accelerate launch with the config sets
+        monkeypatch.setenv("FSDP_VERSION", "2")
+        monkeypatch.setattr("moescope.integrations.fsdp._world_size", lambda: 2)
+        with pytest.raises(MoescopeError, match=r"whole model on every process .*shard_on_cpu\(trainer\)"):
+            MoescopeCallback(tmp_path / "t.jsonl").on_train_begin(None, None, None, model=toy())
+        assert not (tmp_path / "t.jsonl").exists()
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow

@@ -22,6 +22,8 @@ signature it leaves in the trace:
 ``routing_mismatch``
     The same rounding in the generation passes only (gradients off): the sampler chooses other
     experts than the trainer for a share of tokens, logged as ``rollout/routing_flip_frac``.
+    Under FSDP a process that has finished sampling runs the others' last forwards with them
+    (synced generation), and those passes count too: the share is over a few more tokens.
 ``reward_scale``
     The rewards × ARG from the step on: ``reward/mean`` and ``reward/std`` jump by the factor.
     Needs the trainer's reward functions, so it is installed by :func:`instrument`.
@@ -50,7 +52,7 @@ import torch
 from moescope import schema as S
 from moescope._util.forwards import patched_forwards
 from moescope.errors import MoescopeError
-from moescope.integrations.probe import distributed
+from moescope.models.sharding import all_reduce_
 from moescope.models.view import MoEModel
 from moescope.replay.faults import Fault, find_fault, parse_faults
 from moescope.replay.forward import default_nan_module, nan_output
@@ -84,6 +86,7 @@ class TrainerFaults:
         self._applied = True
         self._lr: float | None = None
         low = self._get("router_precision") or self._get("routing_mismatch")
+        self._rounding = low is not None
         if low is not None:
             self._stack.enter_context(self._rounded_routers(low))
 
@@ -147,11 +150,11 @@ class TrainerFaults:
         if self._lr is not None:
             out[S.LR] = self._lr  # the rate applied (TRL logs its scheduler's)
             self._lr = None
-        if distributed():  # every process samples its own share of the batch
-            torch.distributed.all_reduce(self._flips)
-            torch.distributed.all_reduce(self._routed)
-        if self._routed.sum() > 0:
-            layers = self._flips / self._routed.clamp(min=1)
+        flips, routed = self._flips, self._routed
+        if self._rounding:  # each process samples its share (no collective where nothing is rounded)
+            flips, routed = all_reduce_(torch.stack([flips, routed]))
+        if routed.sum() > 0:
+            layers = flips / routed.clamp(min=1)
             out[S.ROUTING_FLIP_FRAC] = float(layers.mean())
             out[S.ROUTING_FLIP_LAYERS] = layers.tolist()
         self._flips.zero_()

@@ -12,12 +12,16 @@ hands back, per optimizer step, the same canonical metrics, computed by the same
   the top model's ``attention_mask`` marks (padding left out);
 - the model's output is checked in those passes (``isfinite`` on its tensors); when it is
   not finite, the same call is run once more with a hook on every module, which names the first
-  one whose output went non-finite, as the replay does (a healthy step pays the one check);
+  one whose output went non-finite, as the replay does (a healthy step pays the one check; a
+  sharded model, whose forward gathers each layer from every rank, has every rank run it again
+  when any rank's output went non-finite);
 - token entropy by response position bucket (and its histogram), where the output carries
   per-token entropies and the mask of the trained tokens (TRL's fused LM head), for
   ``EntropyFlow``;
 - :meth:`MoEProbe.gradients` takes the norms per parameter group and the non-finite gradient
-  count, where the engine calls it (after clipping in HF's Trainer: the caller rescales).
+  count, where the engine calls it (after clipping in HF's Trainer: the caller rescales); under
+  FSDP2 from each rank's shard, the squares summed over ranks (call :meth:`MoEProbe.regroup`
+  once the model is sharded: sharding replaces its parameters).
 
 A model moescope does not read as MoE (dense, unsupported) is refused by
 :func:`~moescope.models.view.adapt` when the probe is made, before any training.
@@ -32,6 +36,7 @@ from typing import Any
 import torch
 
 from moescope import schema as S
+from moescope.models.sharding import all_reduce_, is_sharded_model
 from moescope.models.view import MoEModel, adapt
 from moescope.replay.instruments import (
     GROUPS,
@@ -50,6 +55,7 @@ from moescope.replay.metrics import entropy_record, routing_metrics
 __all__ = ["MoEProbe"]
 
 _SUMS = ("counts", "entropy_sum", "tokens", "margin_sum", "margin_tokens")
+_ENTROPY = {"bucket_sum": len(POSITION_BUCKETS), "bucket_count": len(POSITION_BUCKETS), "hist": HIST_BINS}
 
 
 class MoEProbe:
@@ -63,6 +69,7 @@ class MoEProbe:
         self._stack = ExitStack()
         self._sums: dict[str, Any] = {}
         self._locating = False
+        self._located = False  # one search per step
         self.first_module: str | None = None
         self._entropy: dict[str, torch.Tensor] = {}
         self.vocab = int(model.config.get_text_config().vocab_size)
@@ -74,9 +81,10 @@ class MoEProbe:
             self._mask = mask if torch.is_tensor(mask) and mask.dim() == 2 else None
 
         def check(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-            if self._locating or self.first_module is not None or not torch.is_grad_enabled():
+            if self._locating or self._located or not torch.is_grad_enabled():
                 return
-            if has_nonfinite(out):  # logits, or the log-probs of a fused LM head (TRL's)
+            if self._on_any_rank(has_nonfinite(out)):  # logits, or a fused LM head's log-probs (TRL's)
+                self._located = True
                 self.first_module = self._locate(args, kwargs)
             self._add_entropy(out)
 
@@ -94,6 +102,15 @@ class MoEProbe:
             handles.append(layer.router.register_forward_hook(route))
         for handle in handles:
             self._stack.callback(handle.remove)
+
+    def _on_any_rank(self, flag: bool) -> bool:
+        """``flag`` or'ed over the ranks of a sharded model: the search runs the forward again,
+        and a sharded forward gathers each layer from every rank, so all ranks must run it."""
+        if not (distributed() and is_sharded_model(self.model)):
+            return flag
+        any_rank = torch.tensor([float(flag)])
+        all_reduce_(any_rank, torch.distributed.ReduceOp.MAX)
+        return bool(any_rank.item())
 
     def _locate(self, args: tuple, kwargs: dict) -> str | None:
         """The first module whose output goes non-finite when the same call runs again (the
@@ -129,6 +146,11 @@ class MoEProbe:
         for key, values in summary.items():
             self._entropy[key] = self._entropy.get(key, 0) + torch.tensor(values, dtype=torch.float64)
 
+    def regroup(self) -> None:
+        """Group the parameters anew: sharding (``fully_shard``) replaces every parameter of the
+        model with a ``DTensor`` one, so groups taken before it would see no gradients."""
+        self.groups = parameter_groups(self.model, self.moe)
+
     def gradients(self) -> dict[str, float]:
         """Gradient norm per parameter group, their total, and the non-finite gradient values."""
         squares, total, bad = grad_norms(self.groups)
@@ -139,50 +161,37 @@ class MoEProbe:
         """The MoE metrics since the last call (routing, first non-finite module), summed over
         every process of a distributed run (call it on all of them), then reset."""
         out: dict[str, Any] = {}
-        sums = self._reduced()
+        sums, entropy, named = self._reduced()
         if float(sums["_r/tokens"].sum()) > 0:
             out.update(routing_metrics(sums, 1, 1))
-        first = _first_of_ranks(self.first_module)
+        first = _first_of_ranks(self.first_module) if named else None
         if first is not None:
             out[S.FIRST_NONFINITE_MODULE] = first
-        entropy = self._reduced_entropy()
         if entropy is not None:
             out[S.TOKEN_ENTROPY] = entropy_record(entropy, self.vocab)
-        self._sums, self.first_module, self._entropy = {}, None, {}
+        self._sums, self.first_module, self._located, self._entropy = {}, None, False, {}
         return out
 
-    def _reduced_entropy(self) -> dict[str, torch.Tensor] | None:
-        """The entropy sums over every process; ``None`` when no process had any."""
-        sizes = {
-            "bucket_sum": len(POSITION_BUCKETS),
-            "bucket_count": len(POSITION_BUCKETS),
-            "hist": HIST_BINS,
-        }
-        flat = torch.cat(
-            [self._entropy.get(key, torch.zeros(n, dtype=torch.float64)) for key, n in sizes.items()]
-        )
-        if distributed():
-            torch.distributed.all_reduce(flat)
-        if not float(flat[len(POSITION_BUCKETS) : 2 * len(POSITION_BUCKETS)].sum()) > 0:
-            return None
-        parts = torch.split(flat, list(sizes.values()))
-        return {f"_te/{key}": part for key, part in zip(sizes, parts, strict=True)}
-
-    def _reduced(self) -> dict[str, Any]:
+    def _reduced(self) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None, bool]:
+        """The routing sums, the entropy sums (``None`` where no process had any) and whether a
+        process named a non-finite module, over every process in one summing collective (the ranks
+        wait for each collective on every step; the largest logit rides along, one slot a rank)."""
         layers, experts = len(self.moe.layers), self.moe.num_experts
         shapes = {"counts": (layers, experts), **{key: (layers,) for key in _SUMS[1:]}}
-        sums = {
-            key: torch.as_tensor(self._sums.get(key, torch.zeros(shape))).float()
-            for key, shape in shapes.items()
-        }
-        peak = torch.tensor(float(self._sums.get("max_logit", 0.0)))
-        if distributed():
-            flat = torch.cat([sums[key].reshape(-1) for key in _SUMS])
-            torch.distributed.all_reduce(flat)
-            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
-            sums = dict(zip(_SUMS, torch.split(flat, [sums[key].numel() for key in _SUMS]), strict=True))
-            sums["counts"] = sums["counts"].reshape(layers, experts)
-        return {**{f"_r/{key}": value for key, value in sums.items()}, "_r/max_logit_sum": float(peak)}
+        parts = {key: torch.as_tensor(self._sums.get(key, torch.zeros(size))) for key, size in shapes.items()}
+        parts |= {f"_te/{key}": self._entropy.get(key, torch.zeros(n)) for key, n in _ENTROPY.items()}
+        parts["named"] = torch.tensor([float(self.first_module is not None)])
+        rank, world = _rank_and_world()
+        parts["peaks"] = torch.zeros(world)  # each rank's largest logit in its own slot: the sum holds all
+        parts["peaks"][rank] = float(self._sums.get("max_logit", 0.0))
+        flat = all_reduce_(torch.cat([part.double().reshape(-1) for part in parts.values()]))
+        split = dict(zip(parts, torch.split(flat, [part.numel() for part in parts.values()]), strict=True))
+        sums = {f"_r/{key}": split[key].float() for key in _SUMS}
+        sums["_r/max_logit_sum"] = float(split["peaks"].max())
+        sums["_r/counts"] = sums["_r/counts"].reshape(layers, experts)
+        counted = float(split["_te/bucket_count"].sum()) > 0
+        entropy = {f"_te/{key}": split[f"_te/{key}"] for key in _ENTROPY} if counted else None
+        return sums, entropy, bool(split["named"].item())
 
     def remove(self) -> None:
         """Take every hook off the model."""
@@ -196,6 +205,12 @@ def distributed() -> bool:
         and torch.distributed.is_initialized()
         and torch.distributed.get_world_size() > 1
     )
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if not distributed():
+        return 0, 1
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
 def _first_of_ranks(name: str | None) -> str | None:

@@ -28,6 +28,12 @@ group are taken there, after clipping, and scaled back by the pre-clip total TRL
 (:mod:`moescope.integrations.faults`); :func:`instrument` adds the callback to a trainer already
 built and is needed for ``reward_scale``, which wraps the trainer's reward functions.
 
+Under an accelerate FSDP2 launch (``examples/accelerate_fsdp2.yaml``) the callback works as in a
+data-parallel one: only the main process writes the trace (its header says ``sharded``), the
+routing statistics are summed over the processes, the gradient norms are taken from each rank's
+shard of the gradients, and the faults act on the sharded model (:mod:`moescope.integrations.fsdp`
+for CPU launches and what it refuses).
+
 Errors come before training: a model moescope does not read as MoE when the trainer is built
 (``on_init_end``), an unwritable trace path or a fault with no Trainer equivalent when the
 callback is made. A crash mid-run leaves the trace readable up to the last finished step (each
@@ -49,7 +55,9 @@ from moescope.analyze.readers.keymap import rename
 from moescope.errors import MoescopeError
 from moescope.export.manifest import read_manifest
 from moescope.integrations.faults import TrainerFaults
+from moescope.integrations.fsdp import check_sharding, shard_on_cpu
 from moescope.integrations.probe import MoEProbe
+from moescope.models.sharding import is_sharded_model
 from moescope.provenance import config_hash, library_versions
 from moescope.replay.faults import parse_faults, split_faults
 from moescope.traces import TraceWriter
@@ -79,14 +87,21 @@ class MoescopeCallback(TrainerCallback):
         self._attach(model)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        check_sharding(_unwrapped(model))
         probe = self._attach(model)
+        probe.regroup()  # the model as prepared for training: sharded parameters are new ones
         if any("reward_scale" in f for f in self.fault_texts) and not self.rewards_wrapped:
             raise MoescopeError(
                 "the reward_scale fault wraps the trainer's reward functions; add the callback with "
                 "moescope.integrations.trl.instrument(trainer, TRACE, faults=...) instead."
             )
         if state.is_world_process_zero:  # the others reduce their statistics into its lines
-            header = {**_header(probe, args), "faults": list(self.fault_texts), "world_size": args.world_size}
+            header = {
+                **_header(probe, args),
+                "faults": list(self.fault_texts),
+                "world_size": args.world_size,
+                "sharded": is_sharded_model(probe.model),  # FSDP2: each rank holds 1/world of the state
+            }
             self.writer = TraceWriter(self.path, header)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -161,8 +176,11 @@ def instrument(
     trainer: Any, trace: str | Path, *, faults: str | tuple[str, ...] | list[str] = ()
 ) -> MoescopeCallback:
     """Add a :class:`MoescopeCallback` to a trainer already built (the one way to inject
-    ``reward_scale``: its reward functions are wrapped here). Returns the callback."""
+    ``reward_scale``: its reward functions are wrapped here). Under an FSDP2 launch on CPU it
+    also makes the trainer shard (:func:`~moescope.integrations.fsdp.shard_on_cpu`). Returns the
+    callback."""
     callback = MoescopeCallback(trace, faults=faults)
+    shard_on_cpu(trainer)  # an FSDP2 launch on CPU, sharded as on GPUs (elsewhere: nothing)
     callback._attach(trainer.model)
     if any("reward_scale" in f for f in callback.fault_texts):
         funcs = getattr(trainer, "reward_funcs", None)

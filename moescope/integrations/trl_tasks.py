@@ -14,9 +14,12 @@ From a shell, the same with a moescope trace and faults, on one process or sever
     python -m moescope.integrations.trl_tasks MODEL --trace T.jsonl [--steps N] [--fault F]...
     accelerate launch --num_processes 2 -m moescope.integrations.trl_tasks MODEL --trace T.jsonl
 
+    accelerate launch --config_file examples/accelerate_fsdp2.yaml -m moescope.integrations.trl_tasks ...
+
 (``--cpu`` after ``launch`` on a machine without GPUs: gloo; on GPUs the same command uses NCCL,
-and ``--num_machines`` / ``--machine_rank`` spread it over nodes.) Only the main process writes
-the trace; the MoE statistics are reduced across processes.
+and ``--num_machines`` / ``--machine_rank`` spread it over nodes. The FSDP2 config shards each
+decoder layer, on GPUs and, through :func:`~moescope.integrations.fsdp.shard_on_cpu`, on CPU.)
+Only the main process writes the trace; the MoE statistics are reduced across processes.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.integrations.fsdp import shard_on_cpu
 from moescope.models.embedded import embedded_path, is_embedded
 from moescope.models.tasks import make_examples, score
 
@@ -84,7 +88,7 @@ def grpo_on_tasks(
         return [score(by_prompt[p], c) for p, c in zip(prompts, completions, strict=True)]
 
     dataset = Dataset.from_list([{"prompt": e.prompt} for e in examples]).shuffle(seed=seed)
-    return GRPOTrainer(
+    trainer = GRPOTrainer(
         model=model,
         reward_funcs=exact_match,
         args=GRPOConfig(output_dir=str(output_dir), **fields),
@@ -92,6 +96,7 @@ def grpo_on_tasks(
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    return shard_on_cpu(trainer)  # an FSDP2 launch shards on CPU as on GPUs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="completions per step and process")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--greedy", action="store_true", help="decode greedily (a deterministic run)")
+    parser.add_argument("--fp32", action="store_true", help="train in float32 (TRL's default: bf16)")
     args = parser.parse_args(argv)
     extra = {"generation_kwargs": {"do_sample": False}} if args.greedy else {}
+    extra |= {"bf16": False} if args.fp32 else {}
     with tempfile.TemporaryDirectory(prefix="moescope-trl-") as out:
         trainer = grpo_on_tasks(
             args.model,

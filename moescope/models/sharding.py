@@ -47,8 +47,21 @@ def sum_over_shards(tensor: torch.Tensor) -> torch.Tensor:
 
     For per-rank partial sums of sharded values, such as squared gradient norms: each rank holds
     a disjoint slice, so the sum over ranks is the figure of the whole tensor."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return all_reduce_(tensor)
+
+
+def all_reduce_(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
+    """All-reduce ``tensor`` in place over the default process group (a no-op in one process),
+    wherever it lives: NCCL serves accelerator tensors only, so a CPU tensor (a metric's sums)
+    travels through the current accelerator and back; gloo reduces it where it is."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return tensor
+    backend = str(dist.get_backend()).lower()
+    if tensor.device.type == "cpu" and "gloo" not in backend and "mpi" not in backend:
+        moved = tensor.to(torch.accelerator.current_accelerator())
+        dist.all_reduce(moved, op=op)
+        return tensor.copy_(moved)
+    dist.all_reduce(tensor, op=op)
     return tensor
 
 
