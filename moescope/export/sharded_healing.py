@@ -50,7 +50,7 @@ from moescope.export.healing import (
 )
 from moescope.export.manifest import copy_side_files, read_manifest, write_manifest
 from moescope.export.teacher import TeacherCache, coarse_kl, row_share, teacher_cache
-from moescope.models.sharding import fill_from_rank0, load_for_sharding, rank0_state, shard_model
+from moescope.models.sharding import all_reduce_, fill_from_rank0, load_for_sharding, rank0_state, shard_model
 from moescope.models.view import adapt
 
 __all__ = ["heal_exported", "teacher_file"]
@@ -348,16 +348,14 @@ def _fit(
             agree = (log_q.argmax(-1) == ids[positions, 0]).sum()
             totals += torch.tensor([float(kl.sum()), float(agree), float(len(kl))])
     if part is not None and part[1] > 1:
-        dist.all_reduce(totals)
+        all_reduce_(totals)
     n = max(float(totals[2]), 1.0)
     return float(totals[0]) / n, float(totals[1]) / n
 
 
 def _summed(values: list[float]) -> list[float]:
     """Each process's loss shares, added over processes (the whole batch's losses)."""
-    tensor = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(tensor)
-    return tensor.tolist()
+    return all_reduce_(torch.tensor(values, dtype=torch.float64)).tolist()
 
 
 def _full_state(proxy: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -168,7 +168,7 @@ def fill_from_rank0(model: torch.nn.Module, state: dict[str, torch.Tensor] | Non
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     if any(local(t).is_meta for _, t in _tensors(model)):
-        model.to_empty(device="cpu")
+        model.to_empty(device=_collective_device())
     params = {name for name, _ in model.named_parameters()}
     weights = {n: t for n, t in (state or {}).items() if n in params}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
@@ -178,6 +178,14 @@ def fill_from_rank0(model: torch.nn.Module, state: dict[str, torch.Tensor] | Non
             buffer.copy_(state[name])
         if _world() > 1:
             dist.broadcast(buffer, src=0)
+
+
+def _collective_device() -> torch.device:
+    """Where a sharded model lives: the current accelerator under NCCL (one a process), else the CPU."""
+    backend = str(dist.get_backend()).lower() if dist.is_available() and dist.is_initialized() else "gloo"
+    if "gloo" in backend or "mpi" in backend:
+        return torch.device("cpu")
+    return torch.accelerator.current_accelerator()
 
 
 def _tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

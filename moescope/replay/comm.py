@@ -14,6 +14,8 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from moescope.models.sharding import all_reduce_
+
 
 class Comm:
     """Rank, world size and the few collectives a replay needs (no-ops in one process)."""
@@ -33,6 +35,8 @@ class Comm:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if (world > 1 or (sharded and launched)) and not dist.is_initialized():
             backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "nccl":  # one GPU a process: FSDP places each shard on the current one
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend)
             return cls(owns_group=True, sharded=sharded)
         return cls(sharded=sharded)
@@ -55,14 +59,11 @@ class Comm:
         return items[self.rank :: self.world]
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
+        """Sum over ranks in place (a metric's CPU sums pass through the GPU under NCCL)."""
+        return all_reduce_(tensor) if self.world > 1 else tensor
 
     def max_(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return tensor
+        return all_reduce_(tensor, dist.ReduceOp.MAX) if self.world > 1 else tensor
 
     def sum_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Sum gradients over ranks (one flat buffer, one collective); FSDP has summed them
@@ -74,7 +75,7 @@ class Comm:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        all_reduce_(flat)
         offset = 0
         for p in params:
             n = p.grad.numel()
