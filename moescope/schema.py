@@ -241,6 +241,18 @@ LOG_PPL_DIFF = _declare(
 )
 CHI2_TOKEN = _declare("rollout/chi2_token", "χ² divergence of the token-level ratio", source="readers")
 CHI2_SEQ = _declare("rollout/chi2_seq", "χ² divergence of the sequence-level ratio", source="readers")
+DEAD_EXPERT_FRAC = _declare(
+    "moe/dead_expert_frac", "share of (layer, expert) pairs that received no token", source="readers"
+)
+USED_EXPERT_FRAC = _declare(
+    "moe/used_expert_frac", "share of (layer, expert) pairs that received tokens", source="readers"
+)
+MAX_VIOLATION = _declare(
+    "moe/max_violation", "MaxVio: (largest expert load − mean load) / mean load", source="readers"
+)
+IS_ESS = _declare(
+    "rollout/is_ess", "effective sample size of the importance weights over the batch size", source="readers"
+)
 ALERTS = _declare(
     "health/alerts",
     "the framework's own warning lines at the step (Megatron's NaN checks, DeepSpeed overflows, ...)",

@@ -44,10 +44,12 @@ from moescope.analyze.readers import (
     megatron,
     openrlhf,
     plain,
+    records,
     steplines,
     tensorboard,
     trl,
     verl,
+    wandb,
 )
 from moescope.analyze.readers._rows import Parsed, assemble
 from moescope.analyze.readers._text import LogFile
@@ -71,6 +73,8 @@ READERS: dict[str, Callable[[LogFile], Parsed]] = {
     "tensorboard": tensorboard.read,
     "entropy-log": columns.read_entropy,
     "expert-load": columns.read_expert_load,
+    "wandb-summary": wandb.read,
+    "records": records.read,
     "key-values": keyvalues.read,
     "plain": plain.read,
 }

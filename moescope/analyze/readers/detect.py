@@ -28,10 +28,12 @@ import moescope.analyze.readers.keyvalues as keyvalues
 import moescope.analyze.readers.megatron as megatron
 import moescope.analyze.readers.openrlhf as openrlhf
 import moescope.analyze.readers.plain as plain
+import moescope.analyze.readers.records as records
 import moescope.analyze.readers.steplines as steplines
 import moescope.analyze.readers.tensorboard as tensorboard
 import moescope.analyze.readers.trl as trl
 import moescope.analyze.readers.verl as verl
+import moescope.analyze.readers.wandb as wandb
 from moescope.analyze.readers._text import LogFile
 from moescope.errors import MoescopeError
 
@@ -44,6 +46,8 @@ _LINE_KINDS = (
     lambda line: "openrlhf-console" if openrlhf.is_record(line) else None,
     columns.kind,  # before step lines: "step=7 layer=1 expert=3 tokens=30" is an expert-load row
     lambda line: "step-lines" if steplines.is_record(line) else None,
+    lambda line: "wandb-summary" if wandb.is_record(line) else None,
+    lambda line: "records" if records.is_stepped(line) else None,  # the fallback of any step-like line
 )
 
 
@@ -81,14 +85,18 @@ def sniff(log: LogFile) -> Sniff:
     if counts:
         return Sniff(_columns_by_name(path, counts.most_common(1)[0][0]), counts)
     pairs = sum(1 for line in log.lines if keyvalues.is_record(line))
-    mentions = sum(1 for line in log.lines if plain.is_record(line) and not keyvalues.is_record(line))
-    if pairs and pairs >= mentions:
+    rest = [line for line in log.lines if not keyvalues.is_record(line)]
+    loose = sum(1 for line in rest if records.record(line) is not None)
+    mentions = sum(1 for line in rest if plain.is_record(line))
+    if pairs and pairs >= max(loose, mentions):
         return Sniff("key-values", Counter({"key-values": pairs}))
+    if loose:
+        return Sniff("records", Counter({"records": loose}))
     if mentions:
         return Sniff("plain", counts)
     raise MoescopeError(
-        f"{path} has no step this reader recognises; pass format=... (see moescope.analyze.readers.FORMATS) "
-        "or check it is a training log."
+        f"{path} has no step this reader recognises: no line attaches a number to a metric name; pass "
+        "format=... (see moescope.analyze.readers.FORMATS) or check it is a training log."
     )
 
 
