@@ -232,7 +232,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
     if args.fault:
         parse_faults(args.fault)  # a name moescope does not know is one sentence, before any reading
-    trace = read_log(args.trace, format=args.format)
+    trace = read_log(args.trace, format=args.format, run=args.run)
     findings = diagnose(trace)
     result: dict = {
         "format": trace.header.get("format"),
@@ -544,6 +544,13 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
         "and the original does not are the proxy's own, set apart from the verdict",
     )
     dg.add_argument("--format", metavar="NAME", help="the log format, when auto-detection guesses wrong")
+    dg.add_argument(
+        "--run",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="of several runs pasted in one log, read run N (default: the last)",
+    )
     dg.add_argument(
         "--json", action="store_true", help='print one object: {"format", "steps", "findings", ...}'
     )

@@ -270,6 +270,12 @@ LM_LOSS = _declare("lm_loss", f"language-model loss, {_FOREIGN}", source="foreig
 LM_LOSS_SPACED = _declare(
     "lm loss", "Megatron's language-model loss where no framework was guessed", source="foreign"
 )
+ADVANTAGE_MAX = _declare(
+    "critic/advantages/max", f"largest advantage of the step, {_FOREIGN}", source="foreign"
+)
+ADVANTAGE_MIN = _declare(
+    "critic/advantages/min", f"smallest advantage of the step, {_FOREIGN}", source="foreign"
+)
 LENGTH_MIN = _declare("response_length/min", f"shortest response, {_FOREIGN}", source="foreign")
 LENGTH_MAX = _declare("response_length/max", f"longest response, {_FOREIGN}", source="foreign")
 

@@ -64,6 +64,7 @@ FIXTURE_FORMATS = {
     "openrlhf_console.log": "openrlhf-console",
     "xtuner_iter.log": "records",
     "wandb_summary.log": "wandb-summary",
+    "topk_indices.log": "topk-indices",
 }
 
 

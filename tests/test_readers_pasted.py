@@ -146,3 +146,44 @@ def test_prose_and_a_non_training_log_say_no_step(tmp_path: Path) -> None:
     text = "GET /index.html 200 1532\nconnected to db in 3 ms\nuser logged out\n"
     with pytest.raises(MoescopeError, match="no line attaches a number to a metric name"):
         read_text(tmp_path, text, "access.log")
+
+
+def test_printed_top_k_ids_become_each_layers_expert_load(tmp_path: Path) -> None:
+    trace = read_log(Path(__file__).parent / "data" / "logs" / "topk_indices.log")
+    assert trace.header["format"] == "topk-indices"
+    (step,) = trace.steps
+    assert step[S.EXPERT_LOAD_LAYERS] == [1, 2, 3, 4] and step[S.MAX_LOAD_SHARE] == 1.0
+    two_passes = "layer 0 experts: [[1, 5], [5, 7]]\nlayer 1 experts: [[2, 3], [3, 0]]\n" * 2
+    trace = read_text(tmp_path, two_passes, "debug.txt")
+    assert [s["step"] for s in trace.steps] == [0, 1]  # the layer numbers start over: a new pass
+    assert trace.steps[0][S.EXPERT_LOAD][0][5] == 0.5
+
+
+def test_two_pasted_runs_are_split_and_the_last_is_read(tmp_path: Path) -> None:
+    text = (
+        "step:1 - actor/pg_loss:0.01 - actor/grad_norm:0.4\n"
+        "step:2 - actor/pg_loss:nan - actor/grad_norm:nan\n"
+        "and the rerun with a lower lr:\n"
+        "step:1 - actor/pg_loss:0.01 - actor/grad_norm:0.4\n"
+        "step:2 - actor/pg_loss:0.02 - actor/grad_norm:0.3\n"
+    )
+    path = tmp_path / "two.log"
+    path.write_text(text)
+    last, first = read_log(path), read_log(path, run=0)
+    assert last.steps[-1][S.GRAD_NORM] == 0.3 and math.isnan(first.steps[-1][S.GRAD_NORM])
+    assert any("holds 2 runs" in n and "line 4" in n for n in last.notes)
+    with pytest.raises(MoescopeError, match="holds 2 runs; pass run= from 0 to 1"):
+        read_log(path, run=2)
+
+
+def test_a_line_over_the_cap_is_read_in_part(tmp_path: Path) -> None:
+    from moescope.analyze.readers._text import MAX_LINE
+
+    path = tmp_path / "long.log"
+    with path.open("w") as f:
+        f.write("step:1 - actor/grad_norm:0.4\n")
+        f.write("x" * (MAX_LINE * 3) + "\n")
+        f.write("step:2 - actor/grad_norm:nan\n")
+    trace = read_log(path)
+    assert [s["step"] for s in trace.steps] == [1, 2]
+    assert any("longer than 1 MiB were read only in part" in n for n in trace.notes)

@@ -87,6 +87,24 @@ def scan(lines: list[str], parse_at: Callable[[list[str], int], tuple[list[Row],
     return Parsed(rows, None, skipped=skipped, lines=nonblank)
 
 
+def split_runs(rows: list[Row]) -> list[list[Row]]:
+    """The runs of a log that holds several pasted one after another: a run ends where the step
+    counter starts over, at or below the first step of the run (a run resumed from a checkpoint
+    goes back only to that checkpoint, and stays one run). Rows without a step stay with the
+    record before them."""
+    runs: list[list[Row]] = [[]]
+    first = last = None
+    for row in rows:
+        if row.step is not None:
+            if last is not None and row.step < last and row.step <= first and len(runs[-1]) > 1:
+                runs.append([])
+                first = None
+            first = row.step if first is None else first
+            last = row.step
+        runs[-1].append(row)
+    return runs
+
+
 def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
     """The trace of ``parsed``: steps assigned, duplicates merged, keys canonical, notes written."""
     if not parsed.rows:

@@ -31,6 +31,7 @@ import moescope.analyze.readers.plain as plain
 import moescope.analyze.readers.records as records
 import moescope.analyze.readers.steplines as steplines
 import moescope.analyze.readers.tensorboard as tensorboard
+import moescope.analyze.readers.topk as topk
 import moescope.analyze.readers.trl as trl
 import moescope.analyze.readers.verl as verl
 import moescope.analyze.readers.wandb as wandb
@@ -44,6 +45,7 @@ _LINE_KINDS = (
     lambda line: "megatron" if megatron.is_record(line) else None,
     lambda line: "trl-console" if trl.is_record(line) else None,
     lambda line: "openrlhf-console" if openrlhf.is_record(line) else None,
+    lambda line: "topk-indices" if topk.is_record(line) else None,
     columns.kind,  # before step lines: "step=7 layer=1 expert=3 tokens=30" is an expert-load row
     lambda line: "step-lines" if steplines.is_record(line) else None,
     lambda line: "wandb-summary" if wandb.is_record(line) else None,

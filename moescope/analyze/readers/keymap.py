@@ -208,7 +208,6 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `mean_reward` | `reward/mean` |
 | generic | `kl_loss` | `actor/kl` |
 | generic | `aux_loss` | `moe/aux_loss` |
-| generic | `load_balancing_loss` | `moe/aux_loss` |
 | generic | `dead_expert_frac` | `moe/dead_expert_frac` |
 | generic | `max_vio` | `moe/max_violation` |
 | generic | `rollout_train_k3_kl` | `rollout/k3_kl` |
@@ -480,7 +479,6 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "mean_reward": S.REWARD_MEAN,
         "kl_loss": S.KL,
         "aux_loss": S.AUX_LOSS,
-        "load_balancing_loss": S.AUX_LOSS,
         "dead_expert_frac": S.DEAD_EXPERT_FRAC,
         "max_vio": S.MAX_VIOLATION,
         "rollout_train_k3_kl": S.MISMATCH_KL,
