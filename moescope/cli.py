@@ -226,6 +226,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from moescope.analyze.diagnosis import diagnose
     from moescope.analyze.readers import read_log
+    from moescope.analyze.remedies import next_steps, next_steps_text
     from moescope.analyze.verdict import compare, compare_healthy
     from moescope.replay.faults import parse_faults
     from moescope.traces import json_value
@@ -237,7 +238,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     result: dict = {
         "format": trace.header.get("format"),
         "steps": len(trace.steps),
-        "findings": [f.to_dict() for f in findings],
+        "findings": [{**f.to_dict(), "next": next_steps(f)} for f in findings],
         "notes": list(trace.notes),
     }
     comparison = healthy = None
@@ -263,6 +264,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         where = f"step {f.step}" if f.step is not None else "step ?"
         layer = f" layer {f.layer}" if f.layer is not None else ""
         print(f"  [{f.severity}] {where}{layer} {f.type}: {f.message}")
+        print("\n".join(f"      {line}" for line in next_steps_text(f)))
     if healthy is not None:
         own = (
             ", ".join(f"{t} (step {s})" for t, s in comparison.own.items())

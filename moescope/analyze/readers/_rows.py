@@ -29,7 +29,16 @@ from moescope.errors import MoescopeError
 from moescope.schema import RAW, STEP
 from moescope.traces import Trace
 
-STEP_KEYS = ("step", "global_step", "global_step/max_steps", "train/global_step", "iteration", "_step")
+STEP_KEYS = (
+    "step",
+    "global_step",
+    "global_step/max_steps",
+    "train/global_step",
+    "trainer/global_step",
+    "current_steps",  # LLaMA-Factory's trainer_log.jsonl
+    "iteration",
+    "_step",
+)
 
 
 @dataclass

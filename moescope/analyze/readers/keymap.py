@@ -202,7 +202,6 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `gnorm` | `actor/grad_norm` |
 | generic | `total_grad_norm` | `actor/grad_norm` |
 | generic | `reduced_train_loss` | `actor/loss` |
-| generic | `train_loss` | `actor/loss` |
 | generic | `total_loss` | `actor/loss` |
 | generic | `avg_reward` | `reward/mean` |
 | generic | `mean_reward` | `reward/mean` |
@@ -473,7 +472,6 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "gnorm": S.GRAD_NORM,
         "total_grad_norm": S.GRAD_NORM,
         "reduced_train_loss": S.ACTOR_LOSS,
-        "train_loss": S.ACTOR_LOSS,
         "total_loss": S.ACTOR_LOSS,
         "avg_reward": S.REWARD_MEAN,
         "mean_reward": S.REWARD_MEAN,
@@ -495,8 +493,9 @@ MARKERS: dict[str, frozenset[str]] = {
     "nemo-rl": frozenset({"train/token_mult_prob_error", "train/gen_kl_error", "train/mean_prompt_length"}),
     "slime": frozenset({"train/train_rollout_logprob_abs_diff", "train/global_batch_size"}),
     "areal": frozenset({"ppo_actor/update/grad_norm", "ppo_actor/task_reward/avg"}),
+    "llamafactory": frozenset({"current_steps", "total_steps", "remaining_time", "elapsed_time"}),
     "nemo": frozenset({"reduced_train_loss", "consumed_samples", "train_step_timing in s"}),
-    "nemo-automodel": frozenset({"moe/dead_expert_frac", "num_label_tokens"}),
+    "nemo-automodel": frozenset({"moe/dead_expert_frac", "num_label_tokens", "moe/layer_0/cv"}),
     "tinker": frozenset({"e_max_violation", "e_frac_with_tokens"}),
     "deepspeed-chat": frozenset({"ppo_ep", "unsuper_loss", "average reward score"}),
     "prime-rl": frozenset(

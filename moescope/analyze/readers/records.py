@@ -85,6 +85,9 @@ _BAR = re.compile(r"\d+%\|")
 _BAR_POSTFIX = re.compile(r"\[[^\]]*?<[^\]]*?,\s*(?P<postfix>[^\]]*)\]")
 
 
+_TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
+
+
 def marker(line: str) -> tuple[str | None, int, re.Match[str]] | None:
     """The first step marker of ``line``: ``(framework or None, step, match)``."""
     for framework, pattern, step in MARKS:
@@ -155,7 +158,10 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
             rest = rest[: bar.start()] + (" | " + postfix.group("postfix") if postfix else "")
         fields = pairs(rest)
         return (step, framework, fields) if fields else None
-    fields = pairs(line) if _numeric(line) else {}
+    row = _TABLE_ROW.match(line)  # a two-column table (tabulate, markdown) of one step's stats
+    fields = (
+        {row.group("key"): parse_number(row.group("value"))} if row else pairs(line) if _numeric(line) else {}
+    )
     if fields and any(is_metric(k) for k in fields):
         return None, None, fields
     return None
@@ -174,14 +180,19 @@ def read(log: LogFile) -> Parsed:
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         found = record(lines[i])
         if found is None:
-            return None
+            mark = marker(lines[i])  # "Train step 5/1000 done.": the step the lines below belong to
+            return (
+                ([Row(mark[1], {}, lines[i], i + 1)], i + 1)
+                if mark and _marks_only(lines[i], mark[2])
+                else None
+            )
         step, framework, fields = found
         if framework:
             frameworks.append(framework)
         return [Row(step, fields, lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
-    parsed.rows = _merge_runs(parsed.rows)
+    parsed.rows = [r for r in _merge_runs(parsed.rows) if r.metrics]
     keys = {k for row in parsed.rows for k in row.metrics}
     named = max(set(frameworks), key=frameworks.count) if frameworks else None
     parsed.framework = named or guess_beyond_generic(keys)
@@ -191,15 +202,20 @@ def read(log: LogFile) -> Parsed:
     return parsed
 
 
+def _marks_only(line: str, match: re.Match[str]) -> bool:
+    """A short line that is mostly its step marker (a banner, not prose that mentions a step)."""
+    return len(line.strip()) <= 3 * len(match.group(0)) + 20
+
+
 def _merge_runs(rows: list[Row]) -> list[Row]:
-    """Consecutive rows of one explicit step as one row (``iteration 10: lbl: …`` a line each)."""
+    """Consecutive rows of one step (or none) with no name in common as one row: one metric a
+    line (``iteration 10: lbl: …``), a table of a step's stats under its banner."""
     out: list[Row] = []
     for row in rows:
         last = out[-1] if out else None
         if (
             last is not None
-            and row.step is not None
-            and row.step == last.step
+            and (row.step is None or row.step == last.step)
             and not (row.metrics.keys() & last.metrics.keys())
         ):
             last.metrics.update(row.metrics)

@@ -90,7 +90,9 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
     order = [name for name, _ in FAMILIES] + ["other"]
     families = sorted({_family(k) for k in keys}, key=order.index)
     later = [s for s, _ in bad_steps[1:]]
-    persistent = len(later) >= SUSTAIN or (later and later[0] == step + 1)
+    steps = [step_of(r, i) for i, r in enumerate(trace.steps)]
+    following = next((s for s in steps if s > step), None)  # the next record, however far its step
+    persistent = len(later) >= SUSTAIN or bool(later and later[0] == following)
     record = next(r for i, r in enumerate(trace.steps) if step_of(r, i) == step)
     module = record.get(S.FIRST_NONFINITE_MODULE)
     where = f", first in module {module}" if module else ""
