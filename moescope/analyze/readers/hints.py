@@ -20,7 +20,7 @@ import re
 __all__ = ["RATIO_LEVEL", "RECOMPUTE", "SEQUENCE_LEVEL", "ratio_level", "recompute"]
 
 RATIO_LEVEL = "ratio_level"  # the trace header key: "sequence" when the log says so
-_SEP = r"""['"]?\s*[=:\s]\s*['"]?"""  # key=value, key: value, "key": "value", --key value
+_SEP = r"""['"]?[ \t]*[=: \t][ \t]*['"]?"""  # key=value, key: value, "key": "value", --key value
 SEQUENCE_LEVEL = re.compile(
     rf"(?:loss[-_]mode|advantage[-_]estimator|policy[-_]loss|\balgo(?:rithm)?){_SEP}gspo\b"
     rf"|importance[-_]sampling[-_]level{_SEP}sequence",
@@ -33,7 +33,7 @@ RECOMPUTE = "recompute"  # the trace header key: True when the log says activati
 # config keys they set), unless the value says it is off
 RECOMPUTING = re.compile(
     r"(?:moe[-_]layer[-_]recompute|recompute[-_](?:granularity|activations|method|num[-_]layers))"
-    r"(?!['\"]?\s*[=:]\s*['\"]?(?:none|null|false|0)\b)",
+    r"(?!['\"]?[ \t]*[=:][ \t]*['\"]?(?:none|null|false|0)\b)",
     re.IGNORECASE,
 )
 
@@ -44,12 +44,18 @@ def recompute(lines: list[str]) -> int | None:
     Megatron before its fix (Megatron-LM#1330, #1478, #1514) recorded the load-balancing loss in
     the recompute forward pass too, so a balanced router logs about twice its true value.
     """
-    return next((n for n, line in enumerate(lines, 1) if RECOMPUTING.search(line)), None)
+    return _first_line(RECOMPUTING, lines)
 
 
 def ratio_level(lines: list[str]) -> tuple[str, int] | None:
     """``("sequence", line number)`` when a line sets sequence-level ratios, else ``None``."""
-    for number, line in enumerate(lines, 1):
-        if SEQUENCE_LEVEL.search(line):
-            return "sequence", number
-    return None
+    number = _first_line(SEQUENCE_LEVEL, lines)
+    return None if number is None else ("sequence", number)
+
+
+def _first_line(pattern: re.Pattern[str], lines: list[str]) -> int | None:
+    """The number of the first line ``pattern`` matches: one search over the joined text (the
+    patterns match within a line), not one per line."""
+    text = "\n".join(lines)
+    match = pattern.search(text)
+    return None if match is None else text.count("\n", 0, match.start()) + 1

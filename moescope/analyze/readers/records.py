@@ -109,19 +109,23 @@ def pairs(text: str) -> dict[str, Any]:
         piece = piece.strip(" :,-")
         if not _numeric(piece):
             continue
-        found = field(piece, labelled=True) or field(piece) if len(piece) < 200 else None
-        if found and (":" in piece or "=" in piece or (" " not in found[0] and _named(found[0]))):
-            out[found[0]] = found[1]
-            continue
         labelled = list(_LABELLED.finditer(piece))
+        whole = labelled and labelled[0].start() == 0 and labelled[-1].end() == len(piece)
+        found = None if whole or len(piece) >= 200 else field(piece, labelled=True) or field(piece)
+        if found and (":" in piece or "=" in piece or (" " not in found[0] and _named(found[0]))):
+            out[found[0]] = found[1]  # a name with spaces or a unit: "average reward score: 0.2"
+            continue
         for match in labelled or (m for m in _SPACED.finditer(piece) if _named(m.group("key"))):
             out[match.group("key")] = parse_number(match.group("value"))
     return out
 
 
+_DIGITISH = re.compile(r"\d|nan|inf", re.IGNORECASE)
+
+
 def _numeric(text: str) -> bool:
     """Whether ``text`` can hold a number at all (a cheap test before any pattern runs)."""
-    return any(c.isdigit() for c in text) or "nan" in text.lower() or "inf" in text.lower()
+    return _DIGITISH.search(text) is not None
 
 
 def _named(key: str) -> bool:
