@@ -30,33 +30,41 @@ GOAL = 2.0
 
 
 def _verl(i: int, r: random.Random) -> str:
-    return (
-        f"(TaskRunner pid=4242) step:{i} - actor/entropy:{r.uniform(0.2, 0.8):.6f} - "
-        f"actor/pg_loss:{r.gauss(0, 0.01):.6f} - actor/pg_clipfrac:{r.uniform(0, 0.01):.6f} - "
-        f"actor/ppo_kl:{r.uniform(0, 1e-3):.6f} - actor/grad_norm:{_grad(r)} - actor/lr:1e-06 - "
-        f"critic/score/mean:{r.random():.6f} - critic/score/max:1.0 - critic/score/min:0.0 - "
-        f"response_length/mean:{r.uniform(300, 900):.2f} - "
-        f"response_length/clip_ratio:{r.uniform(0, 0.05):.6f} - timing_s/gen:{r.uniform(10, 20):.3f} - "
-        f"timing_s/update_actor:{r.uniform(5, 9):.3f}\n"
-    )
+    values = {
+        "actor/entropy": r.uniform(0.2, 0.8),
+        "actor/pg_loss": r.gauss(0, 0.01),
+        "actor/pg_clipfrac": r.uniform(0, 0.01),
+        "actor/ppo_kl": r.uniform(0, 1e-3),
+        "actor/grad_norm": _grad(r),
+        "actor/lr": 1e-06,
+        "critic/score/mean": r.random(),
+        "response_length/mean": r.uniform(300, 900),
+        "response_length/clip_ratio": r.uniform(0, 0.05),
+        "timing_s/gen": r.uniform(10, 20),
+    }
+    return f"(TaskRunner pid=4242) step:{i}" + "".join(f" - {k}:{v}" for k, v in values.items()) + "\n"
 
 
 def _megatron(i: int, r: random.Random) -> str:
-    return (
-        f" [2025-06-02 08:14:51] iteration {i:8d}/ 2000000 | consumed samples: {i * 256:12d} | "
-        f"elapsed time per iteration (ms): {r.uniform(3900, 4100):.1f} | learning rate: 1.500000E-04 | "
-        f"global batch size:   256 | lm loss: {r.uniform(2, 4):.6E} | load_balancing_loss: "
-        f"{r.uniform(1.0, 1.1):.6E} | loss scale: 1.0 | grad norm: {_grad(r)} | "
-        "number of skipped iterations:   0 | number of nan iterations:   0 |\n"
-    )
+    values = {
+        "consumed samples": i * 256,
+        "elapsed time per iteration (ms)": f"{r.uniform(3900, 4100):.1f}",
+        "learning rate": "1.500000E-04",
+        "lm loss": f"{r.uniform(2, 4):.6E}",
+        "load_balancing_loss": f"{r.uniform(1.0, 1.1):.6E}",
+        "loss scale": 1.0,
+        "grad norm": _grad(r),
+        "number of skipped iterations": 0,
+    }
+    fields = "".join(f" {k}: {v} |" for k, v in values.items())
+    return f" [2025-06-02 08:14:51] iteration {i:8d}/ 2000000 |{fields}\n"
 
 
 def _records(i: int, r: random.Random) -> str:
-    return (
-        f"2024/06/12 09:31:02 - mmengine - INFO - Iter(train) [{i:6d}/9999999]  lr: 1.9125e-04  "
-        f"eta: 1:07:12  time: {r.uniform(2.9, 3.0):.4f}  data_time: 0.0204  memory: 14872  "
-        f"loss: {r.uniform(0.5, 0.9):.4f}  grad_norm: {_grad(r)}\n"
-    )
+    values = {"lr": "1.9125e-04", "eta": "1:07:12", "time": f"{r.uniform(2.9, 3.0):.4f}", "memory": 14872}
+    values |= {"loss": f"{r.uniform(0.5, 0.9):.4f}", "grad_norm": _grad(r)}
+    fields = "".join(f"  {k}: {v}" for k, v in values.items())
+    return f"2024/06/12 09:31:02 - mmengine - INFO - Iter(train) [{i:6d}/9999999]{fields}\n"
 
 
 FORMATS: dict[str, Callable[[int, random.Random], str]] = {
