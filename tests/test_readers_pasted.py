@@ -187,3 +187,22 @@ def test_a_line_over_the_cap_is_read_in_part(tmp_path: Path) -> None:
     trace = read_log(path)
     assert [s["step"] for s in trace.steps] == [1, 2]
     assert any("longer than 1 MiB were read only in part" in n for n in trace.notes)
+
+
+def _finite_values(trace) -> list[dict]:
+    """The steps' values without raw text and NaNs (which compare unequal), for comparing reads."""
+    return [
+        {k: v for k, v in s.items() if k != "raw" and not (isinstance(v, float) and math.isnan(v))}
+        for s in trace.steps
+    ]
+
+
+@pytest.mark.parametrize("width", [80, 100, 137])
+def test_record_lines_a_terminal_wrapped_at_its_width_are_rejoined(tmp_path: Path, width: int) -> None:
+    path = Path(__file__).parent / "data" / "logs" / "xtuner_iter.log"
+    wrapped = [
+        line[i : i + width] for line in path.read_text().splitlines() for i in range(0, len(line), width)
+    ]
+    trace = read_text(tmp_path, "\n".join(wrapped) + "\n")
+    assert _finite_values(trace) == _finite_values(read_log(path))
+    assert sum(math.isnan(s[S.GRAD_NORM]) for s in trace.steps) == 3

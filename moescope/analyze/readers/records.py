@@ -26,13 +26,14 @@ names the framework's table lacks are read through the ``generic`` one.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 from moescope.analyze.readers._fields import field
 from moescope.analyze.readers._rows import Parsed, Row, scan
-from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number
+from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number
 from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_generic
 
 _I = rf"\s*({INT})\s*"
@@ -180,20 +181,19 @@ def is_stepped(line: str) -> bool:
 def read(log: LogFile) -> Parsed:
     """One row per record (consecutive records of one step merged)."""
     frameworks: list[str] = []
+    width = wrap_width(log.lines)
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
-        found = record(lines[i])
+        end = unwrap(lines, i, width)  # a record a terminal wrapped at its width: pieces rejoined
+        text = lines[i] if end == i + 1 else "".join(lines[i:end])
+        found = record(text)
         if found is None:
-            mark = marker(lines[i])  # "Train step 5/1000 done.": the step the lines below belong to
-            return (
-                ([Row(mark[1], {}, lines[i], i + 1)], i + 1)
-                if mark and _marks_only(lines[i], mark[2])
-                else None
-            )
+            mark = marker(text)  # "Train step 5/1000 done.": the step the lines below belong to
+            return ([Row(mark[1], {}, text, i + 1)], end) if mark and _marks_only(text, mark[2]) else None
         step, framework, fields = found
         if framework:
             frameworks.append(framework)
-        return [Row(step, fields, lines[i], i + 1)], i + 1
+        return [Row(step, fields, text, i + 1)], end
 
     parsed = scan(log.lines, parse_at)
     parsed.rows = [r for r in _merge_runs(parsed.rows) if r.metrics]
@@ -204,6 +204,33 @@ def read(log: LogFile) -> Parsed:
         row.metrics = canonical_names(parsed.framework, row.metrics)
     parsed.keymap = "moescope"  # renamed here: the framework's table, then the generic one
     return parsed
+
+
+def wrap_width(lines: list[str]) -> int | None:
+    """The width a terminal wrapped the log's lines at: a length of 60 or more that several lines
+    with a step marker share exactly while others are shorter, else ``None``."""
+    lengths = Counter(len(line) for line in lines[:5000] if len(line) >= 60 and marker(line))
+    if not lengths:
+        return None
+    width, n = lengths.most_common(1)[0]
+    return width if n >= 2 and width == max(len(line) for line in lines[:5000]) else None
+
+
+def unwrap(lines: list[str], i: int, width: int | None) -> int:
+    """The index after the record starting at line ``i``: while a piece fills the wrap width
+    exactly, the next line (no record of its own: no step marker) continues it."""
+    end = i + 1
+    if width is None:
+        return end
+    while (
+        end < len(lines)
+        and end - i < MAX_PIECES
+        and len(lines[end - 1]) == width
+        and lines[end].strip()
+        and marker(lines[end]) is None
+    ):
+        end += 1
+    return end
 
 
 def _marks_only(line: str, match: re.Match[str]) -> bool:
