@@ -47,6 +47,7 @@ EXPECTED: dict[str, set[str]] = {
     "roll_metrics_tag.log": {"nonfinite"},
     "tqdm_postfix_healthy.log": set(),
     "tinker_moe_watch.log": {"load_collapse"},
+    "trl_notebook_table_kl_nan.log": {"nonfinite"},
 }
 
 

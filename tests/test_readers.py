@@ -65,6 +65,7 @@ FIXTURE_FORMATS = {
     "xtuner_iter.log": "records",
     "wandb_summary.log": "wandb-summary",
     "topk_indices.log": "topk-indices",
+    "trl_notebook_table.log": "step-table",
 }
 
 

@@ -206,3 +206,11 @@ def test_record_lines_a_terminal_wrapped_at_its_width_are_rejoined(tmp_path: Pat
     trace = read_text(tmp_path, "\n".join(wrapped) + "\n")
     assert _finite_values(trace) == _finite_values(read_log(path))
     assert sum(math.isnan(s[S.GRAD_NORM]) for s in trace.steps) == 3
+
+
+def test_a_notebook_progress_table_is_read_by_its_column_names() -> None:
+    trace = read_log(Path(__file__).parent / "data" / "logs" / "trl_notebook_table.log")
+    assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == [10, 20, 30]
+    first, last = trace.steps[0], trace.steps[-1]
+    assert first[S.ACTOR_LOSS] == 0.0012 and first[S.LENGTH_MEAN] == 402.125 and first[S.KL] == 0.00031
+    assert S.KL not in last  # 'No Log' is not logged, not a value

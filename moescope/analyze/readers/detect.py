@@ -30,6 +30,7 @@ import moescope.analyze.readers.openrlhf as openrlhf
 import moescope.analyze.readers.plain as plain
 import moescope.analyze.readers.records as records
 import moescope.analyze.readers.steplines as steplines
+import moescope.analyze.readers.table as table
 import moescope.analyze.readers.tensorboard as tensorboard
 import moescope.analyze.readers.topk as topk
 import moescope.analyze.readers.trl as trl
@@ -83,6 +84,8 @@ def sniff(log: LogFile) -> Sniff:
     first = next((line for line in log.lines if line.strip()), "")
     if jsonl.is_trace_header(first):
         return Sniff("moescope", Counter())
+    if table.header(log.lines) is not None:  # a notebook's progress table: its rows are bare numbers
+        return Sniff("step-table", Counter())
     counts = _vote(log.lines)
     if counts:
         return Sniff(_columns_by_name(path, counts.most_common(1)[0][0]), counts)
