@@ -5,7 +5,11 @@ TRL / HF Trainer's ``trainer_state.json`` or console, Megatron-LM iteration line
 overflow lines, ms-swift and ROLL JSON lines, TensorBoard event files (OpenRLHF, NeMo-RL, slime),
 OpenRLHF's progress-bar postfixes, prime-rl's ``Step N | …`` lines (and any trainer's ``step N``
 lines of ``name value`` fields), NeMo-RL's console blocks, a snapshot of metrics pasted one per
-line, the simple column files of a deployment guide, or just any text with NaNs in it.
+line, a W&B run summary, a notebook's progress table, a user's printed top-k expert ids, the
+simple column files of a deployment guide, any line that attaches numbers to metric names
+(mmengine / XTuner, NeMo 2.0, torchtune, tqdm postfixes, home-made loops: ``records``), or just
+any text with NaNs in it. What users paste is tolerated: rank labels, terminal wraps, a sentence
+before the log, several runs one after another (``run=``).
 :func:`read_log` turns each into a :class:`~moescope.traces.Trace` that the diagnosis reads:
 
 - ``header``: ``{"kind": "header", "format": <name>, "source": <path>, "framework": <name or None>}``;

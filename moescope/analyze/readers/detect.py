@@ -6,14 +6,17 @@ whose first record is a TensorBoard ``brain.Event``) → ``tensorboard``; a dire
 that is a moescope trace header → ``moescope``. Otherwise every line is classified — verl's
 ``step:N - ``, Megatron's ``iteration N/ M |`` and DeepSpeed's ``OVERFLOW!``, a Python dict, a
 JSON object (verl's ``{"step","data"}``, ROLL's ``metrics_tag:``, a flat one), a progress bar
-with a ``key=value`` postfix (OpenRLHF), a ``Step N |
-name value`` line (prime-rl and trainers not listed), whitespace columns — and the format with
-most lines wins; the scan stops once enough lines are
-recognised, so a long preamble (verl prints its whole config first) costs a pass, not a guess.
+with a ``key=value`` postfix (OpenRLHF), printed top-k expert ids, a ``Step N |
+name value`` line (prime-rl and trainers not listed), whitespace columns, a W&B summary line,
+any other line with a step marker and a field (``records``) — and the format with most lines wins;
+a notebook's ``Step | …`` progress table is recognised before the vote, its rows being bare
+numbers. The scan stops once enough lines are recognised, so a long preamble (verl prints its
+whole config first) costs a pass, not a guess.
 Columns are ``entropy-log`` or ``expert-load`` by the file name when it says (``entropy_log.txt``,
 ``expert_load.log``), else by their shape. A text log with none of these is ``key-values``
 when it has ``name: value`` lines (a pasted snapshot, NeMo-RL's console blocks) at least as
-many as its other lines mentioning NaN/Inf, else ``plain`` when it has such lines.
+many as its other lines mentioning NaN/Inf, else ``records`` when lines without a step name a
+metric and a number, else ``plain`` when it has lines mentioning NaN/Inf.
 """
 
 from __future__ import annotations
