@@ -264,7 +264,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         where = f"step {f.step}" if f.step is not None else "step ?"
         layer = f" layer {f.layer}" if f.layer is not None else ""
         print(f"  [{f.severity}] {where}{layer} {f.type}: {f.message}")
-        print("\n".join(f"      {line}" for line in next_steps_text(f)))
+        if f.severity != "info":  # an info (the fp16 scaler settling) needs nothing fixed
+            print("\n".join(f"      {line}" for line in next_steps_text(f)))
     if healthy is not None:
         own = (
             ", ".join(f"{t} (step {s})" for t, s in comparison.own.items())
