@@ -48,6 +48,8 @@ EXPECTED: dict[str, set[str]] = {
     "tqdm_postfix_healthy.log": set(),
     "tinker_moe_watch.log": {"load_collapse"},
     "trl_notebook_table_kl_nan.log": {"nonfinite"},
+    "swift_console_dead_groups.log": {"no_signal"},
+    "verl_warn_only.log": {"nonfinite"},
 }
 
 

@@ -35,6 +35,7 @@ from moescope.analyze.readers._fields import field
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number
 from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_generic
+from moescope.analyze.readers.verl import RAY_PREFIX
 
 _I = rf"\s*({INT})\s*"
 
@@ -153,6 +154,7 @@ def is_metric(key: str) -> bool:
 
 def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     """``(step, framework, fields)`` of a record line, or ``None``."""
+    line = RAY_PREFIX.sub("", line, count=1)  # "(TaskRunner pid=17)" names no metric "pid"
     found = marker(line)
     if found is not None:
         framework, step, match = found

@@ -96,7 +96,9 @@ def check_no_signal(trace: Trace) -> list[Finding]:
         start = sustained(flags)
         step = dead[0] if start is None else points[start][0]
         message = f"No learning signal on {len(dead)} of {len(points)} steps"
-    elif gone >= SUSTAIN:  # the signal is gone at the end of the log, however long it ran before
+    elif gone >= SUSTAIN or (gone and len(points) < 2 * SUSTAIN):
+        # the signal is gone at the end of the log, however long it ran before (in a short paste,
+        # the record it ends on says so)
         step = points[len(points) - gone][0]
         message = f"No learning signal since step {step} ({gone} steps, to the end of the log)"
     else:
