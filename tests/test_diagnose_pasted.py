@@ -50,6 +50,7 @@ EXPECTED: dict[str, set[str]] = {
     "trl_notebook_table_kl_nan.log": {"nonfinite"},
     "swift_console_dead_groups.log": {"no_signal"},
     "verl_warn_only.log": {"nonfinite"},
+    "openrlhf_vllm_kl.log": {"rollout_mismatch"},
 }
 
 

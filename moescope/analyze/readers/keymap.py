@@ -78,6 +78,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | openrlhf | `train/response_clip_ratio` | `response/truncated_frac` |
 | openrlhf | `train/critic_loss` | `critic/vf_loss` |
 | openrlhf | `train/critic_grad_norm` | `critic/grad_norm` |
+| openrlhf | `train/vllm_kl` | `rollout/k3_kl` |
+| openrlhf | `train/logprobs_diff` | `rollout/logprob_mismatch` |
 | openrlhf | `policy_loss` | `actor/pg_loss` |
 | openrlhf | `actor_grad_norm` | `actor/grad_norm` |
 | openrlhf | `actor_lr` | `optim/lr` |
@@ -94,6 +96,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | openrlhf | `act_lr` | `optim/lr` |
 | openrlhf | `gen_len` | `response/length_mean` |
 | openrlhf | `ent_loss` | `actor/entropy` |
+| openrlhf | `vllm_kl` | `rollout/k3_kl` |
+| openrlhf | `logprobs_diff` | `rollout/logprob_mismatch` |
 | megatron | `lm loss` | `actor/loss` |
 | megatron | `grad norm` | `actor/grad_norm` |
 | megatron | `learning rate` | `optim/lr` |
@@ -322,6 +326,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "train/response_clip_ratio": S.TRUNCATED_FRAC,
         "train/critic_loss": S.VF_LOSS,
         "train/critic_grad_norm": S.CRITIC_GRAD_NORM,
+        "train/vllm_kl": S.MISMATCH_KL,  # KL of the vLLM rollout to the trainer
+        "train/logprobs_diff": S.LOGPROB_MISMATCH,
         # the console's progress-bar postfix: the Episode bar's full names, the inner bar's short ones
         "policy_loss": S.PG_LOSS,
         "actor_grad_norm": S.GRAD_NORM,
@@ -339,6 +345,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "act_lr": S.LR,
         "gen_len": S.LENGTH_MEAN,
         "ent_loss": S.ENTROPY,
+        "vllm_kl": S.MISMATCH_KL,
+        "logprobs_diff": S.LOGPROB_MISMATCH,
     },
     "megatron": {
         "lm loss": S.ACTOR_LOSS,
