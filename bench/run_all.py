@@ -27,11 +27,13 @@ SCRIPTS: dict[str, list[str]] = {
     "trl_fsdp2": ["trl_fsdp2.py", "--rounds", "4", "--steps", "8"],
     "clustering": ["clustering.py"],
     "charts": ["charts.py"],
+    "diagnose_read": ["diagnose_read.py", "--mb", "32", "--repeats", "3"],
 }
 QUICK = {
     "export": ["export.py", "--gb", "4.0"],
     "replay": ["replay.py", "--steps", "4"],
     "trl_fsdp2": ["trl_fsdp2.py", "--rounds", "2", "--steps", "4"],
+    "diagnose_read": ["diagnose_read.py", "--mb", "8", "--repeats", "1"],
 }
 
 

@@ -261,18 +261,19 @@ def cmd_heal(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from moescope.analyze.diagnosis import diagnose
     from moescope.analyze.readers import read_log
+    from moescope.analyze.remedies import next_steps, next_steps_text
     from moescope.analyze.verdict import compare, compare_healthy
     from moescope.replay.faults import parse_faults
     from moescope.traces import json_value
 
     if args.fault:
         parse_faults(args.fault)  # a name moescope does not know is one sentence, before any reading
-    trace = read_log(args.trace, format=args.format)
+    trace = read_log(args.trace, format=args.format, run=args.run)
     findings = diagnose(trace)
     result: dict = {
         "format": trace.header.get("format"),
         "steps": len(trace.steps),
-        "findings": [f.to_dict() for f in findings],
+        "findings": [{**f.to_dict(), "next": next_steps(f)} for f in findings],
         "notes": list(trace.notes),
     }
     comparison = healthy = None
@@ -298,6 +299,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         where = f"step {f.step}" if f.step is not None else "step ?"
         layer = f" layer {f.layer}" if f.layer is not None else ""
         print(f"  [{f.severity}] {where}{layer} {f.type}: {f.message}")
+        if f.severity != "info":  # an info (the fp16 scaler settling) needs nothing fixed
+            print("\n".join(f"      {line}" for line in next_steps_text(f)))
     if healthy is not None:
         own = (
             ", ".join(f"{t} (step {s})" for t, s in comparison.own.items())
@@ -618,6 +621,13 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
         "and the original does not are the proxy's own, set apart from the verdict",
     )
     dg.add_argument("--format", metavar="NAME", help="the log format, when auto-detection guesses wrong")
+    dg.add_argument(
+        "--run",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="of several runs pasted in one log, read run N (default: the last)",
+    )
     dg.add_argument(
         "--json", action="store_true", help='print one object: {"format", "steps", "findings", ...}'
     )

@@ -241,6 +241,18 @@ LOG_PPL_DIFF = _declare(
 )
 CHI2_TOKEN = _declare("rollout/chi2_token", "χ² divergence of the token-level ratio", source="readers")
 CHI2_SEQ = _declare("rollout/chi2_seq", "χ² divergence of the sequence-level ratio", source="readers")
+DEAD_EXPERT_FRAC = _declare(
+    "moe/dead_expert_frac", "share of (layer, expert) pairs that received no token", source="readers"
+)
+USED_EXPERT_FRAC = _declare(
+    "moe/used_expert_frac", "share of (layer, expert) pairs that received tokens", source="readers"
+)
+MAX_VIOLATION = _declare(
+    "moe/max_violation", "MaxVio: (largest expert load − mean load) / mean load", source="readers"
+)
+IS_ESS = _declare(
+    "rollout/is_ess", "effective sample size of the importance weights over the batch size", source="readers"
+)
 ALERTS = _declare(
     "health/alerts",
     "the framework's own warning lines at the step (Megatron's NaN checks, DeepSpeed overflows, ...)",
@@ -257,6 +269,12 @@ SFT_LOSS = _declare("actor/sft_loss", f"supervised loss term, {_FOREIGN}", sourc
 LM_LOSS = _declare("lm_loss", f"language-model loss, {_FOREIGN}", source="foreign")
 LM_LOSS_SPACED = _declare(
     "lm loss", "Megatron's language-model loss where no framework was guessed", source="foreign"
+)
+ADVANTAGE_MAX = _declare(
+    "critic/advantages/max", f"largest advantage of the step, {_FOREIGN}", source="foreign"
+)
+ADVANTAGE_MIN = _declare(
+    "critic/advantages/min", f"smallest advantage of the step, {_FOREIGN}", source="foreign"
 )
 LENGTH_MIN = _declare("response_length/min", f"shortest response, {_FOREIGN}", source="foreign")
 LENGTH_MAX = _declare("response_length/max", f"longest response, {_FOREIGN}", source="foreign")

@@ -1,5 +1,8 @@
 """``diagnose(trace) -> findings``: what went wrong in a training run, and when.
 
+What to try next for each finding — its likely causes, and the ``moescope validate`` lines that
+test a fix on a proxy — is :mod:`moescope.analyze.remedies`.
+
 Works on the canonical trace form (a moescope replay, or any log :mod:`moescope.analyze.readers`
 reads), so absent metrics are simply not judged. Each check is one function over the step
 records, one module per finding family under :mod:`moescope.analyze.rules`; thresholds are
@@ -11,7 +14,9 @@ nothing (negative controls in the tests):
   gradients; a loss field that vanishes from a step logging the same other metrics, in a log
   where it is present at least as often as missing (Megatron drops a NaN loss; two pasted lines
   can say it), is a *suspected* non-finite loss. Isolated (finite again on the next step) or
-  persistent.
+  persistent. A step whose gradients alone went non-finite while the loss stayed finite and the
+  learning rate did not move is named a skipped update; a loss or gradient norm logged as null
+  is decisive on one record.
 - ``grad_spike``: a gradient norm ``GRAD_SPIKE_FACTOR`` times above the median of the previous
   ``WINDOW`` steps and more than ``GRAD_SPIKE_Z`` robust deviations (MAD of log norms) away; with
   fewer than 3 earlier steps that had a gradient, ``GRAD_SPIKE_EXTREME`` times the median and
@@ -31,7 +36,8 @@ nothing (negative controls in the tests):
   the early-run baseline (and under the OPEFO floor, when the run had one) / rises above three
   times it, for ``SUSTAIN`` steps.
 - ``reward_collapse``: the running mean reward falls below a fifth of a positive early baseline.
-- ``no_signal``: every group's rewards were equal (no GRPO gradient) on most steps, dated where
+- ``no_signal``: every group's rewards were equal (no GRPO gradient: ``frac_reward_zero_std`` at 1,
+  or every advantage exactly 0, or a reward std of exactly 0) on most steps, dated where
   such steps first follow one another for ``SUSTAIN`` steps; or on the log's last ``SUSTAIN`` or
   more steps (``frac_reward_zero_std`` gone to 1: a run that stalls late), dated where that began.
 - ``degenerate_output``: all responses truncated, or a constant response length, for ``SUSTAIN``
@@ -46,7 +52,11 @@ degenerate output.
   the experts that were busy early on receive nothing; or a load-balancing loss twice its early
   value, or (Megatron's, logged unscaled: 1 when balanced; also per layer) at ``LBL_IMBALANCED``
   or more; or,
-  for a log with only the scalar, a load CV above 1 and twice its early value.
+  for a log with only the scalars, a load CV above 1 and twice its early value (per layer too),
+  a quarter of the experts dead, or MaxVio at ``LOAD_SHARE_FACTOR`` − 1; on an excerpt too short
+  for a trend (a user's printed top-k ids), one expert with half the slots on every record. A
+  log that turns activation recompute on has its Megatron load-balancing loss halved (recorded
+  twice, Megatron-LM#1330).
 - ``rollout_mismatch``: the rollout engine's log-probs drift from the trainer's, by the level,
   the rise or the onset of any mismatch metric, or a token-level clip fraction held high (not
   judged where ratios are sequence-level, as in GSPO) (:mod:`moescope.analyze.rules.mismatch`).

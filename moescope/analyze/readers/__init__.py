@@ -5,7 +5,11 @@ TRL / HF Trainer's ``trainer_state.json`` or console, Megatron-LM iteration line
 overflow lines, ms-swift and ROLL JSON lines, TensorBoard event files (OpenRLHF, NeMo-RL, slime),
 OpenRLHF's progress-bar postfixes, prime-rl's ``Step N | …`` lines (and any trainer's ``step N``
 lines of ``name value`` fields), NeMo-RL's console blocks, a snapshot of metrics pasted one per
-line, the simple column files of a deployment guide, or just any text with NaNs in it.
+line, a W&B run summary, a notebook's progress table, a user's printed top-k expert ids, the
+simple column files of a deployment guide, any line that attaches numbers to metric names
+(mmengine / XTuner, NeMo 2.0, torchtune, tqdm postfixes, home-made loops: ``records``), or just
+any text with NaNs in it. What users paste is tolerated: rank labels, terminal wraps, a sentence
+before the log, several runs one after another (``run=``).
 :func:`read_log` turns each into a :class:`~moescope.traces.Trace` that the diagnosis reads:
 
 - ``header``: ``{"kind": "header", "format": <name>, "source": <path>, "framework": <name or None>}``;
@@ -44,15 +48,19 @@ from moescope.analyze.readers import (
     megatron,
     openrlhf,
     plain,
+    records,
     steplines,
+    table,
     tensorboard,
+    topk,
     trl,
     verl,
+    wandb,
 )
-from moescope.analyze.readers._rows import Parsed, assemble
-from moescope.analyze.readers._text import LogFile
+from moescope.analyze.readers._rows import Parsed, assemble, split_runs
+from moescope.analyze.readers._text import MAX_LINE, LogFile
 from moescope.analyze.readers.detect import detect_format, sniff
-from moescope.analyze.readers.hints import RATIO_LEVEL, ratio_level
+from moescope.analyze.readers.hints import RATIO_LEVEL, RECOMPUTE, ratio_level, recompute
 from moescope.analyze.readers.keymap import KEY_MAP
 from moescope.errors import MoescopeError
 from moescope.traces import Trace
@@ -71,6 +79,10 @@ READERS: dict[str, Callable[[LogFile], Parsed]] = {
     "tensorboard": tensorboard.read,
     "entropy-log": columns.read_entropy,
     "expert-load": columns.read_expert_load,
+    "topk-indices": topk.read,
+    "wandb-summary": wandb.read,
+    "step-table": table.read,
+    "records": records.read,
     "key-values": keyvalues.read,
     "plain": plain.read,
 }
@@ -79,7 +91,9 @@ FORMATS: tuple[str, ...] = tuple(READERS)
 __all__ = ["FORMATS", "KEY_MAP", "detect_format", "read_log"]
 
 
-def read_log(path: str | Path, format: str | None = None, *, num_experts: int | None = None) -> Trace:
+def read_log(
+    path: str | Path, format: str | None = None, *, num_experts: int | None = None, run: int = -1
+) -> Trace:
     """Read a training log into a :class:`~moescope.traces.Trace`.
 
     Parameters
@@ -92,6 +106,9 @@ def read_log(path: str | Path, format: str | None = None, *, num_experts: int | 
     num_experts
         The model's routed experts per layer, for an ``expert-load`` log: dead experts are then
         counted among all of them, not only among the ids the log mentions.
+    run
+        Which run to read when the log holds several pasted one after another (the step counter
+        starts over): 0 the first, -1 (the default) the last.
     """
     log = LogFile(Path(path), num_experts=num_experts)
     notes: list[str] = []
@@ -111,6 +128,7 @@ def read_log(path: str | Path, format: str | None = None, *, num_experts: int | 
             raise MoescopeError(f"{log.path} is a directory; pass the {format} log file in it.")
         log = LogFile(state)
     parsed = READERS[format](log)
+    parsed = _one_run(parsed, run, notes)
     if parsed.skipped:  # a text log: the framework's warning lines among the non-records
         parsed = alerts.fold(parsed, log.lines)
     trace = assemble(parsed, format, Path(path))
@@ -121,5 +139,34 @@ def read_log(path: str | Path, format: str | None = None, *, num_experts: int | 
             f"line {said[1]} sets sequence-level ratios (GSPO): a high clip fraction is expected there, "
             "not judged"
         )
+    recomputed = recompute(log.lines) if format != "tensorboard" else None
+    if recomputed is not None:
+        trace.header[RECOMPUTE] = True
+        notes.append(
+            f"line {recomputed} turns activation recompute on: Megatron before its fix (Megatron-LM#1330) "
+            "counts the load-balancing loss twice then, so it is read halved"
+        )
     trace.notes.extend(notes)
+    if log.cut:
+        trace.notes.append(f"{log.cut} line(s) longer than {MAX_LINE >> 20} MiB were read only in part")
     return trace
+
+
+def _one_run(parsed: Parsed, run: int, notes: list[str]) -> Parsed:
+    """``parsed`` with only the rows of run ``run`` when the log holds several."""
+    runs = split_runs(parsed.rows)
+    if len(runs) == 1:
+        return parsed
+    if not -len(runs) <= run < len(runs):
+        raise MoescopeError(f"the log holds {len(runs)} runs; pass run= from 0 to {len(runs) - 1}, or -1.")
+    starts = ", ".join(str(r[0].line) for r in runs[1:])
+    notes.append(
+        f"the log holds {len(runs)} runs pasted one after another (the step counter starts over at line "
+        f"{starts}); read run {run % len(runs)} of them (pass run=0 … {len(runs) - 1} to read another)"
+    )
+    index = run % len(runs)
+    lo = runs[index][0].line or 0 if index else 0
+    hi = runs[index + 1][0].line or 0 if index + 1 < len(runs) else None
+    parsed.rows = runs[index]
+    parsed.skipped = [n for n in parsed.skipped if n >= lo and (hi is None or n < hi)]
+    return parsed

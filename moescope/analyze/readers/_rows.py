@@ -29,7 +29,16 @@ from moescope.errors import MoescopeError
 from moescope.schema import RAW, STEP
 from moescope.traces import Trace
 
-STEP_KEYS = ("step", "global_step", "global_step/max_steps", "train/global_step", "iteration", "_step")
+STEP_KEYS = (
+    "step",
+    "global_step",
+    "global_step/max_steps",
+    "train/global_step",
+    "trainer/global_step",
+    "current_steps",  # LLaMA-Factory's trainer_log.jsonl
+    "iteration",
+    "_step",
+)
 
 
 @dataclass
@@ -85,6 +94,24 @@ def scan(lines: list[str], parse_at: Callable[[list[str], int], tuple[list[Row],
         nonblank += sum(1 for line in lines[i:end] if line.strip())
         i = max(end, i + 1)
     return Parsed(rows, None, skipped=skipped, lines=nonblank)
+
+
+def split_runs(rows: list[Row]) -> list[list[Row]]:
+    """The runs of a log that holds several pasted one after another: a run ends where the step
+    counter starts over, at or below the first step of the run (a run resumed from a checkpoint
+    goes back only to that checkpoint, and stays one run). Rows without a step stay with the
+    record before them."""
+    runs: list[list[Row]] = [[]]
+    first = last = None
+    for row in rows:
+        if row.step is not None:
+            if last is not None and row.step < last and row.step <= first and len(runs[-1]) > 1:
+                runs.append([])
+                first = None
+            first = row.step if first is None else first
+            last = row.step
+        runs[-1].append(row)
+    return runs
 
 
 def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:

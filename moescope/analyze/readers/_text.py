@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -19,8 +19,13 @@ from pathlib import Path
 from moescope.errors import MoescopeError
 
 SNIFF_BYTES = 256 * 1024
+MAX_LINE = 1 << 20  # bytes of one line that are read; the rest of a longer line is passed over
 MAX_PIECES = 512  # a 10 kB verl line wrapped at 80 columns is 125 pieces
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+RANK_LABEL = re.compile(
+    r"^(?: {0,3}\d{1,4}: |\[(?:rank|default)\d{1,5}\]:\s?|\[\d{1,5},\d{1,5}\]<std(?:out|err)>:\s?)"
+)
+RANK_STARTS = frozenset(" [0123456789")
 _NP_CALL = re.compile(r"^np\.[a-z]+\d*_?\((.*)\)$")
 _NP_BOOL = {"np.True_": True, "np.False_": False}
 _WORDS: dict[str, float | bool | None] = {
@@ -86,15 +91,24 @@ def as_step(value: object) -> int | None:
 
 @dataclass
 class LogFile:
-    """One log on disk, read once and shared by detection and the reader."""
+    """One log on disk, read once and shared by detection and the reader.
+
+    Lines are read one at a time with a length cap (``MAX_LINE`` bytes): a longer line keeps its
+    head and the rest is passed over unread, so a 1 GB line costs a megabyte, not a gigabyte.
+    The launchers' rank labels in front of a line (``srun -l``'s `` 0: ``, torchrun's
+    ``[rank3]:`` / ``[default0]:``, mpirun's ``[1,0]<stdout>:``) are removed.
+    """
 
     path: Path
     num_experts: int | None = None  # the model's routed experts, for expert-load logs
+    cut: int = 0  # lines longer than MAX_LINE, kept only in part
 
     @cached_property
     def data(self) -> bytes:
+        """The first ``SNIFF_BYTES`` of the file: enough to tell what it is."""
         try:
-            return self.path.read_bytes()
+            with self.path.open("rb") as f:
+                return f.read(SNIFF_BYTES)
         except OSError as err:
             raise MoescopeError(
                 f"cannot read {self.path} ({err.strerror}); check the path and its permissions."
@@ -102,23 +116,44 @@ class LogFile:
 
     @cached_property
     def text(self) -> str:
-        data = self.data
-        if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # PowerShell's `>` writes UTF-16
-            text = data.decode("utf-16", errors="replace")
-        elif looks_binary(data[:SNIFF_BYTES]):
+        return "\n".join(self.lines)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        head = self.data
+        if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # PowerShell's `>` writes UTF-16
+            text = self.path.read_bytes().decode("utf-16", errors="replace").replace("\r\n", "\n")
+            raw = text.split("\n")
+        elif looks_binary(head):
             raise MoescopeError(
                 f"{self.path} is binary, not a text log; pass a text training log, a trainer_state.json "
                 "or a TensorBoard event file (events.out.tfevents.*)."
             )
         else:
-            text = data.decode("utf-8", errors="replace")
-        if not text.strip():
+            raw = list(self._read_capped())
+        if raw:
+            raw[0] = raw[0].removeprefix("\ufeff")
+        if not any(line.strip() for line in raw):
             raise MoescopeError(f"{self.path} is empty; pass a training log that has at least one step.")
-        return ANSI.sub("", text.removeprefix("\ufeff").replace("\r\n", "\n"))
+        return [_clean(line) for line in raw]
 
-    @cached_property
-    def lines(self) -> list[str]:
-        return self.text.split("\n")
+    def _read_capped(self) -> Iterator[str]:
+        with self.path.open("rb") as f:
+            while chunk := f.readline(MAX_LINE):
+                if not chunk.endswith(b"\n") and len(chunk) == MAX_LINE:  # an overlong line: skip its rest
+                    self.cut += 1
+                    while (rest := f.readline(MAX_LINE)) and not rest.endswith(b"\n"):
+                        pass
+                yield chunk.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
+
+
+def _clean(line: str) -> str:
+    """A line without colour codes and without a launcher's rank label in front."""
+    if "\x1b" in line:
+        line = ANSI.sub("", line)
+    if line[:1] in RANK_STARTS:
+        line = RANK_LABEL.sub("", line, count=1)
+    return line
 
 
 def looks_binary(sample: bytes) -> bool:

@@ -6,8 +6,9 @@ one of :data:`ALERTS` adds its count to the step it belongs to and is kept, verb
 step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evidence:
 
 - Megatron's NaN checks (``Bad grad_norm detected (grad_norm=nan)``, ``found NaN in local grad
-  norm …``, ``found NaN in local forward loss …``) and PyTorch's anomaly mode (``Function
-  'MulBackward0' returned nan values in its 0th output``) → ``health/nonfinite``;
+  norm …``, ``found NaN in local forward loss …``), verl's ``WARN: rank 0 grad_norm is not
+  finite: nan`` (the update skipped) and PyTorch's anomaly mode (``Function 'MulBackward0'
+  returned nan values in its 0th output``) → ``health/nonfinite``;
 - DeepSpeed / apex overflow lines in a log of another format (``[deepspeed] OVERFLOW! Rank 0
   Skipping step. Attempted loss scale: 65536, reducing to 32768``) → ``optim/skipped``, and the
   reduced scale as ``optim/loss_scale``;
@@ -59,6 +60,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
         _count(S.NONFINITE),
     ),
     (re.compile(r"returned (?:nan|inf) values in its \d+\w* output", re.IGNORECASE), _count(S.NONFINITE)),
+    (re.compile(r"grad_?norm is not finite", re.IGNORECASE), _count(S.NONFINITE)),
     (OVERFLOW, _overflow),
     (_COUNTER, _counter),
 )

@@ -25,6 +25,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from moescope import schema as S
@@ -81,12 +82,36 @@ def read_entropy(log: LogFile) -> Parsed:
     return scan(log.lines, parse_at)
 
 
+@dataclass
+class LoadTally:
+    """Tokens per step, layer and expert as a log's lines name them, and each step's raw text."""
+
+    counts: dict[int | None, dict[int, dict[int, float]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(dict))
+    )
+    raws: dict[int | None, list[str]] = field(default_factory=lambda: defaultdict(list))
+    lines_of: dict[int | None, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, step: int | None, layer: int, experts: dict[int, float], line: str) -> None:
+        """Count one line's ``{expert: tokens}`` into ``step``'s ``layer``."""
+        by_expert = self.counts[step][layer]
+        for expert, weight in experts.items():
+            by_expert[expert] = by_expert.get(expert, 0.0) + weight
+        self.lines_of[step] += 1
+        if len(self.raws[step]) < RAW_LINES:
+            self.raws[step].append(line)
+
+    def finish(self, parsed: Parsed, log: LogFile) -> Parsed:
+        """``parsed`` with one row per step holding the load metrics of every layer."""
+        parsed.rows, notes = load_rows(self.counts, self.raws, self.lines_of, log)
+        parsed.notes += notes
+        return parsed
+
+
 def read_expert_load(log: LogFile) -> Parsed:
     """Expert-id lines, counted per step and layer."""
     header, labels = _header(log.lines)
-    counts: dict[int | None, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    raws: dict[int | None, list[str]] = defaultdict(list)
-    lines_of: dict[int | None, int] = defaultdict(int)
+    tally = LoadTally()
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         if i == header:
@@ -95,17 +120,10 @@ def read_expert_load(log: LogFile) -> Parsed:
         if record is None:
             return None
         step, layer, expert, weight = record
-        by_expert = counts[step][layer]
-        by_expert[expert] = by_expert.get(expert, 0.0) + weight
-        lines_of[step] += 1
-        if len(raws[step]) < RAW_LINES:
-            raws[step].append(lines[i])
+        tally.add(step, layer, {expert: weight}, lines[i])
         return [], i + 1
 
-    parsed = scan(log.lines, parse_at)
-    parsed.rows, notes = _load_rows(counts, raws, lines_of, log)
-    parsed.notes += notes
-    return parsed
+    return tally.finish(scan(log.lines, parse_at), log)
 
 
 def _header(lines: list[str]) -> tuple[int | None, dict[int, str]]:
@@ -150,7 +168,7 @@ def _record(tokens: list[str], labels: dict[int, str]) -> tuple[int | None, int,
     return step, layer, int(expert.group(1)), float(weight)
 
 
-def _load_rows(
+def load_rows(
     counts: dict[int | None, dict[int, dict[int, float]]],
     raws: dict[int | None, list[str]],
     lines_of: dict[int | None, int],

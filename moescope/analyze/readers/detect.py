@@ -6,14 +6,17 @@ whose first record is a TensorBoard ``brain.Event``) → ``tensorboard``; a dire
 that is a moescope trace header → ``moescope``. Otherwise every line is classified — verl's
 ``step:N - ``, Megatron's ``iteration N/ M |`` and DeepSpeed's ``OVERFLOW!``, a Python dict, a
 JSON object (verl's ``{"step","data"}``, ROLL's ``metrics_tag:``, a flat one), a progress bar
-with a ``key=value`` postfix (OpenRLHF), a ``Step N |
-name value`` line (prime-rl and trainers not listed), whitespace columns — and the format with
-most lines wins; the scan stops once enough lines are
-recognised, so a long preamble (verl prints its whole config first) costs a pass, not a guess.
+with a ``key=value`` postfix (OpenRLHF), printed top-k expert ids, a ``Step N |
+name value`` line (prime-rl and trainers not listed), whitespace columns, a W&B summary line,
+any other line with a step marker and a field (``records``) — and the format with most lines wins;
+a notebook's ``Step | …`` progress table is recognised before the vote, its rows being bare
+numbers. The scan stops once enough lines are recognised, so a long preamble (verl prints its
+whole config first) costs a pass, not a guess.
 Columns are ``entropy-log`` or ``expert-load`` by the file name when it says (``entropy_log.txt``,
 ``expert_load.log``), else by their shape. A text log with none of these is ``key-values``
 when it has ``name: value`` lines (a pasted snapshot, NeMo-RL's console blocks) at least as
-many as its other lines mentioning NaN/Inf, else ``plain`` when it has such lines.
+many as its other lines mentioning NaN/Inf, else ``records`` when lines without a step name a
+metric and a number, else ``plain`` when it has lines mentioning NaN/Inf.
 """
 
 from __future__ import annotations
@@ -28,10 +31,14 @@ import moescope.analyze.readers.keyvalues as keyvalues
 import moescope.analyze.readers.megatron as megatron
 import moescope.analyze.readers.openrlhf as openrlhf
 import moescope.analyze.readers.plain as plain
+import moescope.analyze.readers.records as records
 import moescope.analyze.readers.steplines as steplines
+import moescope.analyze.readers.table as table
 import moescope.analyze.readers.tensorboard as tensorboard
+import moescope.analyze.readers.topk as topk
 import moescope.analyze.readers.trl as trl
 import moescope.analyze.readers.verl as verl
+import moescope.analyze.readers.wandb as wandb
 from moescope.analyze.readers._text import LogFile
 from moescope.errors import MoescopeError
 
@@ -42,8 +49,11 @@ _LINE_KINDS = (
     lambda line: "megatron" if megatron.is_record(line) else None,
     lambda line: "trl-console" if trl.is_record(line) else None,
     lambda line: "openrlhf-console" if openrlhf.is_record(line) else None,
+    lambda line: "topk-indices" if topk.is_record(line) else None,
     columns.kind,  # before step lines: "step=7 layer=1 expert=3 tokens=30" is an expert-load row
     lambda line: "step-lines" if steplines.is_record(line) else None,
+    lambda line: "wandb-summary" if wandb.is_record(line) else None,
+    lambda line: "records" if records.is_stepped(line) else None,  # the fallback of any step-like line
 )
 
 
@@ -77,18 +87,24 @@ def sniff(log: LogFile) -> Sniff:
     first = next((line for line in log.lines if line.strip()), "")
     if jsonl.is_trace_header(first):
         return Sniff("moescope", Counter())
+    if table.header(log.lines) is not None:  # a notebook's progress table: its rows are bare numbers
+        return Sniff("step-table", Counter())
     counts = _vote(log.lines)
     if counts:
         return Sniff(_columns_by_name(path, counts.most_common(1)[0][0]), counts)
     pairs = sum(1 for line in log.lines if keyvalues.is_record(line))
-    mentions = sum(1 for line in log.lines if plain.is_record(line) and not keyvalues.is_record(line))
-    if pairs and pairs >= mentions:
+    rest = [line for line in log.lines if not keyvalues.is_record(line)]
+    loose = sum(1 for line in rest if records.record(line) is not None)
+    mentions = sum(1 for line in rest if plain.is_record(line))
+    if pairs and pairs >= max(loose, mentions):
         return Sniff("key-values", Counter({"key-values": pairs}))
+    if loose:
+        return Sniff("records", Counter({"records": loose}))
     if mentions:
         return Sniff("plain", counts)
     raise MoescopeError(
-        f"{path} has no step this reader recognises; pass format=... (see moescope.analyze.readers.FORMATS) "
-        "or check it is a training log."
+        f"{path} has no step this reader recognises: no line attaches a number to a metric name; pass "
+        "format=... (see moescope.analyze.readers.FORMATS) or check it is a training log."
     )
 
 

@@ -6,8 +6,9 @@
   logged but is not a finite number" — distinct from NaN and from a key that is absent;
 - ``roll``: ROLL's ``StdoutTracker`` lines, ``metrics_tag: {"step": N, "metrics": {...}}``;
 - ``jsonl``: flat objects, one per logging step — ms-swift's ``logging.jsonl`` (TRL's key
-  names, the step in ``global_step/max_steps`` as ``"5/100"``) and any logger like it; the
-  framework is guessed from the keys.
+  names, the step in ``global_step/max_steps`` as ``"5/100"``), LLaMA-Factory's
+  ``trainer_log.jsonl`` (``current_steps``), NeMo Automodel's and any logger like them; the
+  framework is guessed from the keys, and names its table lacks are read through the generic one.
 
 Python's ``json`` reads the ``NaN`` / ``Infinity`` tokens these writers use for non-finite floats.
 """
@@ -21,12 +22,15 @@ from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row, flat_row, scan
 from moescope.analyze.readers._text import LogFile, as_step
-from moescope.analyze.readers.keymap import guess_framework
+from moescope.analyze.readers.keymap import guess_beyond_generic, guess_framework
+from moescope.analyze.readers.records import canonical_names
 from moescope.errors import MoescopeError
 from moescope.traces import TRACE_KIND, read_trace
 
 _ROLL = re.compile(r"metrics_tag:\s*(\{.*)$")
 FLAT_FRAMEWORKS = ("ms-swift", "trl", "verl", "roll", "openrlhf", "nemo-rl", "slime", "prime-rl")
+LISTED_ELSEWHERE = ("llamafactory", "nemo-automodel", "tinker", "areal", "nemo")
+"""Frameworks named only by their own keys or markers, never by the common names they share."""
 
 
 def load_json(text: str) -> Any:
@@ -100,8 +104,11 @@ def read_roll(log: LogFile) -> Parsed:
 def read_flat(log: LogFile) -> Parsed:
     """Flat JSON lines (ms-swift ``logging.jsonl`` and the like); the framework is guessed."""
     parsed = scan(log.lines, _reader("jsonl"))
-    parsed.framework = guess_framework({k for row in parsed.rows for k in row.metrics}, FLAT_FRAMEWORKS)
-    parsed.keymap = None if parsed.framework else "generic"  # a trainer not listed: its common names
+    keys = {k for row in parsed.rows for k in row.metrics}
+    parsed.framework = guess_beyond_generic(keys, LISTED_ELSEWHERE) or guess_framework(keys, FLAT_FRAMEWORKS)
+    for row in parsed.rows:  # names the framework's table lacks: the generic ones (LLaMA-Factory's lr)
+        row.metrics = canonical_names(parsed.framework, row.metrics)
+    parsed.keymap = "moescope"
     return parsed
 
 

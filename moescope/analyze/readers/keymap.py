@@ -36,6 +36,11 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | verl | `rollout_corr/chi2_seq` | `rollout/chi2_seq` |
 | verl | `training/rollout_probs_diff_mean` | `rollout/probs_diff_mean` |
 | verl | `training/rollout_probs_diff_max` | `rollout/probs_diff_max` |
+| verl | `rollout_corr/kl` | `rollout/k3_kl` |
+| verl | `rollout_corr/rollout_is_eff_sample_size` | `rollout/is_ess` |
+| verl | `rollout_corr/rollout_rs_mean` | `rollout/is_ratio_mean` |
+| verl | `rollout_corr/rollout_rs_max` | `rollout/is_ratio_max` |
+| verl | `rollout_corr/rollout_rs_min` | `rollout/is_ratio_min` |
 | trl | `loss` | `actor/loss` |
 | trl | `policy_loss` | `actor/pg_loss` |
 | trl | `grad_norm` | `actor/grad_norm` |
@@ -73,6 +78,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | openrlhf | `train/response_clip_ratio` | `response/truncated_frac` |
 | openrlhf | `train/critic_loss` | `critic/vf_loss` |
 | openrlhf | `train/critic_grad_norm` | `critic/grad_norm` |
+| openrlhf | `train/vllm_kl` | `rollout/k3_kl` |
+| openrlhf | `train/logprobs_diff` | `rollout/logprob_mismatch` |
 | openrlhf | `policy_loss` | `actor/pg_loss` |
 | openrlhf | `actor_grad_norm` | `actor/grad_norm` |
 | openrlhf | `actor_lr` | `optim/lr` |
@@ -89,6 +96,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | openrlhf | `act_lr` | `optim/lr` |
 | openrlhf | `gen_len` | `response/length_mean` |
 | openrlhf | `ent_loss` | `actor/entropy` |
+| openrlhf | `vllm_kl` | `rollout/k3_kl` |
+| openrlhf | `logprobs_diff` | `rollout/logprob_mismatch` |
 | megatron | `lm loss` | `actor/loss` |
 | megatron | `grad norm` | `actor/grad_norm` |
 | megatron | `learning rate` | `optim/lr` |
@@ -128,6 +137,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | prime-rl | `optim/grad_norm` | `actor/grad_norm` |
 | prime-rl | `optim/lr` | `optim/lr` |
 | prime-rl | `reward/mean` | `reward/mean` |
+| prime-rl | `Max Vio` | `moe/max_violation` |
+| prime-rl | `max_vio/mean` | `moe/max_violation` |
 | slime | `train/loss` | `actor/loss` |
 | slime | `train/pg_loss` | `actor/pg_loss` |
 | slime | `train/grad_norm` | `actor/grad_norm` |
@@ -166,12 +177,54 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `clipfrac` | `actor/clipfrac` |
 | generic | `clip_frac` | `actor/clipfrac` |
 | generic | `response_length` | `response/length_mean` |
+| areal | `ppo_actor/task_reward/avg` | `reward/mean` |
+| areal | `ppo_actor/update/grad_norm` | `actor/grad_norm` |
+| areal | `ppo_actor/actor_loss/avg` | `actor/pg_loss` |
+| areal | `ppo_actor/entropy/avg` | `actor/entropy` |
+| areal | `ppo_actor/clip_ratio/avg` | `actor/clipfrac` |
+| areal | `ppo_actor/importance_weight/avg` | `rollout/is_ratio_mean` |
+| areal | `ppo_actor/no_eos_ratios/avg` | `response/truncated_frac` |
+| areal | `rollout_train_k3_kl` | `rollout/k3_kl` |
+| areal | `rollout_train_k3_kl/avg` | `rollout/k3_kl` |
+| areal | `compute_logp/r3/rollout_train_k3_kl/avg` | `rollout/k3_kl` |
+| areal | `rollout_train_logp_abs_diff/avg` | `rollout/logprob_mismatch` |
+| areal | `compute_logp/r3/rollout_train_logp_abs_diff/avg` | `rollout/logprob_mismatch` |
+| nemo | `reduced_train_loss` | `actor/loss` |
+| nemo-automodel | `moe/dead_expert_frac` | `moe/dead_expert_frac` |
+| nemo-automodel | `dead_expert_frac` | `moe/dead_expert_frac` |
+| nemo-automodel | `moe/load_cv` | `moe/load_cv` |
+| tinker | `e_max_violation` | `moe/max_violation` |
+| tinker | `e_frac_with_tokens` | `moe/used_expert_frac` |
+| deepspeed-chat | `act_loss` | `actor/pg_loss` |
+| deepspeed-chat | `cri_loss` | `critic/vf_loss` |
+| deepspeed-chat | `average reward score` | `reward/mean` |
+| deepspeed-chat | `Actor Loss` | `actor/pg_loss` |
+| deepspeed-chat | `Critic Loss` | `critic/vf_loss` |
 | generic | `loss_scale` | `optim/loss_scale` |
+| generic | `grad_norm_total` | `actor/grad_norm` |
+| generic | `grad_norm_(total)` | `actor/grad_norm` |
+| generic | `gnorm` | `actor/grad_norm` |
+| generic | `total_grad_norm` | `actor/grad_norm` |
+| generic | `reduced_train_loss` | `actor/loss` |
+| generic | `total_loss` | `actor/loss` |
+| generic | `avg_reward` | `reward/mean` |
+| generic | `mean_reward` | `reward/mean` |
+| generic | `kl_loss` | `actor/kl` |
+| generic | `aux_loss` | `moe/aux_loss` |
+| generic | `dead_expert_frac` | `moe/dead_expert_frac` |
+| generic | `max_vio` | `moe/max_violation` |
+| generic | `rollout_train_k3_kl` | `rollout/k3_kl` |
 
 The ``generic`` table serves logs of trainers not listed (:mod:`moescope.analyze.readers.steplines`,
 :mod:`moescope.analyze.readers.keyvalues`); a key is looked up there in lower case with runs of
 spaces, dots and hyphens made one ``_`` (``Grad Norm`` → ``grad_norm``). slime's ``train/tis``
-is the mean importance weight after its truncation. NeMo-RL's
+is the mean importance weight after its truncation. The ``areal``, ``nemo``, ``nemo-automodel``,
+``tinker`` and ``deepspeed-chat`` tables serve the free-text records of
+:mod:`moescope.analyze.readers.records` (and any flat JSON lines naming those keys); a key a
+framework's table lacks is then looked up in the ``generic`` table. NeMo Automodel's per-layer
+``moe/layer_<i>/cv`` keys keep their names: the load rule reads them layer by layer. AReaL's
+``rollout_train_k3_kl`` is its Taylor estimate ``exp(δ) − 1 − δ`` of δ = train − rollout log-prob,
+the k3 KL. NeMo-RL's
 ``gen_kl_error`` is its ``kl_type`` estimate, k3 by default; prime-rl's ``Mismatch KL`` is k3.
 
 Not keys but lines: a DeepSpeed ``OVERFLOW! … Attempted loss scale: X, reducing to Y`` line
@@ -244,6 +297,11 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "rollout_corr/chi2_seq": S.CHI2_SEQ,
         "training/rollout_probs_diff_mean": S.PROBS_DIFF_MEAN,
         "training/rollout_probs_diff_max": S.PROBS_DIFF_MAX,
+        "rollout_corr/kl": S.MISMATCH_KL,  # the direct estimate; k3_kl takes the name when both are logged
+        "rollout_corr/rollout_is_eff_sample_size": S.IS_ESS,
+        "rollout_corr/rollout_rs_mean": S.IS_RATIO_MEAN,  # the ratio rejection sampling tests
+        "rollout_corr/rollout_rs_max": S.IS_RATIO_MAX,
+        "rollout_corr/rollout_rs_min": S.IS_RATIO_MIN,
     },
     "trl": _TRL,
     "ms-swift": {
@@ -268,6 +326,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "train/response_clip_ratio": S.TRUNCATED_FRAC,
         "train/critic_loss": S.VF_LOSS,
         "train/critic_grad_norm": S.CRITIC_GRAD_NORM,
+        "train/vllm_kl": S.MISMATCH_KL,  # KL of the vLLM rollout to the trainer
+        "train/logprobs_diff": S.LOGPROB_MISMATCH,
         # the console's progress-bar postfix: the Episode bar's full names, the inner bar's short ones
         "policy_loss": S.PG_LOSS,
         "actor_grad_norm": S.GRAD_NORM,
@@ -285,6 +345,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "act_lr": S.LR,
         "gen_len": S.LENGTH_MEAN,
         "ent_loss": S.ENTROPY,
+        "vllm_kl": S.MISMATCH_KL,
+        "logprobs_diff": S.LOGPROB_MISMATCH,
     },
     "megatron": {
         "lm loss": S.ACTOR_LOSS,
@@ -333,6 +395,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "optim/grad_norm": S.GRAD_NORM,
         "optim/lr": S.LR,
         "reward/mean": S.REWARD_MEAN,
+        "Max Vio": S.MAX_VIOLATION,
+        "max_vio/mean": S.MAX_VIOLATION,
     },
     "slime": {
         "train/loss": S.ACTOR_LOSS,
@@ -361,6 +425,39 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "critic/score/min": S.REWARD_MIN,
         "tokens/response_length/mean": S.LENGTH_MEAN,
     },
+    "areal": {
+        "ppo_actor/task_reward/avg": S.REWARD_MEAN,
+        "ppo_actor/update/grad_norm": S.GRAD_NORM,
+        "ppo_actor/actor_loss/avg": S.PG_LOSS,
+        "ppo_actor/entropy/avg": S.ENTROPY,
+        "ppo_actor/clip_ratio/avg": S.CLIPFRAC,
+        "ppo_actor/importance_weight/avg": S.IS_RATIO_MEAN,
+        "ppo_actor/no_eos_ratios/avg": S.TRUNCATED_FRAC,
+        "rollout_train_k3_kl": S.MISMATCH_KL,
+        "rollout_train_k3_kl/avg": S.MISMATCH_KL,
+        "compute_logp/r3/rollout_train_k3_kl/avg": S.MISMATCH_KL,
+        "rollout_train_logp_abs_diff/avg": S.LOGPROB_MISMATCH,
+        "compute_logp/r3/rollout_train_logp_abs_diff/avg": S.LOGPROB_MISMATCH,
+    },
+    "nemo": {  # NeMo 2.0 (Lightning): progress-bar postfix and "Training epoch E, iteration i/n | …" lines
+        "reduced_train_loss": S.ACTOR_LOSS,
+    },
+    "nemo-automodel": {
+        "moe/dead_expert_frac": S.DEAD_EXPERT_FRAC,
+        "dead_expert_frac": S.DEAD_EXPERT_FRAC,
+        "moe/load_cv": S.LOAD_CV,
+    },
+    "tinker": {
+        "e_max_violation": S.MAX_VIOLATION,
+        "e_frac_with_tokens": S.USED_EXPERT_FRAC,
+    },
+    "deepspeed-chat": {
+        "act_loss": S.PG_LOSS,
+        "cri_loss": S.VF_LOSS,
+        "average reward score": S.REWARD_MEAN,
+        "Actor Loss": S.PG_LOSS,
+        "Critic Loss": S.VF_LOSS,
+    },
     "generic": {  # looked up normalised (see the module docstring)
         "loss": S.ACTOR_LOSS,
         "policy_loss": S.PG_LOSS,
@@ -378,6 +475,19 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "clip_frac": S.CLIPFRAC,
         "response_length": S.LENGTH_MEAN,
         "loss_scale": S.LOSS_SCALE,
+        "grad_norm_total": S.GRAD_NORM,
+        "grad_norm_(total)": S.GRAD_NORM,
+        "gnorm": S.GRAD_NORM,
+        "total_grad_norm": S.GRAD_NORM,
+        "reduced_train_loss": S.ACTOR_LOSS,
+        "total_loss": S.ACTOR_LOSS,
+        "avg_reward": S.REWARD_MEAN,
+        "mean_reward": S.REWARD_MEAN,
+        "kl_loss": S.KL,
+        "aux_loss": S.AUX_LOSS,
+        "dead_expert_frac": S.DEAD_EXPERT_FRAC,
+        "max_vio": S.MAX_VIOLATION,
+        "rollout_train_k3_kl": S.MISMATCH_KL,
     },
 }
 NORMALISED = frozenset({"generic"})
@@ -390,6 +500,12 @@ MARKERS: dict[str, frozenset[str]] = {
     "openrlhf": frozenset({"train/global_step", "train/return"}),
     "nemo-rl": frozenset({"train/token_mult_prob_error", "train/gen_kl_error", "train/mean_prompt_length"}),
     "slime": frozenset({"train/train_rollout_logprob_abs_diff", "train/global_batch_size"}),
+    "areal": frozenset({"ppo_actor/update/grad_norm", "ppo_actor/task_reward/avg"}),
+    "llamafactory": frozenset({"current_steps", "total_steps", "remaining_time", "elapsed_time"}),
+    "nemo": frozenset({"reduced_train_loss", "consumed_samples", "train_step_timing in s"}),
+    "nemo-automodel": frozenset({"moe/dead_expert_frac", "num_label_tokens", "moe/layer_0/cv"}),
+    "tinker": frozenset({"e_max_violation", "e_frac_with_tokens"}),
+    "deepspeed-chat": frozenset({"ppo_ep", "unsuper_loss", "average reward score"}),
     "prime-rl": frozenset(
         {
             "Grad. Norm",
@@ -448,3 +564,18 @@ def guess_framework(keys: Iterable[str], candidates: Iterable[str]) -> str | Non
         if score > best_score:
             best, best_score = name, score
     return best
+
+
+FRAMEWORK_TABLES = tuple(name for name in KEY_MAP if name not in ("moescope", "generic"))
+
+
+def guess_beyond_generic(keys: Iterable[str], candidates: Iterable[str] = FRAMEWORK_TABLES) -> str | None:
+    """The framework whose table recognises more of ``keys`` than the ``generic`` table of common
+    names does (``loss`` and ``grad_norm`` name no framework), else ``None``."""
+    keys = set(keys)
+    common = sum(canonical("generic", k) is not None for k in keys)
+    best = guess_framework(keys, candidates)
+    if best is None:
+        return None
+    score = sum(canonical(best, k) is not None for k in keys) + len(keys & MARKERS.get(best, frozenset()))
+    return best if score > common else None

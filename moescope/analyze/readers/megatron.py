@@ -35,6 +35,7 @@ from moescope.analyze.readers._rows import Parsed, Row, listing, scan
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_number
 
 ITERATION = re.compile(rf"\biteration\s+({INT})\s*/\s*\d+\s*\|")
+_NEMO = re.compile(r"Training epoch\s+\d+\s*,\s*iteration")  # NeMo 2.0's line: read as records
 OVERFLOW = re.compile(r"OVERFLOW!|overflow!|Gradient overflow\.")
 SCALES = re.compile(
     rf"Attempted\s*loss\s*scale:\s*({NUMBER})\s*,\s*reducing\s*to\s*({NUMBER})|reducing\s*loss\s*scale\s*to\s*({NUMBER})"
@@ -58,7 +59,13 @@ class Overflow:
 
 def is_record(line: str) -> bool:
     """An iteration line or an overflow line (the start of one, if wrapped)."""
-    return ITERATION.search(line) is not None or OVERFLOW.search(line) is not None
+    return _iteration(line) is not None or OVERFLOW.search(line) is not None
+
+
+def _iteration(line: str) -> re.Match[str] | None:
+    """Megatron's ``iteration i/ n |`` (not NeMo 2.0's ``Training epoch E, iteration i/n |``)."""
+    match = ITERATION.search(line)
+    return None if match is None or _NEMO.search(line) else match
 
 
 def fields(text: str) -> dict[str, Any]:
@@ -131,7 +138,7 @@ def read(log: LogFile) -> Parsed:
             event, end = _overflow(lines, i)
             pending.append(event)
             return [], end
-        match = ITERATION.search(lines[i])
+        match = _iteration(lines[i])
         if match is None:
             return None
         text, end = gather(lines, i, lambda t: t.rstrip().endswith("|"), _iteration_fits)

@@ -23,7 +23,7 @@ from moescope.analyze.readers._rows import Parsed, Row
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number
 
 BAR = re.compile(
-    rf"(?P<desc>[A-Za-z][\w ]*?(?:\[\d+/\d+\])?)\s*:\s*\d+%\|[^|]*\|\s*(?P<n>{INT})/(?P<total>{INT})"
+    rf"(?P<desc>[A-Za-z][\w ]{{0,80}}?(?:\[\d+/\d+\])?)\s*:\s*\d+%\|[^|]*\|\s*(?P<n>{INT})/(?P<total>{INT})"
     r"\s*\[(?P<inside>[^\]]*)\]"
 )
 _PAIR = re.compile(rf"(?P<key>[A-Za-z_][\w/.\-]*)=(?P<value>{NUMBER})(?=\s*(?:,|$))")
@@ -32,7 +32,9 @@ OUTER = "Episode"
 
 def renders(line: str) -> list[tuple[str, int, int, dict[str, Any], str]]:
     """``(desc, n, total, postfix, text)`` of every bar drawn on ``line`` that has a postfix."""
-    out = []
+    out: list[tuple[str, int, int, dict[str, Any], str]] = []
+    if "%|" not in line:  # no bar drawn: spare the pattern a long line
+        return out
     for piece in line.split("\r"):
         for bar in BAR.finditer(piece):
             pairs = {

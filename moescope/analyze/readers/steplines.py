@@ -11,8 +11,12 @@ when run with it)::
 The trainer's and the orchestrator's line of one step are merged. Any other trainer that prints
 ``step N[/M]`` and then ``name value`` fields separated by ``|``, ``,`` or `` - ``
 (``step 10/100 | loss 0.51 | grad_norm 1.2 | lr 1e-5``, ``Step 3: loss=0.5, reward=0.2``) is read
-the same way (:mod:`moescope.analyze.readers._fields`); its common names (``loss``, ``grad_norm``,
-``lr``, ``reward``, …) are mapped by the ``generic`` table of the key map.
+the same way (:mod:`moescope.analyze.readers._fields`); the framework is guessed from the names
+(DeepSpeed-Chat's ``epoch: 0|step: 3|ppo_ep: 1|act_loss: …``, NeMo Automodel's ``step 8 | epoch 0
+| loss 0.78 | grad_norm 1.70``, torchtune's ``Step 1 | loss:2.08 lr:2e-05``), and names its table
+lacks are read through the ``generic`` one (``loss``, ``grad_norm``, ``lr``, ``reward``, …). A line
+without a step whose names are metrics (DeepSpeed-Chat's ``average reward score: 0.2``) joins the
+step before it.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import re
 from moescope.analyze.readers._fields import fields
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile
-from moescope.analyze.readers.keymap import MARKERS
+from moescope.analyze.readers.keymap import FRAMEWORK_TABLES, MARKERS, guess_beyond_generic
+from moescope.analyze.readers.records import canonical_names, record
 
+_TABLES = tuple(name for name in FRAMEWORK_TABLES if name != "prime-rl")
 STEP = re.compile(rf"(?<![\w/])step\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.])\s*[|,:\-]?", re.IGNORECASE)
 
 
@@ -45,12 +51,22 @@ def read(log: LogFile) -> Parsed:
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         found = _fields_after_step(lines[i])
-        if found is None:
-            return None
+        if found is None:  # a metric line without a step (DeepSpeed-Chat's reward line) joins its step
+            loose = record(lines[i])
+            return (
+                None
+                if loose is None or loose[0] is not None
+                else ([Row(None, loose[2], lines[i], i + 1)], i + 1)
+            )
         return [Row(found[0], found[1], lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
     keys = {key for row in parsed.rows for key in row.metrics}
-    parsed.framework = "prime-rl" if keys & MARKERS["prime-rl"] else None
-    parsed.keymap = parsed.framework or "generic"
+    if keys & MARKERS["prime-rl"]:
+        parsed.framework = parsed.keymap = "prime-rl"
+        return parsed
+    parsed.framework = guess_beyond_generic(keys, _TABLES)
+    for row in parsed.rows:
+        row.metrics = canonical_names(parsed.framework, row.metrics)
+    parsed.keymap = "moescope"
     return parsed

@@ -12,7 +12,8 @@ mismatch metric a log carries (the key map gives each framework's under these na
   reference: verl's rollout correction, NeMo-RL#1801, vime#64);
 - ``rollout/logprob_mismatch``, the mean |Δ log-prob| (TRL ``sampling_logp_difference/mean``,
   slime ``train_rollout_logprob_abs_diff``): judged by its trend (vime#64: flat at 0.011 with a
-  sound engine, climbing to 0.036 with a faulty one);
+  sound engine, climbing to 0.036 with a faulty one), and by a level of ``MISMATCH_LOGPROB_HIGH``
+  held (a pasted excerpt with no trend to show);
 - ``rollout/mult_prob_error``, NeMo-RL's ``token_mult_prob_error``, the mean exp|Δ log-prob| (1
   when equal): above ``MISMATCH_MULT_PROB_HIGH``, the bound a NeMo-RL recipe asserts;
 - ``rollout/probs_diff_mean``, verl's ``training/rollout_probs_diff_mean`` (of probabilities):
@@ -53,6 +54,7 @@ from moescope.analyze.rules.thresholds import (
     CLIPFRAC_HIGH,
     MISMATCH_K3_FLOOR,
     MISMATCH_K3_HIGH,
+    MISMATCH_LOGPROB_HIGH,
     MISMATCH_MULT_PROB_HIGH,
     MISMATCH_RISE,
     SUSTAIN,
@@ -73,7 +75,7 @@ class Gauge:
 
 GAUGES = (
     Gauge((S.MISMATCH_KL,), high=MISMATCH_K3_HIGH, floor=MISMATCH_K3_FLOOR),
-    Gauge((S.LOGPROB_MISMATCH,)),
+    Gauge((S.LOGPROB_MISMATCH,), high=MISMATCH_LOGPROB_HIGH),
     Gauge((S.MULT_PROB_ERROR,), high=MISMATCH_MULT_PROB_HIGH, excess=lambda v: v - 1.0),
     Gauge((S.PROBS_DIFF_MEAN,)),
 )

@@ -23,6 +23,7 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gradients", (S.GRAD_NORM, S.CRITIC_GRAD_NORM, S.NONFINITE)),
 )
 SKIP_KEYS = {S.STEP, S.KIND, S.RAW, *S.TIMING_KEYS}
+ALWAYS_NUMERIC = (S.ACTOR_LOSS, S.PG_LOSS, S.GRAD_NORM, S.VF_LOSS, S.CRITIC_GRAD_NORM)
 
 
 def check_nonfinite(trace: Trace) -> list[Finding]:
@@ -52,13 +53,15 @@ def _family(key: str) -> str:
 
 
 def _numeric_keys(trace: Trace) -> set[str]:
-    """Keys that hold a number on some step (a ``null`` there can stand for NaN)."""
+    """Keys that hold a number on some step (a ``null`` there can stand for NaN), and the
+    canonical losses and gradient norms, which are numbers whenever logged: one record with
+    ``grad_norm: None`` (TRL's value when every micro-batch was NaN) is decisive."""
     return {
         k
         for rec in trace.steps
         for k, v in rec.items()
         if k not in SKIP_KEYS and isinstance(v, int | float) and not isinstance(v, bool)
-    }
+    } | set(ALWAYS_NUMERIC)
 
 
 def _fp16_skip(rec: dict[str, Any]) -> bool:
@@ -87,12 +90,18 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
     order = [name for name, _ in FAMILIES] + ["other"]
     families = sorted({_family(k) for k in keys}, key=order.index)
     later = [s for s, _ in bad_steps[1:]]
-    persistent = len(later) >= SUSTAIN or (later and later[0] == step + 1)
+    steps = [step_of(r, i) for i, r in enumerate(trace.steps)]
+    following = next((s for s in steps if s > step), None)  # the next record, however far its step
+    persistent = len(later) >= SUSTAIN or bool(later and later[0] == following)
     record = next(r for i, r in enumerate(trace.steps) if step_of(r, i) == step)
     module = record.get(S.FIRST_NONFINITE_MODULE)
     where = f", first in module {module}" if module else ""
     alerts = str(record.get(S.ALERTS) or "").splitlines()
     where += f"; the log says: {alerts[0][:160]!r}" if alerts else ""
+    skipped = _skipped_update(trace, step, keys)
+    where += (
+        "; the optimizer skipped the update (finite loss, learning rate not advancing)" if skipped else ""
+    )
     return Finding(
         "nonfinite",
         step,
@@ -108,8 +117,26 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
             "steps": [s for s, _ in bad_steps],
             "persistent": persistent,
             "null_only": all(record.get(k) is None for k in keys if k != S.NONFINITE),
+            "skipped_update": skipped,
             "alerts": alerts,
         },
+    )
+
+
+def _skipped_update(trace: Trace, step: int, keys: list[str]) -> bool:
+    """A step whose gradients alone went non-finite while the loss stayed finite and the learning
+    rate did not move on from the step before: the update was skipped (HF Trainer, verl and
+    Megatron skip a non-finite gradient; the scheduler stays)."""
+    index = next(i for i, r in enumerate(trace.steps) if step_of(r, i) == step)
+    record = trace.steps[index]
+    loss = record.get(S.ACTOR_LOSS, record.get(S.PG_LOSS))
+    lr, before = record.get(S.LR), trace.steps[index - 1].get(S.LR) if index else None
+    return (
+        all(_family(k) == "gradients" for k in keys)
+        and isinstance(loss, int | float)
+        and math.isfinite(loss)
+        and isinstance(lr, int | float)
+        and lr == before
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import first_logged, series, shift, sustained, throughout
+from moescope.analyze.rules.series import first_logged, series, shift, step_of, sustained, throughout
 from moescope.analyze.rules.thresholds import SUSTAIN
 from moescope.traces import Trace
 
@@ -61,12 +61,33 @@ def check_reward_collapse(trace: Trace) -> list[Finding]:
     return [fall.finding("reward_collapse", "error", message, key=key, baseline=fall.base, lowest=lowest)]
 
 
+def _no_signal(rec: dict) -> bool | None:
+    """Whether a record says every group's rewards were equal: ``frac_reward_zero_std`` at 1, or
+    (without it) every advantage exactly 0, or a reward std of exactly 0; ``None`` when it does
+    not say."""
+
+    def number(key: str) -> float | None:
+        v = rec.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    frac, hi, lo, std = (
+        number(k) for k in (S.NO_SIGNAL_FRAC, S.ADVANTAGE_MAX, S.ADVANTAGE_MIN, S.REWARD_STD)
+    )
+    if frac is not None:
+        return frac >= 1.0
+    if hi is not None and lo is not None:
+        return hi == lo == 0.0
+    return None if std is None else std == 0.0
+
+
 def check_no_signal(trace: Trace) -> list[Finding]:
-    points = series(trace, S.NO_SIGNAL_FRAC)
+    points = [
+        (step_of(rec, i), flag) for i, rec in enumerate(trace.steps) if (flag := _no_signal(rec)) is not None
+    ]
     if not points:
         return []
-    flags = [v >= 1.0 for _, v in points]
-    dead = [s for (s, _), flag in zip(points, flags, strict=True) if flag]
+    flags = [flag for _, flag in points]
+    dead = [s for s, flag in points if flag]
     excerpt = len(points) < SUSTAIN and len(dead) == len(points)  # a few pasted records, all dead
     gone = next((n for n, flag in enumerate(reversed(flags)) if not flag), len(flags))  # dead at the end
     if len(dead) >= max(SUSTAIN, len(points) // 2) or excerpt:
@@ -75,7 +96,9 @@ def check_no_signal(trace: Trace) -> list[Finding]:
         start = sustained(flags)
         step = dead[0] if start is None else points[start][0]
         message = f"No learning signal on {len(dead)} of {len(points)} steps"
-    elif gone >= SUSTAIN:  # the signal is gone at the end of the log, however long it ran before
+    elif gone >= SUSTAIN or (gone and len(points) < 2 * SUSTAIN):
+        # the signal is gone at the end of the log, however long it ran before (in a short paste,
+        # the record it ends on says so)
         step = points[len(points) - gone][0]
         message = f"No learning signal since step {step} ({gone} steps, to the end of the log)"
     else:

@@ -17,8 +17,12 @@ LOAD_SHARE_FACTOR = 5.0  # an expert above this many times its uniform share is 
 GRAD_NORM_CEILING = 1e5  # a gradient norm no healthy run logs: judged on one record, without history
 LBL_IMBALANCED = 2.0  # Megatron's load-balancing loss (logged unscaled) is 1 when balanced, E/top-k at
 # worst; 2 is as unbalanced as half the experts idle and the rest evenly loaded
+RECOMPUTE_DOUBLE_MAX = 2.5  # Megatron's LBL below this could be a balanced router's counted twice (recompute)
 MISMATCH_K3_HIGH = 0.1  # k3 KL(rollout ‖ training) above the 1e-3–1e-1 band practitioners see on MoE RL
 MISMATCH_K3_FLOOR = 1e-3  # ...and a rise counts only above the top of the dense-model band (1e-5–1e-3)
+# mean |rollout − training log-prob| per token: ~0.011 with a sound engine and 0.036 with a faulty
+# one (vime#64); held at 0.1, the two engines disagree on the tokens themselves
+MISMATCH_LOGPROB_HIGH = 0.1
 MISMATCH_MULT_PROB_HIGH = 1.05  # NeMo-RL's token_mult_prob_error (1 when equal): a recipe asserts <= 1.05
 # share of tokens whose token-level PPO/GRPO ratio is clipped, held (healthy GRPO: ~0.001-0.05,
 # moescope's token-level replays <= 0.08; GSPO's sequence-level clipping ~0.15 by design, not judged)

@@ -1,0 +1,151 @@
+"""Reading a large training log, measured against reading its lines without parsing them.
+
+A log of ``--mb`` megabytes is generated per format (verl's console, Megatron's iteration lines,
+mmengine / XTuner records), each line a realistic record with a NaN now and then. Each file is
+read three ways, in alternation, ``--repeats`` times:
+
+- **lines**: the file read line by line and decoded, nothing parsed (the floor any reader pays);
+- **read_log**: :func:`moescope.analyze.readers.read_log`, detection included;
+- **diagnose**: ``read_log`` and then :func:`moescope.analyze.diagnosis.diagnose`.
+
+Prints the median of each and the ratio read_log / lines against the 2x goal, and the peak
+Python memory of one read_log over the file's size. It reports; it does not pass or fail.
+
+    .venv/bin/python bench/diagnose_read.py [--mb 64] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+GOAL = 2.0
+
+
+def _verl(i: int, r: random.Random) -> str:
+    values = {
+        "actor/entropy": r.uniform(0.2, 0.8),
+        "actor/pg_loss": r.gauss(0, 0.01),
+        "actor/pg_clipfrac": r.uniform(0, 0.01),
+        "actor/ppo_kl": r.uniform(0, 1e-3),
+        "actor/grad_norm": _grad(r),
+        "actor/lr": 1e-06,
+        "critic/score/mean": r.random(),
+        "response_length/mean": r.uniform(300, 900),
+        "response_length/clip_ratio": r.uniform(0, 0.05),
+        "timing_s/gen": r.uniform(10, 20),
+    }
+    return f"(TaskRunner pid=4242) step:{i}" + "".join(f" - {k}:{v}" for k, v in values.items()) + "\n"
+
+
+def _megatron(i: int, r: random.Random) -> str:
+    values = {
+        "consumed samples": i * 256,
+        "elapsed time per iteration (ms)": f"{r.uniform(3900, 4100):.1f}",
+        "learning rate": "1.500000E-04",
+        "lm loss": f"{r.uniform(2, 4):.6E}",
+        "load_balancing_loss": f"{r.uniform(1.0, 1.1):.6E}",
+        "loss scale": 1.0,
+        "grad norm": _grad(r),
+        "number of skipped iterations": 0,
+    }
+    fields = "".join(f" {k}: {v} |" for k, v in values.items())
+    return f" [2025-06-02 08:14:51] iteration {i:8d}/ 2000000 |{fields}\n"
+
+
+def _records(i: int, r: random.Random) -> str:
+    values = {"lr": "1.9125e-04", "eta": "1:07:12", "time": f"{r.uniform(2.9, 3.0):.4f}", "memory": 14872}
+    values |= {"loss": f"{r.uniform(0.5, 0.9):.4f}", "grad_norm": _grad(r)}
+    fields = "".join(f"  {k}: {v}" for k, v in values.items())
+    return f"2024/06/12 09:31:02 - mmengine - INFO - Iter(train) [{i:6d}/9999999]{fields}\n"
+
+
+FORMATS: dict[str, Callable[[int, random.Random], str]] = {
+    "verl-console": _verl,
+    "megatron": _megatron,
+    "records": _records,
+}
+
+
+def _grad(r: random.Random) -> str:
+    return "nan" if r.random() < 0.001 else f"{r.uniform(0.1, 2.0):.4f}"
+
+
+def write_log(path: Path, fmt: str, mb: float) -> int:
+    """A log of about ``mb`` megabytes in ``fmt``; returns its lines."""
+    r, size, i = random.Random(0), 0, 1
+    with path.open("w", encoding="utf-8") as f:
+        while size < mb * 1e6:
+            line = FORMATS[fmt](i, r)
+            f.write(line)
+            size, i = size + len(line), i + 1
+    return i - 1
+
+
+def read_lines(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.decode("utf-8", errors="replace"))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def peak_mib(path: Path) -> float:
+    """Peak Python memory of one read_log (tracemalloc), in a fresh process, in MiB."""
+    import subprocess
+
+    code = (
+        "import sys, tracemalloc\nfrom moescope.analyze.readers import read_log\n"
+        "tracemalloc.start()\nread_log(sys.argv[1])\nprint(tracemalloc.get_traced_memory()[1] / 2**20)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=64.0, help="size of each generated log (MB)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    from moescope.analyze.diagnosis import diagnose
+    from moescope.analyze.readers import read_log
+
+    print(f"goal: read_log within {GOAL:g}x of reading the lines without parsing")
+    with tempfile.TemporaryDirectory() as tmp:
+        for fmt in FORMATS:
+            path = Path(tmp) / f"{fmt}.log"
+            lines = write_log(path, fmt, args.mb)
+            times: dict[str, list[float]] = {"lines": [], "read_log": [], "diagnose": []}
+            runs = {
+                "lines": lambda p=path: read_lines(p),
+                "read_log": lambda p=path: read_log(p),
+                "diagnose": lambda p=path: diagnose(read_log(p)),
+            }
+            for _ in range(args.repeats):
+                for name, run in runs.items():
+                    times[name].append(timed(run))
+            med = {k: statistics.median(v) for k, v in times.items()}
+            ratio = med["read_log"] / med["lines"]
+            mib = path.stat().st_size / 2**20
+            verdict = "" if ratio <= GOAL else ", misses the goal"
+            print(
+                f"{fmt}: {mib:.0f} MiB, {lines} lines; lines {med['lines']:.2f} s, read_log "
+                f"{med['read_log']:.2f} s ({ratio:.1f}x lines{verdict}), diagnose {med['diagnose']:.2f} s "
+                f"({med['diagnose'] / med['lines']:.1f}x); peak memory {peak_mib(path) / mib:.1f}x the file"
+            )
+            if not math.isfinite(ratio):
+                sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Any line that attaches numbers to metric names: the reader every step-like line falls back to.
+
+Trainers not listed elsewhere, home-made loops and hand-abbreviated pastes print a step's
+metrics as ``name: value``, ``name=value`` or ``name value`` fields, with a step marker somewhere
+on the line (or none). The marker is found first, each as its framework prints it:
+
+- mmengine / XTuner: ``Iter(train) [ 510/2046]  lr: 1.7590e-04  …  loss: 0.6919  grad_norm: nan``
+  and ``Epoch(train) [1][200/735]  …`` (step = (epoch − 1) × per-epoch + i);
+- home-made loops: ``Epoch:[0/10](100/500) loss:0.12 lr:1e-4 grad_norm:1.3`` (epoch × n + i);
+- NeMo 2.0: ``Training epoch 0, iteration 120/149 | lr: 3e-05 | … | reduced_train_loss: 1.233``;
+- torchtune's progress bar ``1|10|Loss: 1.2345`` (epoch|step|loss);
+- a tqdm bar with a postfix: ``10%|█ | 10/100 [00:10<01:30, 1.0it/s, loss=0.123, lr=1e-5]``;
+- any ``step N``, ``global_step: N``, ``iteration N:``, ``iter N``, ``Step: N`` (DeepSpeed-Chat's
+  ``epoch: 0|step: 3183|ppo_ep: 1|act_loss: …``, LLaMA-Factory's ``current_steps``, the
+  ``iteration 10: load_balancing_loss: 1.09E+00`` of a hand-abbreviated paste).
+
+Then every field of the rest of the line is read (:func:`pairs`). A line with a marker and a
+field is a record on that step; a line without a marker is a record when one of its names is a
+metric some key map knows (``average reward score: 0.2``), and joins the step before it, or, in
+a log without any marker, counts as its own step in order. Records of one step that follow each
+other (one metric a line) are one record. The framework is named by the marker where it is a
+framework's own (mmengine, NeMo, torchtune), else guessed from the names against every key map;
+names the framework's table lacks are read through the ``generic`` one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+from moescope.analyze.readers._fields import field
+from moescope.analyze.readers._rows import Parsed, Row, scan
+from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number
+from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_generic
+from moescope.analyze.readers.verl import RAY_PREFIX
+
+_I = rf"\s*({INT})\s*"
+
+
+def _epoch_from_one(match: re.Match[str]) -> int:
+    """``(epoch, i, per_epoch)`` groups, epochs counted from 1 (mmengine) → a global step."""
+    epoch, i, per = (int(g) for g in match.groups())
+    return max(epoch - 1, 0) * per + i
+
+
+def _epoch_from_zero(match: re.Match[str]) -> int:
+    """The same, epochs counted from 0 (``Epoch:[0/10](100/500)``)."""
+    epoch, i, per = (int(g) for g in match.groups())
+    return epoch * per + i
+
+
+MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]], ...] = (
+    ("mmengine", re.compile(rf"Iter\((?:train|val|test)\)\s*\[{_I}/\s*{INT}\s*\]"), lambda m: int(m[1])),
+    ("mmengine", re.compile(rf"Epoch\(train\)\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
+    (None, re.compile(rf"Epoch\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
+    (
+        None,
+        re.compile(rf"Epoch\s*:?\s*\[{_I}/\s*{INT}\s*\]\s*\({_I}/{_I}\)", re.IGNORECASE),
+        _epoch_from_zero,
+    ),
+    (
+        "nemo",
+        re.compile(rf"Training epoch\s+{INT}\s*,\s*iteration\s+({INT})\s*/\s*{INT}"),
+        lambda m: int(m[1]),
+    ),
+    ("torchtune", re.compile(rf"(?<![\w|]){INT}\|({INT})\|(?=Loss:)"), lambda m: int(m[1])),
+    (None, re.compile(rf"\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[[^\]]*?,"), lambda m: int(m[1])),
+    (
+        None,
+        re.compile(
+            rf"(?<![\w/.])(?:global[_ ]step|current_steps|step|iteration|iter|num_updates)\s*[:=#]?\s*({INT})"
+            rf"(?:\s*/\s*{INT})?(?![\w.])",
+            re.IGNORECASE,
+        ),
+        lambda m: int(m[1]),
+    ),
+)
+_SPLIT = re.compile(r"\s*\|\s*|,\s+|;\s*|\s+-\s+|\t+|\s{2,}|[\[\]]")
+_LABELLED = re.compile(
+    rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>{NUMBER})(?=[\s,;|)\]}}]|$)"
+)
+_SPACED = re.compile(rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)\s+(?P<value>{NUMBER})(?=\s|$)")
+_BAR = re.compile(r"\d+%\|")
+_BAR_POSTFIX = re.compile(r"\[[^\]]*?<[^\]]*?,\s*(?P<postfix>[^\]]*)\]")
+
+
+_TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
+
+
+def marker(line: str) -> tuple[str | None, int, re.Match[str]] | None:
+    """The first step marker of ``line``: ``(framework or None, step, match)``."""
+    for framework, pattern, step in MARKS:
+        match = pattern.search(line)
+        if match:
+            return framework, step(match), match
+    return None
+
+
+def pairs(text: str) -> dict[str, Any]:
+    """Every ``name: value`` / ``name=value`` / ``name value`` field of ``text``; a later name wins.
+
+    A name with no ``:`` or ``=`` before its number counts only when it is a metric a key map
+    knows or reads like code (``grad_norm``, ``train/loss``): in prose, ``the loss is NaN`` names
+    no metric ``is``.
+    """
+    out: dict[str, Any] = {}
+    for piece in _SPLIT.split(text):
+        piece = piece.strip(" :,-")
+        if not _numeric(piece):
+            continue
+        labelled = list(_LABELLED.finditer(piece))
+        whole = labelled and labelled[0].start() == 0 and labelled[-1].end() == len(piece)
+        found = None if whole or len(piece) >= 200 else field(piece, labelled=True) or field(piece)
+        if found and (":" in piece or "=" in piece or (" " not in found[0] and _named(found[0]))):
+            out[found[0]] = found[1]  # a name with spaces or a unit: "average reward score: 0.2"
+            continue
+        for match in labelled or (m for m in _SPACED.finditer(piece) if _named(m.group("key"))):
+            out[match.group("key")] = parse_number(match.group("value"))
+    return out
+
+
+_DIGITISH = re.compile(r"\d|nan|inf", re.IGNORECASE)
+
+
+def _numeric(text: str) -> bool:
+    """Whether ``text`` can hold a number at all (a cheap test before any pattern runs)."""
+    return _DIGITISH.search(text) is not None
+
+
+def _named(key: str) -> bool:
+    """A bare name that is a metric: known to a key map, or written like code."""
+    return is_metric(key) or any(c in key for c in "_/")
+
+
+@cache
+def _known_names() -> frozenset[str]:
+    """Every foreign key any table maps, as given and normalised (lower case, ``_`` for gaps)."""
+    keys = {k for name, table in KEY_MAP.items() if name != "moescope" for k in table}
+    return frozenset(keys | {_normal(k) for k in keys} | set(KEY_MAP["moescope"]))
+
+
+def _normal(key: str) -> str:
+    return re.sub(r"[\s.\-]+", "_", key.strip().lower()).strip("_")
+
+
+def is_metric(key: str) -> bool:
+    """A name some key map knows (as given, normalised, or behind a ``train/`` prefix)."""
+    known = _known_names()
+    return key in known or _normal(key) in known or key.removeprefix("train/") in known
+
+
+def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
+    """``(step, framework, fields)`` of a record line, or ``None``."""
+    line = RAY_PREFIX.sub("", line, count=1)  # "(TaskRunner pid=17)" names no metric "pid"
+    found = marker(line)
+    if found is not None:
+        framework, step, match = found
+        rest = line[: match.start()] + " | " + line[match.end() :]
+        bar = _BAR.search(rest)
+        if bar:  # a progress bar: the text before it (torchtune's description) and its postfix
+            postfix = _BAR_POSTFIX.search(rest, bar.end())
+            rest = rest[: bar.start()] + (" | " + postfix.group("postfix") if postfix else "")
+        fields = pairs(rest)
+        return (step, framework, fields) if fields else None
+    row = _TABLE_ROW.match(line)  # a two-column table (tabulate, markdown) of one step's stats
+    fields = (
+        {row.group("key"): parse_number(row.group("value"))} if row else pairs(line) if _numeric(line) else {}
+    )
+    if fields and any(is_metric(k) for k in fields):
+        return None, None, fields
+    return None
+
+
+def is_stepped(line: str) -> bool:
+    """A record line with a step marker (what the format vote counts)."""
+    found = record(line)
+    return found is not None and found[0] is not None
+
+
+def read(log: LogFile) -> Parsed:
+    """One row per record (consecutive records of one step merged)."""
+    frameworks: list[str] = []
+    width = wrap_width(log.lines)
+
+    def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        end = unwrap(lines, i, width)  # a record a terminal wrapped at its width: pieces rejoined
+        text = lines[i] if end == i + 1 else "".join(lines[i:end])
+        found = record(text)
+        if found is None:
+            mark = marker(text)  # "Train step 5/1000 done.": the step the lines below belong to
+            return ([Row(mark[1], {}, text, i + 1)], end) if mark and _marks_only(text, mark[2]) else None
+        step, framework, fields = found
+        if framework:
+            frameworks.append(framework)
+        return [Row(step, fields, text, i + 1)], end
+
+    parsed = scan(log.lines, parse_at)
+    parsed.rows = [r for r in _merge_runs(parsed.rows) if r.metrics]
+    keys = {k for row in parsed.rows for k in row.metrics}
+    named = max(set(frameworks), key=frameworks.count) if frameworks else None
+    parsed.framework = named or guess_beyond_generic(keys)
+    for row in parsed.rows:
+        row.metrics = canonical_names(parsed.framework, row.metrics)
+    parsed.keymap = "moescope"  # renamed here: the framework's table, then the generic one
+    return parsed
+
+
+def wrap_width(lines: list[str]) -> int | None:
+    """The width a terminal wrapped the log's lines at: a length of 60 or more that several lines
+    with a step marker share exactly while others are shorter, else ``None``."""
+    lengths = Counter(len(line) for line in lines[:5000] if len(line) >= 60 and marker(line))
+    if not lengths:
+        return None
+    width, n = lengths.most_common(1)[0]
+    return width if n >= 2 and width == max(len(line) for line in lines[:5000]) else None
+
+
+def unwrap(lines: list[str], i: int, width: int | None) -> int:
+    """The index after the record starting at line ``i``: while a piece fills the wrap width
+    exactly, the next line (no record of its own: no step marker) continues it."""
+    end = i + 1
+    if width is None:
+        return end
+    while (
+        end < len(lines)
+        and end - i < MAX_PIECES
+        and len(lines[end - 1]) == width
+        and lines[end].strip()
+        and marker(lines[end]) is None
+    ):
+        end += 1
+    return end
+
+
+def _marks_only(line: str, match: re.Match[str]) -> bool:
+    """A short line that is mostly its step marker (a banner, not prose that mentions a step)."""
+    return len(line.strip()) <= 3 * len(match.group(0)) + 20
+
+
+def _merge_runs(rows: list[Row]) -> list[Row]:
+    """Consecutive rows of one step (or none) with no name in common as one row: one metric a
+    line (``iteration 10: lbl: …``), a table of a step's stats under its banner."""
+    out: list[Row] = []
+    for row in rows:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and (row.step is None or row.step == last.step)
+            and not (row.metrics.keys() & last.metrics.keys())
+        ):
+            last.metrics.update(row.metrics)
+            last.raw += "\n" + row.raw
+        else:
+            out.append(row)
+    return out
+
+
+def canonical_names(framework: str | None, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics under canonical names: the framework's table first, then the generic one; of two
+    names for one canonical metric the first keeps it, the other its own name."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = (framework and canonical(framework, key)) or canonical("generic", key) or key
+        out[name if name not in out else key] = value
+    return out

@@ -1,0 +1,87 @@
+"""The progress table HF Trainer (TRL, unsloth) draws in a notebook, as users copy it out.
+
+::
+
+    Step | Training Loss | reward | reward_std | kl | entropy
+    -- | -- | -- | -- | -- | --
+    1 | -0.283600 | 13.437500 | 21.810942 | nan | 0
+    2 | -0.149100 | 6.931818 | 14.526671 | nan | No Log
+
+A header row whose first cell is ``Step``, then one row per logging step whose first cell is the
+step; cells split at ``|``, tabs or runs of two or more spaces (a copied HTML table pastes with
+tabs). ``No Log`` and empty cells are absent values. Column names are read as the Trainer logged
+them — the HTML table prints ``completions / mean_length`` for ``completions/mean_length`` and
+``Training Loss`` for ``loss`` — so both are put back before the key map (TRL's, then the
+generic names) renames them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from moescope.analyze.readers._rows import Parsed, Row, scan
+from moescope.analyze.readers._text import INT, LogFile, parse_number
+from moescope.analyze.readers.keymap import guess_beyond_generic
+from moescope.analyze.readers.records import canonical_names
+
+_CELLS = re.compile(r"\s*\|\s*|\t+|\s{2,}")
+_HEADER = re.compile(r"^\s*\|?\s*step\s*(?:\||\t|\s{2,})", re.IGNORECASE)
+_RULE = re.compile(r"^[\s|:\-=+]+$")
+_STEP = re.compile(rf"^{INT}$")
+_RENAMED = {"training loss": "loss", "validation loss": "eval_loss"}
+
+
+def cells(line: str) -> list[str]:
+    """The cells of a table line, without the empty ones its outer bars make."""
+    parts = _CELLS.split(line.strip())
+    return [p for p in parts if p != ""] if line.strip().startswith("|") else parts
+
+
+def header(lines: list[str]) -> int | None:
+    """The index of a ``Step | …`` header row followed by a row of the same width, else ``None``."""
+    for i, line in enumerate(lines[:5000]):
+        if _HEADER.match(line):
+            names = cells(line)
+            rows = (cells(x) for x in lines[i + 1 : i + 4] if x.strip() and not _RULE.match(x))
+            if len(names) >= 2 and any(len(r) == len(names) and _STEP.match(r[0]) for r in rows):
+                return i
+    return None
+
+
+def _name(cell: str) -> str:
+    name = re.sub(r"\s*/\s*", "/", cell.strip())
+    return _RENAMED.get(name.lower(), name)
+
+
+def _value(cell: str) -> Any:
+    try:
+        return parse_number(cell)
+    except ValueError:
+        return None  # "No Log", an empty cell: not logged
+
+
+def read(log: LogFile) -> Parsed:
+    """One row per table row under the header (a second header, another table, resets the names)."""
+    names: list[str] = []
+
+    def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        nonlocal names
+        if _HEADER.match(lines[i]):
+            names = [_name(c) for c in cells(lines[i])]
+            return [], i + 1
+        if _RULE.match(lines[i]):
+            return [], i + 1
+        row = cells(lines[i])
+        if not names or len(row) != len(names) or not _STEP.match(row[0]):
+            return None
+        metrics = {n: v for n, c in zip(names[1:], row[1:], strict=True) if (v := _value(c)) is not None}
+        return [Row(int(row[0]), metrics, lines[i], i + 1)], i + 1
+
+    parsed = scan(log.lines, parse_at)
+    keys = {k for row in parsed.rows for k in row.metrics}
+    parsed.framework = guess_beyond_generic(keys) or ("trl" if "reward" in keys or "loss" in keys else None)
+    for row in parsed.rows:
+        row.metrics = canonical_names(parsed.framework, row.metrics)
+    parsed.keymap = "moescope"
+    return parsed

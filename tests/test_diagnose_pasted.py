@@ -1,0 +1,130 @@
+"""The pasted-excerpt corpus: every file of ``tests/data/logs/pasted`` read and diagnosed as a user
+would paste it, against what its source thread concluded (``tests/data/logs/SOURCES.md``); healthy
+runs raise no error-severity finding; bad input is one sentence or findings, never a traceback."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from moescope.analyze.diagnosis import diagnose
+from moescope.analyze.readers import read_log
+from moescope.cli import main
+
+LOGS = Path(__file__).parent / "data" / "logs"
+PASTED = LOGS / "pasted"
+
+# file → the finding types it must raise at warning or error (empty: a healthy control)
+EXPECTED: dict[str, set[str]] = {
+    "xtuner_grad_norm_nan.log": {"nonfinite"},
+    "xtuner_healthy_epochs.log": set(),
+    "homemade_epoch_loop.log": {"nonfinite"},
+    "megatron_lbl_recompute.log": set(),
+    "megatron_lbl_healthy.log": set(),
+    "megatron_iteration_healthy.log": set(),
+    "torchtitan_topk_print.log": {"load_collapse"},
+    "topk_print_healthy.log": set(),
+    "dschat_step3_inf.log": {"nonfinite"},
+    "dschat_reward_flat.log": set(),
+    "nemo2_reduced_loss_nan.log": {"nonfinite"},
+    "nemo2_healthy.log": set(),
+    "torchtune_healthy.log": set(),
+    "automodel_steps_nan.log": {"nonfinite"},
+    "automodel_dead_experts.log": {"load_collapse"},
+    "llamafactory_console_nan.log": {"nonfinite"},
+    "llamafactory_trainer_log.jsonl": set(),
+    "hf_train_runtime.log": set(),
+    "trl_wrapped_sampling.log": {"rollout_mismatch"},
+    "verl_ranks_and_prose.log": {"nonfinite"},
+    "verl_one_line_dead.log": {"no_signal"},
+    "verl_rollout_corr.log": {"rollout_mismatch"},
+    "wandb_run_summary.log": {"no_signal"},
+    "two_runs_pasted.log": set(),
+    "nemo_rl_gen_kl.log": {"rollout_mismatch"},
+    "areal_stats_table.log": {"rollout_mismatch"},
+    "roll_metrics_tag.log": {"nonfinite"},
+    "tqdm_postfix_healthy.log": set(),
+    "tinker_moe_watch.log": {"load_collapse"},
+    "trl_notebook_table_kl_nan.log": {"nonfinite"},
+    "swift_console_dead_groups.log": {"no_signal"},
+    "verl_warn_only.log": {"nonfinite"},
+    "openrlhf_vllm_kl.log": {"rollout_mismatch"},
+}
+
+
+def test_every_pasted_file_is_expected_and_has_its_source() -> None:
+    assert {p.name for p in PASTED.iterdir()} == set(EXPECTED)
+    sources = (LOGS / "SOURCES.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"`pasted/([^`]+)`", sources))
+    assert listed == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_excerpt_gets_the_finding_its_thread_concluded(name: str) -> None:
+    findings = diagnose(read_log(PASTED / name))
+    raised = {f.type for f in findings if f.severity != "info"}
+    expected = EXPECTED[name]
+    assert expected <= raised, (name, raised)
+    if not expected:  # a healthy control: nothing of error severity
+        assert not [f for f in findings if f.severity == "error"], (name, findings)
+    else:  # and nothing unrelated of error severity beside what the thread found
+        assert {f.type for f in findings if f.severity == "error"} <= expected, (name, findings)
+
+
+def test_the_first_of_two_pasted_runs_is_read_on_request() -> None:
+    first = diagnose(read_log(PASTED / "two_runs_pasted.log", run=0))
+    assert [f.type for f in first if f.severity == "error"] == ["nonfinite"]
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"", "is empty"),
+        (bytes(range(256)) * 64, "is binary, not a text log"),
+        (b"Collecting numpy\n  Downloading numpy-2.1.0.tar.gz (18.9 MB)\nSuccessfully installed\n", None),
+        (
+            b"GET /index.html HTTP/1.1 200 1532\nGET /favicon.ico HTTP/1.1 404 0\n",
+            "no line attaches a number",
+        ),
+    ],
+)
+def test_bad_input_is_one_sentence_and_exit_2_or_findings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, words: str | None
+) -> None:
+    path = tmp_path / "input.log"
+    path.write_bytes(content)
+    code = main(["diagnose", str(path)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    if code == 2:
+        assert err.count("\n") == 1 and (words is None or words in err)
+    else:
+        assert code == 0 and words is None and "steps" in out
+
+
+MEASURE = """
+import resource, sys
+from moescope.cli import main
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+code = main(["diagnose", sys.argv[1]])
+print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_a_huge_single_line_is_one_sentence_in_bounded_memory(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "one_line.log"
+    with path.open("wb") as f:  # 64 MiB without a newline: a megabyte of it is read, not all
+        chunk = b"x" * (1 << 20)
+        for _ in range(64):
+            f.write(chunk)
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, check=True
+    )
+    code, grown_kib = (int(x) for x in done.stdout.split()[-2:])
+    assert code == 2 and "Traceback" not in done.stderr
+    assert grown_kib < 32 * 1024  # far below the file's 64 MiB (ru_maxrss is in KiB on Linux)

@@ -1,0 +1,216 @@
+"""The tolerant front end: what users paste — rank labels, wrapped lines, prose, summaries, one
+metric a line, home-made loops — read into steps under the one vocabulary."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from moescope import schema as S
+from moescope.analyze.readers import keymap, read_log
+from moescope.analyze.readers.records import pairs
+from moescope.errors import MoescopeError
+
+
+def read_text(tmp_path: Path, text: str, name: str = "paste.log"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return read_log(path)
+
+
+def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -> None:
+    trace = read_log(Path(__file__).parent / "data" / "logs" / "xtuner_iter.log")
+    assert trace.header["format"] == "records" and trace.header["framework"] == "mmengine"
+    assert [s["step"] for s in trace.steps] == [500, 510, 520, 530]
+    first = trace.steps[0]
+    assert (first[S.LR], first[S.ACTOR_LOSS], first[S.GRAD_NORM]) == (1.7692e-04, 0.6813, 1.2210)
+    assert "eta" not in first  # a clock time is no number
+    assert math.isnan(trace.steps[1][S.GRAD_NORM])
+
+
+@pytest.mark.parametrize(
+    ("line", "step", "values"),
+    [
+        ("Epoch:[1/10](100/500) loss:0.1234 lr:0.0001 grad_norm:1.23", 600, {S.ACTOR_LOSS: 0.1234}),
+        (
+            "10/30 22:18:02 - mmengine - INFO - Epoch(train) [2][200/735]  lr: 1.98e-04  loss: 2.75  "
+            "grad_norm: 3.06",
+            935,
+            {S.GRAD_NORM: 3.06},
+        ),
+        (
+            "Training epoch 0, iteration 120/149 | lr: 3e-05 | global_step: 120 | reduced_train_loss: 1.233",
+            120,
+            {S.ACTOR_LOSS: 1.233, S.LR: 3e-05},
+        ),
+        (
+            "1|10|Loss: 1.2345678: 10%|█         | 10/100 [00:10<01:30,  1.0s/it]",
+            10,
+            {S.ACTOR_LOSS: 1.2345678},
+        ),
+        (" 45%|████▌     | 45/100 [01:10<01:25,  1.55s/it, loss=0.523, lr=2e-05]", 45, {S.ACTOR_LOSS: 0.523}),
+        ("iteration 30: load_balancing_loss: 2.120842E+00", 30, {S.AUX_LOSS: 2.120842}),
+        ("2025-03-01 10:00:00 | INFO | iter 7 | gnorm=0.5 | loss=1.5", 7, {S.GRAD_NORM: 0.5}),
+    ],
+)
+def test_step_markers_of_home_made_loops_and_frameworks(tmp_path: Path, line: str, step: int, values) -> None:
+    trace = read_text(tmp_path, line + "\n")
+    assert trace.header["format"] == "records"
+    assert trace.steps[0]["step"] == step
+    assert {k: trace.steps[0][k] for k in values} == values
+
+
+def test_one_metric_a_line_of_one_step_is_one_record(tmp_path: Path) -> None:
+    text = "iteration 10: lm loss: 1.2E+00\niteration 10: grad norm: 0.5\niteration 11: lm loss: 1.1E+00\n"
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [10, 11]
+    assert trace.steps[0][S.GRAD_NORM] == 0.5 and not any(
+        "appeared in more than one" in n for n in trace.notes
+    )
+
+
+def test_lines_without_a_step_count_in_order_and_prose_names_no_metric(tmp_path: Path) -> None:
+    trace = read_text(tmp_path, "I got loss=0.52 grad_norm=1.1 here\nthen loss=0.49 grad_norm=nan\n")
+    assert [s["step"] for s in trace.steps] == [0, 1] and math.isnan(trace.steps[1][S.GRAD_NORM])
+    assert pairs("the loss is NaN at 3 pm") == {}  # prose: no metric named 'is' or 'at'
+    assert pairs("loss 0.5 grad_norm 1.2") == {"loss": 0.5, "grad_norm": 1.2}
+
+
+def test_rank_labels_are_removed_before_any_reader(tmp_path: Path) -> None:
+    text = (
+        " 0: step:1 - actor/pg_loss:0.01 - actor/grad_norm:0.4\n"
+        "[rank3]: step:2 - actor/pg_loss:0.02 - actor/grad_norm:nan\n"
+        "[1,0]<stdout>: step:3 - actor/pg_loss:0.02 - actor/grad_norm:0.3\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "verl-console" and [s["step"] for s in trace.steps] == [1, 2, 3]
+
+
+def test_a_dict_wrapped_at_a_fixed_terminal_width_is_rejoined(tmp_path: Path) -> None:
+    record = (
+        "{'loss': 0.0123, 'grad_norm': nan, 'learning_rate': 1e-06, 'reward': 0.44, 'reward_std': 0.31, "
+        "'sampling/sampling_logp_difference/mean': 0.0412, 'sampling/importance_sampling_ratio/max': 3.25, "
+        "'epoch': 0.01}"
+    )
+    wrapped = "\n".join(record[i : i + 80] for i in range(0, len(record), 80))
+    trace = read_text(tmp_path, "some prose first: " + wrapped + "\n")
+    step = trace.steps[0]
+    assert (
+        step[S.LOGPROB_MISMATCH] == 0.0412 and step[S.IS_RATIO_MAX] == 3.25 and math.isnan(step[S.GRAD_NORM])
+    )
+
+
+def test_a_wandb_run_summary_is_one_record_on_its_global_step() -> None:
+    trace = read_log(Path(__file__).parent / "data" / "logs" / "wandb_summary.log")
+    assert trace.header["format"] == "wandb-summary" and trace.header["framework"] == "trl"
+    (step,) = trace.steps
+    assert step["step"] == 120 and step[S.NO_SIGNAL_FRAC] == 1.0 and math.isnan(step[S.GRAD_NORM])
+
+
+def test_deepspeed_chat_reward_line_joins_its_step(tmp_path: Path) -> None:
+    text = (
+        "epoch: 0|step: 3183|ppo_ep: 1|act_loss: 30.92|cri_loss: 30.51|unsuper_loss: 0.0\n"
+        "average reward score: -7.80859375\n"
+        "-------------------------------------------------------------------------------------\n"
+        "epoch: 0|step: 3184|ppo_ep: 1|act_loss: inf|cri_loss: inf|unsuper_loss: 0.0\n"
+        "average reward score: -6.359375\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["framework"] == "deepspeed-chat"
+    last = trace.steps[-1]
+    assert last["step"] == 3184 and last[S.PG_LOSS] == math.inf and last[S.REWARD_MEAN] == -6.359375
+
+
+@pytest.mark.parametrize(
+    ("framework", "key", "canonical"),
+    [
+        ("areal", "rollout_train_k3_kl", S.MISMATCH_KL),
+        ("areal", "compute_logp/r3/rollout_train_k3_kl/avg", S.MISMATCH_KL),
+        ("verl", "rollout_corr/rollout_is_eff_sample_size", S.IS_ESS),
+        ("verl", "rollout_corr/rollout_rs_max", S.IS_RATIO_MAX),
+        ("trl", "sampling/sampling_logp_difference/mean", S.LOGPROB_MISMATCH),
+        ("nemo-automodel", "moe/dead_expert_frac", S.DEAD_EXPERT_FRAC),
+        ("tinker", "e_max_violation", S.MAX_VIOLATION),
+        ("tinker", "e_frac_with_tokens", S.USED_EXPERT_FRAC),
+        ("nemo", "reduced_train_loss", S.ACTOR_LOSS),
+        ("deepspeed-chat", "average reward score", S.REWARD_MEAN),
+    ],
+)
+def test_the_listed_keys_are_mapped(framework: str, key: str, canonical: str) -> None:
+    assert keymap.canonical(framework, key) == canonical
+
+
+def test_prose_and_a_non_training_log_say_no_step(tmp_path: Path) -> None:
+    text = "GET /index.html 200 1532\nconnected to db in 3 ms\nuser logged out\n"
+    with pytest.raises(MoescopeError, match="no line attaches a number to a metric name"):
+        read_text(tmp_path, text, "access.log")
+
+
+def test_printed_top_k_ids_become_each_layers_expert_load(tmp_path: Path) -> None:
+    trace = read_log(Path(__file__).parent / "data" / "logs" / "topk_indices.log")
+    assert trace.header["format"] == "topk-indices"
+    (step,) = trace.steps
+    assert step[S.EXPERT_LOAD_LAYERS] == [1, 2, 3, 4] and step[S.MAX_LOAD_SHARE] == 1.0
+    two_passes = "layer 0 experts: [[1, 5], [5, 7]]\nlayer 1 experts: [[2, 3], [3, 0]]\n" * 2
+    trace = read_text(tmp_path, two_passes, "debug.txt")
+    assert [s["step"] for s in trace.steps] == [0, 1]  # the layer numbers start over: a new pass
+    assert trace.steps[0][S.EXPERT_LOAD][0][5] == 0.5
+
+
+def test_two_pasted_runs_are_split_and_the_last_is_read(tmp_path: Path) -> None:
+    text = (
+        "step:1 - actor/pg_loss:0.01 - actor/grad_norm:0.4\n"
+        "step:2 - actor/pg_loss:nan - actor/grad_norm:nan\n"
+        "and the rerun with a lower lr:\n"
+        "step:1 - actor/pg_loss:0.01 - actor/grad_norm:0.4\n"
+        "step:2 - actor/pg_loss:0.02 - actor/grad_norm:0.3\n"
+    )
+    path = tmp_path / "two.log"
+    path.write_text(text)
+    last, first = read_log(path), read_log(path, run=0)
+    assert last.steps[-1][S.GRAD_NORM] == 0.3 and math.isnan(first.steps[-1][S.GRAD_NORM])
+    assert any("holds 2 runs" in n and "line 4" in n for n in last.notes)
+    with pytest.raises(MoescopeError, match="holds 2 runs; pass run= from 0 to 1"):
+        read_log(path, run=2)
+
+
+def test_a_line_over_the_cap_is_read_in_part(tmp_path: Path) -> None:
+    from moescope.analyze.readers._text import MAX_LINE
+
+    path = tmp_path / "long.log"
+    with path.open("w") as f:
+        f.write("step:1 - actor/grad_norm:0.4\n")
+        f.write("x" * (MAX_LINE * 3) + "\n")
+        f.write("step:2 - actor/grad_norm:nan\n")
+    trace = read_log(path)
+    assert [s["step"] for s in trace.steps] == [1, 2]
+    assert any("longer than 1 MiB were read only in part" in n for n in trace.notes)
+
+
+def _finite_values(trace) -> list[dict]:
+    """The steps' values without raw text and NaNs (which compare unequal), for comparing reads."""
+    return [
+        {k: v for k, v in s.items() if k != "raw" and not (isinstance(v, float) and math.isnan(v))}
+        for s in trace.steps
+    ]
+
+
+@pytest.mark.parametrize("width", [80, 100, 137])
+def test_record_lines_a_terminal_wrapped_at_its_width_are_rejoined(tmp_path: Path, width: int) -> None:
+    path = Path(__file__).parent / "data" / "logs" / "xtuner_iter.log"
+    wrapped = [
+        line[i : i + width] for line in path.read_text().splitlines() for i in range(0, len(line), width)
+    ]
+    trace = read_text(tmp_path, "\n".join(wrapped) + "\n")
+    assert _finite_values(trace) == _finite_values(read_log(path))
+    assert sum(math.isnan(s[S.GRAD_NORM]) for s in trace.steps) == 3
+
+
+def test_a_notebook_progress_table_is_read_by_its_column_names() -> None:
+    trace = read_log(Path(__file__).parent / "data" / "logs" / "trl_notebook_table.log")
+    assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == [10, 20, 30]
+    first, last = trace.steps[0], trace.steps[-1]
+    assert first[S.ACTOR_LOSS] == 0.0012 and first[S.LENGTH_MEAN] == 402.125 and first[S.KL] == 0.00031
+    assert S.KL not in last  # 'No Log' is not logged, not a value
