@@ -89,6 +89,9 @@ def check_no_signal(trace: Trace) -> list[Finding]:
     flags = [flag for _, flag in points]
     dead = [s for s, flag in points if flag]
     excerpt = len(points) < SUSTAIN and len(dead) == len(points)  # a few pasted records, all dead
+    # a short excerpt of another framework's log is judged by the records it ends on; a run
+    # moescope traced itself (a replay, a TRL run), by SUSTAIN steps whatever its length
+    pasted = not str(trace.header.get("format", "moescope")).startswith("moescope")
     gone = next((n for n, flag in enumerate(reversed(flags)) if not flag), len(flags))  # dead at the end
     if len(dead) >= max(SUSTAIN, len(points) // 2) or excerpt:
         # dated where the dead steps first hold for SUSTAIN steps: one early step whose groups
@@ -96,7 +99,7 @@ def check_no_signal(trace: Trace) -> list[Finding]:
         start = sustained(flags)
         step = dead[0] if start is None else points[start][0]
         message = f"No learning signal on {len(dead)} of {len(points)} steps"
-    elif gone >= SUSTAIN or (gone and len(points) < 2 * SUSTAIN):
+    elif gone >= SUSTAIN or (pasted and gone and len(points) < 2 * SUSTAIN):
         # the signal is gone at the end of the log, however long it ran before (in a short paste,
         # the record it ends on says so)
         step = points[len(points) - gone][0]
