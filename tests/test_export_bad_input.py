@@ -141,3 +141,14 @@ def test_a_model_whose_own_forward_raises_is_one_sentence() -> None:
     model.model.layers[0].mlp.gate.top_k = 99
     with pytest.raises(ModelLoadError, match=r"fails its own forward pass on cpu \(RuntimeError: "):
         probe_forward(model, resolve_model("toy"))
+
+
+def test_a_budget_given_in_bytes_is_bytes_and_one_below_a_layer_is_refused(tmp_path: Path, capsys) -> None:
+    """``--max-memory 4000000`` is 4 MB, as the flag's help says (bytes or a size); a budget
+    below one decoder layer is refused before the pass (the batch beside it is checked against
+    the memory free where the pass runs, since --max-memory bounds weights, as accelerate's)."""
+    from moescope.export.gather import parse_size
+
+    assert parse_size("4000000") == parse_size("4MB") == 4_000_000
+    argv = ["toy", *QUICK, "--max-memory", "10000"]
+    assert "one decoder layer of the original" in refused(argv, tmp_path, capsys)

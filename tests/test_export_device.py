@@ -136,3 +136,19 @@ def test_the_default_export_records_the_cpu_and_the_checkpoints_own_dtype(tmp_pa
     original = result.manifest["original"]
     assert (original["device"], original["dtype"]) == ("cpu", "float32")
     assert result.manifest["config"]["device"] is None and result.manifest["config"]["dtype"] is None
+
+
+def test_a_pass_on_a_gpu_sizes_its_batches_by_the_gpus_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The activations of a layer-sequential pass on a GPU live there: its free memory bounds a
+    batch, not the host's (which stays the bound on the CPU)."""
+    from moescope._util import memory
+    from moescope.models.zoo import tiny
+
+    model = tiny("mixtral")
+    monkeypatch.setattr(memory, "available_memory", lambda: 7)
+    assert D.free_memory(model) == 7
+    monkeypatch.setattr("moescope.models.resident.execution_device", lambda _: torch.device("cuda", 1))
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda device: (11 if device == torch.device("cuda", 1) else 0, 99)
+    )
+    assert D.free_memory(model) == 11

@@ -335,8 +335,8 @@ def check_memory(
     backward: bool = False,
 ) -> None:
     """Refuse, in one sentence and before any layer runs, a pass whose largest decoder layer and
-    one batch's activations would not fit in ``available`` bytes (default: the memory the system
-    has free now, the resident weights already loaded).
+    one batch's activations would not fit in ``available`` bytes (default: the memory free now
+    where the model computes, its GPU's or the system's, the resident weights already loaded).
 
     ``n_tokens``, ``batch_size`` and ``seq_len`` are the pass's
     (:func:`~moescope.explore.routing.collect_routing`'s defaults where not given), ``backward``
@@ -344,7 +344,7 @@ def check_memory(
     does not fit is read into memory anyway, and the process is killed mid-pass; a batch is the
     one part the caller can shrink.
     """
-    from moescope._util.memory import available_memory
+    from moescope.models.device import free_memory
 
     batch = {"n_tokens": n_tokens, "batch_size": batch_size, "seq_len": seq_len}
     batch = {name: value if value is not None else _routing_default(name) for name, value in batch.items()}
@@ -352,7 +352,7 @@ def check_memory(
         largest_layer_bytes(model),
         activation_bytes(model.config, **batch, backward=backward),
     )
-    free = available_memory() if available is None else available
+    free = free_memory(model) if available is None else available  # on a GPU, its own memory
     if layer + activations <= free:
         return
     fix = (

@@ -50,15 +50,16 @@ def parse_size(size: int | str | None, what: str = "max_memory") -> int | None:
 
     Example
     -------
-    >>> parse_size("4MB"), parse_size(None)
-    (4000000, None)
+    >>> parse_size("4MB"), parse_size("4000000"), parse_size(None)
+    (4000000, 4000000, None)
     """
     from transformers.utils.hub import convert_file_size_to_int
 
     if size is None:
         return None
     try:
-        value = convert_file_size_to_int(size)
+        digits = isinstance(size, str) and size.strip().isdigit()  # bytes, as the flag's text gives them
+        value = int(size) if digits else convert_file_size_to_int(size)
     except (ValueError, TypeError):
         value = 0
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

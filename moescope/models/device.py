@@ -98,10 +98,8 @@ def choose_compute(
 
     Example
     -------
-    >>> choose_compute("cpu")
-    Compute(device='cpu', dtype='auto', why='device cpu (given); the checkpoint's own dtype on the CPU')
-    >>> choose_compute("cpu", "bf16").dtype
-    'bfloat16'
+    >>> choose_compute("cpu").dtype, choose_compute("cpu", "bf16").dtype
+    ('auto', 'bfloat16')
     """
     named = check_device(device) if device is not None else default_device()
     how = "given" if device is not None else ("a GPU is present" if named != "cpu" else "no GPU present")
@@ -224,3 +222,18 @@ def _gpu_name(device: str) -> str:
 
     index = int(device.partition(":")[2] or 0)
     return f"{device} ({torch.cuda.get_device_name(index)})"
+
+
+def free_memory(model: Any) -> int:
+    """Bytes free where ``model`` computes: its GPU's free memory for a model on a GPU (what a
+    layer-sequential pass sizes its batches by, the activations living there), else the memory
+    available to this process."""
+    from moescope._util.memory import available_memory
+    from moescope.models.resident import execution_device
+
+    device = execution_device(model)
+    if device.type != "cuda":
+        return available_memory()
+    import torch
+
+    return int(torch.cuda.mem_get_info(device)[0])

@@ -140,7 +140,8 @@ def probe_forward(model: PreTrainedModel, path: Path, where: str = "cpu") -> Non
 
     from moescope.models.resident import execution_device
 
-    ids = torch.tensor([[1, 2, 3, 4]], device=execution_device(model)) % model.config.vocab_size
+    vocabulary = model.get_input_embeddings().num_embeddings
+    ids = torch.tensor([[1, 2, 3, 4]], device=execution_device(model)) % vocabulary
     try:
         with torch.no_grad():
             model(input_ids=ids)
