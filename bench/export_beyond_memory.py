@@ -105,7 +105,8 @@ def report(name: str, weights: int, budget: int, rows: dict[str, dict[str, Any]]
     print(f"checkpoint reads: {reads} (goal <= {READS_GOAL}: {met})")
     ratio = sequential["peak"] / memory["peak"]
     met = _met(ratio <= MEMORY_GOAL)
-    print(f"peak RSS: 1/{1 / ratio:.1f} of the in-memory export's (goal <= 1/6: {met})")
+    shown = f"1/{1 / ratio:.1f} of" if ratio < 1 else f"{ratio:.2f}x"
+    print(f"peak RSS: {shown} the in-memory export's (goal <= 1/6: {met})")
     wall = sequential["wall"] / memory["wall"]
     goal = f" (goal <= {WALL_GOAL:g}x: {_met(wall <= WALL_GOAL)})" if wall_goal else ""
     print(f"wall: {wall:.2f}x the in-memory export's{goal}")
