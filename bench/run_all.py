@@ -22,6 +22,7 @@ SCRIPTS: dict[str, list[str]] = {
     "calibration": ["calibration.py", "--repeats", "5"],
     "sequential": ["sequential.py", "--gb", "4.0"],
     "taylor_sequential": ["taylor_sequential.py"],  # --gb 4.0 adds about 15 min on 2 cores
+    "export_beyond_memory": ["export_beyond_memory.py", "--gb", "4.0"],
     "replay": ["replay.py", "--steps", "8"],
     "sharded": ["sharded.py"],
     "trl_fsdp2": ["trl_fsdp2.py", "--rounds", "4", "--steps", "8"],

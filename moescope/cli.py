@@ -143,6 +143,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         reads = original.get("checkpoint_reads")
         read = f"; its checkpoint read {reads} time{'' if reads == 1 else 's'}" if reads is not None else ""
         print(f"original: read {original['read']} ({original['why']}{read}){accuracy}")
+        if "device" in original:
+            print(f"compute: {original['device']}, {original['dtype']} ({original['compute_why']})")
     _print_method_choice(m.get("method_choice"))
     if result.healing is not None:
         h = result.healing

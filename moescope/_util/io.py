@@ -139,3 +139,13 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise MoescopeError(f"{path} holds a JSON {type(data).__name__}, not an object; {fix}.")
     return data
+
+
+def json_line(line: str, where: str) -> Any:
+    """One line of a ``.jsonl`` file, refused in one sentence naming ``where`` (``file:line``)
+    when it is no JSON."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        message = f"{where} is not valid JSON ({err.msg}); write one JSON object per line."
+        raise MoescopeError(message) from None

@@ -19,13 +19,13 @@ Example
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from moescope._util.io import json_line
 from moescope.errors import MoescopeError
 from moescope.explore.rl_data import RL, RLCalibration, is_rollouts_file, read_rollouts, sample_rl_calibration
 from moescope.models.accuracy import TaskSpec
@@ -246,12 +246,7 @@ def _jsonl_texts(path: Path) -> Iterator[str]:
 
 
 def _record_text(line: str, where: str) -> str:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise MoescopeError(
-            f"{where} is not valid JSON ({err.msg}); write one JSON object per line."
-        ) from None
+    record = json_line(line, where)
     if isinstance(record, dict) and isinstance(record.get("text"), str):
         return record["text"]
     prompt = record.get("prompt") if isinstance(record, dict) else None

@@ -189,16 +189,34 @@ def read_rollouts(path: str | Path, tokenizer: Any) -> RLCalibration:
     prompt). Prompts are tokenized as a rollout tokenizes them, completions as continuations
     ending in end-of-sequence; nothing is sampled, so the model is not run for them.
     """
-    import json
-
     path = Path(path)
     prompts, completions = [], []
     eos = getattr(tokenizer, "eos_token_id", None)
+    for prompt, completion in _rollout_texts(path):
+        prompts.append(tuple(tokenizer(prompt, add_special_tokens=True)["input_ids"]))
+        tail = tokenizer(completion, add_special_tokens=False)["input_ids"]
+        completions.append(tuple(tail) + ((eos,) if eos is not None else ()))
+    budget = max(len(c) for c in completions)
+    return RLCalibration(tuple(prompts), tuple(completions), 0, 1.0, budget, str(path), eos, rollouts=True)
+
+
+def check_rollouts(path: str | Path) -> None:
+    """Read every line of a rollouts file without a tokenizer, so a line without a completion
+    (or a file without lines) is one sentence before any model is read."""
+    _rollout_texts(Path(path))
+
+
+def _rollout_texts(path: Path) -> list[tuple[str, str]]:
+    """``(prompt, completion)`` of every non-blank line, each refused in one sentence where it
+    lacks either string."""
+    from moescope._util.io import json_line
+
+    pairs = []
     with path.open(encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            record = json.loads(line)
+            record = json_line(line, f"{path.name}:{number}")
             prompt, completion = (
                 record.get(k) if isinstance(record, dict) else None for k in ("prompt", "completion")
             )
@@ -207,13 +225,10 @@ def read_rollouts(path: str | Path, tokenizer: Any) -> RLCalibration:
                     f"{path.name}:{number} has no 'prompt' and 'completion' strings; a rollouts file "
                     'holds one {"prompt", "completion"} object per line.'
                 )
-            prompts.append(tuple(tokenizer(prompt, add_special_tokens=True)["input_ids"]))
-            tail = tokenizer(completion, add_special_tokens=False)["input_ids"]
-            completions.append(tuple(tail) + ((eos,) if eos is not None else ()))
-    if not prompts:
+            pairs.append((prompt, completion))
+    if not pairs:
         raise MoescopeError(f'{path.name} holds no rollouts; write one {{"prompt", "completion"}} per line.')
-    budget = max(len(c) for c in completions)
-    return RLCalibration(tuple(prompts), tuple(completions), 0, 1.0, budget, str(path), eos, rollouts=True)
+    return pairs
 
 
 def is_rollouts_file(source: Any) -> bool:

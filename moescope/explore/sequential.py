@@ -92,14 +92,18 @@ def layer_device_map(model: PreTrainedModel) -> dict[str, str]:
 
 
 @contextmanager
-def layer_sequential(model: str | Path, *, dtype: Any = None) -> Iterator[PreTrainedModel]:
+def layer_sequential(
+    model: str | Path, *, dtype: Any = None, device: str = "cpu"
+) -> Iterator[PreTrainedModel]:
     """``model`` loaded so that each decoder layer's weights are in memory only while it runs.
 
     ``dtype`` is :func:`~moescope.models.loading.load_model`'s (float32 by default, ``"auto"``
-    the checkpoint's). The final norm is loaded as ``load_model`` loads it; a decoder layer's
-    weights (and the embeddings' and LM head's, unless tied) are read from the checkpoint's
-    shards each time it runs. A quantized checkpoint is refused: its scales are
-    applied by transformers' quantizers, which this reading bypasses.
+    the checkpoint's). ``device`` is where it computes (``"cuda:0"``: the resident parts live
+    there, and each layer is read from the shards onto it when it runs). The final norm is
+    loaded as ``load_model`` loads it; a decoder layer's weights (and the embeddings' and LM
+    head's, unless tied) are read from the checkpoint's shards each time it runs. A quantized
+    checkpoint is refused: its scales are applied by transformers' quantizers, which this
+    reading bypasses.
     """
     from moescope.models.layer_weights import load_without_layers, meta_model, resolve_dtype
     from moescope.models.loading import check_weights, load_config, resolve_model
@@ -114,8 +118,9 @@ def layer_sequential(model: str | Path, *, dtype: Any = None) -> Iterator[PreTra
     files = check_weights(path)
     loaded = meta_model(config, resolve_dtype(dtype, config, files))
     placement = _vocabulary_on_disk(loaded, layer_device_map(loaded))
+    placement = {name: device if where == "cpu" else where for name, where in placement.items()}
     weights = load_without_layers(loaded, files, placement, name=str(path))
-    _dispatch(loaded, placement, weights)
+    _dispatch(loaded, placement, weights, device)
     _embeddings_read_per_forward(loaded)
     loaded._layer_weights = weights  # what checkpoint_reads counts
     yield loaded
@@ -140,7 +145,9 @@ def _vocabulary_on_disk(model: PreTrainedModel, placement: dict[str, str]) -> di
     return placement | {name: "disk" for name in wanted if placement.get(name) == "cpu"}
 
 
-def _dispatch(model: PreTrainedModel, placement: dict[str, str], weights: Mapping[str, Any]) -> None:
+def _dispatch(
+    model: PreTrainedModel, placement: dict[str, str], weights: Mapping[str, Any], device: str = "cpu"
+) -> None:
     """accelerate's hooks, with the decoder layer as the unit it loads from ``weights`` and
     releases at once, buffers included (a router's score-correction bias lives in its layer)."""
     from accelerate import dispatch_model
@@ -154,7 +161,7 @@ def _dispatch(model: PreTrainedModel, placement: dict[str, str], weights: Mappin
         dispatch_model(
             model,
             placement,
-            main_device="cpu",
+            main_device=device,  # where a layer read from the shards runs
             state_dict=weights,  # accelerate reads an offloaded weight from here first,
             offload_index={},  # and from no file
             offload_buffers=True,
@@ -328,8 +335,8 @@ def check_memory(
     backward: bool = False,
 ) -> None:
     """Refuse, in one sentence and before any layer runs, a pass whose largest decoder layer and
-    one batch's activations would not fit in ``available`` bytes (default: the memory the system
-    has free now, the resident weights already loaded).
+    one batch's activations would not fit in ``available`` bytes (default: the memory free now
+    where the model computes, its GPU's or the system's, the resident weights already loaded).
 
     ``n_tokens``, ``batch_size`` and ``seq_len`` are the pass's
     (:func:`~moescope.explore.routing.collect_routing`'s defaults where not given), ``backward``
@@ -337,7 +344,7 @@ def check_memory(
     does not fit is read into memory anyway, and the process is killed mid-pass; a batch is the
     one part the caller can shrink.
     """
-    from moescope._util.memory import available_memory
+    from moescope.models.device import free_memory
 
     batch = {"n_tokens": n_tokens, "batch_size": batch_size, "seq_len": seq_len}
     batch = {name: value if value is not None else _routing_default(name) for name, value in batch.items()}
@@ -345,7 +352,7 @@ def check_memory(
         largest_layer_bytes(model),
         activation_bytes(model.config, **batch, backward=backward),
     )
-    free = available_memory() if available is None else available
+    free = free_memory(model) if available is None else available  # on a GPU, its own memory
     if layer + activations <= free:
         return
     fix = (

@@ -69,6 +69,14 @@ class ExportConfig:
         the proxy is loaded whole wherever it is measured or healed. ``method="cluster"`` with
         ``streaming=True`` instead clusters the weight view in one read of the shards
         (:func:`~moescope.export.streaming.export.export_streaming`) and measures nothing.
+    Compute
+        ``device``: where the original and the proxy run (:mod:`moescope.models.device`):
+        ``"cpu"``, ``"cuda:N"``, or ``"cuda"``, every GPU (an original in memory placed over
+        them by accelerate, ``max_memory`` each; a layer-sequential one runs its resident layer
+        on the first); ``None``, a GPU when one is present, else the CPU. ``dtype``: ``"float32"``,
+        ``"bfloat16"``, ``"float16"`` or ``"auto"`` (the checkpoint's own); ``None``, the rule of
+        :func:`~moescope.models.device.default_dtype` (bfloat16 on a GPU that computes it
+        natively, the checkpoint's own on the CPU). Both are checked before any weight is read.
     Healing
         ``heal_steps`` of distillation toward the original at ``heal_lr`` (only router rows and
         kept experts train; :func:`moescope.export.healing.heal`). Capability target
@@ -149,6 +157,22 @@ class ExportConfig:
             "does not fit beside a proxy is read a decoder layer at a time",
             metavar="SIZE",
             shown="the memory available",
+        ),
+    )
+    device: str | None = field(
+        default=None,
+        metadata=flag(
+            "where the model runs: cpu, cuda (every GPU, placed by accelerate) or cuda:N",
+            metavar="D",
+            shown="a GPU when one is present, else cpu",
+        ),
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata=flag(
+            "compute dtype: float32, bfloat16, float16 or auto (the checkpoint's own)",
+            metavar="DTYPE",
+            shown="bfloat16 on a GPU of compute capability 8+, the checkpoint's own on cpu",
         ),
     )
     heal_steps: int = field(

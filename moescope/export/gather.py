@@ -13,6 +13,10 @@ and a *gatherer* decides only where the original's weights live:
   from the shards (:func:`~moescope.export.streaming.export.write_selected`) and loaded, the same
   tensors ``build_proxy`` would copy.
 
+Either runs on the device and in the dtype of a :class:`~moescope.models.device.Compute`
+(the CPU and the checkpoint's own dtype unless told): over several GPUs the in-memory original
+is placed by accelerate.
+
 The layer-sequential gatherer runs when the export is told to stream, or when the in-memory
 export's peak (the original, plus a proxy) would not fit the memory budget: ``max_memory`` (as
 accelerate's ``max_memory``: what the weights may take), else the memory available now. The
@@ -25,12 +29,13 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope._util.memory import available_memory, format_size
 from moescope.errors import MoescopeError
+from moescope.models.device import ON_CPU, Compute
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -45,15 +50,16 @@ def parse_size(size: int | str | None, what: str = "max_memory") -> int | None:
 
     Example
     -------
-    >>> parse_size("4MB"), parse_size(None)
-    (4000000, None)
+    >>> parse_size("4MB"), parse_size("4000000"), parse_size(None)
+    (4000000, 4000000, None)
     """
     from transformers.utils.hub import convert_file_size_to_int
 
     if size is None:
         return None
     try:
-        value = convert_file_size_to_int(size)
+        digits = isinstance(size, str) and size.strip().isdigit()  # bytes, as the flag's text gives them
+        value = int(size) if digits else convert_file_size_to_int(size)
     except (ValueError, TypeError):
         value = 0
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -65,24 +71,39 @@ def parse_size(size: int | str | None, what: str = "max_memory") -> int | None:
 class Placement:
     """Which gatherer an export runs, and why, in words the console prints; ``budget`` is
     ``max_memory`` in bytes (``None``: not given), ``proxy`` a lower bound of the proxy's weights
-    (the kept share of the original's), known before anything loads."""
+    (the kept share of the original's), known before anything loads; ``compute`` the device and
+    dtype the original and its proxies run on."""
 
     mode: str
     why: str
     budget: int | None
     proxy: int = 0
+    compute: Compute = ON_CPU
 
     @property
     def sequential(self) -> bool:
         return self.mode == LAYER_SEQUENTIAL
 
+    def record(self, original: PreTrainedModel) -> dict[str, Any]:
+        """The manifest's ``"original"``: where it was read and why, the device it ran on and its
+        dtype (``original``'s own: the checkpoint's where none was asked for), and why those."""
+        dtype = str(original.dtype).removeprefix("torch.")
+        return {"read": self.mode, "why": self.why, **self.compute.to_dict(), "dtype": dtype}
+
 
 def choose_placement(
-    weights: int, keep_ratio: float, *, streaming: bool | None, max_memory: int | None
+    weights: int,
+    keep_ratio: float,
+    *,
+    streaming: bool | None,
+    max_memory: int | None,
+    available: int | None = None,
+    devices: int = 1,
 ) -> Placement:
     """The gatherer for an original of ``weights`` bytes whose proxy keeps ``keep_ratio`` of it at
     most: layer-sequential when told (``streaming``), or when the in-memory peak (the original
-    plus one proxy) exceeds ``max_memory`` (default: the memory available now).
+    plus one proxy) exceeds ``max_memory`` on each of ``devices`` (default: ``available``, the
+    memory the compute device has free, else the memory available now).
 
     Example
     -------
@@ -95,8 +116,12 @@ def choose_placement(
     if streaming:
         return Placement(LAYER_SEQUENTIAL, "asked for (streaming)", max_memory, proxy)
     peak = weights + proxy
-    budget = max_memory if max_memory is not None else available_memory()
-    named = "--max-memory" if max_memory is not None else "the memory available"
+    if max_memory is not None:
+        budget, named = max_memory * devices, "--max-memory" + (f" × {devices} GPUs" if devices > 1 else "")
+    elif available is not None:
+        budget, named = available, "the GPU memory free"
+    else:
+        budget, named = available_memory(), "the memory available"
     if peak > budget:
         why = f"the original and a proxy ({format_size(peak)}) exceed {named} ({format_size(budget)})"
         return Placement(LAYER_SEQUENTIAL, why, max_memory, proxy)
@@ -130,16 +155,23 @@ def placement_for(
     selection: Selection | str | Path | None = None,
     streaming: bool | None = None,
     max_memory: int | str | None = None,
+    compute: Compute | None = None,
 ) -> Placement:
     """:func:`choose_placement` for a checkpoint: its weights on disk, the kept share as far as
-    it can be told before anything loads (1 when it cannot)."""
+    it can be told before anything loads (1 when it cannot), against the memory of ``compute``'s
+    device (the GPUs' free memory; on the CPU, or without ``compute``, the memory available)."""
+    from moescope.models.device import device_memory, gpu_count
     from moescope.models.loading import resolve_model, weight_files
 
     budget = parse_size(max_memory)
     source = resolve_model(model)
     weights = sum(file.stat().st_size for file in weight_files(source))
     ratio = keep_ratio(source, keep, selection)
-    return choose_placement(weights, ratio, streaming=streaming, max_memory=budget)
+    available = device_memory(compute) if compute is not None else None
+    devices = gpu_count() if compute is not None and compute.spread else 1
+    options = {"available": available, "devices": devices}
+    placement = choose_placement(weights, ratio, streaming=streaming, max_memory=budget, **options)
+    return replace(placement, compute=compute or ON_CPU)
 
 
 def needs_streaming(
@@ -188,32 +220,45 @@ class Gathered:
 
 @contextmanager
 def gather(model: str | Path, source: Path, placement: Placement, *, out: Path) -> Iterator[Gathered]:
-    """The original of ``model`` placed as ``placement`` says, for the ``with`` block.
+    """The original of ``model`` placed as ``placement`` says (on its ``compute``'s device and in
+    its dtype), for the ``with`` block.
 
     ``out`` is the proxy's directory: a layer-sequential cut is written beside it (on the disk
-    that will hold the proxy), loaded, and removed.
+    that will hold the proxy), loaded, and removed. Over several GPUs the original in memory is
+    placed by accelerate (``max_memory`` each) and its proxies live on the first; a
+    layer-sequential original runs each layer on the first. An original in memory runs its own
+    forward once first, so a checkpoint whose forward raises is one sentence.
     """
-    from moescope.models.loading import load_model, load_tokenizer
+    from moescope.models.loading import load_model, load_tokenizer, probe_forward
 
+    compute = placement.compute
+    dtype = compute.torch_dtype()
     if not placement.sequential:
         from moescope.export.surgery import build_proxy
 
-        lm, tokenizer = load_model(model, dtype="auto")
-        yield Gathered(lm, tokenizer, placement, lambda selection: build_proxy(lm, selection))
+        lm, tokenizer = load_model(model, dtype=dtype, **compute.load_options(placement.budget))
+        probe_forward(lm, source, f"{compute.device} in {compute.dtype}")
+        move = (lambda proxy: proxy.to(compute.main_device)) if compute.spread else (lambda proxy: proxy)
+        yield Gathered(lm, tokenizer, placement, lambda selection: move(build_proxy(lm, selection)))
         return
 
     from moescope.explore.sequential import largest_layer_bytes, layer_sequential
 
-    with layer_sequential(source, dtype="auto") as lm:  # as the in-memory export loads it
+    with layer_sequential(source, dtype=dtype, device=compute.main_device) as lm:
         check_budget(placement, loads_proxy=False, layer=largest_layer_bytes(lm))
-        yield Gathered(lm, load_tokenizer(source), placement, _shard_cutter(source, out, placement.budget))
+        cutter = _shard_cutter(source, out, placement.budget, compute)
+        yield Gathered(lm, load_tokenizer(source), placement, cutter)
 
 
-def _shard_cutter(source: Path, out: Path, budget: int | None) -> Callable[[Selection], PreTrainedModel]:
+def _shard_cutter(
+    source: Path, out: Path, budget: int | None, compute: Compute = ON_CPU
+) -> Callable[[Selection], PreTrainedModel]:
     """``selection → proxy``: cut from ``source``'s shards into a scratch directory beside ``out``,
-    loaded whole (refused, in one sentence, where it would not fit ``budget``)."""
+    loaded whole on ``compute``'s device (refused, in one sentence, where it would not fit ``budget``)."""
     from moescope.export.streaming.export import write_selected
     from moescope.models.loading import load_model, weight_files
+
+    placed = {} if compute.device == "cpu" else {"device_map": compute.main_device}
 
     def cut(selection: Selection) -> PreTrainedModel:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -223,7 +268,7 @@ def _shard_cutter(source: Path, out: Path, budget: int | None) -> Callable[[Sele
             size = sum(f.stat().st_size for f in weight_files(scratch))
             if budget is not None and size > budget:
                 raise _proxy_too_large(format_size(size), "--max-memory", budget)
-            proxy, _ = load_model(scratch, dtype="auto", with_tokenizer=False)
+            proxy, _ = load_model(scratch, dtype=compute.torch_dtype(), with_tokenizer=False, **placed)
             return proxy
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -237,5 +282,6 @@ def _proxy_too_large(size: str, limit: str, budget: int) -> MoescopeError:
     return MoescopeError(
         f"the proxy ({size}) does not fit {limit} ({format_size(budget)}), and measuring or healing it "
         f"loads it whole; {fix} fewer experts, or cut it without measuring (a --method other than "
-        "auto, and --no-fidelity)."
+        "auto, and --no-fidelity) and heal it sharded (`torchrun --nproc-per-node N -m moescope heal "
+        "OUT --shard fsdp`)."
     )

@@ -39,6 +39,7 @@ from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
 from moescope.explore.sequential import checkpoint_reads, fit_pass, pass_batch_size, router_rows
 from moescope.explore.taylor import supports_taylor, taylor_importance
+from moescope.export.boundary import check_inputs
 from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.fidelity.measure import manifest_sections, measure_fidelity, validity_checklist
@@ -112,8 +113,9 @@ def export_proxy(
     check_output_dir(out, overwrite=overwrite)  # fail in seconds, before loading anything
     named_tasks = check_task_spec(config.tasks)  # a bad prompt file fails before anything loads
     check_source(inputs.calibration)  # so does a calibration file without text
+    compute = check_inputs(source, config, inputs.calibration)  # device, dtype, config: before any read
     keep = _keep(source, config, inputs)  # and an impossible keep, parsed here once for every step
-    placement = placement_for(source, keep, inputs.selection, config.streaming, config.max_memory)
+    placement = placement_for(source, keep, inputs.selection, config.streaming, config.max_memory, compute)
     if placement.sequential and config.streaming and _one_read(config.method):
         _refuse_in_memory_steps(config, named_tasks)  # the weight view, cut in one read
         return export_streaming(
@@ -210,7 +212,7 @@ def _export_planned(
     manifest.update(manifest_sections(assessed["fidelity"], assessed["checklist"], healing))
     manifest.update(config=inputs.record, calibration=_calibration_record(data, inputs.record["calibration"]))
     manifest.update(_targeting_section(lm, tokenizer, config, targeting))
-    manifest["original"] = {"read": placement.mode, "why": placement.why}
+    manifest["original"] = placement.record(lm)
     if placement.sequential:
         manifest["original"]["checkpoint_reads"] = reads
     if known.cache_info().currsize:  # type: ignore[attr-defined]

@@ -15,10 +15,11 @@ PASS_MEMORY_SHARE = 0.5  # of the memory beside one layer, what a batch's activa
 
 def rows_beside_layer(model: PreTrainedModel, per_row: int, *, available: int | None = None) -> int:
     """Rows of ``per_row`` bytes that :data:`PASS_MEMORY_SHARE` of the memory beside the largest
-    decoder layer holds (``available``: bytes free, default what the system has); at least one."""
-    from moescope._util.memory import available_memory
+    decoder layer holds (``available``: bytes free, default what the device the model computes on
+    has free); at least one."""
+    from moescope.models.device import free_memory
 
-    free = available_memory() if available is None else available
+    free = free_memory(model) if available is None else available
     room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
     return max(1, int(max(room, 0) // per_row))
 

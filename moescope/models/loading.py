@@ -80,8 +80,77 @@ def load_config(model: str | Path) -> PretrainedConfig:
             f"transformers cannot read {path}/config.json (model_type '{model_type}': {_first_line(exc)}); "
             "moescope loads stock transformers architectures only and never runs remote code."
         ) from None
-    language_config(config)  # dense or unknown architectures fail here, before any weight is read
+    check_routing(language_config(config), path)  # dense or unknown architectures fail here too
     return config
+
+
+def check_routing(config: PretrainedConfig, path: Path | str = "the model") -> None:
+    """Refuse a config whose routing numbers contradict each other, which the model's own forward
+    would only meet as an indexing error: top-k outside 1 to the expert count, groups that do not
+    divide the experts, more groups chosen than exist, or fewer experts in them than top-k."""
+    from moescope.models.support import spec_for
+
+    spec = spec_for(config)
+    experts, rule = spec.num_experts(config), spec.rule(config)
+    problems = (
+        (not 1 <= rule.top_k <= experts, f"{spec.topk_key}={rule.top_k} with {experts} experts"),
+        (rule.n_group < 1 or experts % rule.n_group, f"n_group={rule.n_group} groups of {experts} experts"),
+        (not 1 <= rule.topk_group <= rule.n_group, f"topk_group={rule.topk_group} of n_group={rule.n_group}"),
+        (
+            rule.n_group > 1 and rule.top_k > rule.topk_group * (experts // rule.n_group),
+            f"{spec.topk_key}={rule.top_k} from {rule.topk_group} groups of {experts // rule.n_group}",
+        ),
+    )
+    for bad, what in problems:
+        if bad:
+            raise ModelLoadError(
+                f"{path}/config.json routes {what}, which its own forward pass cannot run; use the "
+                "config.json that was saved with these weights."
+            )
+
+
+def check_builds(model: str | Path) -> None:
+    """Build the model its config describes on the meta device (no memory, no weight read), so a
+    config transformers accepts but cannot build (an unknown activation, a zero layer step) fails
+    in one sentence before anything is read rather than in the middle of a pass."""
+    import torch
+
+    from moescope.models.layer_weights import meta_model
+
+    config = load_config(model)
+    try:
+        meta_model(config, torch.float32)
+    except Exception as exc:
+        raise _unbuildable(resolve_model(model), exc) from None
+
+
+def _unbuildable(path: Path, exc: BaseException) -> ModelLoadError:
+    return ModelLoadError(
+        f"transformers cannot build the model {path}/config.json describes ({type(exc).__name__}: "
+        f"{_first_line(exc)}); use the config.json that was saved with these weights."
+    )
+
+
+def probe_forward(model: PreTrainedModel, path: Path, where: str = "cpu") -> None:
+    """Run the model's own forward once on four tokens, with nothing of moescope attached, so a
+    checkpoint whose forward pass raises (a config that contradicts its weights, a dtype the
+    device cannot run) fails in one sentence before any pass, rather than as a traceback in one.
+    ``where`` names the device and dtype for the message."""
+    import torch
+
+    from moescope.models.resident import execution_device
+
+    vocabulary = model.get_input_embeddings().num_embeddings
+    ids = torch.tensor([[1, 2, 3, 4]], device=execution_device(model)) % vocabulary
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    except (RuntimeError, ValueError, IndexError, KeyError, TypeError, AssertionError) as exc:
+        raise ModelLoadError(
+            f"the model in {path} fails its own forward pass on {where} ({type(exc).__name__}: "
+            f"{_first_line(exc)}); use the config.json saved with these weights, or another --device "
+            "or --dtype."
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -137,6 +206,8 @@ def load_model(
     dtype: torch.dtype | None = None,
     experts_implementation: str | None = None,
     with_tokenizer: bool = True,
+    device_map: Any = None,
+    max_memory: dict[int | str, int] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
     """Load ``model`` (an embedded model's name or a checkpoint directory) for analysis, in eval mode.
 
@@ -146,6 +217,9 @@ def load_model(
         in float32 stay so (transformers' ``_keep_in_fp32_modules``).
     experts_implementation : ``"eager"`` or ``"grouped_mm"``; transformers' default otherwise.
     with_tokenizer : also load the tokenizer when the directory has one (else ``None``).
+    device_map, max_memory : ``from_pretrained``'s placement (a device such as ``"cuda:0"``, or
+        ``"auto"`` with bytes per GPU: :meth:`~moescope.models.device.Compute.load_options`);
+        the CPU when not given.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -156,6 +230,8 @@ def load_model(
     kwargs: dict[str, Any] = {"dtype": dtype or torch.float32, "trust_remote_code": False}
     if experts_implementation:
         kwargs["experts_implementation"] = experts_implementation
+    if device_map is not None:
+        kwargs.update(device_map=device_map, max_memory=max_memory)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -167,6 +243,8 @@ def load_model(
             f"the weights in {path} do not match its config.json ({_first_line(exc)}); use the config "
             "that was saved with these weights."
         ) from None
+    except (KeyError, TypeError, AttributeError, ZeroDivisionError, IndexError) as exc:
+        raise _unbuildable(path, exc) from None
     return loaded.eval(), (load_tokenizer(path) if with_tokenizer else None)
 
 

@@ -1,0 +1,164 @@
+"""The default export in memory against the same export under a ``--max-memory`` below the model.
+
+For toy-v3 and for the synthetic Qwen3-MoE-shaped checkpoint of ``bench/export.py`` (random bf16
+weights, no tokenizer, so capability cannot be measured there and the export says why), runs
+``moescope export MODEL --keep K --out DIR`` twice, each in a fresh process: as it chooses (in
+memory, the machine has room), and with ``--max-memory`` at a share of the weights, which forces the
+layer-sequential gatherer. It prints side by side the method chosen, whether the kept experts
+are the same, the capability check and the fidelity KL, how many times the checkpoint was read
+(the manifest's ``"original"`` record), the peak RSS of each process (``os.wait4``'s rusage) and
+its wall time (start-up included), then the ratios against issue 43's cost goals: at most 6
+reads of the checkpoint, at most 1/6 of the in-memory export's peak RSS, and on toy-v3 at most
+2x its wall time. It reports; it does not pass or fail.
+
+    PYTHONPATH=. .venv/bin/python bench/export_beyond_memory.py [--gb 1.0] [--models toy-v3,bench]
+        [--keep 1/4] [--budget 0.6] [--flags "--min-capability 0"]
+
+``--flags`` are added to both exports of every model (e.g. a smaller healing budget where the
+defaults take too long on a busy machine); the output says which were given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from export import write_checkpoint  # bench/export.py: the same synthetic checkpoint
+
+READS_GOAL, MEMORY_GOAL, WALL_GOAL = 6, 1 / 6, 2.0
+RUNS = ("in memory", "layer-sequential")
+
+
+def run_export(model: str, out: Path, keep: str, flags: list[str]) -> dict[str, Any]:
+    """``moescope export`` in a fresh process: its manifest, peak RSS (bytes, from the rusage
+    ``os.wait4`` returns for that process alone) and wall time."""
+    command = [sys.executable, "-m", "moescope", "export", model, "--keep", keep, *flags, "--out", str(out)]
+    log = out.with_name(out.name + ".log")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{log.read_text()[-3000:]}")
+    manifest = json.loads((out / "moescope.json").read_text())
+    return {"manifest": manifest, "peak": usage.ru_maxrss * 1024, "wall": wall, "console": log.read_text()}
+
+
+def row(result: dict[str, Any]) -> dict[str, Any]:
+    """What the table shows of one export."""
+    m = result["manifest"]
+    capability = next((c for c in m.get("checklist") or () if "capab" in c.get("name", "")), None)
+    return {
+        "method": m["method"],
+        "kept": [layer["kept"] for layer in m["layers"]],
+        "capability": capability["figure"] if capability else "not measured",
+        "kl": (m.get("fidelity") or {}).get("kl"),
+        "reads": m["original"].get("checkpoint_reads", "-"),
+        "peak": result["peak"],
+        "wall": result["wall"],
+        "read": m["original"]["read"],
+    }
+
+
+def compare(model: str, keep: str, budget: int, flags: list[str], work: Path) -> dict[str, dict[str, Any]]:
+    runs = {
+        RUNS[0]: run_export(model, work / "memory", keep, flags),
+        RUNS[1]: run_export(model, work / "sequential", keep, [*flags, "--max-memory", str(budget)]),
+    }
+    return {name: row(result) for name, result in runs.items()}
+
+
+def report(name: str, weights: int, budget: int, rows: dict[str, dict[str, Any]], wall_goal: bool) -> None:
+    memory, sequential = rows[RUNS[0]], rows[RUNS[1]]
+    print(f"\n## {name}: {weights / 1e6:.1f} MB of weights, --max-memory {budget / 1e6:.1f} MB")
+    print(f"{'':24}{RUNS[0]:>28}{RUNS[1]:>28}")
+    for key, shown in (
+        ("read", "original read"),
+        ("method", "method chosen"),
+        ("capability", "capability"),
+        ("kl", "fidelity KL"),
+        ("reads", "checkpoint reads"),
+    ):
+        print(f"{shown:24}{_cell(memory[key]):>28}{_cell(sequential[key]):>28}")
+    print(f"{'peak RSS (MB)':24}{memory['peak'] / 1e6:>28.0f}{sequential['peak'] / 1e6:>28.0f}")
+    print(f"{'wall (s)':24}{memory['wall']:>28.1f}{sequential['wall']:>28.1f}")
+    same = "yes" if memory["kept"] == sequential["kept"] else "no"
+    print(f"kept experts equal: {same}")
+    reads = sequential["reads"]
+    met = _met(isinstance(reads, int) and reads <= READS_GOAL)
+    print(f"checkpoint reads: {reads} (goal <= {READS_GOAL}: {met})")
+    ratio = sequential["peak"] / memory["peak"]
+    met = _met(ratio <= MEMORY_GOAL)
+    shown = f"1/{1 / ratio:.1f} of" if ratio < 1 else f"{ratio:.2f}x"
+    print(f"peak RSS: {shown} the in-memory export's (goal <= 1/6: {met})")
+    wall = sequential["wall"] / memory["wall"]
+    goal = f" (goal <= {WALL_GOAL:g}x: {_met(wall <= WALL_GOAL)})" if wall_goal else ""
+    print(f"wall: {wall:.2f}x the in-memory export's{goal}")
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)[:27]
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--gb", type=float, default=4.0, help="synthetic checkpoint size (about 0.9 at least)"
+    )
+    parser.add_argument("--models", default="toy-v3,bench", help="toy-v3, bench, or both")
+    parser.add_argument("--keep", default="1/4")
+    parser.add_argument("--budget", type=float, default=0.6, help="--max-memory as a share of the weights")
+    parser.add_argument("--flags", default="", help="further export flags for every run")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to write (needs ~2x --gb free)")
+    args = parser.parse_args()
+    flags = shlex.split(args.flags)
+    print(f"moescope export MODEL --keep {args.keep} {args.flags}".rstrip() + f" (CPU: {_cpu()})")
+    work = Path(tempfile.mkdtemp(prefix="moescope-beyond-", dir=args.dir))
+    try:
+        for name in args.models.split(","):
+            model = "toy-v3" if name == "toy-v3" else str(work / "checkpoint")
+            if name != "toy-v3":
+                write_checkpoint(Path(model), args.gb)
+            weights = _weights(model)
+            budget = int(weights * args.budget)
+            rows = compare(model, args.keep, budget, flags, work / name)
+            report(name, weights, budget, rows, wall_goal=name == "toy-v3")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _weights(model: str) -> int:
+    from moescope.models.loading import resolve_model, weight_files
+
+    return sum(f.stat().st_size for f in weight_files(resolve_model(model)))
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+if __name__ == "__main__":
+    main()
