@@ -85,7 +85,7 @@ def trainable_tensors(moe: MoEModel) -> dict[str, torch.nn.Parameter]:
     return {name: params[name] for name in expert_state_keys(moe) if name in params}
 
 
-def _digests(model: torch.nn.Module, skip: set[str]) -> dict[str, str]:
+def frozen_digests(model: torch.nn.Module, skip: set[str]) -> dict[str, str]:
     """SHA-256 of every tensor not in ``skip``: memory stays flat however large the backbone.
     A sharded model's tensors are digested as this process's shards (no gathering)."""
     tensors = model_tensors(model)
@@ -96,8 +96,9 @@ def _digests(model: torch.nn.Module, skip: set[str]) -> dict[str, str]:
     }
 
 
-def _verify_frozen(before: dict[str, str], model: torch.nn.Module, skip: set[str]) -> int:
-    after = _digests(model, skip)
+def verify_frozen(before: dict[str, str], model: torch.nn.Module, skip: set[str]) -> int:
+    """How many tensors outside ``skip`` still hash as ``before`` (raises if one does not)."""
+    after = frozen_digests(model, skip)
     changed = sorted(name for name in before if after.get(name) != before[name])
     if changed or after.keys() != before.keys():
         raise RuntimeError(f"healing changed tensors it must not train: {changed}")
@@ -153,7 +154,7 @@ def healing_batches(
     capability-targeted export needs its ``heal_budget`` batches (every attempt of
     ``keep="auto"`` starts again from the first).
     """
-    _check_steps(steps)
+    check_steps(steps)
     if model is None and isinstance(data, RLCalibration) and steps * batch_size > len(data):
         raise MoescopeError(
             f"{steps} healing steps of {batch_size} rows need {steps * batch_size} RL rows and the "
@@ -163,7 +164,7 @@ def healing_batches(
     return list(itertools.islice(training_batches(data, tokenizer, model=model, **shape), steps))
 
 
-def _train(
+def train_cosine(
     original: PreTrainedModel | TeacherCache,
     proxy: PreTrainedModel,
     params: dict[str, torch.nn.Parameter],
@@ -182,13 +183,13 @@ def _train(
     cosine = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
     losses, tokens = [], 0
     for batch in itertools.islice(batches, steps):
-        losses.append(_step(original, proxy, params, optimizer, batch, part))
+        losses.append(distil_step(original, proxy, params, optimizer, batch, part))
         cosine.step()
         tokens += int(batch["attention_mask"].sum())
     return losses, tokens
 
 
-def _step(
+def distil_step(
     original: PreTrainedModel | TeacherCache,
     proxy: PreTrainedModel,
     params: dict[str, torch.nn.Parameter],
@@ -225,21 +226,22 @@ class Distillation:
     ) -> None:
         self.original, self.proxy, self.batches = original, proxy, batches
         self.params = trainable_tensors(adapt(proxy))
-        self._frozen = _digests(proxy, set(self.params))
+        self._frozen = frozen_digests(proxy, set(self.params))
         self._optimizer = torch.optim.Adam(self.params.values(), lr=lr)
         self.losses: list[float] = []
 
     def train(self, steps: int) -> list[float]:
         """``steps`` more updates; their losses."""
-        _check_steps(steps)
+        check_steps(steps)
         with _training_only(self.original, self.proxy, self.params):
             for batch in itertools.islice(self.batches, steps):
-                self.losses.append(_step(self.original, self.proxy, self.params, self._optimizer, batch))
+                step = distil_step(self.original, self.proxy, self.params, self._optimizer, batch)
+                self.losses.append(step)
         return self.losses[-steps:]
 
     def verify(self) -> int:
         """How many frozen tensors are bit-identical to the start (raises if one is not)."""
-        return _verify_frozen(self._frozen, self.proxy, set(self.params))
+        return verify_frozen(self._frozen, self.proxy, set(self.params))
 
 
 def heal(
@@ -279,7 +281,7 @@ def heal(
         are the in-memory run's; ``original`` is then run only for the KL and accuracy before
         and after).
     """
-    _check_steps(steps)
+    check_steps(steps)
     if teacher is not None:
         teacher.check(config=original.config)  # a cache of another model fails before any work
     resolved = resolve_tasks(tasks, original)  # a malformed prompt file fails before any training
@@ -320,7 +322,7 @@ def heal(
     )
 
 
-def _check_steps(steps: Any) -> None:
+def check_steps(steps: Any) -> None:
     """Refuse a step count that is not a positive whole number, before any slow work."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise MoescopeError(f"steps must be a positive whole number, not {steps!r}; pass one such as 50.")
@@ -337,10 +339,10 @@ def _distil(
     """Train the proxy's trainable tensors alone; (their names, losses, tokens seen, how many
     other tensors were verified bit-identical after)."""
     params = trainable_tensors(adapt(proxy))
-    frozen = _digests(proxy, set(params))
+    frozen = frozen_digests(proxy, set(params))
     with _training_only(original, proxy, params):
-        losses, tokens = _train(original, proxy, params, batches, steps=steps, lr=lr)
-    return tuple(params), losses, tokens, _verify_frozen(frozen, proxy, set(params))
+        losses, tokens = train_cosine(original, proxy, params, batches, steps=steps, lr=lr)
+    return tuple(params), losses, tokens, verify_frozen(frozen, proxy, set(params))
 
 
 def _heldout_check(

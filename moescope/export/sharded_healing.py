@@ -40,13 +40,13 @@ from moescope.export.fidelity.original_record import cache_root
 from moescope.export.fidelity.records import HealingReport, manifest_sections
 from moescope.export.healing import (
     BATCH_SIZE,
-    _check_steps,
-    _digests,
-    _step,
-    _train,
-    _verify_frozen,
+    check_steps,
+    distil_step,
+    frozen_digests,
     healing_batches,
+    train_cosine,
     trainable_tensors,
+    verify_frozen,
 )
 from moescope.export.manifest import copy_side_files, read_manifest, write_manifest
 from moescope.export.teacher import TeacherCache, coarse_kl, row_share, teacher_cache
@@ -92,8 +92,8 @@ def heal_exported(
     shard : shard the proxy over the ``torchrun`` processes with FSDP2.
     min_capability, heal_round : the capability target and the steps between its measurements.
     """
-    _check_steps(steps)
-    _check_steps(heal_round)
+    check_steps(steps)
+    check_steps(heal_round)
     if not 0 <= min_capability <= 1:
         raise MoescopeError(
             f"min_capability must lie in [0, 1], not {min_capability}; 0.8 is the default target."
@@ -244,19 +244,17 @@ def _heal(
         fill_from_rank0(proxy, whole)
         del whole
     params = {name: p for name, p in proxy.named_parameters() if name in names}
-    frozen = _digests(proxy, names)
+    frozen = frozen_digests(proxy, names)
     split = part if shard else None
     before = _fit(cache, proxy, steps, split)
-    rounds = None
+    rounds, run = None, {"steps": steps, "lr": lr, "part": split}
     if target is None:
-        losses, tokens = _train(cache, proxy, params, iter(cache.batches), steps=steps, lr=lr, part=split)
+        losses, tokens = train_cosine(cache, proxy, params, iter(cache.batches), **run)
     else:
         tokenizer = load_tokenizer(proxy_dir)
-        losses, tokens, rounds = _rounds(
-            cache, proxy, params, target, tokenizer, steps=steps, lr=lr, part=split
-        )
+        losses, tokens, rounds = _rounds(cache, proxy, params, target, tokenizer, **run)
     after = _fit(cache, proxy, len(losses), split)
-    verified = _verify_frozen(frozen, proxy, names)
+    verified = verify_frozen(frozen, proxy, names)
     losses = _summed(losses) if shard else losses
     report = HealingReport(
         steps=len(losses),
@@ -303,7 +301,7 @@ def _rounds(
     record.append({"steps": 0, "ratio": ratio})
     while ratio < target.min_capability and len(losses) < steps:
         for batch in itertools.islice(batches, min(target.heal_round, steps - len(losses))):
-            losses.append(_step(cache, proxy, params, optimizer, batch, part))
+            losses.append(distil_step(cache, proxy, params, optimizer, batch, part))
             tokens += int(batch["attention_mask"].sum())
         ratio = _capability(proxy, tokenizer, target)
         record.append({"steps": len(losses), "ratio": ratio})
