@@ -163,7 +163,7 @@ class MoEProbe:
         out: dict[str, Any] = {}
         sums, entropy, named = self._reduced()
         if float(sums["_r/tokens"].sum()) > 0:
-            out.update(routing_metrics(sums, 1, 1))
+            out.update(routing_metrics(sums))
         first = _first_of_ranks(self.first_module) if named else None
         if first is not None:
             out[S.FIRST_NONFINITE_MODULE] = first
@@ -187,7 +187,7 @@ class MoEProbe:
         flat = all_reduce_(torch.cat([part.double().reshape(-1) for part in parts.values()]))
         split = dict(zip(parts, torch.split(flat, [part.numel() for part in parts.values()]), strict=True))
         sums = {f"_r/{key}": split[key].float() for key in _SUMS}
-        sums["_r/max_logit_sum"] = float(split["peaks"].max())
+        sums["_r/max_logit"] = float(split["peaks"].max())
         sums["_r/counts"] = sums["_r/counts"].reshape(layers, experts)
         counted = float(split["_te/bucket_count"].sum()) > 0
         entropy = {f"_te/{key}": split[f"_te/{key}"] for key in _ENTROPY} if counted else None

@@ -23,7 +23,6 @@ def step_metrics(
     loss_scale: float,
     opefo: EntropyFlowControl,
     vocab: int,
-    world: int,
 ) -> dict[str, Any]:
     """The record of a step whose global sums are ``t`` (from :class:`~moescope.replay.sums.StepSums`)."""
     c, n_mb = config, minibatches
@@ -51,7 +50,7 @@ def step_metrics(
         rec[S.AUX_LOSS] = t.get("aux", 0.0) / n_mb
     if c.z_loss_coef > 0:
         rec[S.Z_LOSS] = t.get("z", 0.0) / n_mb
-    rec.update(routing_metrics(t, n_mb, world))
+    rec.update(routing_metrics(t))
     if c.instruments:
         rec[S.TOKEN_ENTROPY] = entropy_record(t, vocab)
     if c.token_entropy_flow_control:
@@ -94,9 +93,9 @@ def _core_metrics(
     }
 
 
-def routing_metrics(t: dict[str, Any], n_mb: int, world: int) -> dict[str, Any]:
+def routing_metrics(t: dict[str, Any]) -> dict[str, Any]:
     """Expert load, its spread, router entropy, top-k margin and largest logit from the routing
-    sums (``_r/...``) of ``n_mb`` passes on each of ``world`` ranks."""
+    sums (``_r/...``) of a step's passes on every rank (the largest logit their peak)."""
     if "_r/counts" not in t:
         return {}
     counts, ent, tok = t["_r/counts"], t["_r/entropy_sum"], t["_r/tokens"].clamp(min=1)
@@ -112,7 +111,7 @@ def routing_metrics(t: dict[str, Any], n_mb: int, world: int) -> dict[str, Any]:
         S.MAX_LOAD_SHARE: float(shares.max()),
         S.DEAD_EXPERTS: int((counts == 0).sum()),
         S.ROUTER_ENTROPY: float((ent / tok).mean()),
-        S.ROUTER_LOGIT_MAX: t["_r/max_logit_sum"] / (n_mb * world),
+        S.ROUTER_LOGIT_MAX: t["_r/max_logit"],
     }
 
 

@@ -91,5 +91,5 @@ class Objective:
             rs = routing_sums(routers, valid, moe)
             for key in ("counts", "entropy_sum", "tokens", "margin_sum", "margin_tokens"):
                 sums.add(f"_r/{key}", rs[key])
-            sums.add("_r/max_logit_sum", rs["max_logit"])
+            sums.peak("_r/max_logit", rs["max_logit"])
         return loss

@@ -2,7 +2,8 @@
 
 Every metric of a step is accumulated as a sum (scalars as floats, per-layer counts and
 histograms as float64 tensors) so that ranks can add theirs: one ``all_reduce`` of the
-concatenation gives the global sums, from which means and shares are taken.
+concatenation gives the global sums, from which means and shares are taken. A few are peaks
+(the largest router logit), kept as maxima and reduced with a second, max collective.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from moescope.replay.comm import Comm
 @dataclass
 class StepSums:
     values: dict[str, float | torch.Tensor] = field(default_factory=dict)
+    peaks: dict[str, float] = field(default_factory=dict)
 
     def add(self, key: str, value: float | torch.Tensor) -> None:
         if torch.is_tensor(value) and value.dim() > 0:
@@ -26,8 +28,12 @@ class StepSums:
         else:
             self.values[key] = self.values.get(key, 0.0) + float(value)
 
+    def peak(self, key: str, value: float | torch.Tensor) -> None:
+        """Keep the largest ``value`` seen under ``key`` (over minibatches, then over ranks)."""
+        self.peaks[key] = max(self.peaks.get(key, -float("inf")), float(value))
+
     def reduce(self, comm: Comm) -> dict[str, float | torch.Tensor]:
-        """Global sums (a copy; the local sums are left as they are)."""
+        """Global sums and peaks (a copy; the local values are left as they are)."""
         keys = sorted(self.values)
         parts = [torch.as_tensor(self.values[k], dtype=torch.float64).reshape(-1) for k in keys]
         flat = comm.sum_(torch.cat(parts)) if parts else torch.zeros(0, dtype=torch.float64)
@@ -38,4 +44,8 @@ class StepSums:
             offset += part.numel()
             value = self.values[key]
             out[key] = chunk.reshape(value.shape).clone() if torch.is_tensor(value) else float(chunk[0])
+        if self.peaks:
+            names = sorted(self.peaks)
+            top = comm.max_(torch.tensor([self.peaks[k] for k in names], dtype=torch.float64))
+            out.update({k: float(v) for k, v in zip(names, top.tolist(), strict=True)})
         return out

@@ -125,7 +125,6 @@ class Trainer:
             loss_scale=self.updater.scaler.value,
             opefo=self.opefo,
             vocab=self.vocab,
-            world=self.comm.world,
         )
         record[S.FIRST_NONFINITE_MODULE] = self.comm.first_text(watch.first_module)
         record[S.FAULTS_ACTIVE] = self.faults.active_names(step)
