@@ -404,6 +404,27 @@ def _training_only(
 # --- an exported proxy directory -------------------------------------------------------------------
 
 
+def rewrite_proxy_dir(
+    proxy_dir: Path,
+    proxy: torch.nn.Module,
+    manifest: dict[str, Any],
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Replace ``proxy_dir`` with ``proxy``'s weights (or ``state_dict``: a sharded proxy's,
+    gathered), its side files and ``manifest``, atomically (a temporary sibling, then a rename)."""
+
+    def fill(work: Path) -> None:
+        if is_multimodal(proxy_dir):  # the loaded language model lacks the vision tower
+            save_with_language_model(proxy_dir, proxy, work)
+        else:
+            proxy.save_pretrained(work, state_dict=state_dict)
+        copy_side_files(proxy_dir, work)
+        write_manifest(work, manifest)
+        readable(work)
+
+    replace_dir(proxy_dir, fill, overwrite=True)
+
+
 def heal_proxy_dir(
     proxy_dir: str | Path,
     *,
@@ -448,14 +469,5 @@ def heal_proxy_dir(
         manifest.update(manifest_sections(fidelity, validity_checklist(lm, proxy, fidelity)))
     manifest.update(manifest_sections(healing=report))
 
-    def fill(work: Path) -> None:
-        if is_multimodal(proxy_dir):  # the loaded language model lacks the vision tower
-            save_with_language_model(proxy_dir, proxy, work)
-        else:
-            proxy.save_pretrained(work)
-        copy_side_files(proxy_dir, work)
-        write_manifest(work, manifest)
-        readable(work)
-
-    replace_dir(proxy_dir, fill, overwrite=True)
+    rewrite_proxy_dir(proxy_dir, proxy, manifest)
     return report

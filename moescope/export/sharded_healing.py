@@ -32,7 +32,6 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from moescope._util.io import readable, replace_dir
 from moescope.errors import MoescopeError
 from moescope.explore.calibration import TASKS
 from moescope.export.fidelity.agreement import evaluating, scored_log_probs
@@ -44,13 +43,22 @@ from moescope.export.healing import (
     distil_step,
     frozen_digests,
     healing_batches,
+    rewrite_proxy_dir,
     train_cosine,
     trainable_tensors,
     verify_frozen,
 )
-from moescope.export.manifest import copy_side_files, read_manifest, write_manifest
+from moescope.export.manifest import read_manifest
 from moescope.export.teacher import TeacherCache, coarse_kl, row_share, teacher_cache
-from moescope.models.sharding import all_reduce_, fill_from_rank0, load_for_sharding, rank0_state, shard_model
+from moescope.models.sharding import (
+    all_reduce_,
+    barrier,
+    fill_from_rank0,
+    from_rank0,
+    load_for_sharding,
+    rank0_state,
+    shard_model,
+)
 from moescope.models.view import adapt
 
 __all__ = ["heal_exported", "teacher_file"]
@@ -110,16 +118,20 @@ def heal_exported(
         )
     source_hash = manifest["source"]["config_hash"]
     path = Path(teacher) if teacher is not None else teacher_file(source_hash, steps, batch_size, seed)
-    known = None
+    known = cache = None
     if rank == 0 and (teacher is None or min_capability > 0):
         shape = {"steps": steps, "batch_size": batch_size, "seed": seed}
         source = original or manifest["source"]["path"]
-        known = _original_side(source, source_hash, None if teacher else path, min_capability > 0, **shape)
-    known = _from_rank0(known, world)
-    _barrier(world)
-    if not path.is_file():
-        raise MoescopeError(f"teacher cache {path} does not exist; give the file build_teacher_cache saved.")
-    cache = TeacherCache.load(path, config=source_hash)
+        built = _original_side(source, source_hash, None if teacher else path, min_capability > 0, **shape)
+        known, cache = built
+    known = from_rank0(known)
+    barrier()  # the cache file is whole before the other processes read it
+    if cache is None:  # given, or built by rank 0
+        if not path.is_file():
+            raise MoescopeError(
+                f"teacher cache {path} does not exist; give the file build_teacher_cache saved."
+            )
+        cache = TeacherCache.load(path, config=source_hash)
     if steps > len(cache.batches):
         raise MoescopeError(
             f"the teacher cache holds {len(cache.batches)} batches and healing asks for {steps} steps; "
@@ -147,11 +159,6 @@ def _process(shard: bool) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _barrier(world: int) -> None:
-    if world > 1:
-        dist.barrier()
-
-
 @dataclass(frozen=True)
 class Target:
     """A capability target: the ratio to reach, the steps between measurements, the tasks, and
@@ -172,10 +179,10 @@ def _original_side(
     steps: int,
     batch_size: int,
     seed: int,
-) -> tuple[tuple[str, ...], pd.DataFrame] | None:
-    """What healing needs of the original, read a decoder layer at a time: its distributions on
-    the healing batches cached at ``path`` (kept when it already holds them; none when ``path``
-    is ``None``), and with ``capability`` its teacher-forced task accuracy (cached too)."""
+) -> tuple[tuple[tuple[str, ...], pd.DataFrame] | None, TeacherCache | None]:
+    """What healing needs of the original, read a decoder layer at a time: with ``capability``
+    its tasks and teacher-forced task accuracy (cached), and its distributions on the healing
+    batches cached at ``path`` (reused when it already holds them; none when ``path`` is ``None``)."""
     from moescope.explore.sequential import layer_sequential
     from moescope.export.fidelity.original_record import export_original_accuracy
     from moescope.models.accuracy import resolve_tasks
@@ -190,7 +197,7 @@ def _original_side(
                 f"{source} is not the model this proxy was cut from (config hash "
                 f"{config_hash(lm.config)}, recorded {source_hash}); pass --original the source checkpoint."
             )
-        known = None
+        known = cache = None
         if capability:
             tasks = resolve_tasks(None, lm) if tokenizer is not None else None
             if not isinstance(tasks, tuple):
@@ -205,17 +212,8 @@ def _original_side(
                 TASKS, tokenizer, model=lm, steps=steps, batch_size=batch_size, seed=seed
             )
             path.parent.mkdir(parents=True, exist_ok=True)
-            teacher_cache(lm, batches, path)
-    return known
-
-
-def _from_rank0(value: Any, world: int) -> Any:
-    """Rank 0's ``value`` on every process."""
-    if world == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+            cache = teacher_cache(lm, batches, path)
+    return known, cache
 
 
 def _heal(
@@ -253,7 +251,7 @@ def _heal(
     else:
         tokenizer = load_tokenizer(proxy_dir)
         losses, tokens, rounds = _rounds(cache, proxy, params, target, tokenizer, **run)
-    after = _fit(cache, proxy, len(losses), split)
+    after = _fit(cache, proxy, steps, split)  # the batches "before" was measured on
     verified = verify_frozen(frozen, proxy, names)
     losses = _summed(losses) if shard else losses
     report = HealingReport(
@@ -277,7 +275,7 @@ def _heal(
     state = _full_state(proxy) if shard else None
     if part[0] == 0:
         _rewrite(proxy_dir, manifest, proxy, state, report, cache)
-    _barrier(part[1] if shard else 1)
+    barrier()
     return report
 
 
@@ -378,17 +376,10 @@ def _rewrite(
     report: HealingReport,
     cache: TeacherCache,
 ) -> None:
-    """The healed proxy in place of the old directory (a temporary sibling, then a rename)."""
+    """The healed proxy in place of the old directory, its manifest recording the healing."""
     manifest = dict(manifest)
     for stale in ("fidelity", "checklist"):  # they described the weights before healing
         manifest.pop(stale, None)
     manifest.update(manifest_sections(healing=report))
     manifest["healing"]["teacher"] = {"digest": cache.digest, "k": cache.k, "forwards": cache.forwards}
-
-    def fill(work: Path) -> None:
-        proxy.save_pretrained(work, state_dict=state)
-        copy_side_files(proxy_dir, work)
-        write_manifest(work, manifest)
-        readable(work)
-
-    replace_dir(proxy_dir, fill, overwrite=True)
+    rewrite_proxy_dir(proxy_dir, proxy, manifest, state)

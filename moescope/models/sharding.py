@@ -145,10 +145,8 @@ def match_dtypes(model: torch.nn.Module, like: torch.nn.Module | None = None) ->
     dtypes = (
         {name: str(t.dtype) for name, t in _tensors(source)} if like is not None or _rank() == 0 else None
     )
-    if like is None and _world() > 1:
-        box = [dtypes]
-        dist.broadcast_object_list(box, src=0)
-        dtypes = box[0]
+    if like is None:
+        dtypes = from_rank0(dtypes)
     for name, tensor in _tensors(model):
         wanted = getattr(torch, dtypes[name].removeprefix("torch.")) if dtypes and name in dtypes else None
         if wanted is not None and tensor.dtype != wanted:
@@ -186,6 +184,21 @@ def _collective_device() -> torch.device:
     if "gloo" in backend or "mpi" in backend:
         return torch.device("cpu")
     return torch.accelerator.current_accelerator()
+
+
+def from_rank0(value: Any) -> Any:
+    """Rank 0's ``value`` (any picklable object) on every process; ``value`` in one process."""
+    if _world() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every process (a no-op in one process)."""
+    if _world() > 1:
+        dist.barrier()
 
 
 def _tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
