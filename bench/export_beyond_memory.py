@@ -14,6 +14,10 @@ reads of the checkpoint, at most 1/6 of the in-memory export's peak RSS, and on 
     PYTHONPATH=. .venv/bin/python bench/export_beyond_memory.py [--gb 1.0] [--models toy-v3,bench]
         [--keep 1/4] [--budget 0.6] [--flags "--min-capability 0"]
 
+``--keep 1/2,1/4,1/8 --models toy,toy-v3`` is the parity grid: for each model and share, the two
+exports' methods, kept experts and capability side by side, and the capability difference against
+issue 43's goal (within 0.03).
+
 ``--flags`` are added to both exports of every model (e.g. a smaller healing budget where the
 defaults take too long on a busy machine); the output says which were given.
 """
@@ -38,8 +42,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export import write_checkpoint  # bench/export.py: the same synthetic checkpoint
 
-READS_GOAL, MEMORY_GOAL, WALL_GOAL = 6, 1 / 6, 2.0
+READS_GOAL, MEMORY_GOAL, WALL_GOAL, CAPABILITY_GOAL = 6, 1 / 6, 2.0, 0.03
 RUNS = ("in memory", "layer-sequential")
+EMBEDDED = ("toy", "toy-v3")
 
 
 def run_export(model: str, out: Path, keep: str, flags: list[str]) -> dict[str, Any]:
@@ -68,6 +73,7 @@ def row(result: dict[str, Any]) -> dict[str, Any]:
         "method": m["method"],
         "kept": [layer["kept"] for layer in m["layers"]],
         "capability": capability["figure"] if capability else "not measured",
+        "ratio": (capability or {}).get("details", {}).get("ratio"),
         "kl": (m.get("fidelity") or {}).get("kl"),
         "reads": m["original"].get("checkpoint_reads", "-"),
         "peak": result["peak"],
@@ -100,6 +106,11 @@ def report(name: str, weights: int, budget: int, rows: dict[str, dict[str, Any]]
     print(f"{'wall (s)':24}{memory['wall']:>28.1f}{sequential['wall']:>28.1f}")
     same = "yes" if memory["kept"] == sequential["kept"] else "no"
     print(f"kept experts equal: {same}")
+    if isinstance(memory["ratio"], float) and isinstance(sequential["ratio"], float):
+        gap = abs(sequential["ratio"] - memory["ratio"])
+        met = _met(gap <= CAPABILITY_GOAL)
+        shown = f"capability ratio {memory['ratio']:.3f} vs {sequential['ratio']:.3f}"
+        print(f"{shown}: difference {gap:.3f} (goal <= {CAPABILITY_GOAL}: {met})")
     reads = sequential["reads"]
     met = _met(isinstance(reads, int) and reads <= READS_GOAL)
     print(f"checkpoint reads: {reads} (goal <= {READS_GOAL}: {met})")
@@ -126,7 +137,7 @@ def main() -> None:
         "--gb", type=float, default=4.0, help="synthetic checkpoint size (about 0.9 at least)"
     )
     parser.add_argument("--models", default="toy-v3,bench", help="toy-v3, bench, or both")
-    parser.add_argument("--keep", default="1/4")
+    parser.add_argument("--keep", default="1/4", help="one share, or several separated by commas")
     parser.add_argument("--budget", type=float, default=0.6, help="--max-memory as a share of the weights")
     parser.add_argument("--flags", default="", help="further export flags for every run")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to write (needs ~2x --gb free)")
@@ -136,13 +147,14 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="moescope-beyond-", dir=args.dir))
     try:
         for name in args.models.split(","):
-            model = "toy-v3" if name == "toy-v3" else str(work / "checkpoint")
-            if name != "toy-v3":
+            model = name if name in EMBEDDED else str(work / "checkpoint")
+            if name not in EMBEDDED:
                 write_checkpoint(Path(model), args.gb)
             weights = _weights(model)
             budget = int(weights * args.budget)
-            rows = compare(model, args.keep, budget, flags, work / name)
-            report(name, weights, budget, rows, wall_goal=name == "toy-v3")
+            for keep in args.keep.split(","):
+                rows = compare(model, keep, budget, flags, work / name / keep.replace("/", "-"))
+                report(f"{name} at {keep}", weights, budget, rows, wall_goal=name == "toy-v3")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
