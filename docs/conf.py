@@ -1,7 +1,8 @@
 """Sphinx configuration of moescope's documentation site (``make docs``).
 
 Why Sphinx with MyST-NB and the PyData theme: moescope's API is documented in numpy-style
-docstrings, which ``autodoc`` + ``napoleon`` render as they are; MyST-NB renders the executed
+docstrings, which ``autodoc`` + ``napoleon`` render (``_ext`` reshapes their ``name : what``
+fields first); MyST-NB renders the executed
 notebooks (their SVG charts included) as tutorial pages and lets every page be Markdown; the
 PyData theme is what scikit-learn, pandas and xarray readers already know, and it needs no
 network at build or at read time. The reference tables (command line, metric vocabulary,
@@ -47,12 +48,17 @@ TUTORIALS = HERE / "tutorials" / "_notebooks"
 
 
 def _copy_tutorials() -> None:
-    """The report's executed notebook where it has one, else the source notebook."""
-    shutil.rmtree(TUTORIALS, ignore_errors=True)
-    TUTORIALS.mkdir(parents=True)
-    for source in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+    """The report's executed notebook where it has one, else the source notebook; a copy that
+    is already the same is left alone, so an unchanged tutorial is not read again."""
+    TUTORIALS.mkdir(parents=True, exist_ok=True)
+    sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    for stale in set(TUTORIALS.glob("*.ipynb")) - {TUTORIALS / s.name for s in sources}:
+        stale.unlink()
+    for source in sources:
         executed = REPORT / source.name
-        shutil.copyfile(executed if executed.is_file() else source, TUTORIALS / source.name)
+        chosen, copy = executed if executed.is_file() else source, TUTORIALS / source.name
+        if not copy.is_file() or copy.read_bytes() != chosen.read_bytes():
+            shutil.copyfile(chosen, copy)
 
 
 _copy_tutorials()

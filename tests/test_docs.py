@@ -26,6 +26,7 @@ from moescope.report.pipeline import run_report
 
 ROOT = Path(__file__).resolve().parents[1]
 TOUR = "00_tour"
+FEW_SAMPLES = {"n_eval": 2, "samples": 1}  # the tour's accuracy check, cut to what shows its charts
 # Every image of the notebook's outputs (the charts, as SVG files) loaded and drawn.
 DRAWN = "() => [...document.querySelectorAll('.cell_output img')].every(i => i.complete && i.naturalWidth)"
 
