@@ -17,7 +17,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CHROMIUM ?= $(firstword $(wildcard /usr/bin/chromium) $(shell command -v chromium 2>/dev/null))
 export CHROMIUM
 
-.PHONY: install check-prereqs test demo lint bench clean
+.PHONY: install check-prereqs test demo docs lint bench clean
 
 install: $(STAMP)
 
@@ -51,8 +51,22 @@ test: check-prereqs $(STAMP)
 demo: $(STAMP)
 	$(BIN)/moescope demo
 
+# The documentation site (Sphinx, MyST-NB, PyData theme; docs/conf.py says why) into build/docs,
+# warnings as errors. Its tutorials are the notebooks as `make demo` executed them: the demo's
+# report is reused, and run first when it is missing or older than a notebook.
+DOCS_REPORT ?= moescope-demo
+DOCS_OUT    ?= build/docs
+
+docs: $(STAMP) $(DOCS_REPORT)/report.json
+	MOESCOPE_DOCS_REPORT="$(abspath $(DOCS_REPORT))" $(BIN)/sphinx-build -b html -W --keep-going -q \
+		-d build/docs-doctrees docs $(DOCS_OUT)
+	@echo "documentation: $(abspath $(DOCS_OUT))/index.html"
+
+$(DOCS_REPORT)/report.json: $(wildcard notebooks/*.ipynb)
+	$(BIN)/moescope report --model toy --out $(DOCS_REPORT) --overwrite
+
 lint: $(STAMP)
-	$(BIN)/ruff check moescope tests bench
+	$(BIN)/ruff check moescope tests bench docs
 	$(BIN)/ruff format --check moescope tests bench
 	$(BIN)/lint-imports --no-logo --no-cache
 
@@ -60,4 +74,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) moescope-demo .pytest_cache
+	rm -rf $(VENV) moescope-demo .pytest_cache build docs/tutorials/_notebooks docs/_static_widgets

@@ -30,6 +30,7 @@ warnings.filterwarnings("ignore", module="transformers")
 LONGEST_FIRST = (
     "test_report.py",
     "test_browser.py",
+    "test_docs.py",
     "test_trl.py",
     "test_proxy.py",
     "test_multimodal.py",

@@ -61,16 +61,6 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
-def test_readme_lists_every_supported_architecture() -> None:
-    """The README's table of supported architectures has one row per table row, same names."""
-    from moescope.models.table import ARCHITECTURES
-
-    section = (ROOT / "README.md").read_text().split("## Supported architectures")[1].split("\n## ")[0]
-    body = section.split("|---|", 1)[1]  # the rows under the header
-    rows = re.findall(r"^\| ([^|`]+?) \| `([^`]+)` \|", body, flags=re.M)
-    assert sorted(rows) == sorted((spec.name, spec.model_type) for spec in ARCHITECTURES.values())
-
-
 def test_every_subpackage_ships_in_a_wheel() -> None:
     """The package list is explicit (notebooks/ ships as moescope.notebooks), so a new
     subpackage must be added to it, or a wheel install would lack it."""
