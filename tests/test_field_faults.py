@@ -121,3 +121,28 @@ def test_diagnose_names_each_new_faults_fixes() -> None:
         ("aux_loss_doubled", "aux_loss_double"),
     ):
         assert next_steps(Finding(kind, 3, "warning", "x"))["fault"] == fault
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["validate", "toy", "--fault", "packing_positions", "--fix", "is_mask"], "needs packed rows"),
+        (["validate", "toy", "--fault", "stale_routes", "--fix", "seq_kl_mask"], "needs routing replay"),
+        (["validate", "toy", "--fault", "engine_drift", "--fix", "ice_pop"], "unknown fix 'ice_pop'"),
+        (
+            ["validate", "toy", "--fault", "engine_drifts", "--fix", "is_mask"],
+            "Unknown fault 'engine_drifts'",
+        ),
+        (["replay", "toy", "--fault", "aux_loss_double@1"], "needs a load-balancing loss"),
+    ],
+)
+def test_the_command_line_refuses_in_one_sentence_and_writes_nothing(
+    tmp_path, capsys, argv: list[str], said: str
+) -> None:
+    from moescope.cli import main
+
+    out = tmp_path / "out"
+    assert main([*argv, "--steps", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()

@@ -293,7 +293,8 @@ def parse_fault(text: str) -> Fault:
         raise MoescopeError(f"Fault {text!r} has argument {arg_text!r}, not a number.") from None
     choices = CHOICES.get(name)
     if choices is not None and arg not in choices:
-        raise MoescopeError(f"Fault {name} takes {' or '.join(choices)}, not {arg!r}.")
+        named = f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
+        raise MoescopeError(f"Fault {name} takes {named}, not {arg!r}.")
     return Fault(kind, step, arg)
 
 
