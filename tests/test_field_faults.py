@@ -124,6 +124,27 @@ def test_diagnose_names_each_new_faults_fixes() -> None:
 
 
 @pytest.mark.parametrize(
+    "kind", ["rollout_mismatch", "route_overlap_low", "optimizer_reset", "aux_loss_doubled"]
+)
+def test_every_suggested_line_runs_as_validate_reads_it(kind: str) -> None:
+    """Each line's fault fits the replay its flags make (packing, routing replay, an aux loss)."""
+    import shlex
+    from dataclasses import replace
+
+    from moescope.analyze.fixes import fix_fields
+    from moescope.cli import build_parser, replay_config
+
+    steps = next_steps(Finding(kind, 3, "warning", "x"), proxy="proxy-dir")
+    lines = steps["validate"] + [line for other in steps["also"] for line in other["validate"]]
+    outs = [shlex.split(line)[-1] for line in lines]
+    assert len(set(outs)) == len(outs)  # each its own directory
+    for line in lines:
+        args = build_parser().parse_args(shlex.split(line)[1:])
+        config = replace(replay_config(args), faults=(args.validate_fault,))  # refused if it lacks a setting
+        replace(config, **fix_fields(config, args.fix))
+
+
+@pytest.mark.parametrize(
     ("argv", "said"),
     [
         (["validate", "toy", "--fault", "packing_positions", "--fix", "is_mask"], "needs packed rows"),

@@ -214,7 +214,11 @@ def next_steps(finding: Finding, model: str = "MODEL", proxy: str = "PROXY") -> 
         "export": EXPORT.format(model=model, proxy=proxy) if validate else None,
         "validate": validate,
         "also": [
-            {"fault": r.fault, "fixes": list(r.fixes), "validate": r.validate_lines(finding.type, proxy)}
+            {
+                "fault": r.fault,
+                "fixes": list(r.fixes),
+                "validate": r.validate_lines(f"{finding.type}-{r.fault}", proxy),  # its own --out
+            }
             for r in remedy.also
         ],
     }
