@@ -55,7 +55,9 @@ def combined_in(moe: MoEModel, precision: str) -> Iterator[None]:
         yield
 
 
-def stale(routes: list[torch.Tensor], shape: tuple[int, int], how: str, previous: list[torch.Tensor] | None):
+def stale(
+    routes: list[torch.Tensor], shape: tuple[int, int], how: str, previous: list[torch.Tensor] | None
+) -> list[torch.Tensor]:
     """The routes a wrongly wired replay hands the trainer, per MoE application ``(N·L, k)``:
     ``shift``: each token gets the route of the token before it in its row (the first keeps its
     own); ``step``: the routes recorded at the previous step, token by token in order (cycled
