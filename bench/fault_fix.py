@@ -208,6 +208,18 @@ def markdown(result: dict[str, Any]) -> str:
         f"({agreed / max(total, 1):.0%}).**",
         "",
     ]
+    if "seeds_new" in result:  # cells added with --only, on their own seeds
+        added = sorted(
+            {_name(p["fault"]) for p in pairs if p["seed"] in result["seeds_new"]}
+            - {_name(p["fault"]) for p in pairs if p["seed"] not in result["seeds_new"]}
+        )
+        new = [p for p in pairs if _name(p["fault"]) in added]
+        lines += [
+            f"The pairs of {', '.join(added)} were added with `--only` on seed(s) "
+            f"{', '.join(map(str, result['seeds_new']))}: the proxy's word is the original's on "
+            f"{agreement(new)[0]} of {len(new)} of them.",
+            "",
+        ]
     for model, proxy in result["proxies"].items():
         mine = [p for p in pairs if p["model"] == model]
         lines.append(f"- {model}: {agreement(mine)[0]} of {len(mine)} agree; proxy {proxy['capability']}")
