@@ -192,6 +192,21 @@ ROUTING_FLIP_FRAC = _declare(
     "share of (token, layer) expert choices the rollout makes otherwise than training, mean over layers",
 )
 ROUTING_FLIP_LAYERS = _declare("rollout/routing_flip_frac_layers", "that share per MoE layer", "array")
+ROUTE_OVERLAP = _declare(
+    "rollout/route_overlap",
+    "under routing replay: share of replayed expert choices the trainer's own router also makes",
+)
+MASKED_FRAC = _declare(
+    "rollout/masked_frac",
+    "share of tokens the mismatch masks (is_mask, seq_kl_mask) left out of the loss",
+)
+UPDATE_RATIO = _declare(
+    "optim/update_ratio",
+    "RMS of AdamW's step per coordinate over the learning rate (about 1 on Adam's first step)",
+)
+OPTIMIZER_STEPS = _declare(
+    "optim/state_steps", "updates the optimizer's state has counted (set back by a resume without it)"
+)
 AUX_LOSS = _declare("moe/aux_loss", "router load-balancing loss (when its coefficient > 0, or as logged)")
 Z_LOSS = _declare("moe/z_loss", "router z-loss (when its coefficient > 0, or as logged)")
 OPEFO_ACTIVE = _declare("opefo/active", "1 while OPEFO's entropy floor is undercut")

@@ -30,6 +30,8 @@ CONFIGS = {
         use_gepo=True,
         faults=("routing_mismatch@1",),
         is_correction="token",
+        routing_replay=True,  # rollout/route_overlap
+        is_mask=2.0,  # rollout/masked_frac
     ),
     "pivot": ReplayConfig(**BASE, pivot=True, sample_steps=2),
 }

@@ -196,6 +196,12 @@ def test_update_omission_reward_scale_and_no_grad_clip_leave_their_signatures(tm
     assert any(s[S.CLIP_COEF] < 1 for s in omitted.steps)  # clipping on: a norm above 1 is clipped
 
 
+def test_a_resume_without_the_optimizer_state_restarts_its_count(tmp_path: Path) -> None:
+    trace = faulted(tmp_path, "r", "resume_state@2")
+    assert [s[S.OPTIMIZER_STEPS] for s in trace.steps] == [1, 2, 1, 2]
+    assert {f.type: f.step for f in diagnose(trace)}["optimizer_reset"] == 2
+
+
 def test_an_omitted_update_leaves_the_weights_as_they_were(tmp_path: Path) -> None:
     trainer = grpo_on_tasks("toy", tmp_path / "o", **SMALL)
     instrument(trainer, tmp_path / "o.jsonl", faults="update_omission@0")

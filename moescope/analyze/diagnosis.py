@@ -60,6 +60,9 @@ degenerate output.
 - ``rollout_mismatch``: the rollout engine's log-probs drift from the trainer's, by the level,
   the rise or the onset of any mismatch metric, or a token-level clip fraction held high (not
   judged where ratios are sequence-level, as in GSPO) (:mod:`moescope.analyze.rules.mismatch`).
+- ``route_overlap_low``, ``optimizer_reset``, ``aux_loss_doubled``: routing replay fed other
+  routes than the trainer's router makes, an optimizer state that restarted mid-run, a
+  load-balancing loss counted twice (:mod:`moescope.analyze.rules.wiring`).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ from moescope.analyze.rules.policy import (
     check_no_signal,
     check_reward_collapse,
 )
+from moescope.analyze.rules.wiring import check_aux_doubled, check_optimizer_reset, check_route_overlap
 from moescope.traces import Trace
 
 CHECKS: tuple[Callable[[Trace], list[Finding]], ...] = (
@@ -93,6 +97,9 @@ CHECKS: tuple[Callable[[Trace], list[Finding]], ...] = (
     check_degenerate_output,
     check_load_collapse,
     check_rollout_mismatch,
+    check_route_overlap,
+    check_optimizer_reset,
+    check_aux_doubled,
 )
 
 

@@ -29,6 +29,9 @@ FINDING_TYPES = (
     "load_collapse",
     "kl_blowup",
     "rollout_mismatch",
+    "route_overlap_low",
+    "optimizer_reset",
+    "aux_loss_doubled",
 )
 SEVERITIES = ("info", "warning", "error")
 Severity = Literal["info", "warning", "error"]

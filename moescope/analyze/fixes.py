@@ -12,7 +12,14 @@ any fix composes with any fault and with the others:
 - ``bf16``: bf16 instead of fp16 (no loss scaling; a fault that needs fp16 cannot happen);
 - ``loss_scale[:S]``: fp16's initial loss scale ``S`` (default 2^8);
 - ``entropy_floor[:X]``: OPEFO's entropy floor at ``X`` (default 0.3);
-- ``aux_loss[:C]``: the router load-balancing loss at coefficient ``C`` (default 0.01).
+- ``aux_loss[:C]``: the router load-balancing loss at coefficient ``C`` (default 0.01);
+- ``is_mask[:C]``: tokens whose ratio π_train / π_rollout leaves ``[1/C, C]`` masked out of the
+  loss (IcePop-style bounds, verl's token ``rollout_rs``; default 2, verl's threshold);
+- ``seq_kl_mask[:KL]``: responses whose mean k3 KL(rollout ‖ training) per token exceeds ``KL``
+  masked out (default 1e-3, the top of the dense-model band).
+
+The masks, like IS correction, keep a mismatch out of the update; they do not make the two sides
+agree, so the mismatch metrics (and a finding read from them) stay as they were.
 """
 
 from __future__ import annotations
@@ -43,6 +50,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _above_one(text: str) -> float:
+    value = float(text)
+    if not value > 1:
+        raise ValueError(text)
+    return value
+
+
 def _is_mode(text: str) -> str:
     if text not in IS_MODES:
         raise ValueError(text)
@@ -68,6 +82,10 @@ FIXES: dict[str, Fix] = {
             "OPEFO's entropy floor",
         ),
         Fix("aux_loss", 0.01, _positive, lambda c, a: {"aux_loss_coef": a}, "the load-balancing loss"),
+        Fix("is_mask", 2.0, _above_one, lambda c, a: {"is_mask": a}, "token masking by ratio bounds"),
+        Fix(
+            "seq_kl_mask", 1e-3, _positive, lambda c, a: {"seq_kl_mask": a}, "sequence masking by a KL bound"
+        ),
     )
 }
 

@@ -6,7 +6,9 @@ project's log-format reference) and, where moescope can reproduce the failure, t
 does (:mod:`moescope.replay.faults`) and the fixes to try against it (:mod:`moescope.analyze.fixes`).
 :func:`next_steps` turns them into the two commands a user runs: ``moescope export`` to make a
 proxy of their model, then one ``moescope validate`` per fix, which replays the fault with and
-without the fix and says whether the finding goes away.
+without the fix and says whether the finding goes away. A finding several faults reproduce
+(``rollout_mismatch``: routing, engine drift, a parallel layout, packing, replay wired wrong)
+lists the others' lines under ``also``.
 
 Example
 -------
@@ -41,6 +43,7 @@ class Remedy:
     fault: str | None = None  # the fault that reproduces it in a replay, if any
     fixes: tuple[str, ...] = ()  # validate's --fix values to try against that fault
     flags: str = ""  # replay flags the fault needs (fp16_overflow: --precision fp16)
+    also: tuple[Remedy, ...] = ()  # other faults that raise the same finding, each with its fixes
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in KINDS:
@@ -49,12 +52,37 @@ class Remedy:
         if unknown:
             raise ValueError(f"unknown fix(es) {unknown}")
 
+    def validate_lines(self, finding_type: str, proxy: str) -> list[str]:
+        """One ``moescope validate`` line per fix (none without a fault)."""
+        return [
+            VALIDATE.format(
+                proxy=proxy,
+                fault=self.fault,
+                fix=fix,
+                flags=self.flags,
+                type=finding_type,
+                name=fix.partition(":")[0],
+            )
+            for fix in self.fixes
+        ]
+
 
 _LR = ("a learning rate too high for the model or the batch", "no or too loose gradient clipping")
 _MISMATCH = (
     "routing flips between the rollout engine and the trainer near top-k ties (MoE)",
     "rollout log-probs computed in lower precision or with other kernels than the trainer's",
     "token-level importance ratios amplifying the gap over long responses",
+    "a rollout engine whose log-probs drift a little more every step (a rising gap, vime#64)",
+    "the trainer's expert-parallel layout reducing the MoE combine in another order (NeMo-RL#4243)",
+    "packed sequences whose position ids are not reset at the boundaries (Megatron-Bridge#1776)",
+    "routing replay wired wrong: routes from a stale step, shifted by a token or missing",
+)
+_MASKS = ("is_mask", "seq_kl_mask")
+_MISMATCH_ALSO = (
+    Remedy(_MISMATCH, "engine_drift", (*_MASKS, "is_correction")),
+    Remedy(_MISMATCH, "parallel_reduction", (*_MASKS, "fp32_router")),
+    Remedy(_MISMATCH, "packing_positions", _MASKS, " --packing"),
+    Remedy(_MISMATCH, "stale_routes", _MASKS, " --routing-replay"),
 )
 REMEDIES: dict[str, Remedy] = {
     "nonfinite": Remedy(
@@ -137,6 +165,34 @@ REMEDIES: dict[str, Remedy] = {
         _MISMATCH,
         "routing_mismatch",
         ("routing_replay", "is_correction", "fp32_router", "gspo"),
+        also=_MISMATCH_ALSO,
+    ),
+    "route_overlap_low": Remedy(
+        (
+            "routes replayed from a stale step (a router registry not refreshed after a reload, verl#4562)",
+            "routes shifted by one token (prompt and response offsets misaligned)",
+            "routes missing for some tokens (miles#407)",
+        ),
+        "stale_routes",
+        _MASKS,
+        " --routing-replay",
+    ),
+    "optimizer_reset": Remedy(
+        (
+            "a resume that loaded the weights but not the optimizer state (slime#1695)",
+            "a checkpoint written without the optimizer, or an optimizer rebuilt after loading it",
+        ),
+        "resume_state",
+        ("lower_lr",),
+    ),
+    "aux_loss_doubled": Remedy(
+        (
+            "the load-balancing loss recorded twice under activation recompute (Megatron-LM#1330)",
+            "the model's own router aux loss added on top of the trainer's (TRL >= 1.7 turns it on)",
+        ),
+        "aux_loss_double",
+        ("aux_loss:0.005",),
+        " --aux-loss-coef 0.01",
     ),
 }
 
@@ -145,27 +201,26 @@ def next_steps(finding: Finding, model: str = "MODEL", proxy: str = "PROXY") -> 
     """The causes to check and the commands that test a fix, for ``finding``.
 
     Returns ``{"causes": [...], "fault": name or None, "fixes": [...], "export": command,
-    "validate": [one command per fix]}``; a finding moescope cannot reproduce has no fault, no
-    fixes and no commands.
+    "validate": [one command per fix], "also": [{"fault", "fixes", "validate"} of each other
+    fault that raises it]}``; a finding moescope cannot reproduce has no fault, no fixes and no
+    commands.
     """
     remedy = REMEDIES[finding.type]
-    validate = [
-        VALIDATE.format(
-            proxy=proxy,
-            fault=remedy.fault,
-            fix=fix,
-            flags=remedy.flags,
-            type=finding.type,
-            name=fix.partition(":")[0],
-        )
-        for fix in remedy.fixes
-    ]
+    validate = remedy.validate_lines(finding.type, proxy)
     return {
         "causes": list(remedy.causes),
         "fault": remedy.fault,
         "fixes": list(remedy.fixes),
         "export": EXPORT.format(model=model, proxy=proxy) if validate else None,
         "validate": validate,
+        "also": [
+            {
+                "fault": r.fault,
+                "fixes": list(r.fixes),
+                "validate": r.validate_lines(f"{finding.type}-{r.fault}", proxy),  # its own --out
+            }
+            for r in remedy.also
+        ],
     }
 
 
@@ -177,6 +232,9 @@ def next_steps_text(finding: Finding, model: str = "MODEL", proxy: str = "PROXY"
         fixes = ", ".join(f"{f} ({FIXES[f.partition(':')[0]].does})" for f in steps["fixes"])
         lines.append(f"fixes to test on a proxy ({steps['fault']} reproduces it): {fixes}")
         lines += [f"  $ {steps['export']}", *(f"  $ {line}" for line in steps["validate"])]
+        for other in steps["also"]:
+            lines.append(f"or, if {other['fault']} reproduces it: {', '.join(other['fixes'])}")
+            lines += [f"  $ {line}" for line in other["validate"]]
     else:
         lines.append("no moescope fault reproduces it: check the causes in the run's config and data")
     return lines
@@ -190,6 +248,7 @@ def next_steps_frame(
 ) -> pd.DataFrame:
     """One row per finding and fix to test: the ``validate`` command that tests it on a proxy.
 
+    A finding several faults reproduce has the rows of each (``also``, after the first fault's).
     A finding moescope cannot reproduce has one row with no fault, fix or command (its causes
     are in :func:`next_steps`); info findings are left out, as nothing needs fixing there.
     """
@@ -201,16 +260,13 @@ def next_steps_frame(
             if f.severity == "info":
                 continue
             steps = next_steps(f, model, proxy)
-            tries = list(zip(steps["fixes"], steps["validate"], strict=True)) or [(None, None)]
+            tries = [
+                (s["fault"], fix, cmd)
+                for s in (steps, *steps["also"])
+                for fix, cmd in zip(s["fixes"], s["validate"], strict=True)
+            ] or [(None, None, None)]
             rows += [
-                {
-                    "model": name,
-                    "type": f.type,
-                    "step": f.step,
-                    "fault": steps["fault"],
-                    "fix": fix,
-                    "validate": cmd,
-                }
-                for fix, cmd in tries
+                {"model": name, "type": f.type, "step": f.step, "fault": fault, "fix": fix, "validate": cmd}
+                for fault, fix, cmd in tries
             ]
     return pd.DataFrame(rows, columns=list(NEXT_COLUMNS))

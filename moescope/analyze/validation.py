@@ -53,6 +53,7 @@ from moescope.analyze.findings import Finding
 from moescope.analyze.fixes import fix_fields
 from moescope.errors import MoescopeError
 from moescope.replay.config import ReplayConfig
+from moescope.replay.faults import FaultPrecondition
 from moescope.traces import Trace, read_trace
 
 OUTCOMES = ("removed", "reduced", "unchanged", "introduced", "own")
@@ -208,11 +209,11 @@ def _fixed_config(
     fields = fix_fields(base, fixes)
     try:
         return replace(base, **fields), []
-    except MoescopeError as err:  # a fix that removes the fault's precondition (bf16 against an fp16 fault)
-        if "needs fp16" not in str(err):
-            raise
+    except FaultPrecondition as err:  # a fix that removes the fault's precondition (bf16 against fp16)
+        need = str(err).partition(" needs ")[2].partition(";")[0].rstrip(".")
         note = (
-            f"with {', '.join(fixes)} the fault {fault} cannot happen (it needs fp16): the fixed run has none"
+            f"with {', '.join(fixes)} the fault {fault} cannot happen (it needs {need}): "
+            "the fixed run has none"
         )
         return replace(base, **fields, faults=()), [note]
 

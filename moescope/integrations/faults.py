@@ -31,6 +31,11 @@ signature it leaves in the trace:
     Gradient clipping off (``max_grad_norm`` 0) from the step on: ``optim/clip_coef`` stays 1
     while the gradient norm exceeds the configured bound.
 
+``resume_state``
+    The optimizer's state (AdamW's moments and step count) dropped just before the step's
+    update, as a resume that restored the weights but not the optimizer: ``optim/state_steps``
+    goes back to 1 at the step (finding ``optimizer_reset``).
+
 With activation checkpointing on (TRL's default), a fault that changes which experts a token
 reaches (``nan_op``: NaN scores route anywhere; ``router_precision``) can make torch's
 recomputation in the backward dispatch differently from the forward, and torch stops the run
@@ -38,7 +43,12 @@ with a ``CheckpointError``; set ``gradient_checkpointing=False`` for those runs.
 
 The replay's other faults (``fp16_overflow``, ``rollout_logprob_precision``, ``aux_loss_off``,
 ``entropy_control_off``) act on machinery a Trainer does not have as such; naming one is one
-sentence.
+sentence. So do the other mismatch faults: ``engine_drift``, ``parallel_reduction`` and
+``stale_routes`` act on a second engine's log-probs or on routing replay, and TRL's GRPO scores
+the old log-probs with the trained model itself (its vLLM engine is outside the process);
+``packing_positions`` needs a packing collator TRL's GRPO does not use; and ``aux_loss_double``
+would double a loss the model computes inside its own forward, whose coefficient TRL reads from
+the model config (a run with it doubled is a config, not a fault: set ``router_aux_loss_coef``).
 """
 
 from __future__ import annotations
@@ -68,6 +78,7 @@ SUPPORTED = (
     "routing_mismatch",
     "reward_scale",
     "no_grad_clip",
+    "resume_state",
 )
 
 
@@ -85,6 +96,7 @@ class TrainerFaults:
         self._routed = torch.zeros(len(moe.layers))
         self._applied = True
         self._lr: float | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
         low = self._get("router_precision") or self._get("routing_mismatch")
         self._rounding = low is not None
         if low is not None:
@@ -124,6 +136,9 @@ class TrainerFaults:
             for group in optimizer.param_groups:
                 group["lr"] *= spike.arg
         self._lr = float(optimizer.param_groups[0]["lr"])
+        self._optimizer = optimizer
+        if self._get("resume_state", self.step) is not None:  # the weights kept, AdamW's state lost
+            optimizer.state.clear()
         self._applied = self._get("update_omission", self.step) is None
         if not self._applied:
             self._step_stack.enter_context(_skipped(optimizer))
@@ -150,6 +165,10 @@ class TrainerFaults:
         if self._lr is not None:
             out[S.LR] = self._lr  # the rate applied (TRL logs its scheduler's)
             self._lr = None
+        if self._optimizer is not None:
+            steps = [float(s["step"]) for s in self._optimizer.state.values() if "step" in s]
+            if steps:
+                out[S.OPTIMIZER_STEPS] = round(max(steps))
         flips, routed = self._flips, self._routed
         if self._rounding:  # each process samples its share (no collective where nothing is rounded)
             flips, routed = all_reduce_(torch.stack([flips, routed]))

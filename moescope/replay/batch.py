@@ -1,7 +1,9 @@
 """Packing groups into right-padded training tensors, and the policy's token log-probs.
 
 Sequences are ``prompt + response`` right-padded, with position ids counting from 0, so a real
-token's log-prob does not depend on how long the other sequences in its batch are. Token ``t``
+token's log-prob does not depend on how long the other sequences in its batch are (a trainer
+that packs rows with position ids reset at each boundary computes the same; one that does not
+reset them is the ``packing_positions`` fault). Token ``t``
 is scored by the logits at ``t - 1``; only response tokens count in the loss.
 """
 
@@ -64,23 +66,35 @@ def pack(groups: Sequence[Group], advantages: Sequence[float], pad_id: int) -> B
 
 
 def token_logprobs(
-    model: torch.nn.Module, batch: Batch, *, temperature: float, precision: str
+    model: torch.nn.Module, batch: Batch, *, temperature: float, precision: str, packed: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, object]:
     """``(log π(token), entropy of π)`` per target position ``(N, L - 1)``, and the raw output.
 
     Logits are divided by the sampling temperature first, as the rollout sampled from them.
+    ``packed``: the rows' real tokens are run as one sequence with position ids that are not
+    reset at the rows' boundaries, so (as a varlen kernel finds the boundaries from those resets)
+    every row attends to the rows before it: the ``packing_positions`` fault.
     """
     device = next(model.parameters()).device
     n, width = batch.input_ids.shape
-    position_ids = torch.arange(width, device=device).expand(n, width)
     with autocast(precision, device):
-        out = model(
-            input_ids=batch.input_ids.to(device),
-            attention_mask=batch.attention_mask.to(device),
-            position_ids=position_ids,
-            use_cache=False,
-        )
-    logits = out.logits[:, :-1].float() / temperature
+        if packed:
+            valid = batch.attention_mask.bool().to(device)
+            ids = batch.input_ids.to(device)[valid][None]  # (1, S): the rows one after another
+            out = model(
+                input_ids=ids, position_ids=torch.arange(ids.shape[1], device=device)[None], use_cache=False
+            )
+            flat = out.logits[0]  # (S, V)
+            logits = flat.new_zeros(n, width, flat.shape[-1]).masked_scatter(valid[..., None], flat)
+        else:
+            out = model(
+                input_ids=batch.input_ids.to(device),
+                attention_mask=batch.attention_mask.to(device),
+                position_ids=torch.arange(width, device=device).expand(n, width),
+                use_cache=False,
+            )
+            logits = out.logits
+    logits = logits[:, :-1].float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     target = batch.input_ids[:, 1:].to(device)
     logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)

@@ -17,7 +17,7 @@ from moescope._util.configs import config_from_dict
 from moescope._util.flags import flag
 from moescope.errors import MoescopeError
 from moescope.models.tasks import family_names
-from moescope.replay.faults import check_faults, split_faults
+from moescope.replay.faults import FaultPrecondition, check_faults, find_fault, split_faults
 
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -70,7 +70,14 @@ class ReplayConfig:
         ``"sequence"`` (responses whose length-normalised ratio leaves ``[1/C, C]`` masked out),
         active when the rollout's log-probs differ from the trainer's; ``fp32_router``: every
         router scored in fp32 in training and rollout alike, which also cancels the
-        ``router_precision`` and ``routing_mismatch`` faults' rounding.
+        ``router_precision`` and ``routing_mismatch`` faults' rounding; ``is_mask``: tokens whose
+        ratio π_train / π_rollout leaves ``[1/C, C]`` left out of the loss (IcePop-style bounds,
+        verl's ``rollout_rs``); ``seq_kl_mask``: responses whose mean k3 KL(rollout ‖ training)
+        per token exceeds the bound left out. Both act where the two sides' log-probs differ.
+    Packing
+        ``packing``: the trainer packs each minibatch's rows into one sequence, position ids reset
+        at every row's boundary (so each row is scored as alone; the ``packing_positions`` fault
+        drops the reset).
     Instruments
         ``instruments=False`` drops per-layer routing, per-group gradient norms, the non-finite
         watch and token-entropy summaries (the bare step the bench compares against).
@@ -115,7 +122,7 @@ class ReplayConfig:
     seq_clip_high: float = 4e-4
     kl_beta: float = field(default=0.01, metadata=flag("KL-to-reference weight", metavar="B"))
     ref_model_path: str | None = None
-    aux_loss_coef: float = 0.0
+    aux_loss_coef: float = field(default=0.0, metadata=flag("router load-balancing loss weight", metavar="C"))
     z_loss_coef: float = 0.0
     minibatches: int = 2
     # optimiser
@@ -159,6 +166,26 @@ class ReplayConfig:
     is_threshold: float = field(default=2.0, metadata=flag("its truncation / masking bound", metavar="C"))
     fp32_router: bool = field(
         default=False, metadata=flag("routers scored in fp32 on both sides, whatever the precision")
+    )
+    is_mask: float | None = field(
+        default=None,
+        metadata=flag(
+            "mask tokens whose training / rollout ratio leaves [1/C, C] (IcePop-style)",
+            metavar="C",
+            shown="off",
+        ),
+    )
+    seq_kl_mask: float | None = field(
+        default=None,
+        metadata=flag(
+            "mask responses whose mean k3 KL(rollout || training) per token exceeds this bound",
+            metavar="KL",
+            shown="off",
+        ),
+    )
+    packing: bool = field(
+        default=False,
+        metadata=flag("the trainer packs each minibatch's rows into one sequence (position ids reset)"),
     )
     # faults and looping
     faults: tuple[str, ...] = field(default_factory=tuple)
@@ -290,6 +317,10 @@ def _check(c: ReplayConfig) -> None:
         problems.append(f"is_correction {c.is_correction!r} is not one of {', '.join(IS_MODES)}")
     if c.is_threshold <= 1:
         problems.append(f"is_threshold must be above 1, not {c.is_threshold}")
+    if c.is_mask is not None and c.is_mask <= 1:
+        problems.append(f"is_mask must be above 1, not {c.is_mask}")
+    if c.seq_kl_mask is not None and c.seq_kl_mask <= 0:
+        problems.append(f"seq_kl_mask must be positive, not {c.seq_kl_mask}")
     if c.minibatches < 1:
         problems.append(f"minibatches must be at least 1, not {c.minibatches}")
     if c.max_grad_norm <= 0:
@@ -309,4 +340,23 @@ def _check(c: ReplayConfig) -> None:
         problems.append(f"shard {c.shard!r} is not one of {', '.join(SHARDING)}")
     if problems:
         raise MoescopeError("Invalid replay config: " + "; ".join(problems) + ".")
-    check_faults(c.faults, precision=c.precision, steps=c.steps)  # before any model loads
+    faults = check_faults(c.faults, precision=c.precision, steps=c.steps)  # before any model loads
+    _check_fault_settings(c, faults)
+
+
+NEEDS = {
+    "packing_positions": (lambda c: c.packing, "packed rows; add --packing"),
+    "stale_routes": (lambda c: c.routing_replay, "routing replay; add --routing-replay"),
+    "aux_loss_double": (
+        lambda c: c.aux_loss_coef > 0,
+        "a load-balancing loss; add --aux-loss-coef 0.01",
+    ),
+}
+"""Faults that need a setting of the run: the test, and the setting named in the refusal."""
+
+
+def _check_fault_settings(c: ReplayConfig, faults: list) -> None:
+    """Refuse a fault the run has no setting for (one sentence), before anything is written."""
+    for name, (has, what) in NEEDS.items():
+        if find_fault(faults, name) is not None and not has(c):
+            raise FaultPrecondition(f"Fault {name} needs {what}.")

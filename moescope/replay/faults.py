@@ -51,6 +51,42 @@ repetition loop on another). Faults whose mark is a logged metric rather than a 
 ``entropy_control_off`` (persistent)
     The OPEFO entropy floor not applied. ``opefo/active`` and ``opefo/entropy_coef`` = 0 from
     the step.
+
+The next six are training–inference mismatches that routing replay does not remove, as users of
+verl, slime, NeMo-RL, prime-rl and TRL report them (``rl-mismatch`` reference):
+
+``engine_drift`` (persistent, ARG 0.005 nats a step)
+    The rollout engine's log-probs part from the trainer's a little more every step (vime#64:
+    0.011 flat with one engine, 0.011 → 0.036 with another): each of its log-probs is offset by
+    seeded noise whose scale grows by ARG per faulted step. Samples' old log-probs are the
+    rollout's. ``rollout/logprob_mismatch`` > 0 and rising (signature: ``rollout_mismatch``).
+``parallel_reduction`` (persistent, bf16)
+    The trainer's MoE combine (the routed experts' weighted sum) reduced in another order and
+    precision than the rollout's, as a change of expert-parallel degree does (NeMo-RL#4243):
+    every MoE layer's routed output rounded to ARG (bf16|fp16) in the trainer's passes, the
+    router untouched, so an fp32 router does not help. ``rollout/logprob_mismatch`` > 0 with
+    ``rollout/routing_flip_frac`` near 0 (signature: ``rollout_mismatch``).
+``resume_state`` (point, optimizer)
+    A resume that restores the weights but not the AdamW state (its moments and step count), as
+    after a checkpoint written without it (slime#1695): the first update after it is Adam's
+    first, every coordinate moved by the full learning rate. ``optim/update_ratio`` (RMS weight
+    change over the LR) jumps back to about 1 mid-run (signature: ``optimizer_reset``).
+``packing_positions`` (persistent; needs ``packing``)
+    The trainer packs each minibatch's rows into one sequence without resetting the position ids
+    at the rows' boundaries, so the boundaries are lost and each row attends to the rows packed
+    before it (Megatron-Bridge#1776: 0.73 vs 0.03 log-prob difference), while the rollout
+    scored each row alone. ``rollout/logprob_mismatch`` large from the first faulted step
+    (signature: ``rollout_mismatch``).
+``stale_routes`` (persistent, shift; needs ``routing_replay``)
+    Routing replay wired wrong: the replayed routes shifted by one token (``shift``) or those
+    recorded at the previous step (``step``, a stale registry: verl#4562), so the trainer's
+    experts are not the rollout's although R3 is on. ``rollout/route_overlap``, the share of
+    replayed choices the trainer's own router also makes, drops far below the few per cent a
+    precision difference leaves (signature: ``route_overlap_low``, ``rollout_mismatch``).
+``aux_loss_double`` (persistent; needs ``aux_loss_coef`` > 0)
+    The load-balancing loss counted twice (Megatron-LM#1330 under activation recompute): its
+    gradient and its logged value doubled. ``moe/aux_loss`` doubles at the step while the expert
+    load does not move (signature: ``aux_loss_doubled``).
 """
 
 from __future__ import annotations
@@ -141,8 +177,74 @@ KINDS: dict[str, FaultKind] = {
             str,
             signature=("entropy_collapse",),
         ),
+        FaultKind(
+            "engine_drift",
+            True,
+            0.005,
+            "the rollout's log-probs drift from the trainer's by ARG more each step",
+            float,
+            0,
+            signature=("rollout_mismatch",),
+        ),
+        FaultKind(
+            "parallel_reduction",
+            True,
+            "bf16",
+            "the trainer's MoE combine reduced in another order and precision (ARG: bf16|fp16)",
+            str,
+            0,
+            signature=("rollout_mismatch",),
+        ),
+        FaultKind(
+            "resume_state",
+            False,
+            "optimizer",
+            "a resume without the optimizer state (ARG: optimizer)",
+            str,
+            signature=("optimizer_reset",),
+        ),
+        FaultKind(
+            "packing_positions",
+            True,
+            None,
+            "packed rows whose position ids are not reset at their boundaries",
+            str,
+            0,
+            signature=("rollout_mismatch",),
+        ),
+        FaultKind(
+            "stale_routes",
+            True,
+            "shift",
+            "routing replay fed routes shifted by a token or from the previous step (ARG: shift|step)",
+            str,
+            0,
+            signature=("route_overlap_low", "rollout_mismatch"),
+        ),
+        FaultKind(
+            "aux_loss_double",
+            True,
+            None,
+            "the load-balancing loss counted twice",
+            str,
+            signature=("aux_loss_doubled",),
+        ),
     )
 }
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "router_precision": ("bf16", "fp16"),
+    "rollout_logprob_precision": ("bf16", "fp16"),
+    "routing_mismatch": ("fp8", "bf16", "fp16"),
+    "parallel_reduction": ("bf16", "fp16"),
+    "resume_state": ("optimizer",),
+    "stale_routes": ("shift", "step"),
+}
+"""The arguments a fault with named choices takes."""
+
+
+class FaultPrecondition(MoescopeError):
+    """A fault that needs a setting the run does not have (fp16, packed rows, routing replay)."""
 
 
 @dataclass(frozen=True)
@@ -189,10 +291,10 @@ def parse_fault(text: str) -> Fault:
         arg = kind.arg_type(arg_text)
     except ValueError:
         raise MoescopeError(f"Fault {text!r} has argument {arg_text!r}, not a number.") from None
-    if name in ("router_precision", "rollout_logprob_precision") and arg not in ("bf16", "fp16"):
-        raise MoescopeError(f"Fault {name} takes bf16 or fp16, not {arg!r}.")
-    if name == "routing_mismatch" and arg not in ("fp8", "bf16", "fp16"):
-        raise MoescopeError(f"Fault {name} takes fp8, bf16 or fp16, not {arg!r}.")
+    choices = CHOICES.get(name)
+    if choices is not None and arg not in choices:
+        named = f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
+        raise MoescopeError(f"Fault {name} takes {named}, not {arg!r}.")
     return Fault(kind, step, arg)
 
 
@@ -221,8 +323,13 @@ def check_faults(texts: tuple[str, ...] | list[str], *, precision: str, steps: i
     faults = parse_faults(texts)
     for f in faults:
         if f.name == "fp16_overflow" and precision != "fp16":
-            raise MoescopeError(
+            raise FaultPrecondition(
                 "Fault fp16_overflow needs fp16 training with loss scaling; add --precision fp16."
+            )
+        if f.name == "stale_routes" and f.arg == "step" and f.step == 0:
+            raise MoescopeError(
+                "Fault stale_routes:step replays the previous step's routes, and step 0 has none; "
+                "start it at @1 or later."
             )
         if f.step >= steps:
             raise MoescopeError(

@@ -41,11 +41,18 @@ def step_metrics(
         rec[S.MISMATCH_KL] = t["mismatch_k3"] / max(t["mismatch_tokens"], 1.0)
         if "is_cut" in t:
             rec[S.IS_TRUNCATED_FRAC] = t["is_cut"] / max(t["mismatch_tokens"], 1.0)
+        if "masked" in t:
+            rec[S.MASKED_FRAC] = t["masked"] / max(t["mismatch_tokens"], 1.0)
         mean = t["is_ratio"] / max(t["mismatch_tokens"], 1.0)
         rec[S.IS_RATIO_MEAN] = mean
         rec[S.IS_RATIO_STD] = math.sqrt(
             max(t["is_ratio_sq"] / max(t["mismatch_tokens"], 1.0) - mean * mean, 0.0)
         )
+    if t.get("route_slots"):
+        rec[S.ROUTE_OVERLAP] = t["route_agree"] / t["route_slots"]
+    if t.get("_update_n"):
+        rec[S.UPDATE_RATIO] = math.sqrt(t["_update_sq"] / t["_update_n"])
+        rec[S.OPTIMIZER_STEPS] = round(t["_adam_steps"])
     if c.aux_loss_coef > 0:
         rec[S.AUX_LOSS] = t.get("aux", 0.0) / n_mb
     if c.z_loss_coef > 0:

@@ -14,7 +14,7 @@ from moescope.replay.forward import TrainingForward
 from moescope.replay.instruments import RouterRecord, entropy_summary, record_routers, routing_sums
 from moescope.replay.losses import gspo_clip, k3_kl, load_balancing, masked_sum, ppo_clip, z_loss
 from moescope.replay.opefo import EntropyFlowControl
-from moescope.replay.router_replay import replayed_routing
+from moescope.replay.router_replay import RouteOverlap, replayed_routing
 from moescope.replay.sums import StepSums
 
 
@@ -31,10 +31,16 @@ class Objective:
         fwd, c, m = self.forward, self.forward.c, self.forward.m
         mask = batch.response_mask
         aux_on = c.aux_loss_coef > 0 and fwd.faults.get("aux_loss_off", step) is None
+        doubled = fwd.faults.get("aux_loss_double", step) is not None  # counted twice (recompute)
+        aux_times = (2.0 if doubled else 1.0) if aux_on else 0.0
         watch_routers = c.instruments or aux_on or c.z_loss_coef > 0
-        replay = replayed_routing(m.moe, extra["route"]) if "route" in extra else nullcontext()
+        overlap = RouteOverlap(batch.attention_mask.reshape(-1).bool())
+        replay = replayed_routing(m.moe, extra["route"], overlap) if "route" in extra else nullcontext()
         with record_routers(m.moe, enabled=watch_routers) as routers, fwd.context(step), replay:
-            logp, ent, raw = fwd.logprobs(m.policy, batch)
+            logp, ent, raw = fwd.logprobs(m.policy, batch, packed=fwd.packed(step))
+        if overlap.slots:
+            sums.add("route_agree", overlap.agree)
+            sums.add("route_slots", overlap.slots)
         fwd.attribute(raw, batch, step)
         adv = batch.advantages[:, None].expand_as(logp)
         adv, damped = self.opefo.damp(adv, extra["old_entropy"], mask)
@@ -51,7 +57,7 @@ class Objective:
             kl = masked_sum(k3_kl(logp, extra["ref"]), mask) / tokens
             loss = loss + c.kl_beta * kl
             sums.add("kl", kl.detach())
-        loss = self._router_terms(loss, routers, batch, aux_on, sums)
+        loss = self._router_terms(loss, routers, batch, aux_times, sums)
         with torch.no_grad():
             sums.add("loss", loss.detach())
             sums.add("pg_loss", pg_loss.detach())
@@ -67,20 +73,23 @@ class Objective:
         return loss
 
     def _router_terms(
-        self, loss: torch.Tensor, routers: RouterRecord, batch: Batch, aux_on: bool, sums: StepSums
+        self, loss: torch.Tensor, routers: RouterRecord, batch: Batch, aux_times: float, sums: StepSums
     ) -> torch.Tensor:
-        """``loss`` plus the load-balancing and z losses (weighted by this rank's share of the
-        tokens); the routing instruments' sums."""
+        """``loss`` plus the load-balancing loss counted ``aux_times`` times (0: off; 2: the
+        aux_loss_double fault) and the z loss (weighted by this rank's share of the tokens); the
+        routing instruments' sums."""
         c, moe = self.forward.c, self.forward.m.moe
         valid = batch.attention_mask.reshape(-1).bool()
         share = float(valid.sum()) / float(self.comm.sum_(torch.tensor(float(valid.sum()))))
         if not routers.logits:
             return loss
+        if routers.logits[0].shape[0] != valid.numel():  # a packed pass: real tokens only
+            valid = valid.new_ones(routers.logits[0].shape[0])
         logits = [lg[valid] for lg in routers.logits]
         index = [ix[valid] for ix in routers.index]
-        if aux_on:
+        if aux_times:
             probs = [torch.softmax(lg.float(), -1) for lg in logits]
-            aux = load_balancing(probs, index, moe.num_experts)
+            aux = aux_times * load_balancing(probs, index, moe.num_experts)
             loss = loss + c.aux_loss_coef * aux * share
             sums.add("aux", aux.detach() * share)
         if c.z_loss_coef > 0:

@@ -9,12 +9,19 @@ batch (its routing for the same tokens), and every MoE layer's router module is 
 it returns the recorded index with :func:`~moescope.models.routers.chosen_weights` of its own live
 logits. Routers that return the ``(logits, weights, index)`` triple are supported; Llama 4's and
 DBRX's, which return scores or logits alone, and PhiMoE's sampled sparsemixer are refused.
+
+The replay checks its own wiring as frameworks now do (miles PR 25): given a
+:class:`RouteOverlap`, each replayed choice is compared with the one the trainer's live router
+makes for the same token, and the share they have in common is logged
+(``rollout/route_overlap``; the ``route_overlap_low`` finding when it drops, as when routes are
+replayed from a stale step or shifted by a token).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -39,10 +46,31 @@ def check_replayable(moe: MoEModel) -> None:
         )
 
 
+@dataclass
+class RouteOverlap:
+    """Replayed choices that the live router also made (``agree``) out of all replayed (``slots``),
+    over the real tokens (``valid``, flat; every token when ``None``)."""
+
+    valid: torch.Tensor | None = None
+    agree: float = 0.0
+    slots: float = 0.0
+
+    def add(self, chosen: torch.Tensor, live: torch.Tensor) -> None:
+        """Count one MoE application's ``(T, k)`` replayed and live choices."""
+        same = (chosen[:, :, None] == live[:, None, :]).any(-1).float()  # (T, k)
+        if self.valid is not None:
+            same = same[self.valid.to(same.device)]
+        self.agree += float(same.sum())
+        self.slots += float(same.numel())
+
+
 @contextmanager
-def replayed_routing(moe: MoEModel, indices: list[torch.Tensor]) -> Iterator[None]:
+def replayed_routing(
+    moe: MoEModel, indices: list[torch.Tensor], overlap: RouteOverlap | None = None
+) -> Iterator[None]:
     """Every MoE layer application, in order, routes its tokens to ``indices[i]`` (``[T, k]``),
-    weighted from its live logits; the wrappers are removed on exit."""
+    weighted from its live logits, counted into ``overlap`` when given; the wrappers are removed
+    on exit."""
     pending = list(indices)
 
     def replaying(layer: MoELayer) -> Callable[[Callable], Callable]:
@@ -54,6 +82,10 @@ def replayed_routing(moe: MoEModel, indices: list[torch.Tensor]) -> Iterator[Non
                 chosen = pending.pop(0).to(index.device).reshape(index.shape)
                 flat = logits.reshape(-1, logits.shape[-1])
                 new = chosen_weights(flat, layer.rule, chosen.reshape(-1, chosen.shape[-1]))
+                if overlap is not None:
+                    with torch.no_grad():
+                        k = chosen.shape[-1]
+                        overlap.add(chosen.reshape(-1, k), index.reshape(-1, index.shape[-1]))
                 return logits, new.reshape(weights.shape).to(weights.dtype), chosen
 
             return replayed

@@ -110,7 +110,8 @@ class Trainer:
         t_rollout = time.perf_counter() - t0
         batches = [pack_groups(groups, ch, self.c, self.m.tokenizer.pad_token_id) for ch in mine]
         with self.forward.step_faults(step) as watch:
-            prepared = [self.forward.old_logprobs(b, step, sums) for b in batches]
+            prepared = [self.forward.old_logprobs(b, step, sums, i) for i, b in enumerate(batches)]
+            self.forward.end_step()
             lr = self._before_updates(step, sums)
             t1 = time.perf_counter()
             for batch, extra in zip(batches, prepared, strict=True):
@@ -143,6 +144,8 @@ class Trainer:
         self.updater.set_lr(lr)
         if (f := fault("fp16_overflow", step)) is not None:
             self.updater.scaler.multiply(f.arg)
+        if fault("resume_state", step) is not None:  # resumed with the weights but not AdamW's state
+            self.updater.optimizer.state.clear()
         return lr
 
 

@@ -70,6 +70,11 @@ class Updater:
             skipped = True
         else:
             skipped = self.scaler.step(self.optimizer)
+        if self.c.instruments and not skipped and not omitted:
+            square, count, steps = adam_step_sq(self.optimizer)
+            sums.peak("_adam_steps", steps)
+            sums.add("_update_sq", square / self.comm.world)
+            sums.add("_update_n", count / self.comm.world)
         sums.add("_skipped", float(skipped) / self.comm.world)
         sums.add("_applied", float(not skipped and not omitted) / self.comm.world)
 
@@ -89,3 +94,26 @@ class Updater:
         if clip < 1.0:
             torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], clip)
         return total, clip
+
+
+@torch.no_grad()
+def adam_step_sq(optimizer: torch.optim.Optimizer) -> tuple[float, float, float]:
+    """The sum of squares of AdamW's last step per coordinate over the LR (``m̂ / (√v̂ + ε)``,
+    weight decay aside) and the coordinate count, read from its state: 1 per coordinate on
+    Adam's first step, well below once its moments have averaged noisy gradients, so a jump
+    back to 1 mid-run is a state that was lost (the ``resume_state`` fault); and the largest
+    step count in the state, which such a loss sets back."""
+    total, count, steps = 0.0, 0.0, 0.0
+    for group in optimizer.param_groups:
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if not state or "exp_avg" not in state:
+                continue
+            t = float(state["step"])
+            steps = max(steps, t)
+            m = state["exp_avg"] / (1 - beta1**t)
+            v = state["exp_avg_sq"] / (1 - beta2**t)
+            total += float((m / (v.sqrt() + group["eps"])).float().square().sum())
+            count += m.numel()
+    return total, count, steps

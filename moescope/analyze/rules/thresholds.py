@@ -27,4 +27,14 @@ MISMATCH_MULT_PROB_HIGH = 1.05  # NeMo-RL's token_mult_prob_error (1 when equal)
 # share of tokens whose token-level PPO/GRPO ratio is clipped, held (healthy GRPO: ~0.001-0.05,
 # moescope's token-level replays <= 0.08; GSPO's sequence-level clipping ~0.15 by design, not judged)
 CLIPFRAC_HIGH = 0.2
+# share of replayed expert choices the trainer's own router also makes: ~0.99 with one engine,
+# ~0.95 under an fp8 rollout (toy, routing_mismatch + routing_replay); routes shifted by a token
+# or from another step share ~0.15-0.4 on the toys, up to ~0.65 on their 1/4 proxies (fewer experts:
+# chance, k/E, is higher)
+ROUTE_OVERLAP_LOW = 0.8
+# a load-balancing loss counted twice: this many times its previous record (within AUX_DOUBLE_TOL)
+AUX_DOUBLE = 2.0
+AUX_DOUBLE_TOL = 0.25
+# ...while the expert load's CV moves by less than this share (a 1/4 proxy's moves ~30% a step)
+LOAD_STEADY = 0.5
 MISMATCH_RISE = 3.0  # a mismatch whose running median rises this many times its early level
