@@ -115,7 +115,10 @@ def split_runs(rows: list[Row]) -> list[list[Row]]:
 
 
 def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
-    """The trace of ``parsed``: steps assigned, duplicates merged, keys canonical, notes written."""
+    """The trace of ``parsed``: steps assigned, duplicates merged, keys canonical, notes written.
+
+    The rows' metrics move into the trace (each row's ``metrics`` is left empty).
+    """
     if not parsed.rows:
         raise MoescopeError(
             f"{path} has no step this reader recognises as {fmt}; pass format=... with the right "
@@ -128,6 +131,7 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
     kept: set[str] = set()
     for step, row, explicit in steps:
         metrics, lost = rename(parsed.keymap or parsed.framework, row.metrics)
+        row.metrics = {}  # handed over: a large log's records are not held twice
         for reserved in (STEP, RAW):  # a logged key of that name must not replace ours
             if reserved in metrics:
                 metrics[f"logged_{reserved}"] = metrics.pop(reserved)
