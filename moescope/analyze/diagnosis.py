@@ -58,8 +58,9 @@ degenerate output.
   log that turns activation recompute on has its Megatron load-balancing loss halved (recorded
   twice, Megatron-LM#1330).
 - ``rollout_mismatch``: the rollout engine's log-probs drift from the trainer's, by the level,
-  the rise or the onset of any mismatch metric, or a token-level clip fraction held high (not
-  judged where ratios are sequence-level, as in GSPO) (:mod:`moescope.analyze.rules.mismatch`).
+  the rise or the onset of any mismatch metric, the importance weights' effective sample size
+  held low, or a token-level clip fraction held high (not judged where ratios are
+  sequence-level, as in GSPO) (:mod:`moescope.analyze.rules.mismatch`).
 """
 
 from __future__ import annotations

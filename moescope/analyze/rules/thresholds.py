@@ -27,4 +27,10 @@ MISMATCH_MULT_PROB_HIGH = 1.05  # NeMo-RL's token_mult_prob_error (1 when equal)
 # share of tokens whose token-level PPO/GRPO ratio is clipped, held (healthy GRPO: ~0.001-0.05,
 # moescope's token-level replays <= 0.08; GSPO's sequence-level clipping ~0.15 by design, not judged)
 CLIPFRAC_HIGH = 0.2
+# the importance weights' effective sample size as a fraction of the batch, 1 / mean(w²) of weights
+# normalised to mean 1: verl's rollout-IS docs (docs/advance/rollout_is.md) call > 0.5 ideal and
+# < 0.3 "high variance, losing too many effective samples"; a tenth of that on one record leaves
+# the update to a handful of samples
+IS_ESS_LOW = 0.3
+IS_ESS_SEVERE = 0.03
 MISMATCH_RISE = 3.0  # a mismatch whose running median rises this many times its early level
