@@ -81,7 +81,7 @@ def scan(lines: list[str], parse_at: Callable[[list[str], int], tuple[list[Row],
     skipped: list[int] = []
     i, nonblank = 0, 0
     while i < len(lines):
-        if not lines[i].strip() or lines[i].lstrip().startswith("#"):  # blank lines and comments
+        if _passed_over(lines[i]):
             i += 1
             continue
         got = parse_at(lines, i)
@@ -91,9 +91,17 @@ def scan(lines: list[str], parse_at: Callable[[list[str], int], tuple[list[Row],
             continue
         found, end = got
         rows += found
-        nonblank += sum(1 for line in lines[i:end] if line.strip())
+        nonblank += 1 if end <= i + 1 else sum(1 for line in lines[i:end] if line.strip())
         i = max(end, i + 1)
     return Parsed(rows, None, skipped=skipped, lines=nonblank)
+
+
+def _passed_over(line: str) -> bool:
+    """A blank line or a ``#`` comment (tested without copying the line, as most are neither)."""
+    first = line[:1]
+    if first == "#" or not first:
+        return True
+    return first.isspace() and (line.isspace() or line.lstrip().startswith("#"))
 
 
 def split_runs(rows: list[Row]) -> list[list[Row]]:

@@ -20,7 +20,7 @@ from moescope.errors import MoescopeError
 
 SNIFF_BYTES = 256 * 1024
 MAX_LINE = 1 << 20  # bytes of one line that are read; the rest of a longer line is passed over
-BLOCK = 1 << 23  # bytes read, decoded and split at a time
+BLOCK = 1 << 22  # bytes read, decoded and split at a time
 MAX_PIECES = 512  # a 10 kB verl line wrapped at 80 columns is 125 pieces
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 RANK_LABEL = re.compile(
@@ -243,7 +243,13 @@ def gather(
     record's grammar. At most ``MAX_PIECES`` lines are joined, so a runaway record stays cheap.
     """
     text, end = lines[start], start + 1
-    while end < len(lines) and end - start < MAX_PIECES and lines[end].strip() and not complete(text):
+    while (
+        end < len(lines)
+        and end - start < MAX_PIECES
+        and lines[end]
+        and not lines[end].isspace()
+        and not complete(text)
+    ):
         joined = text + lines[end]
         if not fits(joined, lines[end]):
             break
