@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moescope.analyze.readers import _text, keymap, verl
-from moescope.analyze.readers._text import LogFile, parse_number, plain_number
+from moescope.analyze.readers._text import LogFile, parse_number, plain_number, plain_numbers
 
 
 def _line_at_a_time(path: Path, cap: int) -> tuple[list[str], int]:
@@ -48,6 +48,15 @@ def test_plain_numbers_read_as_the_patterns_read_them(token: str) -> None:
 @pytest.mark.parametrize("token", ["1_0", "True", "None", "np.float64(1)", "0x10", "1.2.3", ""])
 def test_anything_else_is_left_to_the_patterns(token: str) -> None:
     assert plain_number(token) is None
+    assert plain_numbers(["0.5", token]) is None
+
+
+def test_a_list_of_plain_numbers_reads_as_each_does() -> None:
+    values = ["0.5", "-3", "nan", "1e-06", "+7", "inf", "0"]
+    numbers = plain_numbers(values)
+    assert numbers is not None and [type(n) for n in numbers] == [type(plain_number(v)) for v in values]
+    assert numbers[2] is math.nan and numbers[1] == -3 and numbers[5] == math.inf
+    assert plain_numbers(["0.5", " 1"]) is None  # float() would take the space; a field does not
 
 
 @pytest.mark.parametrize(
@@ -57,6 +66,7 @@ def test_anything_else_is_left_to_the_patterns(token: str) -> None:
         " - a:1 - a:2",  # a later value wins, as in the pattern path
         " - a:1 - b: 2",  # a space after the colon: no pair for the pattern either
         " - a:1 - b:True",
+        " - abc - 1:k:2",  # a piece without a colon and one with two: no pairs, however counted
         " - a:1 junk",
         " -  a:1",
         "",
@@ -65,8 +75,10 @@ def test_anything_else_is_left_to_the_patterns(token: str) -> None:
 def test_verl_pairs_split_as_the_pattern_reads_them(rest: str) -> None:
     found, left = verl.pairs(rest, 0)
     fast = verl.plain_pairs(rest)
-    if fast is not None:
-        assert fast == {k: parse_number(v) for k, v in found} and not left.strip(" -")
+    whole = bool(found) and not left.strip(" -")
+    assert fast is None or (whole and fast == {k: parse_number(v) for k, v in found})
+    if not whole:  # what the pattern reads only in part is always left to it
+        assert fast is None
 
 
 def test_a_cached_rename_keeps_the_first_of_two_keys_for_one_name() -> None:

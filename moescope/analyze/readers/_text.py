@@ -95,6 +95,23 @@ def plain_number(token: str) -> int | float | None:
     return value if value == value else math.nan
 
 
+def plain_numbers(values: list[str]) -> list[int | float] | None:
+    """:func:`plain_number` of every value, or ``None`` when one is not plain (or holds a space):
+    ``float`` mapped over the list in one call, and a pass in Python only where ints or NaNs are."""
+    joined = "".join(values)
+    if "_" in joined or joined.split() != [joined]:  # float() takes "1_0" and spaces; a log's values do not
+        return None
+    try:
+        numbers: list[int | float] = list(map(float, values))
+    except ValueError:
+        return None
+    if any(map(str.isdigit, "\0".join(values).replace("-", "").replace("+", "").split("\0"))):
+        numbers = [plain_number(value) for value in values]  # ints as ints: the slow path, exact
+    elif "n" in joined or "N" in joined:  # nan / inf: one NaN object, as plain_number gives
+        numbers = [math.nan if x != x else x for x in numbers]
+    return numbers
+
+
 def as_step(value: object) -> int | None:
     """A step number from a logged value (``3``, ``3.0``, ``"3"``, ``"3/100"``), else ``None``."""
     if isinstance(value, bool):
@@ -223,12 +240,17 @@ def _may_hold_overlong(data: bytes) -> bool:
     return any(data.find(b"\n", start, start + half) < 0 for start in range(0, len(data) - half + 1, half))
 
 
+_CONTROL_BYTES = bytes(b for b in range(32) if chr(b) not in "\n\r\t\x1b\x0c")
+
+
 def looks_binary(sample: bytes) -> bool:
     """A NUL byte, or more than a tenth of undecodable or control bytes, means it is not a text log."""
     if b"\x00" in sample:
         return True
-    text = sample.decode("utf-8", errors="replace")
-    odd = sum(1 for c in text if c == "\ufffd" or (ord(c) < 32 and c not in "\n\r\t\x1b\x0c"))
+    text = sample.decode(
+        "utf-8", errors="replace"
+    )  # a control byte decodes to itself, so it is counted in bytes
+    odd = text.count("\ufffd") + len(sample) - len(sample.translate(None, _CONTROL_BYTES))
     return odd > max(len(text) // 10, 1) or (odd > 0 and len(text) < 4)
 
 

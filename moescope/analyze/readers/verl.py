@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import re
 from functools import cache, lru_cache
+from itertools import repeat
 
 from moescope.analyze.readers._rows import Parsed, Row, scan
-from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_number, plain_number
+from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_number, plain_numbers
 
 STEP_START = re.compile(rf"(?<![\w/])step:({INT})(?=\s*-|\s*$)")
 RAY_PREFIX = re.compile(r"^\s*\([\w.:-]+ pid=\d+(?:, ip=[^)]*)?\)")
@@ -53,23 +54,20 @@ def plain_pairs(rest: str) -> dict[str, int | float] | None:
     numbers, read by ``str.split`` (what :func:`pairs` finds, at a fraction of its cost); ``None``
     for anything else, which :func:`pairs` then reads."""
     pieces = rest.split(" - ")
-    if len(pieces) < 2 or pieces[0]:
+    body = pieces[1:]
+    if not body or pieces[0] or set(map(str.count, body, repeat(":"))) != {1}:  # one colon a pair
         return None
-    out: dict[str, int | float] = {}
-    for piece in pieces[1:]:
-        key, colon, value = piece.partition(":")
-        if not colon or not _is_key(key) or value[:1].isspace() or value[-1:].isspace():
-            return None
-        number = plain_number(value)
-        if number is None:
-            return None
-        out[key] = number
-    return out
+    flat = ":".join(body).split(":")
+    keys, values = flat[0::2], flat[1::2]
+    if not _are_keys(tuple(keys)):
+        return None
+    numbers = plain_numbers(values)
+    return None if numbers is None else dict(zip(keys, numbers, strict=True))
 
 
-@lru_cache(maxsize=1 << 12)
-def _is_key(key: str) -> bool:
-    return _KEY_ONLY.fullmatch(key) is not None
+@lru_cache(maxsize=1 << 12)  # a log repeats one or a few key lists
+def _are_keys(keys: tuple[str, ...]) -> bool:
+    return all(_KEY_ONLY.fullmatch(key) is not None for key in keys)
 
 
 def is_record(line: str) -> bool:
