@@ -8,8 +8,10 @@ read three ways, in alternation, ``--repeats`` times:
 - **read_log**: :func:`moescope.analyze.readers.read_log`, detection included;
 - **diagnose**: ``read_log`` and then :func:`moescope.analyze.diagnosis.diagnose`.
 
-Prints the median of each and the ratio read_log / lines against the 2x goal, and the peak
-Python memory of one read_log over the file's size. It reports; it does not pass or fail.
+Prints the median of each, read_log's speed, and the ratio read_log / lines against the 2x goal,
+by wall-clock time and by the process's CPU time (steadier where other work shares the CPUs),
+and the peak Python memory of one read_log over the file's size. It reports; it does not pass
+or fail.
 
     .venv/bin/python bench/diagnose_read.py [--mb 64] [--repeats 3]
 """
@@ -94,10 +96,11 @@ def read_lines(path: Path) -> int:
         return sum(1 for line in f if line.decode("utf-8", errors="replace"))
 
 
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall-clock and CPU seconds of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def peak_mib(path: Path) -> float:
@@ -125,7 +128,7 @@ def main() -> None:
         for fmt in FORMATS:
             path = Path(tmp) / f"{fmt}.log"
             lines = write_log(path, fmt, args.mb)
-            times: dict[str, list[float]] = {"lines": [], "read_log": [], "diagnose": []}
+            times: dict[str, list[tuple[float, float]]] = {"lines": [], "read_log": [], "diagnose": []}
             runs = {
                 "lines": lambda p=path: read_lines(p),
                 "read_log": lambda p=path: read_log(p),
@@ -134,13 +137,15 @@ def main() -> None:
             for _ in range(args.repeats):
                 for name, run in runs.items():
                     times[name].append(timed(run))
-            med = {k: statistics.median(v) for k, v in times.items()}
+            med = {k: statistics.median(t[0] for t in v) for k, v in times.items()}
+            cpu = {k: statistics.median(t[1] for t in v) for k, v in times.items()}
             ratio = med["read_log"] / med["lines"]
             mib = path.stat().st_size / 2**20
             verdict = "" if ratio <= GOAL else ", misses the goal"
             print(
                 f"{fmt}: {mib:.0f} MiB, {lines} lines; lines {med['lines']:.2f} s, read_log "
-                f"{med['read_log']:.2f} s ({ratio:.1f}x lines{verdict}), diagnose {med['diagnose']:.2f} s "
+                f"{med['read_log']:.2f} s = {mib / med['read_log']:.0f} MiB/s ({ratio:.1f}x lines{verdict}; "
+                f"CPU {cpu['read_log'] / cpu['lines']:.1f}x), diagnose {med['diagnose']:.2f} s "
                 f"({med['diagnose'] / med['lines']:.1f}x); peak memory {peak_mib(path) / mib:.1f}x the file"
             )
             if not math.isfinite(ratio):

@@ -264,13 +264,18 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from moescope.analyze.diagnosis import diagnose
     from moescope.analyze.readers import read_log
     from moescope.analyze.remedies import next_steps, next_steps_text
+    from moescope.analyze.runs import diagnose_runs
     from moescope.analyze.verdict import compare, compare_healthy
     from moescope.replay.faults import parse_faults
     from moescope.traces import json_value
 
     if args.fault:
         parse_faults(args.fault)  # a name moescope does not know is one sentence, before any reading
-    trace = read_log(args.trace, format=args.format, run=args.run)
+    if args.run is None and not (args.healthy or args.against):  # every pasted run, each on its own
+        done = diagnose_runs(args.trace, format=args.format)
+        print(json.dumps(done.to_dict(), indent=1, default=json_value) if args.json else done.text())
+        return 0
+    trace = read_log(args.trace, format=args.format, run=-1 if args.run is None else args.run)
     findings = diagnose(trace)
     result: dict = {
         "format": trace.header.get("format"),
@@ -626,9 +631,10 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
     dg.add_argument(
         "--run",
         type=int,
-        default=-1,
+        default=None,
         metavar="N",
-        help="of several runs pasted in one log, read run N (default: the last)",
+        help="of several runs pasted in one log, diagnose run N alone (0 the first, -1 the last; "
+        "default: each run on its own; with --against or --healthy: the last)",
     )
     dg.add_argument(
         "--json", action="store_true", help='print one object: {"format", "steps", "findings", ...}'

@@ -78,6 +78,36 @@ def test_the_first_of_two_pasted_runs_is_read_on_request() -> None:
     assert [f.type for f in first if f.severity == "error"] == ["nonfinite"]
 
 
+def test_each_of_two_pasted_runs_is_diagnosed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagnose", str(PASTED / "two_runs_pasted.log")]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs pasted one after another, each diagnosed on its own" in out
+    first, second = out.split("\nrun 1: ")
+    assert "run 0: 3 steps" in first and "[error] step 3 nonfinite" in first
+    assert "no findings" in second and "[error]" not in second
+
+
+def test_each_run_has_its_own_findings_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["diagnose", str(PASTED / "two_runs_pasted.log"), "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["run"] for r in runs] == [0, 1] and [r["steps"] for r in runs] == [3, 3]
+    assert [[f["type"] for f in r["findings"] if f["severity"] == "error"] for r in runs] == [
+        ["nonfinite"],
+        [],
+    ]
+
+
+def test_run_n_still_diagnoses_one_run_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["diagnose", str(PASTED / "two_runs_pasted.log"), "--json", "--run", "0"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "runs" not in result and result["steps"] == 3
+    assert [f["type"] for f in result["findings"] if f["severity"] == "error"] == ["nonfinite"]
+
+
 @pytest.mark.parametrize(
     ("content", "words"),
     [

@@ -97,6 +97,41 @@ def test_per_layer_load_cv_names_its_layer() -> None:
     assert [(f.layer, f.step) for f in found] == [(5, 6)]
 
 
+def _ess_log(values: list[float]) -> str:
+    return "".join(
+        f"step:{i} - rollout_corr/rollout_is_eff_sample_size:{v} - actor/grad_norm:0.3\n"
+        for i, v in enumerate(values, start=1)
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "step", "severity"),
+    [
+        ([0.9, 0.85, 0.8, 0.25, 0.2, 0.22, 0.21], 4, "warning"),  # below verl's 0.3, held
+        ([0.9, 0.9, 0.02, 0.9, 0.9], 3, "error"),  # one record left to a handful of samples
+        ([0.1, 0.12], 1, "warning"),  # a pasted excerpt, low on every record
+    ],
+)
+def test_a_low_effective_sample_size_is_a_mismatch(
+    tmp_path: Path, values: list[float], step: int, severity: str
+) -> None:
+    found = findings_of(tmp_path, _ess_log(values))["rollout_mismatch"]
+    assert (found.step, found.severity, found.evidence["key"]) == (step, severity, S.IS_ESS)
+    assert "rollout/is_ess" in found.message
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0.95, 0.9, 0.7, 0.6, 0.55, 0.9],  # verl's healthy band
+        [0.9, 0.9, 0.25, 0.9, 0.9, 0.9],  # one low batch, not held
+        [0.9, 0.2, 0.9, 0.25, 0.9, 0.28, 0.9],  # low now and then, never for 3 records in a row
+    ],
+)
+def test_a_healthy_effective_sample_size_raises_nothing(tmp_path: Path, values: list[float]) -> None:
+    assert "rollout_mismatch" not in findings_of(tmp_path, _ess_log(values))
+
+
 def test_one_record_of_a_large_mismatch_is_decisive(tmp_path: Path) -> None:
     found = findings_of(tmp_path, "step:7 - rollout_corr/k3_kl:1.4 - actor/grad_norm:0.3\n")
     assert found["rollout_mismatch"].step == 7 and found["rollout_mismatch"].severity == "error"

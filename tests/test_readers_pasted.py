@@ -176,6 +176,18 @@ def test_two_pasted_runs_are_split_and_the_last_is_read(tmp_path: Path) -> None:
         read_log(path, run=2)
 
 
+def test_every_pasted_run_is_read_as_its_own_trace() -> None:
+    from moescope.analyze.readers import read_runs
+
+    path = Path(__file__).parent / "data" / "logs" / "pasted" / "two_runs_pasted.log"
+    first, second = read_runs(path)
+    assert [s["step"] for s in first.steps] == [1, 2, 3] == [s["step"] for s in second.steps]
+    assert math.isnan(first.steps[2][S.GRAD_NORM]) and second.steps[2][S.GRAD_NORM] == 0.77
+    assert first.steps == read_log(path, run=0).steps and second.steps == read_log(path).steps
+    assert any("run 1 of the 2" in n and "from line 6" in n for n in second.notes)
+    assert len(read_runs(Path(__file__).parent / "data" / "logs" / "megatron.log")) == 1
+
+
 def test_a_line_over_the_cap_is_read_in_part(tmp_path: Path) -> None:
     from moescope.analyze.readers._text import MAX_LINE
 

@@ -58,8 +58,9 @@ degenerate output.
   log that turns activation recompute on has its Megatron load-balancing loss halved (recorded
   twice, Megatron-LM#1330).
 - ``rollout_mismatch``: the rollout engine's log-probs drift from the trainer's, by the level,
-  the rise or the onset of any mismatch metric, or a token-level clip fraction held high (not
-  judged where ratios are sequence-level, as in GSPO) (:mod:`moescope.analyze.rules.mismatch`).
+  the rise or the onset of any mismatch metric, the importance weights' effective sample size
+  held low, or a token-level clip fraction held high (not judged where ratios are
+  sequence-level, as in GSPO) (:mod:`moescope.analyze.rules.mismatch`).
 - ``route_overlap_low``, ``optimizer_reset``, ``aux_loss_doubled``: routing replay fed other
   routes than the trainer's router makes, an optimizer state that restarted mid-run, a
   load-balancing loss counted twice (:mod:`moescope.analyze.rules.wiring`).

@@ -38,6 +38,7 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from moescope.analyze.readers import (
@@ -88,7 +89,7 @@ READERS: dict[str, Callable[[LogFile], Parsed]] = {
 }
 FORMATS: tuple[str, ...] = tuple(READERS)
 
-__all__ = ["FORMATS", "KEY_MAP", "detect_format", "read_log"]
+__all__ = ["FORMATS", "KEY_MAP", "detect_format", "read_log", "read_runs"]
 
 
 def read_log(
@@ -108,9 +109,53 @@ def read_log(
         counted among all of them, not only among the ids the log mentions.
     run
         Which run to read when the log holds several pasted one after another (the step counter
-        starts over): 0 the first, -1 (the default) the last.
+        starts over): 0 the first, -1 (the default) the last. :func:`read_runs` reads them all.
     """
-    log = LogFile(Path(path), num_experts=num_experts)
+    log, format, parsed, notes = _parse(Path(path), format, num_experts)
+    runs = _runs(parsed)
+    if len(runs) > 1:
+        if not -len(runs) <= run < len(runs):
+            raise MoescopeError(
+                f"the log holds {len(runs)} runs; pass run= from 0 to {len(runs) - 1}, or -1."
+            )
+        starts = ", ".join(str(r.rows[0].line) for r in runs[1:])
+        notes.append(
+            f"the log holds {len(runs)} runs pasted one after another (the step counter starts over at line "
+            f"{starts}); read run {run % len(runs)} of them (pass run=0 … {len(runs) - 1} to read another)"
+        )
+    return _trace(log, format, runs[run % len(runs)], Path(path), notes)
+
+
+def read_runs(path: str | Path, format: str | None = None, *, num_experts: int | None = None) -> list[Trace]:
+    """Every run of a log, each its own :class:`~moescope.traces.Trace`, in the order pasted.
+
+    A user comparing two attempts pastes both logs into one file; each run (it ends where the
+    step counter starts over) is read as :func:`read_log` reads a log of one run, with a note
+    that says where it starts. A log of one run gives one trace. Parameters as in
+    :func:`read_log`.
+    """
+    log, format, parsed, notes = _parse(Path(path), format, num_experts)
+    runs = _runs(parsed)
+    if len(runs) == 1:
+        return [_trace(log, format, parsed, Path(path), notes)]
+    return [
+        _trace(
+            log,
+            format,
+            part,
+            Path(path),
+            [
+                *notes,
+                f"run {i} of the {len(runs)} pasted one after another: from line {part.rows[0].line or 1}",
+            ],
+        )
+        for i, part in enumerate(runs)
+    ]
+
+
+def _parse(path: Path, format: str | None, num_experts: int | None) -> tuple[LogFile, str, Parsed, list[str]]:
+    """The log read by its reader: the file, its format, the records found and the notes so far."""
+    log = LogFile(path, num_experts=num_experts)
     notes: list[str] = []
     if format is None:
         found = sniff(log)
@@ -127,46 +172,46 @@ def read_log(
         if format != "trainer-state" or not state.is_file():
             raise MoescopeError(f"{log.path} is a directory; pass the {format} log file in it.")
         log = LogFile(state)
-    parsed = READERS[format](log)
-    parsed = _one_run(parsed, run, notes)
+    return log, format, READERS[format](log), notes
+
+
+def _trace(log: LogFile, format: str, parsed: Parsed, path: Path, notes: list[str]) -> Trace:
+    """The trace of one run's records, with the framework's warnings and the setup hints read in."""
     if parsed.skipped:  # a text log: the framework's warning lines among the non-records
         parsed = alerts.fold(parsed, log.lines)
-    trace = assemble(parsed, format, Path(path))
+    trace = assemble(parsed, format, path)
     said = ratio_level(log.lines) if format != "tensorboard" else None
     if said is not None:
         trace.header[RATIO_LEVEL] = said[0]
-        notes.append(
+        notes = [
+            *notes,
             f"line {said[1]} sets sequence-level ratios (GSPO): a high clip fraction is expected there, "
-            "not judged"
-        )
+            "not judged",
+        ]
     recomputed = recompute(log.lines) if format != "tensorboard" else None
     if recomputed is not None:
         trace.header[RECOMPUTE] = True
-        notes.append(
+        notes = [
+            *notes,
             f"line {recomputed} turns activation recompute on: Megatron before its fix (Megatron-LM#1330) "
-            "counts the load-balancing loss twice then, so it is read halved"
-        )
+            "counts the load-balancing loss twice then, so it is read halved",
+        ]
     trace.notes.extend(notes)
     if log.cut:
         trace.notes.append(f"{log.cut} line(s) longer than {MAX_LINE >> 20} MiB were read only in part")
     return trace
 
 
-def _one_run(parsed: Parsed, run: int, notes: list[str]) -> Parsed:
-    """``parsed`` with only the rows of run ``run`` when the log holds several."""
+def _runs(parsed: Parsed) -> list[Parsed]:
+    """``parsed`` split into the runs pasted one after another (itself alone for a log of one):
+    each with its own rows and the skipped lines between its first line and the next run's."""
     runs = split_runs(parsed.rows)
     if len(runs) == 1:
-        return parsed
-    if not -len(runs) <= run < len(runs):
-        raise MoescopeError(f"the log holds {len(runs)} runs; pass run= from 0 to {len(runs) - 1}, or -1.")
-    starts = ", ".join(str(r[0].line) for r in runs[1:])
-    notes.append(
-        f"the log holds {len(runs)} runs pasted one after another (the step counter starts over at line "
-        f"{starts}); read run {run % len(runs)} of them (pass run=0 … {len(runs) - 1} to read another)"
-    )
-    index = run % len(runs)
-    lo = runs[index][0].line or 0 if index else 0
-    hi = runs[index + 1][0].line or 0 if index + 1 < len(runs) else None
-    parsed.rows = runs[index]
-    parsed.skipped = [n for n in parsed.skipped if n >= lo and (hi is None or n < hi)]
-    return parsed
+        return [parsed]
+    out = []
+    for index, rows in enumerate(runs):
+        lo = rows[0].line or 0 if index else 0
+        hi = runs[index + 1][0].line or 0 if index + 1 < len(runs) else None
+        skipped = [n for n in parsed.skipped if n >= lo and (hi is None or n < hi)]
+        out.append(replace(parsed, rows=rows, skipped=skipped, notes=list(parsed.notes)))
+    return out

@@ -81,7 +81,7 @@ def scan(lines: list[str], parse_at: Callable[[list[str], int], tuple[list[Row],
     skipped: list[int] = []
     i, nonblank = 0, 0
     while i < len(lines):
-        if not lines[i].strip() or lines[i].lstrip().startswith("#"):  # blank lines and comments
+        if _passed_over(lines[i]):
             i += 1
             continue
         got = parse_at(lines, i)
@@ -91,9 +91,17 @@ def scan(lines: list[str], parse_at: Callable[[list[str], int], tuple[list[Row],
             continue
         found, end = got
         rows += found
-        nonblank += sum(1 for line in lines[i:end] if line.strip())
+        nonblank += 1 if end <= i + 1 else sum(1 for line in lines[i:end] if line.strip())
         i = max(end, i + 1)
     return Parsed(rows, None, skipped=skipped, lines=nonblank)
+
+
+def _passed_over(line: str) -> bool:
+    """A blank line or a ``#`` comment (tested without copying the line, as most are neither)."""
+    first = line[:1]
+    if first == "#" or not first:
+        return True
+    return first.isspace() and (line.isspace() or line.lstrip().startswith("#"))
 
 
 def split_runs(rows: list[Row]) -> list[list[Row]]:
@@ -115,7 +123,10 @@ def split_runs(rows: list[Row]) -> list[list[Row]]:
 
 
 def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
-    """The trace of ``parsed``: steps assigned, duplicates merged, keys canonical, notes written."""
+    """The trace of ``parsed``: steps assigned, duplicates merged, keys canonical, notes written.
+
+    The rows' metrics move into the trace (each row's ``metrics`` is left empty).
+    """
     if not parsed.rows:
         raise MoescopeError(
             f"{path} has no step this reader recognises as {fmt}; pass format=... with the right "
@@ -128,6 +139,7 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
     kept: set[str] = set()
     for step, row, explicit in steps:
         metrics, lost = rename(parsed.keymap or parsed.framework, row.metrics)
+        row.metrics = {}  # handed over: a large log's records are not held twice
         for reserved in (STEP, RAW):  # a logged key of that name must not replace ours
             if reserved in metrics:
                 metrics[f"logged_{reserved}"] = metrics.pop(reserved)

@@ -20,6 +20,7 @@ from moescope.errors import MoescopeError
 
 SNIFF_BYTES = 256 * 1024
 MAX_LINE = 1 << 20  # bytes of one line that are read; the rest of a longer line is passed over
+BLOCK = 1 << 22  # bytes read, decoded and split at a time
 MAX_PIECES = 512  # a 10 kB verl line wrapped at 80 columns is 125 pieces
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 RANK_LABEL = re.compile(
@@ -61,6 +62,9 @@ def parse_number(text: str) -> Number:
     number raises ``ValueError``.
     """
     token = text.strip()
+    fast = plain_number(token)
+    if fast is not None:
+        return fast
     if token in _NP_BOOL:
         return _NP_BOOL[token]
     call = _NP_CALL.match(token)
@@ -73,6 +77,39 @@ def parse_number(text: str) -> Number:
     if _FLOAT.match(token):
         return float(token)
     raise ValueError(f"not a number: {text!r}")
+
+
+def plain_number(token: str) -> int | float | None:
+    """A plain decimal number, read by ``float`` / ``int`` alone: the common case, taken before
+    any pattern runs (a log has millions of them). ``None`` for anything else."""
+    if "_" in token:  # float("1_0") is 10; a logged "1_0" is no number
+        return None
+    try:
+        value = float(token)
+    except ValueError:
+        return None
+    digits = token[1:] if token[:1] in "+-" else token
+    if digits.isdigit() and len(digits) <= 300:  # as _INT: an integer; longer digit runs stay floats
+        return int(token)
+    # NaN as the one object the words give, so that records holding it compare equal
+    return value if value == value else math.nan
+
+
+def plain_numbers(values: list[str]) -> list[int | float] | None:
+    """:func:`plain_number` of every value, or ``None`` when one is not plain (or holds a space):
+    ``float`` mapped over the list in one call, and a pass in Python only where ints or NaNs are."""
+    joined = "".join(values)
+    if "_" in joined or joined.split() != [joined]:  # float() takes "1_0" and spaces; a log's values do not
+        return None
+    try:
+        numbers: list[int | float] = list(map(float, values))
+    except ValueError:
+        return None
+    if any(map(str.isdigit, "\0".join(values).replace("-", "").replace("+", "").split("\0"))):
+        numbers = [plain_number(value) for value in values]  # ints as ints: the slow path, exact
+    elif "n" in joined or "N" in joined:  # nan / inf: one NaN object, as plain_number gives
+        numbers = [math.nan if x != x else x for x in numbers]
+    return numbers
 
 
 def as_step(value: object) -> int | None:
@@ -118,6 +155,16 @@ class LogFile:
     def text(self) -> str:
         return "\n".join(self.lines)
 
+    def head(self, chars: int = 65536) -> str:
+        """The first lines, about ``chars`` characters of them: what detection looks at."""
+        taken, size = [], 0
+        for line in self.lines:
+            if size >= chars:
+                break
+            taken.append(line)
+            size += len(line) + 1
+        return "\n".join(taken)
+
     @cached_property
     def lines(self) -> list[str]:
         head = self.data
@@ -130,38 +177,80 @@ class LogFile:
                 "or a TensorBoard event file (events.out.tfevents.*)."
             )
         else:
-            raw = list(self._read_capped())
+            raw = []
+            for block in self._read_capped():
+                raw += block
         if raw:
             raw[0] = raw[0].removeprefix("\ufeff")
-        if not any(line.strip() for line in raw):
+        if not any(map(str.strip, raw)):
             raise MoescopeError(f"{self.path} is empty; pass a training log that has at least one step.")
-        return [_clean(line) for line in raw]
+        return [_unlabelled(line) if line[:1] in RANK_STARTS else line for line in raw]
 
-    def _read_capped(self) -> Iterator[str]:
+    def _read_capped(self) -> Iterator[list[str]]:
+        """The file's lines, a block of them at a time: one read, one decode and one split per
+        ``BLOCK`` bytes, not per line. A line of ``MAX_LINE`` bytes or more keeps only that many,
+        and the rest of it is passed over unread."""
         with self.path.open("rb") as f:
-            while chunk := f.readline(MAX_LINE):
-                if not chunk.endswith(b"\n") and len(chunk) == MAX_LINE:  # an overlong line: skip its rest
-                    self.cut += 1
-                    while (rest := f.readline(MAX_LINE)) and not rest.endswith(b"\n"):
-                        pass
-                yield chunk.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
+            pending, skipping = b"", False
+            while block := f.read(BLOCK):
+                if skipping:  # the rest of an overlong line
+                    newline = block.find(b"\n")
+                    if newline < 0:
+                        continue
+                    block, skipping = block[newline + 1 :], False
+                data = pending + block
+                end = data.rfind(b"\n")
+                if end >= 0:
+                    yield self._decode(data[:end])
+                    pending = data[end + 1 :]
+                else:
+                    pending = data
+                if len(pending) >= MAX_LINE:  # a line longer than the cap: its head, then skip the rest
+                    yield self._decode(pending[:MAX_LINE])
+                    pending, skipping = b"", True
+            if pending:
+                yield self._decode(pending)
+
+    def _decode(self, data: bytes) -> list[str]:
+        """Lines of ``data`` (whole lines, without the newline after the last), decoded and cleaned."""
+        if _may_hold_overlong(data):  # overlong lines: each cut to the cap, and counted
+            parts = data.split(b"\n")
+            self.cut += sum(1 for part in parts if len(part) >= MAX_LINE)
+            data = b"\n".join(part[:MAX_LINE] for part in parts)
+        text = data.decode("utf-8", errors="replace")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n")
+        if "\x1b" in text:  # colour codes never span a line end
+            text = ANSI.sub("", text)
+        lines = text.split("\n")
+        lines[-1] = lines[-1].removesuffix("\r")
+        return lines
 
 
-def _clean(line: str) -> str:
-    """A line without colour codes and without a launcher's rank label in front."""
-    if "\x1b" in line:
-        line = ANSI.sub("", line)
-    if line[:1] in RANK_STARTS:
-        line = RANK_LABEL.sub("", line, count=1)
-    return line
+def _unlabelled(line: str) -> str:
+    """``line`` without a launcher's rank label in front."""
+    label = RANK_LABEL.match(line)
+    return line[label.end() :] if label else line
+
+
+def _may_hold_overlong(data: bytes) -> bool:
+    """Whether a line of ``data`` may be ``MAX_LINE`` bytes or longer: such a line covers a whole
+    aligned window of half that size, so windows without a newline are looked for, not lines."""
+    half = MAX_LINE // 2
+    return any(data.find(b"\n", start, start + half) < 0 for start in range(0, len(data) - half + 1, half))
+
+
+_CONTROL_BYTES = bytes(b for b in range(32) if chr(b) not in "\n\r\t\x1b\x0c")
 
 
 def looks_binary(sample: bytes) -> bool:
     """A NUL byte, or more than a tenth of undecodable or control bytes, means it is not a text log."""
     if b"\x00" in sample:
         return True
-    text = sample.decode("utf-8", errors="replace")
-    odd = sum(1 for c in text if c == "\ufffd" or (ord(c) < 32 and c not in "\n\r\t\x1b\x0c"))
+    text = sample.decode(
+        "utf-8", errors="replace"
+    )  # a control byte decodes to itself, so it is counted in bytes
+    odd = text.count("\ufffd") + len(sample) - len(sample.translate(None, _CONTROL_BYTES))
     return odd > max(len(text) // 10, 1) or (odd > 0 and len(text) < 4)
 
 
@@ -176,7 +265,13 @@ def gather(
     record's grammar. At most ``MAX_PIECES`` lines are joined, so a runaway record stays cheap.
     """
     text, end = lines[start], start + 1
-    while end < len(lines) and end - start < MAX_PIECES and lines[end].strip() and not complete(text):
+    while (
+        end < len(lines)
+        and end - start < MAX_PIECES
+        and lines[end]
+        and not lines[end].isspace()
+        and not complete(text)
+    ):
         joined = text + lines[end]
         if not fits(joined, lines[end]):
             break

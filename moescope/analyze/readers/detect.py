@@ -82,7 +82,7 @@ def sniff(log: LogFile) -> Sniff:
         return Sniff(_directory(path), Counter())
     if tensorboard.MARK in path.name or b"brain.Event:" in log.data[:64]:
         return Sniff("tensorboard", Counter())
-    if trl.is_trainer_state(log.text):
+    if trl.is_trainer_state(log.head()):
         return Sniff("trainer-state", Counter())
     first = next((line for line in log.lines if line.strip()), "")
     if jsonl.is_trace_header(first):

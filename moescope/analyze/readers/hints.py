@@ -44,18 +44,28 @@ def recompute(lines: list[str]) -> int | None:
     Megatron before its fix (Megatron-LM#1330, #1478, #1514) recorded the load-balancing loss in
     the recompute forward pass too, so a balanced router logs about twice its true value.
     """
-    return _first_line(RECOMPUTING, lines)
+    return _first_line(RECOMPUTING, ("recompute",), lines)
 
 
 def ratio_level(lines: list[str]) -> tuple[str, int] | None:
     """``("sequence", line number)`` when a line sets sequence-level ratios, else ``None``."""
-    number = _first_line(SEQUENCE_LEVEL, lines)
+    number = _first_line(SEQUENCE_LEVEL, ("gspo", "sequence"), lines)
     return None if number is None else ("sequence", number)
 
 
-def _first_line(pattern: re.Pattern[str], lines: list[str]) -> int | None:
-    """The number of the first line ``pattern`` matches: one search over the joined text (the
-    patterns match within a line), not one per line."""
-    text = "\n".join(lines)
-    match = pattern.search(text)
-    return None if match is None else text.count("\n", 0, match.start()) + 1
+BLOCK = 4096  # lines searched as one lower-cased text for the patterns' words
+
+
+def _first_line(pattern: re.Pattern[str], words: tuple[str, ...], lines: list[str]) -> int | None:
+    """The number of the first line ``pattern`` matches. A case-insensitive pattern that starts
+    with alternatives searches slowly, so it runs only on the lines of a block that hold one of
+    its ``words`` (every match contains one); the patterns match within a line."""
+    for start in range(0, len(lines), BLOCK):
+        block = lines[start : start + BLOCK]
+        text = "\n".join(block).lower()
+        if not any(word in text for word in words):
+            continue
+        for offset, line in enumerate(block):
+            if any(word in line.lower() for word in words) and pattern.search(line):
+                return start + offset + 1
+    return None

@@ -242,6 +242,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 from moescope import schema as S
@@ -521,6 +522,7 @@ MARKERS: dict[str, frozenset[str]] = {
 }
 
 
+@lru_cache(maxsize=1 << 16)  # a log repeats a handful of names on every one of its records
 def canonical(framework: str | None, key: str) -> str | None:
     """The canonical name of ``key`` as ``framework`` logs it, or ``None`` when it has none."""
     table = KEY_MAP.get(framework or "", {})
@@ -537,11 +539,14 @@ def rename(framework: str | None, metrics: dict[str, Any]) -> tuple[dict[str, An
     A key that already is the canonical name wins; otherwise the first one does. Returns the
     renamed dict and the keys that kept their own name, for a note.
     """
+    names = _distinct_names(framework, tuple(metrics))
+    if names is not None:  # the common record: its keys seen before, no two for one name
+        return dict(zip(names, metrics.values(), strict=True)), []
     out: dict[str, Any] = {}
     source: dict[str, str] = {}
     kept: list[str] = []
     for key, value in metrics.items():
-        name = canonical(framework, key) or key
+        name = _name(framework, key)
         if name in out:
             if name == key:  # the newcomer is the canonical key itself: the earlier one steps aside
                 earlier = source.pop(name)
@@ -553,6 +558,19 @@ def rename(framework: str | None, metrics: dict[str, Any]) -> tuple[dict[str, An
         out[name] = value
         source[name] = key
     return out, kept
+
+
+@lru_cache(maxsize=1 << 12)  # a log's records repeat one or a few key lists
+def _distinct_names(framework: str | None, keys: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The names ``keys`` are kept under when no two of them share one, else ``None``."""
+    names = tuple(_name(framework, key) for key in keys)
+    return names if len(set(names)) == len(names) else None
+
+
+@lru_cache(maxsize=1 << 16)
+def _name(framework: str | None, key: str) -> str:
+    """The name ``key`` is kept under: one string shared by every record that logs it."""
+    return canonical(framework, key) or key
 
 
 def guess_framework(keys: Iterable[str], candidates: Iterable[str]) -> str | None:

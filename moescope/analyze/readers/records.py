@@ -33,7 +33,7 @@ from typing import Any
 
 from moescope.analyze.readers._fields import field
 from moescope.analyze.readers._rows import Parsed, Row, scan
-from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number
+from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number, plain_number
 from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_generic
 from moescope.analyze.readers.verl import RAY_PREFIX
 
@@ -82,6 +82,7 @@ _SPLIT = re.compile(r"\s*\|\s*|,\s+|;\s*|\s+-\s+|\t+|\s{2,}|[\[\]]")
 _LABELLED = re.compile(
     rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>{NUMBER})(?=[\s,;|)\]}}]|$)"
 )
+_SIMPLE = re.compile(r"(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>\S+)")
 _SPACED = re.compile(rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)\s+(?P<value>{NUMBER})(?=\s|$)")
 _BAR = re.compile(r"\d+%\|")
 _BAR_POSTFIX = re.compile(r"\[[^\]]*?<[^\]]*?,\s*(?P<postfix>[^\]]*)\]")
@@ -109,6 +110,10 @@ def pairs(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for piece in _SPLIT.split(text):
         piece = piece.strip(" :,-")
+        simple = _SIMPLE.fullmatch(piece)  # most fields: one labelled plain number, read without the rest
+        if simple and (number := plain_number(simple.group("value"))) is not None:
+            out[simple.group("key")] = number
+            continue
         if not _numeric(piece):
             continue
         labelled = list(_LABELLED.finditer(piece))

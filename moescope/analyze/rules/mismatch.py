@@ -17,7 +17,13 @@ mismatch metric a log carries (the key map gives each framework's under these na
 - ``rollout/mult_prob_error``, NeMo-RL's ``token_mult_prob_error``, the mean exp|Δ log-prob| (1
   when equal): above ``MISMATCH_MULT_PROB_HIGH``, the bound a NeMo-RL recipe asserts;
 - ``rollout/probs_diff_mean``, verl's ``training/rollout_probs_diff_mean`` (of probabilities):
-  judged by its trend.
+  judged by its trend;
+- ``rollout/is_ess``, the effective sample size of the importance weights (π_train / π_rollout)
+  as a fraction of the batch (verl ``rollout_corr/rollout_is_eff_sample_size``): 1 when the two
+  sides agree, and it falls as a few samples' weights grow to carry the batch. At or below
+  ``IS_ESS_LOW`` (verl's own warning level) held for ``SUSTAIN`` records is a warning, at or
+  below ``IS_ESS_SEVERE`` on any one record an error. It is judged by its level only: it falls
+  from 1, so a rise or an onset says nothing.
 
 Besides a level, two shapes count, because "a rising trend matters more than a level": a
 **rise**, the running median ``MISMATCH_RISE`` times its early-run level or more for ``SUSTAIN``
@@ -52,6 +58,8 @@ from moescope.analyze.readers.hints import RATIO_LEVEL
 from moescope.analyze.rules.series import series, shift, step_of, sustained, throughout
 from moescope.analyze.rules.thresholds import (
     CLIPFRAC_HIGH,
+    IS_ESS_LOW,
+    IS_ESS_SEVERE,
     MISMATCH_K3_FLOOR,
     MISMATCH_K3_HIGH,
     MISMATCH_LOGPROB_HIGH,
@@ -71,6 +79,8 @@ class Gauge:
     high: float | None = None
     excess: Callable[[float], float] = lambda v: v
     floor: float = 0.0
+    low: float | None = None  # judged at or below this level instead (a fraction that falls)
+    severe: float | None = None  # ...and on one record at or below this one
 
 
 GAUGES = (
@@ -82,10 +92,11 @@ GAUGES = (
 
 
 CLIPPING = Gauge((S.CLIPFRAC,), high=CLIPFRAC_HIGH)
+SAMPLE_SIZE = Gauge((S.IS_ESS,), low=IS_ESS_LOW, severe=IS_ESS_SEVERE)
 
 
 def check_rollout_mismatch(trace: Trace) -> list[Finding]:
-    found = [f for gauge in GAUGES for f in _judge(trace, gauge)] + _clipping(trace)
+    found = [f for gauge in GAUGES for f in _judge(trace, gauge)] + _clipping(trace) + _sample_size(trace)
     return [min(found, key=lambda f: (f.step, f.severity != "error"))] if found else []
 
 
@@ -137,6 +148,14 @@ def _clipping(trace: Trace) -> list[Finding]:
     return [replace(f, severity="warning") for f in found]
 
 
+def _sample_size(trace: Trace) -> list[Finding]:
+    """The importance weights' effective sample size held low: a few samples carry the update."""
+    if not any(S.IS_ESS in rec for rec in trace.steps):
+        return []
+    why = " of the batch: a few samples' importance weights carry the update"
+    return _level(S.IS_ESS, series(trace, S.IS_ESS), SAMPLE_SIZE, why)
+
+
 def sequence_level(trace: Trace) -> bool:
     """Whether the run's PPO ratios are sequence-level (GSPO): by its replay config or its log."""
     config = trace.header.get("replay_config")
@@ -148,23 +167,22 @@ def _level(key: str, points: list[tuple[int, float]], gauge: Gauge, unit: str = 
     """At or above the gauge's level on ``SUSTAIN`` records in a row (or on every record of a
     shorter excerpt): a warning; ten times as far above the equal value on any one record: an
     error. One batch of hard tokens spikes a mismatch; a level it keeps is a fault."""
-    severe = 10 * gauge.excess(gauge.high)
-    spike = next(((s, v) for s, v in points if gauge.excess(v) >= severe), None)
-    start = throughout([v >= gauge.high for _, v in points])
+    if gauge.low is not None:  # a fraction that falls: its own severe level
+        low, severe = gauge.low, gauge.severe
+        spiked, holds = (lambda v: severe is not None and v <= severe), (lambda v: v <= low)
+        said = ("falls to", f", at or below {severe:g}", f" and stays at or below {low:g}")
+    else:
+        high, severe = gauge.high, 10 * gauge.excess(gauge.high)
+        spiked, holds = (lambda v: gauge.excess(v) >= severe), (lambda v: v >= high)
+        said = ("reaches", f", ten times its {high:g} bound or more", f" and stays at or above {high:g}")
+    spike = next(((s, v) for s, v in points if spiked(v)), None)
+    start = throughout([holds(v) for _, v in points])
     held = points[start] if start is not None else None
     first = min((p for p in (spike, held) if p is not None), default=None)
     if first is None:
         return []
     error = first is spike
-    what = (
-        f"{key} reaches {first[1]:.3g}"
-        + (
-            f", ten times its {gauge.high:g} bound or more"
-            if error
-            else f" and stays at or above {gauge.high:g}"
-        )
-        + unit
-    )
+    what = f"{key} {said[0]} {first[1]:.3g}" + (said[1] if error else said[2]) + unit
     return [_finding(key, first[0], "error" if error else "warning", what, value=first[1], rule="level")]
 
 

@@ -37,4 +37,10 @@ AUX_DOUBLE = 2.0
 AUX_DOUBLE_TOL = 0.25
 # ...while the expert load's CV moves by less than this share (a 1/4 proxy's moves ~30% a step)
 LOAD_STEADY = 0.5
+# the importance weights' effective sample size as a fraction of the batch, 1 / mean(w²) of weights
+# normalised to mean 1: verl's rollout-IS docs (docs/advance/rollout_is.md) call > 0.5 ideal and
+# < 0.3 "high variance, losing too many effective samples"; a tenth of that on one record leaves
+# the update to a handful of samples
+IS_ESS_LOW = 0.3
+IS_ESS_SEVERE = 0.03
 MISMATCH_RISE = 3.0  # a mismatch whose running median rises this many times its early level

@@ -1,0 +1,89 @@
+"""The fast paths of reading a large log give what the line-at-a-time and pattern paths give."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from moescope.analyze.readers import _text, keymap, verl
+from moescope.analyze.readers._text import LogFile, parse_number, plain_number, plain_numbers
+
+
+def _line_at_a_time(path: Path, cap: int) -> tuple[list[str], int]:
+    """The reference: ``readline`` with a cap, the rest of an overlong line passed over."""
+    out, cut = [], 0
+    with path.open("rb") as f:
+        while chunk := f.readline(cap):
+            if not chunk.endswith(b"\n") and len(chunk) == cap:
+                cut += 1
+                while (rest := f.readline(cap)) and not rest.endswith(b"\n"):
+                    pass
+            out.append(chunk.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r"))
+    return out, cut
+
+
+def test_blocks_read_the_lines_a_line_at_a_time_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_text, "MAX_LINE", 16)  # small cap and blocks: lines straddle blocks, many are cut
+    monkeypatch.setattr(_text, "BLOCK", 37)
+    rng, path = random.Random(0), tmp_path / "x.log"
+    for _ in range(500):
+        path.write_bytes(bytes(rng.choice(b"ab \n\r\xe2\x82\xac") for _ in range(rng.randint(0, 120))))
+        log = LogFile(path)
+        lines = [line for block in log._read_capped() for line in block]
+        assert (lines, log.cut) == _line_at_a_time(path, 16)
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["0", "-3", "+7", "1.5", ".5", "1.", "1e-06", "2E+3", "nan", "-inf", "Infinity", "1e999", "9" * 400],
+)
+def test_plain_numbers_read_as_the_patterns_read_them(token: str) -> None:
+    fast, full = plain_number(token), parse_number(token)
+    assert type(fast) is type(full) and (fast == full or (math.isnan(fast) and math.isnan(full)))
+
+
+@pytest.mark.parametrize("token", ["1_0", "True", "None", "np.float64(1)", "0x10", "1.2.3", ""])
+def test_anything_else_is_left_to_the_patterns(token: str) -> None:
+    assert plain_number(token) is None
+    assert plain_numbers(["0.5", token]) is None
+
+
+def test_a_list_of_plain_numbers_reads_as_each_does() -> None:
+    values = ["0.5", "-3", "nan", "1e-06", "+7", "inf", "0"]
+    numbers = plain_numbers(values)
+    assert numbers is not None and [type(n) for n in numbers] == [type(plain_number(v)) for v in values]
+    assert numbers[2] is math.nan and numbers[1] == -3 and numbers[5] == math.inf
+    assert plain_numbers(["0.5", " 1"]) is None  # float() would take the space; a field does not
+
+
+@pytest.mark.parametrize(
+    "rest",
+    [
+        " - actor/entropy:0.5 - actor/grad_norm:nan - x:3",
+        " - a:1 - a:2",  # a later value wins, as in the pattern path
+        " - a:1 - b: 2",  # a space after the colon: no pair for the pattern either
+        " - a:1 - b:True",
+        " - abc - 1:k:2",  # a piece without a colon and one with two: no pairs, however counted
+        " - a:1 junk",
+        " -  a:1",
+        "",
+    ],
+)
+def test_verl_pairs_split_as_the_pattern_reads_them(rest: str) -> None:
+    found, left = verl.pairs(rest, 0)
+    fast = verl.plain_pairs(rest)
+    whole = bool(found) and not left.strip(" -")
+    assert fast is None or (whole and fast == {k: parse_number(v) for k, v in found})
+    if not whole:  # what the pattern reads only in part is always left to it
+        assert fast is None
+
+
+def test_a_cached_rename_keeps_the_first_of_two_keys_for_one_name() -> None:
+    for _ in range(2):  # the second time from the cache
+        renamed, kept = keymap.rename("trl", {"loss": 1.0, "actor/loss": 2.0, "grad_norm": 0.1})
+        assert renamed == {"loss": 1.0, "actor/loss": 2.0, "actor/grad_norm": 0.1} and kept == ["loss"]
+        renamed, kept = keymap.rename("trl", {"loss": 1.0, "grad_norm": 0.1})
+        assert renamed == {"actor/loss": 1.0, "actor/grad_norm": 0.1} and kept == []
