@@ -6,8 +6,8 @@ Axis names are the column names of every long-form frame (``to_frame()``); indic
 Every metric key a replay writes into a trace step, every canonical key the readers map other
 frameworks' logs onto, the foreign keys the diagnosis reads under their own names, and every
 trace header field is declared here once, with its meaning, in :data:`METRICS`; the module
-constants (``GRAD_NORM``, ``REWARD_MEAN``, …) are those declarations. The README's *Metric
-vocabulary* table is :func:`markdown_table` (``python -m moescope.schema --markdown``).
+constants (``GRAD_NORM``, ``REWARD_MEAN``, …) are those declarations. The documentation's *Metric
+vocabulary* page is :func:`markdown_table` (``python -m moescope.schema --markdown``).
 
 Examples
 --------
@@ -77,7 +77,7 @@ class Metric:
 
 
 METRICS: dict[str, Metric] = {}
-"""Every declared key, in declaration order (the README table's order)."""
+"""Every declared key, in declaration order (the documentation table's order)."""
 
 
 def _declare(key: str, meaning: str, kind: str = "scalar", source: str = "replay") -> str:
@@ -330,7 +330,7 @@ def declared(key: str) -> Metric | None:
 
 
 def markdown_table() -> str:
-    """The vocabulary as the README's Markdown table: key, kind, written by, meaning."""
+    """The vocabulary as the documentation's Markdown table: key, kind, written by, meaning."""
     rows = ["| key | kind | written by | meaning |", "|---|---|---|---|"]
     rows += [f"| `{m.key}` | {m.kind} | {m.source} | {_cell(m.meaning)} |" for m in METRICS.values()]
     return "\n".join(rows) + "\n"

@@ -33,8 +33,8 @@ contribution kept 0.56 (three views, equal weights), and frequency alone is the 
 baseline there. The default views depend on the router (:func:`default_views`). Under a
 softmax (or any non-sigmoid) router, the router view alone: on the toy it kept 0.78 (1/2) and
 0.35 (1/4), all three views at equal weights 0.56 and 0.14, co-activation alone 0.31 and 0.23,
-router and context 0.59 and 0.13 (``bench/paper_selection.py``; README, *The paper's
-selection*). Under a sigmoid router (DeepSeek-V3's family), router and context together: on
+router and context 0.59 and 0.13 (``bench/paper_selection.py``; the documentation's *The method*,
+*the paper's selection*). Under a sigmoid router (DeepSeek-V3's family), router and context together: on
 toy-v3 (top-6 of 64) they kept 0.32 against the router's 0.24 at 1/4 and 0.60 against 0.47 at
 1/2 (``--model toy-v3 --calibration rl``), and healed to the capability target in fewer steps.
 One model of each family decided this; name the views to choose otherwise.
@@ -42,7 +42,7 @@ One model of each family decided this; name the views to choose otherwise.
 Under grouped routing every contiguous expert group is clustered on its own into its equal
 share of the kept count, as the ``cluster`` method does. The method and its inputs follow the
 public summary of the seed paper (arXiv 2608.10823); the normalisation, the centring and the
-representative rule are moescope's choices, measured on the embedded toy (see README).
+representative rule are moescope's choices, measured on the embedded toy (the documentation's *The method*).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ about the same (toy-v3 at 1/4, 3 seeds: 0.63 and 0.62).
 Why besides REAP's saliency (gate weight × ‖expert output‖): that measures the size of an
 expert's output on every token, prompt tokens included; this measures its effect on what the
 policy generates (the scored completion; the prompt is context), through the rest of the network
-(README, *Explore, export, replay*, has the figures).
+(the documentation's *Selection methods* page has the figures).
 
 Cost: one forward and one backward pass per batch with the parameters frozen (gradients reach
 the multipliers only). Loaded whole, the model needs room for one batch's activations beside

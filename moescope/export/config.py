@@ -32,7 +32,8 @@ EXPORT_METHODS = method_names(auto=True)
 DEFAULT_METHOD = AUTO_METHOD
 """What an in-memory export chooses by unless told: whichever of ``paper``, ``reap`` and ``taylor``
 keeps the most task skill on this model and calibration, measured; ``paper`` where nothing can be
-measured. In the fidelity study no one method led at every keep (README, *Results*)."""
+measured. In the fidelity study no one method led at every keep (the documentation's *The
+fidelity studies*)."""
 
 
 @dataclass(frozen=True)

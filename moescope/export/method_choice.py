@@ -7,9 +7,10 @@ the paper's clustering at 1/2 and 1/4 of the experts and the clustering more at 
 calibration concentrates saliency on the few experts the task routes to, where K-Medoids still
 spends a representative on every cluster. Taylor importance, which scores what removing an expert
 does to the sampled completions, kept the most of the three on average at 1/2 and 1/4 of toy-v3,
-but not on every seed (README, *Results*). Rather than guess, ``auto`` cuts a proxy with
-each of :data:`AUTO_CANDIDATES` from the one calibration pass, measures each one's accuracy
-ratio on the tasks before any healing, and keeps the best (ties: the earlier candidate).
+but not on every seed (the documentation's *The fidelity studies*). Rather than guess, ``auto``
+cuts a proxy with each of :data:`AUTO_CANDIDATES` from the one calibration pass, measures each
+one's accuracy ratio on the tasks before any healing, and keeps the best (ties: the earlier
+candidate).
 
 The candidates are measured as the checklist measures (same tasks, prompts, samples and seed:
 the capability target's :class:`~moescope.export.targeting.CapabilityProbe`, the original
