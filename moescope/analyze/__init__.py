@@ -2,5 +2,6 @@
 
 ``readers`` turn logs into traces, ``diagnosis`` finds what went wrong, ``verdict`` compares an
 original run with a proxy's (with their healthy runs as baseline, when given); ``baseline`` judges
-the fidelity study's stored comparisons so.
+the fidelity study's stored comparisons so; ``log_diagnosis`` does the three for files, as
+``moescope diagnose`` does.
 """
