@@ -15,6 +15,7 @@ from moescope.export.cost.memory import GB, STATES, TrainingMemory, devices_need
 from moescope.export.cost.paper import paper_comparison, published_comparison
 from moescope.export.cost.profiles import PROFILES, device_profile
 from moescope.export.cost.render import PROXY_NOTE, STEP_NOTE
+from moescope.export.cost.report import cost_report
 from moescope.export.cost.shape import ModelShape, reference_entries, reference_models
 from moescope.export.cost.step import RLWorkload, step_time
 from moescope.export.cost.table import cost_table, reference_table
@@ -311,6 +312,21 @@ def test_reference_table_notes_keeps_a_model_cannot_take() -> None:
     assert "top-k" in mixtral.loc["1/8", "note"] and mixtral["devices"].isna().sum() == 2
     scout = table[table["model"] == "Llama-4-Scout-17B-16E (text)"].set_index("keep")
     assert "vision tower" in scout.loc["full", "note"] and scout.loc["1/2", "note"] == ""
+
+
+def test_a_cost_report_prints_a_block_per_model_and_what_its_figures_assume() -> None:
+    profile = device_profile("h200")
+    report = cost_report(REFERENCE["DeepSeek-V3"], ["1/4"], reference=True, rounding="node", profile=profile)
+    text = report.text()
+    assert text.startswith("DeepSeek-V3: 671B parameters (97% in routed experts)")
+    assert text.count("routed experts per MoE layer") == len(REFERENCE)  # DeepSeek-V3 in one block
+    assert "Devices rounded up to a node of 8." in text and text.endswith(PROXY_NOTE)
+    assert STEP_NOTE in text and profile.text() in text
+    data = report.to_dict()
+    assert data["rounding"] == "node" and data["device"] == profile.to_dict()
+    assert len(data["rows"]) == len(report.to_frame()) == 2 + 2 * len(REFERENCE)
+    with pytest.raises(MoescopeError, match="give a model to cost"):
+        cost_report(None)
 
 
 # --- command line --------------------------------------------------------------------------------

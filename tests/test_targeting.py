@@ -23,7 +23,7 @@ from moescope.export.healing import training_batches
 from moescope.export.manifest import read_manifest
 from moescope.export.pipeline import export_proxy
 from moescope.export.surgery import build_proxy
-from moescope.export.targeting import Targeting, keep_candidates, reach_target, search_keep
+from moescope.export.targeting import Attempt, Targeting, keep_candidates, reach_target, search_keep
 from moescope.keep import parse_keep
 from moescope.models.tasks import heldout
 from moescope.models.toy import load_toy
@@ -295,3 +295,12 @@ def test_bad_input_is_one_sentence_exit_2_and_nothing_written(
         lines = captured.err.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0] and lines[0].endswith("."), captured.err
         assert not out.exists() and not list(tmp_path.glob(".out*")), expected
+
+
+@pytest.mark.parametrize("search", ["auto", "fixed"])
+def test_the_targeting_text_says_when_the_kept_count_was_searched(search: str) -> None:
+    attempts = (Attempt(4, 0.25, ((0, 0.5), (50, 0.9)), True),)
+    text = Targeting(0.8, 400, 50, 1e-3, search, attempts, 4).text(num_experts=16)
+    assert ("keep auto" in text) == ("chose keep 4 of 16" in text) == (search == "auto")
+    assert text.startswith("capability target 0.8 (healing up to 400 steps, 50 per round")
+    assert "  keep 4 of 16 (25.0%): accuracy ratio 0.50 -> 0.90 after 50 healing steps, pass" in text

@@ -87,6 +87,27 @@ def test_a_finding_the_model_raises_without_the_fault_is_its_own_and_not_judged(
     assert proxy.agreement() == {"entropy_collapse": True, "rollout_mismatch": True}
 
 
+def test_the_text_gives_each_verdict_beside_the_originals_the_cost_and_one_word() -> None:
+    collapse = Finding("entropy_collapse", 2, "warning", "", {})
+    mismatch = Finding("rollout_mismatch", 0, "warning", "", {"median": 0.05})
+    cost = {"step_time_ratio": 1.25, "reward_fault": 0.1, "reward_fixed": 0.4}
+    proxy = replace(validation(outcomes([collapse, mismatch], [], last_step=11, own=[collapse])), cost=cost)
+    proxy.original = replace(validation(outcomes([mismatch, collapse], [collapse], last_step=11)), cost=cost)
+    assert proxy.text().splitlines() == [
+        "toy under routing_mismatch@0, fixed with fp32_router:",
+        "  entropy_collapse: own (raised without the fault too: the model's own, not judged)"
+        "  (the original: unchanged; not compared, a model's own finding)",
+        "  rollout_mismatch: removed  (the original: the same)",
+        "  cost: step time x1.25, mean reward 0.100 -> 0.400",
+        "  in one word: removed (the original: reduced)",
+    ]
+    alone = replace(validation([]), cost=cost, notes=["the fix cannot happen"])
+    assert alone.text().splitlines()[1:3] == [
+        "  note: the fix cannot happen",
+        "  the fault raises no warning or error, with or without the fix",
+    ]
+
+
 def validation(found: list) -> Validation:
     return Validation("toy", "routing_mismatch@0", ("fp32_router",), found, {})
 

@@ -137,3 +137,11 @@ def test_a_comparison_read_back_from_its_dict_judges_the_same() -> None:
     assert read == spike
     assert against_healthy(read, healthy) == against_healthy(spike, healthy)
     assert against_healthy(read, healthy).every_finding == "partially reproduced"
+
+
+def test_the_text_gives_the_verdict_then_each_reason() -> None:
+    c = compare(faulted("lr_spike@4"), faulted("lr_spike@4"), original_findings=TOY, proxy_findings=PROXY)
+    lines = c.text("against proxy.jsonl").splitlines()
+    assert lines[0] == "against proxy.jsonl: reproduced"
+    assert lines[1:] == [f"  - {reason}" for reason in c.reasons] and len(lines) > 2
+    assert c.text().startswith("verdict: reproduced\n  - judged on the signature of lr_spike")

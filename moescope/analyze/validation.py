@@ -122,6 +122,29 @@ class Validation:
             for t in sorted(mine.keys() | theirs.keys())
         }
 
+    def text(self) -> str:
+        """What ``moescope validate`` prints: the verdict per finding type (beside the original's,
+        when run), the fix's cost, and the one word."""
+        agreement = self.agreement()
+        theirs = self.original.verdicts if self.original else {}
+        lines = [f"{self.model} under {self.fault}, fixed with {', '.join(self.fixes)}:"]
+        lines += [f"  note: {note}" for note in self.notes]
+        if not self.outcomes:
+            lines.append("  the fault raises no warning or error, with or without the fix")
+        for o in self.outcomes:
+            why = " (raised without the fault too: the model's own, not judged)" if o.verdict == "own" else ""
+            lines.append(f"  {o.type}: {o.verdict}{why}{_against_original(agreement, o.type, theirs)}")
+        for t in sorted(theirs.keys() - self.verdicts.keys()):
+            lines.append(f"  {t}: not raised{_against_original(agreement, t, theirs)}")
+        c = self.cost
+        lines.append(
+            f"  cost: step time x{c['step_time_ratio']:.2f}, "
+            f"mean reward {c['reward_fault']:.3f} -> {c['reward_fixed']:.3f}"
+        )
+        original = f" (the original: {self.original.summary})" if self.original else ""
+        lines.append(f"  in one word: {self.summary}{original}")
+        return "\n".join(lines)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["summary"] = self.summary
@@ -144,6 +167,16 @@ class Validation:
             notes=list(d.get("notes", [])),
             original=cls.from_dict(original) if original else None,
         )
+
+
+def _against_original(agreement: dict[str, bool | None] | None, kind: str, theirs: dict[str, str]) -> str:
+    """What the original's validation says of one finding type, for a line of the proxy's."""
+    if agreement is None:
+        return ""
+    verdict = theirs.get(kind, "not raised")
+    if agreement[kind] is None:
+        return f"  (the original: {verdict}; not compared, a model's own finding)"
+    return "  (the original: the same)" if agreement[kind] else f"  (the original: {verdict})"
 
 
 def read_validation(directory: str | Path) -> Validation:

@@ -139,6 +139,16 @@ class Comparison:
             ],
         )
 
+    def text(self, label: str = "verdict") -> str:
+        """The verdict after ``label`` (``moescope diagnose`` names the proxy's trace), then its
+        reasons, one a line.
+
+        >>> print(Comparison("not reproduced", ["grad_spike: not raised by the proxy"]).text())
+        verdict: not reproduced
+          - grad_spike: not raised by the proxy
+        """
+        return "\n".join([f"{label}: {self.verdict}", *(f"  - {reason}" for reason in self.reasons)])
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for curve, row in zip(self.curves, d["curves"], strict=True):

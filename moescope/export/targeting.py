@@ -136,6 +136,22 @@ class Targeting:
         ]
         return pd.DataFrame(rows, columns=["keep", "keep_ratio", STEP, "ratio", "passed", "chosen"])
 
+    def text(self, num_experts: int) -> str:
+        """Each kept count tried, of ``num_experts`` per layer: its accuracy ratio before and after
+        healing, the curve, pass or fail; and, when searched, the count chosen."""
+        head = f"capability target {self.min_capability:g} (healing up to {self.heal_budget} steps"
+        lines = [f"{head}, {self.heal_round} per round{', keep auto' if self.searched else ''}):"]
+        for a in self.attempts:
+            curve = ", ".join(f"{steps}: {ratio:.2f}" for steps, ratio in a.curve)
+            verdict = "pass" if a.passed else "fail"
+            lines.append(
+                f"  keep {a.keep} of {num_experts} ({a.keep_ratio:.1%}): accuracy ratio {a.before:.2f} -> "
+                f"{a.after:.2f} after {a.steps} healing steps, {verdict} (steps: ratio {curve})"
+            )
+        if self.searched:
+            lines.append(f"  chose keep {self.keep} of {num_experts}")
+        return "\n".join(lines)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON values (a NaN ratio as ``None``): the manifest's ``"targeting"``."""
         out = asdict(self)

@@ -6,7 +6,8 @@ dimensions, ``shape`` holds a model's dimensions and parameters by role (:class:
 assumptions, and what the model ignores, are written there), ``profiles`` the accelerators and
 ``step`` the time of one RL step on them (rollout, training, all-to-all, pipeline bubble,
 optimizer, weight sync), ``paper`` the paper's cost table against it, ``assumptions`` their
-``KEY=VALUE`` overrides, ``table`` the full-vs-proxy table and ``render`` its text and JSON.
+``KEY=VALUE`` overrides, ``table`` the full-vs-proxy table, ``render`` its text and JSON, and
+``report`` the table with its assumptions (:class:`CostReport`, what ``moescope cost`` prints).
 
 Parameters are counted exactly for a Hugging Face config (the model is built on the ``meta``
 device, no weight read; :mod:`moescope.models.summary`) and by the analytic formulas of
@@ -27,6 +28,7 @@ from moescope.export.cost.memory import ROUNDINGS, TrainingMemory, devices_neede
 from moescope.export.cost.paper import PAPER_ROWS, PUBLISHED_STEPS, paper_comparison, published_comparison
 from moescope.export.cost.profiles import PROFILES, DeviceProfile, device_profile
 from moescope.export.cost.render import cost_json, cost_text
+from moescope.export.cost.report import CostReport, cost_report
 from moescope.export.cost.shape import ModelShape, reference_entries, reference_models
 from moescope.export.cost.step import RLWorkload, StepTime, step_time
 from moescope.export.cost.table import DEFAULT_KEEPS, cost_table, reference_table
@@ -37,6 +39,7 @@ __all__ = [
     "PROFILES",
     "PUBLISHED_STEPS",
     "ROUNDINGS",
+    "CostReport",
     "DeviceProfile",
     "ModelShape",
     "RLWorkload",
@@ -44,6 +47,7 @@ __all__ = [
     "TrainingMemory",
     "analytic_params",
     "cost_json",
+    "cost_report",
     "cost_table",
     "cost_text",
     "device_profile",
