@@ -29,9 +29,10 @@ rollout and its fp32 control, seed 0) to find where GRPO collapses, and adds the
         [--steps 80] [--lr 3e-4] [--rollout-precision bf16] [--work DIR] [--quick] [--search]
 
 writes ``OUT/natural-mismatch.json`` (every run's curves and verdict), ``.md`` (the table, the
-agreement, the search) and ``.svg`` (reward and mismatch curves). ``--work DIR`` keeps the proxy
-and every trace: a rerun takes finished traces as they are and resumes interrupted ones from
-their last checkpoint. ``--tables-only`` rewrites the .md and .svg from the .json.
+agreement, the search) and ``.svg`` (reward and mismatch curves). ``--work DIR`` (default
+``.scratch/natural-mismatch``) keeps the proxy and every trace: a rerun takes finished traces as
+they are and resumes interrupted ones from their last checkpoint. ``--tables-only`` rewrites the
+.md and .svg from the .json.
 """
 
 from __future__ import annotations
@@ -295,6 +296,13 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}g}"
 
 
+def trough(rewards: list[float], window: int = WINDOW) -> float | None:
+    """The lowest ``window``-step running mean of the reward over the highest (1: never fell)."""
+    running = [_mean(rewards[i : i + window]) for i in range(len(rewards) - window + 1)]
+    finite = [r for r in running if r is not None]
+    return min(finite) / max(finite) if finite and max(finite) > 0 else None
+
+
 def _window_means(run: dict[str, Any], key: str) -> tuple[float | None, float | None]:
     values = run["series"][key]
     return _mean(values[:WINDOW]), _mean(values[-WINDOW:])
@@ -304,16 +312,17 @@ def run_rows(runs: list[dict[str, Any]], conditions: bool = False) -> list[str]:
     """One row per run: verdict, and the first and last ``WINDOW`` steps' means."""
     lines = [
         f"| {'condition | ' if conditions else ''}model | algorithm | seed | verdict | "
-        "reward first / last 10 | mismatch first / last 10 | k3 KL first / last 10 | "
-        "entropy last 10 | s/step |",
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if conditions else ""),
+        "reward first / last 10 | lowest / highest running mean | mismatch first / last 10 | "
+        "k3 KL first / last 10 | entropy last 10 | s/step |",
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if conditions else ""),
     ]
     for r in runs:
         rew, mis, kl = (_window_means(r, k) for k in ("reward", "mismatch", "k3_kl"))
         where = f"{_condition_text(r['condition'], r['algo'])} | " if conditions else ""
         lines.append(
             f"| {where}{r['role']} | {r['algo']} | {r['seed']} | {r['verdict']} | "
-            f"{_fmt(rew[0])} / {_fmt(rew[1])} | {_fmt(mis[0])} / {_fmt(mis[1])} | "
+            f"{_fmt(rew[0])} / {_fmt(rew[1])} | {_fmt(trough(r['series']['reward']))} | "
+            f"{_fmt(mis[0])} / {_fmt(mis[1])} | "
             f"{_fmt(kl[0])} / {_fmt(kl[1])} | "
             f"{_fmt(_window_means(r, 'entropy')[1])} | {_fmt(r['seconds_per_step'])} |"
         )
@@ -409,7 +418,9 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "## Search for a collapse (the original alone, GRPO, seed 0)",
             "",
-            f"Each condition with the low-precision rollout (`grpo`) and with an fp32 rollout (`grpo-fp32`), "
+            f"`python bench/natural_mismatch.py --search --search-steps {result['search'][0]['steps']} "
+            "--work WORK`: each condition with the low-precision rollout (`grpo`) and with an fp32 rollout "
+            "(`grpo-fp32`), "
             f"{result['search'][0]['steps']} steps; what is not stated is the grid's base "
             f"({BASE['prompts_per_step']} × {BASE['group_size']}, bf16 rollout).",
             "",
@@ -447,11 +458,13 @@ def mismatch_lines(runs: list[dict[str, Any]]) -> list[str]:
         "## Mismatch and reward per cell (means over seeds)",
         "",
         f"|rollout − training log-prob| per token and k3 KL(rollout ‖ training), over the first {WINDOW} "
-        f"steps, the last {WINDOW} and all; reward over the first and last {WINDOW}.",
+        f"steps, the last {WINDOW} and all; reward over the first and last {WINDOW}; the lowest "
+        f"{WINDOW}-step running mean of the reward over its highest (a dip the run may have recovered "
+        "from; not a verdict).",
         "",
         "| model | algorithm | mismatch first / last / all | k3 KL first / last / all | "
-        "reward first / last |",
-        "|---|---|---|---|---|",
+        "reward first / last | lowest / highest running mean |",
+        "|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run in runs:
@@ -464,6 +477,7 @@ def mismatch_lines(runs: list[dict[str, Any]]) -> list[str]:
             every = _mean([_mean(r["series"][key]) for r in members])
             parts = (first, last) if key == "reward" else (first, last, every)
             cells_.append(" / ".join(_fmt(v) for v in parts))
+        cells_.append(_fmt(_mean([trough(r["series"]["reward"]) for r in members])))
         lines.append(f"| {role} | {algo} | " + " | ".join(cells_) + " |")
     return lines
 
@@ -542,7 +556,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one seed, 20 steps, grpo and gspo: a smoke run")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("docs"))
-    parser.add_argument("--work", type=Path, default=Path(".natural-mismatch"), help="proxy and traces")
+    parser.add_argument(
+        "--work", type=Path, default=Path(".scratch/natural-mismatch"), help="proxy and traces"
+    )
     parser.add_argument("--tables-only", action="store_true", help="rewrite the .md and .svg from the .json")
     args = parser.parse_args()
     if args.quick:

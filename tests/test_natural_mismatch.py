@@ -49,3 +49,8 @@ def test_the_proxy_agrees_when_its_cells_verdict_is_the_originals():
         {"model": "m", "algo": "grpo", "original": "collapses", "proxy": "collapses", "agrees": True,
          "agrees_on_collapse": True}
     ]  # fmt: skip
+
+
+def test_the_trough_is_the_lowest_running_mean_over_the_highest():
+    assert nm.trough([0.8] * 10 + [0.2] * 10 + [0.8] * 10) == pytest.approx(0.25)
+    assert nm.trough([0.0] * 20) is None
