@@ -29,10 +29,10 @@ rollout and its fp32 control, seed 0) to find where GRPO collapses, and adds the
         [--steps 80] [--lr 3e-4] [--rollout-precision bf16] [--work DIR] [--quick] [--search]
 
 writes ``OUT/natural-mismatch.json`` (every run's curves and verdict), ``.md`` (the table, the
-agreement, the search) and ``.svg`` (reward and mismatch curves). ``--work DIR`` (default
-``.scratch/natural-mismatch``) keeps the proxy and every trace: a rerun takes finished traces as
-they are and resumes interrupted ones from their last checkpoint. ``--tables-only`` rewrites the
-.md and .svg from the .json.
+agreement, the search) and ``.svg`` (reward and mismatch curves); ``--name`` gives another stem.
+``--work DIR`` (default ``.scratch/natural-mismatch``) keeps the proxy and every trace: a rerun
+takes finished traces as they are and resumes interrupted ones from their last checkpoint.
+``--tables-only`` rewrites the .md and .svg from the .json.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -70,10 +71,12 @@ SEARCH: tuple[dict[str, Any], ...] = (
     {"lr": 1e-3},
     {"lr": 1e-4, "rollout_precision": "fp16"},
     {"lr": 1e-4, "group_size": 4},
+    {"lr": 1e-4, "steps": 160},  # a longer horizon at the lr where 40 steps held
 )
 WINDOW = 10
 COLLAPSE_FRACTION = 0.5
 LEARN_MARGIN = 0.05
+THRESHOLDS = (0.4, 0.5, 0.6, 0.7)  # collapse fractions the report also counts
 CHECKPOINT_EVERY = 25
 SERIES = {
     "reward": "reward/mean",
@@ -126,7 +129,7 @@ def condition_tag(condition: dict[str, Any]) -> str:
     c = {**BASE, **condition}
     return (
         f"lr{c['lr']:.0e}-{c.get('rollout_precision', 'bf16')}-g{c['group_size']}-p{c['prompts_per_step']}"
-        f"-n{c.get('max_new_tokens') or 0}"
+        f"-n{c.get('max_new_tokens') or 0}" + (f"-s{c['steps']}" if "steps" in c else "")
     )
 
 
@@ -134,7 +137,8 @@ def replay_config(condition: dict[str, Any], algo: str, seed: int, steps: int) -
     """The replay config of one run: BASE, the condition, then the algorithm's settings."""
     import moescope
 
-    settings = {**BASE, "rollout_precision": "bf16", **condition, **ALGOS[algo]}
+    setting = {k: v for k, v in condition.items() if k != "steps"}  # a search condition's own length
+    settings = {**BASE, "rollout_precision": "bf16", **setting, **ALGOS[algo]}
     return moescope.ReplayConfig(steps=steps, seed=seed, **settings)
 
 
@@ -178,7 +182,7 @@ def _run(job: tuple[str, str, str, dict[str, Any], int, int, str]) -> dict[str, 
         "condition": condition,
         "seed": seed,
         "steps": steps,
-        "verdict": classify([math.nan if r is None else r for r in series["reward"]]),
+        "verdict": classify(_rewards({"series": series})),
         "nonfinite_steps": sum(bool(s.get("health/nonfinite")) for s in trace.steps),
         "seconds_per_step": _round(sum(t for t in times if t) / max(len(times), 1)),
         "wall": round(time.perf_counter() - started, 1),
@@ -237,7 +241,8 @@ def search(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         for condition in SEARCH:
             for algo in ("grpo", "grpo-fp32"):
                 out = work / "search" / condition_tag(condition) / model / algo / "seed0"
-                jobs.append((f"{model} original", model, algo, condition, 0, args.search_steps, str(out)))
+                steps = condition.get("steps", args.search_steps)
+                jobs.append((f"{model} original", model, algo, condition, 0, steps, str(out)))
     return run_jobs(jobs, args.workers)
 
 
@@ -337,6 +342,8 @@ def _condition_text(condition: dict[str, Any], algo: str) -> str:
         words.append(f"G {c['group_size']}")
     if "max_new_tokens" in c:
         words.append(f"{c['max_new_tokens']} new tokens")
+    if "steps" in c:
+        words.append(f"{c['steps']} steps")
     return ", ".join(words)
 
 
@@ -360,6 +367,8 @@ def command(result: dict[str, Any]) -> str:
         parts.append(f"--group-size {c['group_size']}")
     if "max_new_tokens" in c:
         parts.append(f"--max-new-tokens {c['max_new_tokens']}")
+    if result.get("name", "natural-mismatch") != "natural-mismatch":
+        parts.append(f"--name {result['name']}")
     return " ".join(parts) + " --work WORK"
 
 
@@ -410,8 +419,8 @@ def markdown(result: dict[str, Any]) -> str:
     proxies = ", ".join(
         f"{m}: WORK/{Path(p['proxy']).name} ({p['capability']})" for m, p in g["proxies"].items()
     )
-    lines += ["", f"Proxies: {proxies}.", "", *reading(table, c["rollout_precision"]), ""]
-    lines += [*mismatch_lines(g["runs"]), "", "## Every run", ""]
+    lines += ["", f"Proxies: {proxies}.", "", *reading(table, g["runs"], c["rollout_precision"]), ""]
+    lines += [*mismatch_lines(g["runs"]), "", *threshold_lines(g["runs"]), "", "## Every run", ""]
     lines += run_rows(g["runs"])
     if result.get("search"):
         lines += [
@@ -422,14 +431,33 @@ def markdown(result: dict[str, Any]) -> str:
             "--work WORK`: each condition with the low-precision rollout (`grpo`) and with an fp32 rollout "
             "(`grpo-fp32`), "
             f"{result['search'][0]['steps']} steps; what is not stated is the grid's base "
-            f"({BASE['prompts_per_step']} × {BASE['group_size']}, bf16 rollout).",
+            f"({BASE['prompts_per_step']} × {BASE['group_size']}, bf16 rollout). One seed each: a borderline "
+            "verdict here can differ from a three-seed grid's at the same condition.",
             "",
             *run_rows(result["search"], conditions=True),
+            "",
+            *search_lines(result["search"]),
         ]
     return "\n".join(lines) + "\n"
 
 
-def reading(table: dict[tuple[str, str], dict[str, Any]], precision: str) -> list[str]:
+def search_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """Per searched condition: GRPO's verdict with the low-precision rollout and with fp32."""
+    verdicts: dict[str, dict[str, str]] = {}
+    for run in runs:
+        verdicts.setdefault(_condition_text(run["condition"], "grpo"), {})[run["algo"]] = run["verdict"]
+    collapsed = {tag: v for tag, v in verdicts.items() if "collapses" in v.values()}
+    if not collapsed:
+        return ["GRPO collapsed under no searched condition, with either rollout."]
+    return ["Conditions where GRPO collapsed (seed 0):", ""] + [
+        f"- {where}: {v.get('grpo', '–')}; with an fp32 rollout instead: {v.get('grpo-fp32', '–')}"
+        for where, v in collapsed.items()
+    ]
+
+
+def reading(
+    table: dict[tuple[str, str], dict[str, Any]], runs: list[dict[str, Any]], precision: str
+) -> list[str]:
     """What the verdicts say, one line per model: against the published table and the control."""
     lines = ["## Reading", ""]
     for role in sorted({role for role, _ in table}):
@@ -449,6 +477,23 @@ def reading(table: dict[tuple[str, str], dict[str, Any]], precision: str) -> lis
             elif verdict["grpo"] == "collapses":
                 line += ": the collapse comes with the mismatch"
         lines.append(line + ".")
+    return lines + replay_lines(runs)
+
+
+def replay_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """What routing replay does to the mismatch: mean over steps and seeds, without and with."""
+    cells_ = _by_cell(runs)
+    lines = []
+    for role in sorted({role for role, _ in cells_}):
+        if (role, "grpo") in cells_ and (role, "grpo+r3") in cells_:
+            without, with_ = (
+                _mean([_mean(r["series"]["mismatch"]) for r in cells_[(role, algo)]])
+                for algo in ("grpo", "grpo+r3")
+            )
+            lines.append(
+                f"- {role}: routing replay takes the mean mismatch from {_fmt(without)} (grpo) "
+                f"to {_fmt(with_)}."
+            )
     return lines
 
 
@@ -458,28 +503,57 @@ def mismatch_lines(runs: list[dict[str, Any]]) -> list[str]:
         "## Mismatch and reward per cell (means over seeds)",
         "",
         f"|rollout − training log-prob| per token and k3 KL(rollout ‖ training), over the first {WINDOW} "
-        f"steps, the last {WINDOW} and all; reward over the first and last {WINDOW}; the lowest "
-        f"{WINDOW}-step running mean of the reward over its highest (a dip the run may have recovered "
+        f"steps, the last {WINDOW} and all; reward at step 0 and over the first and last {WINDOW}; the "
+        f"lowest {WINDOW}-step running mean of the reward over its highest (a dip the run may have recovered "
         "from; not a verdict).",
         "",
         "| model | algorithm | mismatch first / last / all | k3 KL first / last / all | "
-        "reward first / last | lowest / highest running mean |",
+        "reward step 0 / first / last | lowest / highest running mean |",
         "|---|---|---|---|---|---|",
     ]
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for run in runs:
-        groups.setdefault((run["role"], run["algo"]), []).append(run)
-    for (role, algo), members in groups.items():
+    for (role, algo), members in _by_cell(runs).items():
         cells_ = []
         for key in ("mismatch", "k3_kl", "reward"):
             first = _mean([_window_means(r, key)[0] for r in members])
             last = _mean([_window_means(r, key)[1] for r in members])
             every = _mean([_mean(r["series"][key]) for r in members])
-            parts = (first, last) if key == "reward" else (first, last, every)
+            start = _mean([r["series"][key][0] for r in members])
+            parts = (start, first, last) if key == "reward" else (first, last, every)
             cells_.append(" / ".join(_fmt(v) for v in parts))
         cells_.append(_fmt(_mean([trough(r["series"]["reward"]) for r in members])))
         lines.append(f"| {role} | {algo} | " + " | ".join(cells_) + " |")
     return lines
+
+
+def threshold_lines(runs: list[dict[str, Any]], fractions: tuple[float, ...] = THRESHOLDS) -> list[str]:
+    """Seeds that collapse per cell at other collapse thresholds than the verdict's."""
+    lines = [
+        "## How the verdict moves with the collapse threshold",
+        "",
+        "Seeds judged *collapses* per cell when the last 10 steps' mean must fall below each fraction of the "
+        f"peak running mean (the verdict above uses {COLLAPSE_FRACTION}).",
+        "",
+        "| model | algorithm | " + " | ".join(f"< {f:.0%} of peak" for f in fractions) + " |",
+        "|---|---|" + "---|" * len(fractions),
+    ]
+    for (role, algo), members in _by_cell(runs).items():
+        counts = []
+        for fraction in fractions:
+            words = [classify(_rewards(r), collapse_fraction=fraction) for r in members]
+            counts.append(f"{words.count('collapses')}/{len(words)}")
+        lines.append(f"| {role} | {algo} | " + " | ".join(counts) + " |")
+    return lines
+
+
+def _by_cell(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["role"], run["algo"]), []).append(run)
+    return groups
+
+
+def _rewards(run: dict[str, Any]) -> list[float]:
+    return [math.nan if r is None else r for r in run["series"]["reward"]]
 
 
 def _cell_text(cell: dict[str, Any]) -> str:
@@ -537,6 +611,17 @@ def write_outputs(result: dict[str, Any], stem: Path) -> str:
     return text
 
 
+def _dumps(result: dict[str, Any]) -> str:
+    """Indented JSON with each list of numbers on one line (the per-step curves)."""
+    text = json.dumps(result, indent=1)
+    flat = re.sub(
+        r"\[\s+([^\[\]{}\"]*?)\s+\]",
+        lambda m: "[" + " ".join(m.group(1).split()) + "]",
+        text,
+    )
+    return flat + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=("toy-v3",), choices=MODELS)
@@ -556,6 +641,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one seed, 20 steps, grpo and gspo: a smoke run")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--name", default="natural-mismatch", help="OUT/NAME.json, .md, .svg")
     parser.add_argument(
         "--work", type=Path, default=Path(".scratch/natural-mismatch"), help="proxy and traces"
     )
@@ -563,7 +649,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.steps, args.algos, args.search_steps = (0,), 2 * WINDOW, ("grpo", "gspo"), 2 * WINDOW
-    stem = args.out / ("natural-mismatch-quick" if args.quick else "natural-mismatch")
+    stem = args.out / (f"{args.name}-quick" if args.quick else args.name)
     previous = (
         json.loads(stem.with_suffix(".json").read_text()) if stem.with_suffix(".json").is_file() else {}
     )
@@ -574,9 +660,10 @@ def main() -> None:
         result = {**previous, "search": search(args, args.work)}
     else:
         result = {**previous, "keep": args.keep, "grid": grid(args, args.work), "workers": args.workers}
+        result["name"] = args.name
         result["wall"] = round(time.perf_counter() - started)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    stem.with_suffix(".json").write_text(_dumps(result))
     if "grid" in result:
         print(write_outputs(result, stem))
         print("regenerate:", command(result).replace("WORK", shlex.quote(str(args.work))))
