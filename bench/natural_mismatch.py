@@ -382,8 +382,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Natural mismatch: low-precision rollout engine vs fp32 trainer, no fault injected",
         "",
-        f"`{command(result)}` ({result.get('wall', '?')} s wall with {result.get('workers', 2)} "
-        "workers, one torch thread each, on a shared 2-core CPU).",
+        f"`{command(result)}`: its {len(g['runs'])} replays' steps took {_compute(g['runs']):.0f} s in all "
+        f"({result.get('workers', 2)} at a time, one torch thread each, on a shared 2-core CPU; the last "
+        f"invocation's wall time {result.get('wall', '?')} s, finished replays taken as they were).",
         "",
         f"Rollout engine in **{c['rollout_precision']}** (autocast), trainer in **fp32**; "
         f"{c['prompts_per_step']} prompts × {c['group_size']} samples per step on {', '.join(c['tasks'])}, "
@@ -554,6 +555,11 @@ def _by_cell(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str,
 
 def _rewards(run: dict[str, Any]) -> list[float]:
     return [math.nan if r is None else r for r in run["series"]["reward"]]
+
+
+def _compute(runs: list[dict[str, Any]]) -> float:
+    """Seconds the replays' steps took (mean step time × steps, from the traces)."""
+    return sum((r["seconds_per_step"] or 0) * r["steps"] for r in runs)
 
 
 def _cell_text(cell: dict[str, Any]) -> str:
