@@ -666,7 +666,7 @@ def main() -> None:
         result = {**previous, "search": search(args, args.work)}
     else:
         result = {**previous, "keep": args.keep, "grid": grid(args, args.work), "workers": args.workers}
-        result["name"] = args.name
+        result["name"] = stem.name
         result["wall"] = round(time.perf_counter() - started)
     args.out.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(_dumps(result))
