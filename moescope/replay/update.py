@@ -102,8 +102,12 @@ def adam_step_sq(optimizer: torch.optim.Optimizer) -> tuple[float, float, float]
     weight decay aside) and the coordinate count, read from its state: 1 per coordinate on
     Adam's first step, well below once its moments have averaged noisy gradients, so a jump
     back to 1 mid-run is a state that was lost (the ``resume_state`` fault); and the largest
-    step count in the state, which such a loss sets back."""
-    total, count, steps = 0.0, 0.0, 0.0
+    step count in the state, which such a loss sets back. Under FSDP each rank holds a disjoint
+    shard of the state: the local sums are added over ranks, so every rank has the whole
+    model's figures."""
+    from moescope.models.sharding import is_sharded, local, sum_over_shards
+
+    total, count, steps, sharded = 0.0, 0.0, 0.0, False
     for group in optimizer.param_groups:
         beta1, beta2 = group["betas"]
         for p in group["params"]:
@@ -112,8 +116,12 @@ def adam_step_sq(optimizer: torch.optim.Optimizer) -> tuple[float, float, float]
                 continue
             t = float(state["step"])
             steps = max(steps, t)
-            m = state["exp_avg"] / (1 - beta1**t)
-            v = state["exp_avg_sq"] / (1 - beta2**t)
+            sharded = sharded or is_sharded(state["exp_avg"])
+            m = local(state["exp_avg"]) / (1 - beta1**t)
+            v = local(state["exp_avg_sq"]) / (1 - beta2**t)
             total += float((m / (v.sqrt() + group["eps"])).float().square().sum())
             count += m.numel()
+    if sharded:
+        sums = sum_over_shards(torch.tensor([total, count], dtype=torch.float64))
+        total, count = (float(x) for x in sums)
     return total, count, steps
