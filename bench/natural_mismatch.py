@@ -628,6 +628,14 @@ def _dumps(result: dict[str, Any]) -> str:
     return flat + "\n"
 
 
+def _relative(text: str, work: Path) -> str:
+    """``text`` with the work directory's paths written ``WORK/...``, as the tables and the
+    regenerate command name them: the JSON is published, the machine's paths are not."""
+    for root in sorted({str(work.resolve()), str(work)}, key=len, reverse=True):
+        text = text.replace(json.dumps(root)[1:-1] + "/", "WORK/")
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=("toy-v3",), choices=MODELS)
@@ -669,7 +677,7 @@ def main() -> None:
         result["name"] = stem.name
         result["wall"] = round(time.perf_counter() - started)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(_dumps(result))
+    stem.with_suffix(".json").write_text(_relative(_dumps(result), args.work))
     if "grid" in result:
         print(write_outputs(result, stem))
         print("regenerate:", command(result).replace("WORK", shlex.quote(str(args.work))))
