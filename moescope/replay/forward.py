@@ -32,7 +32,7 @@ from moescope.replay.models import Models
 from moescope.replay.precision import fp32_routers, rounded_router
 from moescope.replay.router_replay import check_replayable, replayed_routing
 from moescope.replay.sums import StepSums
-from moescope.replay.wiring import combined_in, drifted, mismatch_keep, stale
+from moescope.replay.wiring import combined_in, drifted, mismatch_keep, on_output, stale
 
 TRAINER_SIDE = ("router_precision", "parallel_reduction", "packing_positions", "stale_routes")
 """Faults of the trainer's passes: the old log-probs stay the trainer's, the rollout's differ."""
@@ -253,18 +253,10 @@ def nan_output(
         )
 
     def hook(module, args, out):
-        return _poison(out) if when is None or when() else None
+        return on_output(out, lambda t: torch.full_like(t, float("nan"))) if when is None or when() else None
 
     handle = modules[module_name].register_forward_hook(hook, prepend=True)
     try:
         yield
     finally:
         handle.remove()
-
-
-def _poison(out: Any) -> Any:
-    if torch.is_tensor(out) and out.is_floating_point():
-        return torch.full_like(out, float("nan"))
-    if isinstance(out, tuple):
-        return (_poison(out[0]), *out[1:])
-    return out

@@ -15,8 +15,9 @@ and the masks they reach for beyond importance-sampling correction.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import torch
 
@@ -43,16 +44,22 @@ def combined_in(moe: MoEModel, precision: str) -> Iterator[None]:
     dtype = DTYPES[precision]
 
     def hook(module: torch.nn.Module, args: object, out: object) -> object:
-        if torch.is_tensor(out):
-            return out.to(dtype).to(out.dtype)
-        if isinstance(out, tuple) and out and torch.is_tensor(out[0]):
-            return (out[0].to(dtype).to(out[0].dtype), *out[1:])
-        return None
+        return on_output(out, lambda t: t.to(dtype).to(t.dtype))
 
     with ExitStack() as stack:
         for layer in moe.layers:
             stack.callback(layer.experts.register_forward_hook(hook).remove)
         yield
+
+
+def on_output(out: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """A module's output with ``change`` applied to its floating-point tensor: the output itself,
+    or the first item of a tuple (blocks that also return router logits), the rest kept."""
+    if torch.is_tensor(out):
+        return change(out) if out.is_floating_point() else out
+    if isinstance(out, tuple) and out:
+        return (on_output(out[0], change), *out[1:])
+    return out
 
 
 def stale(
