@@ -85,11 +85,7 @@ WIDGET_JS = HERE / "_static_widgets"
 
 def _write_widget_scripts() -> dict[str, dict[str, str]]:
     WIDGET_JS.mkdir(exist_ok=True)
-    scripts = {
-        "require.js": (report_html.STATIC / "require.js").read_text(encoding="utf-8"),
-        "anywidget.js": report_html._anywidget_amd() or "",
-        "embed-amd.js": report_html._embed_amd(),
-    }
+    scripts = report_html.widget_scripts()
     for name, text in scripts.items():
         (WIDGET_JS / name).write_text(text, encoding="utf-8")
     return {name: {} for name in scripts}

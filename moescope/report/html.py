@@ -108,13 +108,22 @@ def _chart_container(spec: Any, svg: str) -> str:
     )
 
 
+def widget_scripts() -> dict[str, str]:
+    """The scripts that draw saved widget state offline, by file name, in load order: require.js,
+    anywidget's AMD module (empty where anywidget's notebook extension is not installed) and the
+    widget manager; a page inlines them, a documentation site serves them as files."""
+    return {
+        "require.js": _static_text("require.js"),
+        "anywidget.js": _anywidget_amd() or "",
+        "embed-amd.js": _embed_amd(),
+    }
+
+
 def _widget_scripts(state: dict[str, Any]) -> list[str]:
-    scripts = [_static_text("require.js")]
-    if any(model.get("model_module") == "anywidget" for model in state.values()):
-        anywidget = _anywidget_amd()
-        if anywidget is not None:
-            scripts.append(anywidget)
-    return [*scripts, _embed_amd()]
+    scripts = widget_scripts()
+    if not any(model.get("model_module") == "anywidget" for model in state.values()):
+        scripts.pop("anywidget.js")
+    return [script for script in scripts.values() if script]
 
 
 def _slim_jupyter_charts(state: dict[str, Any]) -> bool:
