@@ -20,7 +20,10 @@ is placed by accelerate.
 The layer-sequential gatherer runs when the export is told to stream, or when the in-memory
 export's peak (the original, plus a proxy) would not fit the memory budget: ``max_memory`` (as
 accelerate's ``max_memory``: what the weights may take), else the memory available now. The
-proxy itself is loaded whole wherever it is measured or healed, so it must fit the budget.
+proxy itself is loaded whole wherever it is measured or healed, so it must fit the budget. A
+layer-sequential original's passes are sized within ``max_memory`` too: one layer's weights,
+the hidden states of a forward's rows and one chunk of rows' activations in a layer
+(:mod:`moescope.models.row_chunks`), each layer read once per forward.
 """
 
 from __future__ import annotations
@@ -244,7 +247,7 @@ def gather(model: str | Path, source: Path, placement: Placement, *, out: Path) 
 
     from moescope.explore.sequential import largest_layer_bytes, layer_sequential
 
-    with layer_sequential(source, dtype=dtype, device=compute.main_device) as lm:
+    with layer_sequential(source, dtype=dtype, device=compute.main_device, available=placement.budget) as lm:
         check_budget(placement, loads_proxy=False, layer=largest_layer_bytes(lm))
         cutter = _shard_cutter(source, out, placement.budget, compute)
         yield Gathered(lm, load_tokenizer(source), placement, cutter)

@@ -37,7 +37,7 @@ from moescope.explore.methods import (
 from moescope.explore.methods import method as method_named
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
-from moescope.explore.sequential import checkpoint_reads, fit_pass, pass_batch_size, router_rows
+from moescope.explore.sequential import checkpoint_reads, data_width, fit_pass, pass_batch_size, router_rows
 from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.export.boundary import check_inputs
 from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
@@ -513,10 +513,11 @@ def _assess(
     if not fidelity:
         return {"fidelity": None, "checklist": None}
     options = {"seed": seed, "tasks": tasks, **(fidelity if isinstance(fidelity, dict) else {})}
+    held_out = calibration_data(lm, tokenizer, seed=seed + 1)
     if read_per_forward(lm):  # each forward reads the checkpoint: the same rows in fewer
         shape = {name: options.get(name, _fidelity_default(name)) for name in ("n_tokens", "seq_len")}
+        shape["seq_len"] = data_width(held_out, tokenizer, **shape, seed=seed)
         options["rows_per_forward"] = pass_batch_size(lm, **shape)
-    held_out = calibration_data(lm, tokenizer, seed=seed + 1)
     measured = measure_fidelity(
         lm, proxy, held_out, tokenizer=tokenizer, selection=chosen, original_accuracy=known, **options
     )
