@@ -344,11 +344,13 @@ def pass_batch_size(
     seq_len: int | None = None,
     available: int | None = None,
     backward: bool = False,
+    logits: int | None = None,
 ) -> int:
     """Rows per forward of a layer-sequential pass: as many as half the memory left beside its
     largest layer (:func:`~moescope.models.footprint.pass_memory`) holds of their hidden states
     and kept logits (:func:`forward_row_bytes`, rows at ``seq_len``; ``backward``: a Taylor
-    pass), at least one, at most one row per token.
+    pass; ``logits``: the bytes a row's logits take where the pass keeps more than the last
+    position's), at least one, at most one row per token.
 
     Every forward reads every layer from the shards again, and each layer runs the forward's
     rows in chunks its activations fit (:func:`chunk_rows`), so a forward is as large as the
@@ -357,19 +359,23 @@ def pass_batch_size(
     """
     n_tokens = n_tokens if n_tokens is not None else _routing_default("n_tokens")
     seq_len = seq_len if seq_len is not None else _routing_default("seq_len")
-    per_row = forward_row_bytes(model, seq_len=seq_len, backward=backward)
+    per_row = forward_row_bytes(model, seq_len=seq_len, backward=backward, logits=logits)
     return min(rows_beside_layer(model, per_row, available=available), n_tokens)
 
 
-def forward_row_bytes(model: PreTrainedModel, *, seq_len: int, backward: bool = False) -> int:
+def forward_row_bytes(
+    model: PreTrainedModel, *, seq_len: int, backward: bool = False, logits: int | None = None
+) -> int:
     """What one row of ``seq_len`` positions holds through a whole forward of a layer-sequential
     ``model`` (:func:`~moescope.models.footprint.row_state_bytes`) and the logits the pass keeps:
-    the last position's, or, for a Taylor pass (``backward``) whose LM head cannot run in chunks
-    (:func:`~moescope.explore.taylor.head_in_chunks`), every position's four times over."""
+    ``logits`` bytes where given, else the last position's, or, for a Taylor pass (``backward``)
+    whose LM head cannot run in chunks (:func:`~moescope.explore.taylor.head_in_chunks`), every
+    position's four times over."""
     from moescope.explore.taylor import head_in_chunks
 
     vocab = model.config.get_text_config().vocab_size
-    logits = 16 * seq_len * vocab if backward and not head_in_chunks(model) else 4 * vocab
+    if logits is None:
+        logits = 16 * seq_len * vocab if backward and not head_in_chunks(model) else 4 * vocab
     return row_state_bytes(model.config, seq_len=seq_len, backward=backward) + logits
 
 

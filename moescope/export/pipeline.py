@@ -476,6 +476,11 @@ def _known_original(got: Gathered, config: ExportConfig, inputs: ExportInputs) -
     )
 
 
+# Bytes per position and vocabulary entry the held-out pass holds: both models' logits, their
+# float32 log-softmax and the scored rows of each, and the KL's three temporaries.
+FIDELITY_LOGITS = 40
+
+
 def _fidelity_default(name: str) -> Any:
     return inspect.signature(measure_fidelity).parameters[name].default
 
@@ -517,7 +522,8 @@ def _assess(
     if read_per_forward(lm):  # each forward reads the checkpoint: the same rows in fewer
         shape = {name: options.get(name, _fidelity_default(name)) for name in ("n_tokens", "seq_len")}
         shape["seq_len"] = data_width(held_out, tokenizer, **shape, seed=seed)
-        options["rows_per_forward"] = pass_batch_size(lm, **shape)
+        logits = FIDELITY_LOGITS * shape["seq_len"] * lm.config.get_text_config().vocab_size
+        options["rows_per_forward"] = pass_batch_size(lm, **shape, logits=logits)
     measured = measure_fidelity(
         lm, proxy, held_out, tokenizer=tokenizer, selection=chosen, original_accuracy=known, **options
     )
