@@ -108,3 +108,30 @@ def test_only_tensors_with_a_row_per_entry_are_cut() -> None:
     assert cut_hidden.shape == (2, 7, 4) and cut["mask"].shape == (2, 1, 7, 7)
     assert cut["cos_sin"][0] is shared and cut["cos_sin"][1].shape == (2, 7, 2)  # broadcast rows kept whole
     assert cut["cache_position"] is positions and cut["n"] == 3
+
+
+def test_the_held_out_kl_of_an_original_whose_head_runs_apart_is_the_in_memory_one(monkeypatch) -> None:
+    """The original's forward stops at its head, which then runs two rows at a time beside the
+    proxy's forward of the same rows: the same KL, agreement and routing as in memory."""
+    from moescope.export.fidelity.agreement import SCORED_BYTES, next_token_agreement, task_batches
+    from moescope.models.tasks import heldout
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, tokenizer = load_model("toy")
+        proxy, _ = load_model("toy")
+    with torch.no_grad():
+        for parameter in proxy.parameters():
+            parameter.add_(0.01 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)))
+    batches = list(task_batches(heldout("add2", 10), tokenizer, n_tokens=10_000, batch_size=10))
+    expected, expected_stats = next_token_agreement(model, proxy, batches, observe=True)
+    with layer_sequential("toy") as loaded:
+        width, vocab = batches[0]["input_ids"].shape[1], loaded.config.vocab_size
+        chunk = SCORED_BYTES * width * vocab
+        monkeypatch.setattr(loaded, "_pass_memory", largest_layer_bytes(loaded) + 2 * 2 * chunk + 1)
+        got, stats = next_token_agreement(loaded, proxy, batches, observe=True)
+    assert got["n_tokens"] == expected["n_tokens"] > 0 and expected["kl"] > 0
+    for name in ("kl", "top1_agreement", "perplexity_ratio"):
+        assert got[name] == pytest.approx(expected[name], rel=1e-5), name
+    np.testing.assert_array_equal(stats[0].counts, expected_stats[0].counts)
+    np.testing.assert_array_equal(stats[1].counts, expected_stats[1].counts)

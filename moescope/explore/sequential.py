@@ -369,13 +369,13 @@ def forward_row_bytes(
     """What one row of ``seq_len`` positions holds through a whole forward of a layer-sequential
     ``model`` (:func:`~moescope.models.footprint.row_state_bytes`) and the logits the pass keeps:
     ``logits`` bytes where given, else the last position's, or, for a Taylor pass (``backward``)
-    whose LM head cannot run in chunks (:func:`~moescope.explore.taylor.head_in_chunks`), every
+    whose LM head cannot run in chunks (:func:`~moescope.models.lm_head.head_runs_apart`), every
     position's four times over."""
-    from moescope.explore.taylor import head_in_chunks
+    from moescope.models.lm_head import head_runs_apart
 
     vocab = model.config.get_text_config().vocab_size
     if logits is None:
-        logits = 16 * seq_len * vocab if backward and not head_in_chunks(model) else 4 * vocab
+        logits = 16 * seq_len * vocab if backward and not head_runs_apart(model) else 4 * vocab
     return row_state_bytes(model.config, seq_len=seq_len, backward=backward) + logits
 
 

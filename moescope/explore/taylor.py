@@ -30,7 +30,7 @@ each decoder layer runs its rows in chunks under activation checkpointing
 (:mod:`moescope.models.row_chunks`): the forward keeps a layer's input only, and the backward
 reads the layer once more and runs each chunk again from its input before its gradients; one
 layer's weights are in memory at a time and the sums are the same. The LM head then runs in
-chunks of rows too (:func:`head_in_chunks`), so a batch holds every layer's input but not every
+chunks of rows too (:func:`head_runs_apart`), so a batch holds every layer's input but not every
 position's logits, and one batch can hold many rows: each batch reads every layer twice.
 Llama 4 scales each expert's *input* by its routing score, where scaling the score does not take
 the expert away: refused there.
@@ -50,9 +50,9 @@ import torch
 from moescope.errors import MoescopeError
 from moescope.explore.calibration import calibration_batches, pad_scored
 from moescope.explore.rl_data import RLCalibration
+from moescope.models.lm_head import head_input, head_runs_apart, own_forward
 from moescope.models.resident import execution_device, resident
 from moescope.models.row_chunks import (
-    chunks_rows,
     layers_read_for_backward,
     read_again_for_backward,
     row_offset,
@@ -188,15 +188,15 @@ def _scale_gradients(
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], **extra}
     ids, scored = batch["input_ids"], batch["scored"]
     with _scaled_experts(moe, scales, width), layers_read_for_backward():
-        if not head_in_chunks(model):
+        if not head_runs_apart(model):
             return torch.autograd.grad(
                 _log_likelihood(model(**inputs).logits, ids, scored, dtype), scales, allow_unused=True
             )
         head = model.get_output_embeddings()
-        hidden = _head_input(model, inputs)
+        hidden = head_input(model, inputs)
         with resident(head):  # read once for the forward's chunks, once more for the backward's
             likelihood = read_again_for_backward(
-                head, hidden, lambda h: _chunked_likelihood(model, _own_forward(head), h, ids, scored, dtype)
+                head, hidden, lambda h: _chunked_likelihood(model, own_forward(head), h, ids, scored, dtype)
             )
         return torch.autograd.grad(likelihood, scales, allow_unused=True)
 
@@ -208,46 +208,6 @@ def _log_likelihood(
     log_p = torch.log_softmax(logits[:, :-1].to(dtype), dim=-1)
     picked = log_p.gather(-1, ids[:, 1:, None])[..., 0]
     return (picked * scored[:, 1:].to(dtype)).sum()
-
-
-# Config fields whose model changes the logits after the LM head: the head alone is not the logits.
-_AFTER_HEAD = ("logits_scaling", "logit_scale", "final_logit_softcapping")
-
-
-def head_in_chunks(model: Any) -> bool:
-    """Whether a Taylor pass on ``model`` runs its LM head a chunk of rows at a time: on a model
-    whose decoder layers run rows in chunks (layer-sequential) and whose logits are the head's
-    output, so a batch never holds every position's logits at once."""
-    text = model.config.get_text_config()
-    after_head = any(getattr(text, name, None) not in (None, 1, 1.0) for name in _AFTER_HEAD)
-    return chunks_rows(model) and not after_head
-
-
-class _HeadReached(Exception):
-    def __init__(self, hidden: torch.Tensor) -> None:
-        self.hidden = hidden
-
-
-def _head_input(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
-    """``(rows, T, H)``: what the LM head would read, the forward stopped before the head runs
-    (and before its weights are read)."""
-
-    def stop(_: Any, args: tuple[Any, ...]) -> None:
-        raise _HeadReached(args[0])
-
-    handle = model.get_output_embeddings().register_forward_pre_hook(stop)
-    try:
-        model(**inputs)
-    except _HeadReached as reached:
-        return reached.hidden
-    finally:
-        handle.remove()
-    raise MoescopeError(f"{type(model).__name__}'s forward never ran its LM head; run taylor in memory.")
-
-
-def _own_forward(module: torch.nn.Module) -> Any:
-    """``module``'s forward without accelerate's hook (which would read its weights again)."""
-    return getattr(module, "_old_forward", module.forward)
 
 
 def _chunked_likelihood(
