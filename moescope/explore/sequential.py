@@ -24,14 +24,20 @@ rather than mapped. ``from_pretrained``'s own disk offload (layers placed on ``"
 read every tensor once while loading, re-save the converted ones to an offload folder, and map
 each shard, whose pages count in the process's resident memory: on the 4 GB bench checkpoint a
 peak RSS of 4.5 GB against the in-memory pass's 8.4 GB, where this design's is 1.0 GB.
-Peak memory is one layer's weights and one batch's activations (and the embeddings, where the
-LM head shares them), above the interpreter's own; :func:`check_memory` refuses a pass in
-which those would not fit, before its first layer runs. Code that uses a layer's weights
+The passes run *layer-major* (:mod:`moescope.models.row_chunks`): a forward takes as many rows
+as their hidden states allow, and each decoder layer, once read, runs them in chunks of as many
+rows as its activations may take, so the checkpoint is read once per forward and the transient
+activations are one chunk's. Peak memory is one layer's weights, a forward's hidden states and
+one chunk's activations (and the embeddings, where the LM head shares them), above the
+interpreter's own, all within ``available`` (an export's ``--max-memory``) where given;
+:func:`check_memory` refuses a pass whose layer and hidden states would not fit, before its
+first layer runs. Code that uses a layer's weights
 outside its forward (the expert embeddings of :func:`~moescope.explore.embeddings.embed_experts`)
 runs the same hooks around it (:func:`~moescope.models.resident.resident`), one layer in memory
 at a time there too. Taylor importance (:func:`taylor_importance_sequential`) needs a backward,
-for which autograd would keep every layer's weights: there each layer runs again from its kept
-input in the backward, its weights read a second time (:mod:`moescope.explore.taylor`).
+for which autograd would keep every layer's weights: there each chunk runs again from its kept
+input in the backward, the layer's weights read a second time for all its chunks
+(:mod:`moescope.explore.taylor`).
 
 Hand-rolled alternatives were weighed: a loop that runs ``layer(hidden)`` itself must rebuild
 what the model's forward computes around its layers (rotary positions, masks, per-layer
@@ -250,10 +256,11 @@ def taylor_importance_sequential(
     memory.
 
     ``dtype`` is :func:`layer_sequential`'s (``"auto"``, the checkpoint's, as an export loads
-    it). Each batch reads every layer twice (its forward, and the backward's run of each layer
-    from its kept input), so unless ``batch_size`` is given a batch takes as many rows as half
-    the memory beside the largest layer holds (:func:`pass_batch_size`, every layer's input and
-    every position's logits counted). ``available`` is as for :func:`collect_routing_sequential`.
+    it). Each batch reads every layer twice (its forward, and once more for the backward's run
+    of its chunks), so unless ``batch_size`` is given a batch takes as many rows as half the
+    memory beside the largest layer holds (:func:`pass_batch_size`, every layer's input
+    counted, and every position's logits where the LM head cannot run apart).
+    ``available`` is as for :func:`collect_routing_sequential`.
 
     Example
     -------
@@ -281,9 +288,9 @@ def fit_pass(
     available: int | None = None,
 ) -> dict[str, Any]:
     """``options`` of a calibration pass (``backward``: a Taylor pass) over ``data`` on a
-    layer-sequential ``model``, with as many rows per batch as memory holds beside a layer
-    (each batch reads every layer from the shards), refused in one sentence where even one
-    batch does not fit."""
+    layer-sequential ``model``, with as many rows per batch as their hidden states allow beside
+    a layer (each batch reads every layer from the shards), refused in one sentence where even
+    one batch does not fit."""
     return _fitted(
         model, options, _pass_shape(data, options, backward), available=available, backward=backward
     )

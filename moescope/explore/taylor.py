@@ -118,7 +118,8 @@ def taylor_importance(
 
     The model runs in eval mode with its parameters' ``requires_grad`` off; both are restored. A
     model whose decoder layers are read when used (layer-sequential) is run a layer at a time in
-    the backward too (see the module docstring): each batch reads every layer twice.
+    the backward too (see the module docstring): each batch reads every layer twice, however
+    many chunks of rows its layers run.
     """
     from tqdm.auto import tqdm
 
