@@ -210,3 +210,17 @@ def test_a_proxy_larger_than_the_budget_is_cut_from_the_shards_when_nothing_is_m
     assert adapt(proxy).num_experts == 16 and sum(f.stat().st_size for f in weight_files(result.path)) > 4e6
     with pytest.raises(MoescopeError, match="does not fit --max-memory"):
         export_proxy("toy", tmp_path / "q", max_memory=TOY_BUDGET, **{**options, "fidelity": True})
+
+
+def test_the_passes_share_the_budget_with_a_proxy_held_whole(tmp_path: Path) -> None:
+    """Under --max-memory, a layer-sequential original's passes are sized within the budget,
+    and, once a proxy is cut and loaded to be measured, within what the proxy leaves of it."""
+    from moescope.export.gather import gather, placement_for
+
+    source = resolve_model("toy")
+    placement = placement_for("toy", "1/4", max_memory="6MB")
+    with gather("toy", source, placement, out=tmp_path / "proxy") as got:
+        assert got.original._pass_memory == parse_size("6MB")
+        proxy = got.cut(select_experts(got.original, "1/4", method="random", seed=0))
+        held = sum(t.numel() * t.element_size() for t in proxy.state_dict().values())
+        assert got.original._pass_memory == parse_size("6MB") - held > 0

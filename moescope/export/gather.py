@@ -249,15 +249,17 @@ def gather(model: str | Path, source: Path, placement: Placement, *, out: Path) 
 
     with layer_sequential(source, dtype=dtype, device=compute.main_device, available=placement.budget) as lm:
         check_budget(placement, loads_proxy=False, layer=largest_layer_bytes(lm))
-        cutter = _shard_cutter(source, out, placement.budget, compute)
+        cutter = _shard_cutter(source, out, placement.budget, compute, lm)
         yield Gathered(lm, load_tokenizer(source), placement, cutter)
 
 
 def _shard_cutter(
-    source: Path, out: Path, budget: int | None, compute: Compute = ON_CPU
+    source: Path, out: Path, budget: int | None, compute: Compute = ON_CPU, original: Any = None
 ) -> Callable[[Selection], PreTrainedModel]:
     """``selection → proxy``: cut from ``source``'s shards into a scratch directory beside ``out``,
-    loaded whole on ``compute``'s device (refused, in one sentence, where it would not fit ``budget``)."""
+    loaded whole on ``compute``'s device (refused, in one sentence, where it would not fit
+    ``budget``). The layer-sequential ``original``'s passes then share ``budget`` with it: they
+    are sized within what the proxy leaves."""
     from moescope.export.streaming.export import write_selected
     from moescope.models.loading import load_model, weight_files
 
@@ -272,6 +274,10 @@ def _shard_cutter(
             if budget is not None and size > budget:
                 raise _proxy_too_large(format_size(size), "--max-memory", budget)
             proxy, _ = load_model(scratch, dtype=compute.torch_dtype(), with_tokenizer=False, **placed)
+            if budget is not None and original is not None:
+                original._pass_memory = budget - sum(
+                    t.numel() * t.element_size() for t in proxy.state_dict().values()
+                )
             return proxy
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
