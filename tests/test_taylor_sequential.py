@@ -59,7 +59,8 @@ def test_sums_equal_the_in_memory_pass(arch: str, tiny_checkpoint) -> None:
         np.testing.assert_allclose(sums, expected.sums, rtol=1e-5, atol=1e-6 * expected.sums.max())
 
 
-def test_one_decoder_layer_is_in_memory_through_the_backward(monkeypatch) -> None:
+@pytest.mark.parametrize(("rows", "chunks"), [(3, 2), (1, 1)])  # batches of 3 rows in 2 chunks; of 1 row
+def test_one_decoder_layer_is_in_memory_through_the_backward(rows: int, chunks: int, monkeypatch) -> None:
     """Each layer's weights are read twice a batch (its forward, then once for the backward of
     all its chunks), however many chunks its rows run in, and no other layer's weights are
     alive, in a module or kept by autograd, while a layer runs."""
@@ -71,7 +72,7 @@ def test_one_decoder_layer_is_in_memory_through_the_backward(monkeypatch) -> Non
     with layer_sequential("toy") as model:
         layers = decoder_layers(model)
         forwards = [layer.forward for layer in layers]
-        chunk_decoder_layers(model, lambda *_: 2)  # each batch of 3 rows in chunks of 2 and 1
+        chunk_decoder_layers(model, lambda *_: 2)
 
         def track(index: int):
             def hook(*_: object) -> None:  # inside the layer: its weights are loaded
@@ -81,14 +82,15 @@ def test_one_decoder_layer_is_in_memory_through_the_backward(monkeypatch) -> Non
             return hook
 
         hooks = [layer.experts.register_forward_pre_hook(track(layer.index)) for layer in adapt(model).layers]
-        taylor_importance(model, _ids(model), batch_size=3, **OPTIONS)
+        taylor_importance(model, _ids(model), batch_size=rows, **OPTIONS)
         for hook in hooks:
             hook.remove()
         assert all(p.device.type == "meta" for p in layers.parameters())  # released after
         assert [layer.forward for layer in layers] == forwards  # accelerate's own forward
     assert set(seen) == {1}, seen
-    assert len(seen) == 2 * 2 * 2 * len(layers)  # 2 batches of 2 chunks, in the forward and the backward
-    assert all(reads.count(layer) == 2 * 2 for layer in set(reads)) and len(set(reads)) == len(layers)
+    batches = 6 // rows
+    assert len(seen) == batches * chunks * 2 * len(layers)  # each chunk in the forward and the backward
+    assert all(reads.count(layer) == batches * 2 for layer in set(reads)) and len(set(reads)) == len(layers)
 
 
 def test_an_lm_head_read_from_disk_is_not_in_memory_beside_a_layer(tiny_checkpoint, monkeypatch) -> None:

@@ -77,20 +77,20 @@ class _ChunkedForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hidden = args[0] if args else kwargs["hidden_states"]
         rows, backward = hidden.shape[0], torch.is_grad_enabled()
-        if rows < 2 or _holds_cache(args, kwargs):
+        if _holds_cache(args, kwargs):
             return self.forward(*args, **kwargs)
-        size = max(1, self.rows_for(hidden, backward))
-        if size >= rows and not backward:
-            return self.forward(*args, **kwargs)
+        size = max(1, self.rows_for(hidden, backward)) if rows > 1 else 1
         chunks = [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
-        if not backward:
-            return _cat(
-                [
-                    self._chunk(part.start, *_rows(args, part, rows), **_rows(kwargs, part, rows))
-                    for part in chunks
-                ]
-            )
-        return self._checkpointed(chunks, rows, args, kwargs)
+        if backward:  # checkpointed even whole: autograd would keep the weights to the backward
+            return self._checkpointed(chunks, rows, args, kwargs)
+        if len(chunks) == 1:
+            return self.forward(*args, **kwargs)
+        return _cat(
+            [
+                self._chunk(part.start, *_rows(args, part, rows), **_rows(kwargs, part, rows))
+                for part in chunks
+            ]
+        )
 
     def _chunk(self, start: int, *args: Any, **kwargs: Any) -> Any:
         token = _OFFSET.set(start)
