@@ -41,7 +41,7 @@ STEP_KEYS = (
 )
 
 
-@dataclass
+@dataclass(slots=True)  # a large log has a million of them
 class Row:
     """One record as found: ``step`` is ``None`` when the record does not say."""
 
