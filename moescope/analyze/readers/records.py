@@ -29,7 +29,6 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from functools import cache, lru_cache
-from itertools import chain
 from typing import Any
 
 from moescope.analyze.readers._fields import field
@@ -110,17 +109,21 @@ def pairs(text: str) -> dict[str, Any]:
     knows or reads like code (``grad_norm``, ``train/loss``): in prose, ``the loss is NaN`` names
     no metric ``is``.
     """
-    return dict(chain.from_iterable(map(_piece_fields, _SPLIT.split(text))))
+    out: dict[str, Any] = {}
+    for piece in _SPLIT.split(text):
+        piece = piece.strip(" :,-")
+        simple = _SIMPLE.fullmatch(piece)  # most fields: one labelled plain number, read without the rest
+        if simple and (number := plain_number(simple.group("value"))) is not None:
+            out[simple.group("key")] = number
+        else:
+            out.update(_piece_fields(piece))
+    return out
 
 
-@lru_cache(maxsize=1 << 14)  # a log repeats many pieces (time stamps, levels, an lr, an eta) line after line
+@lru_cache(maxsize=1 << 12)  # a log repeats its other pieces (levels, logger names) line after line
 def _piece_fields(piece: str) -> tuple[tuple[str, Any], ...]:
-    """The fields of one piece of a line, in order."""
-    piece = piece.strip(" :,-")
-    simple = _SIMPLE.fullmatch(piece)  # most fields: one labelled plain number, read without the rest
-    if simple and (number := plain_number(simple.group("value"))) is not None:
-        return ((simple.group("key"), number),)
-    if not _numeric(piece):
+    """The fields of one piece that is not a single labelled plain number, in order."""
+    if not _numeric(piece) or _NAME_START.search(piece) is None:  # a time stamp "2024/06/12 09:31:02"
         return ()
     labelled = list(_LABELLED.finditer(piece))
     whole = labelled and labelled[0].start() == 0 and labelled[-1].end() == len(piece)
@@ -132,6 +135,8 @@ def _piece_fields(piece: str) -> tuple[tuple[str, Any], ...]:
 
 
 _DIGITISH = re.compile(r"\d|nan|inf", re.IGNORECASE)
+# every field names itself, and every name (and the "s" of a bare duration) starts with one of these
+_NAME_START = re.compile(r"[A-Za-z_]")
 
 
 def _numeric(text: str) -> bool:
