@@ -181,10 +181,12 @@ def test_a_users_own_rollouts_calibrate_without_sampling(tmp_path: Path, capsys)
 def test_a_layer_sequential_export_measures_as_in_memory_in_few_reads(tmp_path: Path) -> None:
     """Fidelity and the checklist of the same proxy equal the in-memory export's; the original's
     accuracy is teacher-forced in one pass (kept in the cache), the held-out pass batched, so
-    the checkpoint is read a handful of times in all."""
+    the checkpoint is read a handful of times in all. (Streaming with no budget, so each pass
+    takes every row at once: under the toy's 4 MB the held-out rows' hidden states alone take
+    several forwards.)"""
     options = {**QUICK, "method": "frequency", "fidelity": True, "tasks": ("add2",), "progress": False}
     memory = export_proxy("toy", tmp_path / "memory", **options)
-    sequential = export_proxy("toy", tmp_path / "sequential", max_memory=TOY_BUDGET, **options)
+    sequential = export_proxy("toy", tmp_path / "sequential", streaming=True, **options)
     original = sequential.manifest["original"]
     assert original["accuracy"]["source"].startswith("teacher-forced")
     assert original["checkpoint_reads"] <= 6, original  # routing 1, accuracy ≤ 1, held-out 1, checklist 2
@@ -208,3 +210,17 @@ def test_a_proxy_larger_than_the_budget_is_cut_from_the_shards_when_nothing_is_m
     assert adapt(proxy).num_experts == 16 and sum(f.stat().st_size for f in weight_files(result.path)) > 4e6
     with pytest.raises(MoescopeError, match="does not fit --max-memory"):
         export_proxy("toy", tmp_path / "q", max_memory=TOY_BUDGET, **{**options, "fidelity": True})
+
+
+def test_the_passes_share_the_budget_with_a_proxy_held_whole(tmp_path: Path) -> None:
+    """Under --max-memory, a layer-sequential original's passes are sized within the budget,
+    and, once a proxy is cut and loaded to be measured, within what the proxy leaves of it."""
+    from moescope.export.gather import gather, placement_for
+
+    source = resolve_model("toy")
+    placement = placement_for("toy", "1/4", max_memory="6MB")
+    with gather("toy", source, placement, out=tmp_path / "proxy") as got:
+        assert got.original._pass_memory == parse_size("6MB")
+        proxy = got.cut(select_experts(got.original, "1/4", method="random", seed=0))
+        held = sum(t.numel() * t.element_size() for t in proxy.state_dict().values())
+        assert got.original._pass_memory == parse_size("6MB") - held > 0

@@ -17,9 +17,9 @@ from moescope.explore.clustering import select_experts
 from moescope.explore.embeddings import embed_experts
 from moescope.explore.routing import collect_routing
 from moescope.explore.sequential import (
-    activation_bytes,
     check_memory,
     collect_routing_sequential,
+    forward_row_bytes,
     largest_layer_bytes,
     layer_device_map,
     layer_sequential,
@@ -29,6 +29,7 @@ from moescope.explore.sequential import (
 from moescope.export.streaming.export import export_streaming
 from moescope.models.layer_weights import LayerWeights
 from moescope.models.loading import load_model
+from moescope.models.row_chunks import chunk_decoder_layers
 from moescope.models.view import adapt, decoder_layers
 from moescope.models.zoo import TINY_ARCHS, tiny
 
@@ -54,10 +55,19 @@ def test_statistics_and_embeddings_equal_the_in_memory_pass(arch: str, tiny_chec
         views = embed_experts(model, "multiview", stats=expected, dim=8, progress=False)
         with layer_sequential(path) as loaded:
             views_got = embed_experts(loaded, "multiview", stats=expected, dim=8, progress=False)
-    assert got.n_tokens == expected.n_tokens == 192 and got.config_hash == expected.config_hash
+            chunk_decoder_layers(loaded, lambda *_: 2)  # each batch of 3 rows in chunks of 2 and 1
+            chunked = collect_routing(loaded, ids, **OPTIONS)
+    assert (
+        got.n_tokens == expected.n_tokens == chunked.n_tokens == 192
+        and got.config_hash == expected.config_hash
+    )
     for name in ARRAYS:
         np.testing.assert_allclose(
             getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-6, err_msg=name
+        )
+        # summed a chunk at a time: the float error of another order of sums
+        np.testing.assert_allclose(
+            getattr(chunked, name), getattr(expected, name), rtol=1e-5, atol=1e-5, err_msg=name
         )
     assert views_got.components == views.components == ("weights", "outputs", "router", "coactivation")
     np.testing.assert_allclose(views_got.vectors, views.vectors, rtol=1e-4, atol=1e-5)
@@ -228,13 +238,14 @@ def test_a_streaming_export_reads_each_layer_once_for_its_statistics(tmp_path: P
 
 
 def test_a_pass_takes_as_many_rows_as_half_the_memory_beside_a_layer_holds() -> None:
+    """Of their hidden states and kept logits: each layer runs them in chunks its activations fit."""
     model = tiny("qwen3_moe")
     layer = largest_layer_bytes(model)
-    row = activation_bytes(model.config, n_tokens=128, batch_size=1, seq_len=128)
+    row = forward_row_bytes(model, seq_len=128)
     room = layer + 2 * 100 * row
     assert pass_batch_size(model, n_tokens=10_000, available=room) == 100
     assert pass_batch_size(model, n_tokens=40, available=room) == 40  # a row per token at most
-    assert pass_batch_size(model, n_tokens=10_000, available=layer) == 16  # collect_routing's default
+    assert pass_batch_size(model, n_tokens=10_000, available=layer) == 1  # at least one row
 
 
 def test_a_pass_that_does_not_fit_in_memory_is_refused_before_a_layer_runs() -> None:
@@ -244,7 +255,7 @@ def test_a_pass_that_does_not_fit_in_memory_is_refused_before_a_layer_runs() -> 
         layer = largest_layer_bytes(model)
         check_memory(model, **batch, available=1 << 40)
         with pytest.raises(
-            MoescopeError, match=r"one decoder layer \(.+\) and the activations .* fewer tokens"
+            MoescopeError, match=r"one decoder layer \(.+\) and the hidden states .* fewer tokens"
         ):
             check_memory(model, **batch, available=layer + 1)
         with pytest.raises(MoescopeError, match=r"needs a machine with more memory\.$"):

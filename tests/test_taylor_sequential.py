@@ -12,7 +12,7 @@ import torch
 
 from moescope.errors import MoescopeError
 from moescope.explore.sequential import (
-    activation_bytes,
+    forward_row_bytes,
     largest_layer_bytes,
     layer_sequential,
     pass_batch_size,
@@ -21,6 +21,7 @@ from moescope.explore.sequential import (
 from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.models.layer_weights import LayerWeights
 from moescope.models.loading import load_model
+from moescope.models.row_chunks import chunk_decoder_layers
 from moescope.models.view import adapt, decoder_layers
 from moescope.models.zoo import TINY_ARCHS, tiny
 
@@ -49,15 +50,20 @@ def test_sums_equal_the_in_memory_pass(arch: str, tiny_checkpoint) -> None:
         ids = _ids(model)
         expected = taylor_importance(model, ids, batch_size=3, **OPTIONS)
         got = taylor_importance_sequential(path, ids, **OPTIONS)
+        with layer_sequential(path, dtype="auto") as loaded:
+            chunk_decoder_layers(loaded, lambda *_: 4)  # the six rows in chunks of 4 and 2
+            chunked = taylor_importance(loaded, ids, **OPTIONS)
     assert (got.sequences, got.tokens, got.layers) == (expected.sequences, expected.tokens, expected.layers)
     assert got.config_hash == expected.config_hash and expected.sums.max() > 0
-    np.testing.assert_allclose(got.sums, expected.sums, rtol=1e-5, atol=1e-6 * expected.sums.max())
+    for sums in (got.sums, chunked.sums):
+        np.testing.assert_allclose(sums, expected.sums, rtol=1e-5, atol=1e-6 * expected.sums.max())
 
 
-def test_one_decoder_layer_is_in_memory_through_the_backward(monkeypatch) -> None:
-    """Each layer's weights are read twice a batch (its forward, then its run again in the
-    backward), and no other layer's weights are alive, in a module or kept by autograd, while a
-    layer runs: without the run again, autograd kept every layer's weights until the backward."""
+@pytest.mark.parametrize(("rows", "chunks"), [(3, 2), (1, 1)])  # batches of 3 rows in 2 chunks; of 1 row
+def test_one_decoder_layer_is_in_memory_through_the_backward(rows: int, chunks: int, monkeypatch) -> None:
+    """Each layer's weights are read twice a batch (its forward, then once for the backward of
+    all its chunks), however many chunks its rows run in, and no other layer's weights are
+    alive, in a module or kept by autograd, while a layer runs."""
     reads: list[str] = []
     read = LayerWeights.read
     monkeypatch.setattr(LayerWeights, "read", lambda self, layer: reads.append(layer) or read(self, layer))
@@ -66,6 +72,7 @@ def test_one_decoder_layer_is_in_memory_through_the_backward(monkeypatch) -> Non
     with layer_sequential("toy") as model:
         layers = decoder_layers(model)
         forwards = [layer.forward for layer in layers]
+        chunk_decoder_layers(model, lambda *_: 2)
 
         def track(index: int):
             def hook(*_: object) -> None:  # inside the layer: its weights are loaded
@@ -75,43 +82,49 @@ def test_one_decoder_layer_is_in_memory_through_the_backward(monkeypatch) -> Non
             return hook
 
         hooks = [layer.experts.register_forward_pre_hook(track(layer.index)) for layer in adapt(model).layers]
-        taylor_importance(model, _ids(model), batch_size=3, **OPTIONS)
+        taylor_importance(model, _ids(model), batch_size=rows, **OPTIONS)
         for hook in hooks:
             hook.remove()
         assert all(p.device.type == "meta" for p in layers.parameters())  # released after
-        assert [layer.forward for layer in layers] == forwards  # accelerate's own forward again
+        assert [layer.forward for layer in layers] == forwards  # accelerate's own forward
     assert set(seen) == {1}, seen
-    assert len(seen) == 2 * 2 * len(layers)  # 2 batches, each layer in the forward and the backward
-    assert all(reads.count(layer) == 2 * 2 for layer in set(reads)) and len(set(reads)) == len(layers)
+    batches = 6 // rows
+    assert len(seen) == batches * chunks * 2 * len(layers)  # each chunk in the forward and the backward
+    assert all(reads.count(layer) == batches * 2 for layer in set(reads)) and len(set(reads)) == len(layers)
 
 
 def test_an_lm_head_read_from_disk_is_not_in_memory_beside_a_layer(tiny_checkpoint, monkeypatch) -> None:
-    """Not run again in the backward: autograd keeps its weight from its forward, after the last
-    layer, to its backward, the first, so the head and a layer are never in memory together."""
+    """It runs its rows in chunks too, each again in the backward, read once for the forward's
+    chunks and once for the backward's: the head and a layer are never in memory together, and
+    a batch never holds every position's logits."""
     head_alive: list[bool] = []
     with layer_sequential(tiny_checkpoint("qwen3_moe")) as model:
         head = model.get_output_embeddings()
         assert head.weight is not model.get_input_embeddings().weight
         held: list[weakref.ref] = []
+        rows: list[int] = []
         forward = head._old_forward  # what accelerate's hook runs once the weight is loaded
 
-        def watched(*args: object) -> torch.Tensor:
+        def watched(hidden: torch.Tensor) -> torch.Tensor:
             held.append(weakref.ref(head.weight))
-            return forward(*args)
+            rows.append(len(hidden))
+            return forward(hidden)
 
         monkeypatch.setattr(head, "_old_forward", watched)
-        kept: list[bool] = []  # after the head's forward, its weight released: autograd keeps it
-        hooks = [head.register_forward_hook(lambda *_: kept.append(held[-1]() is not None))]
-        for layer in adapt(model).layers:
-            hooks.append(
-                layer.experts.register_forward_pre_hook(
-                    lambda *_: head_alive.append(any(r() is not None for r in held))
-                )
+        per_row = 16 * 32 * model.config.vocab_size  # a row's logits, four times over
+        monkeypatch.setattr(model, "_pass_memory", largest_layer_bytes(model) + 2 * 2 * per_row)
+        hooks = [
+            layer.experts.register_forward_pre_hook(
+                lambda *_: head_alive.append(any(r() is not None for r in held))
             )
+            for layer in adapt(model).layers
+        ]
         taylor_importance(model, _ids(model), batch_size=6, **OPTIONS)
         for hook in hooks:
             hook.remove()
-    assert kept == [True] and len(head_alive) == 2 * len(adapt(model).layers) and not any(head_alive)
+        assert head.weight.device.type == "meta"
+    assert rows == [2, 2, 2, 2, 2, 2]  # three chunks of two rows, in the forward and the backward
+    assert head_alive and not any(head_alive)
 
 
 def test_rl_completions_are_scored_as_in_memory(tiny_checkpoint, rl_rows) -> None:
@@ -123,17 +136,22 @@ def test_rl_completions_are_scored_as_in_memory(tiny_checkpoint, rl_rows) -> Non
     np.testing.assert_allclose(got.sums, expected.sums, rtol=1e-5, atol=1e-6 * expected.sums.max())
 
 
-def test_a_batch_counts_every_layer_input_and_every_position_logits() -> None:
-    """The backward holds each layer's input and every position's logits: fewer rows fit."""
+def test_a_batch_counts_every_layer_input_and_only_the_logits_it_holds(tiny_checkpoint) -> None:
+    """The backward holds each layer's input; every position's logits only where the LM head
+    cannot run in chunks (a model in memory, or one whose logits are not the head's output)."""
     model = tiny("qwen3_moe")
-    layer = largest_layer_bytes(model)
-    row = activation_bytes(model.config, n_tokens=128, batch_size=1, seq_len=128, backward=True)
-    assert row > activation_bytes(model.config, n_tokens=128, batch_size=1, seq_len=128)
-    deeper = tiny("qwen3_moe", num_hidden_layers=8).config
-    assert activation_bytes(deeper, n_tokens=128, batch_size=1, seq_len=128, backward=True) > row
-    room = layer + 2 * 100 * row
-    assert pass_batch_size(model, n_tokens=10_000, available=room, backward=True) == 100
-    assert pass_batch_size(model, n_tokens=10_000, available=room) > 100
+    whole = forward_row_bytes(model, seq_len=128, backward=True)
+    assert whole > forward_row_bytes(model, seq_len=128)
+    vocab = model.config.vocab_size
+    with layer_sequential(tiny_checkpoint("qwen3_moe")) as loaded:
+        chunked = forward_row_bytes(loaded, seq_len=128, backward=True)
+        assert whole - chunked == 16 * 128 * vocab - 4 * vocab  # every position's logits, four times
+        assert forward_row_bytes(loaded, seq_len=128) < chunked  # every layer's input kept
+        loaded.config.logits_scaling = 4.0  # logits the head alone does not give: held whole
+        assert forward_row_bytes(loaded, seq_len=128, backward=True) == whole
+    room = largest_layer_bytes(model) + 2 * 100 * whole
+    assert pass_batch_size(model, n_tokens=100_000, available=room, backward=True) == 100
+    assert pass_batch_size(model, n_tokens=100_000, available=room) > 100
 
 
 def test_a_pass_that_does_not_fit_is_refused_before_a_layer_runs() -> None:

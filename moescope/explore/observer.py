@@ -8,7 +8,9 @@ per-slot expert outputs they compute anyway. A pre-hook on the decoder stack rea
 from the attention mask, and its forward hook folds the pass into
 :class:`~moescope.explore.routing_sums.RoutingSums`.
 Until then a pass holds, per layer, its routed-context sums ``(E, H)`` in float32 (not the
-hidden states), so a pass that fails half-way adds nothing.
+hidden states), so a pass that fails half-way adds nothing. A layer-sequential model's layers
+may run a forward's rows in chunks (:mod:`moescope.models.row_chunks`): the hooks then fire once
+per chunk, read the padding of the chunk's rows, and the chunks are joined into one pass.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from moescope.explore.routing_sums import (
 )
 from moescope.explore.stats import RoutingStats
 from moescope.models.resident import execution_device
+from moescope.models.row_chunks import row_offset
 from moescope.models.view import decoder_model
 from moescope.provenance import config_hash
 
@@ -43,6 +46,18 @@ class _Pending:
     index: torch.Tensor  # (T, k) chosen experts
     saliency: torch.Tensor | None = None  # (T, k) gate weight × ‖expert output‖ per slot
     context: tuple[torch.Tensor, torch.Tensor] | None = None  # (E, H), (E,): see routed_context
+
+    @staticmethod
+    def joined(parts: list[_Pending]) -> _Pending:
+        """One layer's routing of a forward whose rows ran in chunks, in row order."""
+        if len(parts) == 1:
+            return parts[0]
+        saliency = None if any(p.saliency is None for p in parts) else torch.cat([p.saliency for p in parts])
+        contexts = [p.context for p in parts if p.context is not None]
+        context = tuple(sum(c[i] for c in contexts) for i in range(2)) if contexts else None
+        return _Pending(
+            torch.cat([p.logits for p in parts]), torch.cat([p.index for p in parts]), saliency, context
+        )
 
 
 class RoutingObserver:
@@ -61,6 +76,8 @@ class RoutingObserver:
         self._handles: list[Any] = []
         self._tapped: list[torch.nn.Module] = []
         self._pending: dict[int, _Pending] = {}
+        self._chunks: dict[int, list[_Pending]] = {}  # earlier chunks of the pass under way, per layer
+        self._width = 0  # positions per row of the pass under way
         self._experts_in: dict[int, tuple[torch.Tensor, ...]] = {}
         self._block_in: dict[int, torch.Tensor] = {}
         self._norms: dict[int, tuple[str, torch.Tensor]] = {}
@@ -153,10 +170,12 @@ class RoutingObserver:
     def _on_start(self, module: Any, args: tuple, kwargs: dict) -> None:
         """Forget a pass that failed half-way; find the padding of the new one."""
         self._pending.clear()
+        self._chunks.clear()
         ids = kwargs.get("input_ids", args[0] if args else None)
         ids = ids if ids is not None else kwargs.get("inputs_embeds")
         mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
         self._valid = None
+        self._width = ids.shape[1] if ids is not None and ids.dim() >= 2 else 0
         if ids is not None and mask is not None and mask.dim() == 2:
             valid = mask[:, -ids.shape[1] :].reshape(-1).bool()  # with a cache the mask covers the past too
             self._valid = None if bool(valid.all()) else valid
@@ -166,8 +185,11 @@ class RoutingObserver:
 
     def _router_hook(self, layer: MoELayer) -> Any:
         def hook(module: Any, args: tuple, out: Any) -> None:
-            if layer.index in self._pending:  # the layer ran again without the stack: a new pass
-                self._flush()
+            if layer.index in self._pending:
+                if row_offset():  # the next chunk of the same forward's rows
+                    self._chunks.setdefault(layer.index, []).append(self._pending.pop(layer.index))
+                else:  # the layer ran again without the stack: a new pass
+                    self._flush()
             logits, index = layer.router_choice(out)
             if layer.spec.combine == "output":
                 self._pending[layer.index] = _Pending(logits.detach(), index.detach())
@@ -175,9 +197,10 @@ class RoutingObserver:
             scores = out[0]  # Llama 4: dense sigmoid scores (0 off the top-k)
             hidden = args[0].detach().reshape(-1, args[0].shape[-1])
             weights = scores.detach().gather(1, index).float()
-            saliency = recomputed_norms(layer, hidden, index, self._valid) * weights
+            valid = self._chunk_valid(len(hidden))
+            saliency = recomputed_norms(layer, hidden, index, valid) * weights
             self.saliency_source[layer.index] = "recomputed"
-            context = routed_context(hidden, index, weights, self._valid, layer.num_experts)
+            context = routed_context(hidden, index, weights, valid, layer.num_experts)
             self._pending[layer.index] = _Pending(logits.detach(), index, saliency, context)
 
         return hook
@@ -202,21 +225,33 @@ class RoutingObserver:
             hidden, index, weights = self._experts_in.pop(layer.index)
             hidden = hidden.reshape(-1, hidden.shape[-1])  # DBRX's experts take [B, S, H]
             captured = self._norms.pop(layer.index, None)
+            valid = self._chunk_valid(len(hidden))
             if captured is not None:
                 norms, source = slot_norms(*captured, index), "captured"
             else:
-                norms, source = recomputed_norms(layer, hidden, index, self._valid), "recomputed"
+                norms, source = recomputed_norms(layer, hidden, index, valid), "recomputed"
             self.saliency_source[layer.index] = source
             pending = self._pending[layer.index]
             pending.saliency = norms * weights.float()
             block_in = self._block_in.pop(layer.index)
-            pending.context = routed_context(block_in, index, weights, self._valid, layer.num_experts)
+            pending.context = routed_context(block_in, index, weights, valid, layer.num_experts)
 
         return hook
+
+    def _chunk_valid(self, tokens: int) -> torch.Tensor | None:
+        """The padding mask of the ``tokens`` the running chunk's rows hold (all rows outside a
+        chunked layer)."""
+        if self._valid is None:
+            return None
+        start = row_offset() * self._width
+        return self._valid[start : start + tokens]
 
     def _flush(self) -> None:
         """Fold the queued pass into the sums: one stacked update when all layers saw one shape."""
         pending, self._pending = self._pending, {}
+        for index, parts in self._chunks.items():
+            pending[index] = _Pending.joined([*parts, pending[index]])
+        self._chunks = {}
         shapes = {p.logits.shape for p in pending.values()}
         groups = [list(pending)] if len(shapes) == 1 else [[i] for i in pending]
         for group in groups if pending else []:

@@ -24,14 +24,20 @@ rather than mapped. ``from_pretrained``'s own disk offload (layers placed on ``"
 read every tensor once while loading, re-save the converted ones to an offload folder, and map
 each shard, whose pages count in the process's resident memory: on the 4 GB bench checkpoint a
 peak RSS of 4.5 GB against the in-memory pass's 8.4 GB, where this design's is 1.0 GB.
-Peak memory is one layer's weights and one batch's activations (and the embeddings, where the
-LM head shares them), above the interpreter's own; :func:`check_memory` refuses a pass in
-which those would not fit, before its first layer runs. Code that uses a layer's weights
+The passes run *layer-major* (:mod:`moescope.models.row_chunks`): a forward takes as many rows
+as their hidden states allow, and each decoder layer, once read, runs them in chunks of as many
+rows as its activations may take, so the checkpoint is read once per forward and the transient
+activations are one chunk's. Peak memory is one layer's weights, a forward's hidden states and
+one chunk's activations (and the embeddings, where the LM head shares them), above the
+interpreter's own, all within ``available`` (an export's ``--max-memory``) where given;
+:func:`check_memory` refuses a pass whose layer and hidden states would not fit, before its
+first layer runs. Code that uses a layer's weights
 outside its forward (the expert embeddings of :func:`~moescope.explore.embeddings.embed_experts`)
 runs the same hooks around it (:func:`~moescope.models.resident.resident`), one layer in memory
 at a time there too. Taylor importance (:func:`taylor_importance_sequential`) needs a backward,
-for which autograd would keep every layer's weights: there each layer runs again from its kept
-input in the backward, its weights read a second time (:mod:`moescope.explore.taylor`).
+for which autograd would keep every layer's weights: there each chunk runs again from its kept
+input in the backward, the layer's weights read a second time for all its chunks
+(:mod:`moescope.explore.taylor`).
 
 Hand-rolled alternatives were weighed: a loop that runs ``layer(hidden)`` itself must rebuild
 what the model's forward computes around its layers (rotary positions, masks, per-layer
@@ -51,10 +57,13 @@ from typing import TYPE_CHECKING, Any
 from moescope._util.memory import format_size
 from moescope.errors import ModelLoadError, MoescopeError
 from moescope.models.footprint import (  # the estimates the passes are sized by
-    activation_bytes,
     largest_layer_bytes,
+    layer_activation_bytes,
+    pass_memory,
+    row_state_bytes,
     rows_beside_layer,
 )
+from moescope.models.row_chunks import RowsFor, chunk_decoder_layers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -93,13 +102,17 @@ def layer_device_map(model: PreTrainedModel) -> dict[str, str]:
 
 @contextmanager
 def layer_sequential(
-    model: str | Path, *, dtype: Any = None, device: str = "cpu"
+    model: str | Path, *, dtype: Any = None, device: str = "cpu", available: int | None = None
 ) -> Iterator[PreTrainedModel]:
     """``model`` loaded so that each decoder layer's weights are in memory only while it runs.
 
     ``dtype`` is :func:`~moescope.models.loading.load_model`'s (float32 by default, ``"auto"``
     the checkpoint's). ``device`` is where it computes (``"cuda:0"``: the resident parts live
-    there, and each layer is read from the shards onto it when it runs). The final norm is
+    there, and each layer is read from the shards onto it when it runs). ``available`` bounds
+    the memory its passes may take (bytes; default what is free when each is sized): each
+    decoder layer runs a forward's rows in chunks of as many as fit beside it
+    (:mod:`moescope.models.row_chunks`), so a forward holds every row's hidden states but one
+    chunk's activations, and reads the checkpoint once. The final norm is
     loaded as ``load_model`` loads it; a decoder layer's weights (and the embeddings' and LM
     head's, unless tied) are read from the checkpoint's shards each time it runs. A quantized
     checkpoint is refused: its scales are applied by transformers' quantizers, which this
@@ -123,7 +136,22 @@ def layer_sequential(
     _dispatch(loaded, placement, weights, device)
     _embeddings_read_per_forward(loaded)
     loaded._layer_weights = weights  # what checkpoint_reads counts
+    loaded._pass_memory = available  # what the passes are sized by
+    chunk_decoder_layers(loaded, chunk_rows(loaded))
     yield loaded
+
+
+def chunk_rows(model: PreTrainedModel) -> RowsFor:
+    """Rows per chunk of a decoder layer's forward on ``model``: as many as
+    :func:`~moescope.models.footprint.rows_beside_layer` holds of one layer's activations
+    (twice those when a backward follows: the layer run again, and its gradients)."""
+
+    def rows_for(hidden: Any, backward: bool) -> int:
+        seq_len = hidden.shape[1] if hidden.dim() > 2 else 1
+        per_row = layer_activation_bytes(model.config, rows=1, seq_len=seq_len) * (2 if backward else 1)
+        return rows_beside_layer(model, per_row, available=None)
+
+    return rows_for
 
 
 def checkpoint_reads(model: PreTrainedModel) -> int:
@@ -215,7 +243,7 @@ def collect_routing_sequential(
     """
     from moescope.explore.routing import collect_routing
 
-    with layer_sequential(model, dtype=dtype) as loaded:
+    with layer_sequential(model, dtype=dtype, available=available) as loaded:
         shape = {name: options[name] for name in ("n_tokens", "seq_len") if name in options}
         return collect_routing(loaded, data, **_fitted(loaded, options, shape, available=available))
 
@@ -228,10 +256,11 @@ def taylor_importance_sequential(
     memory.
 
     ``dtype`` is :func:`layer_sequential`'s (``"auto"``, the checkpoint's, as an export loads
-    it). Each batch reads every layer twice (its forward, and the backward's run of each layer
-    from its kept input), so unless ``batch_size`` is given a batch takes as many rows as half
-    the memory beside the largest layer holds (:func:`pass_batch_size`, every layer's input and
-    every position's logits counted). ``available`` is as for :func:`collect_routing_sequential`.
+    it). Each batch reads every layer twice (its forward, and once more for the backward's run
+    of its chunks), so unless ``batch_size`` is given a batch takes as many rows as half the
+    memory beside the largest layer holds (:func:`pass_batch_size`, every layer's input
+    counted, and every position's logits where the LM head cannot run apart).
+    ``available`` is as for :func:`collect_routing_sequential`.
 
     Example
     -------
@@ -243,8 +272,8 @@ def taylor_importance_sequential(
     """
     from moescope.explore.taylor import taylor_importance
 
-    with layer_sequential(model, dtype=dtype) as loaded:
-        shape = _taylor_shape(data, options)
+    with layer_sequential(model, dtype=dtype, available=available) as loaded:
+        shape = _pass_shape(data, options, backward=True)
         return taylor_importance(
             loaded, data, **_fitted(loaded, options, shape, available=available, backward=True)
         )
@@ -259,14 +288,12 @@ def fit_pass(
     available: int | None = None,
 ) -> dict[str, Any]:
     """``options`` of a calibration pass (``backward``: a Taylor pass) over ``data`` on a
-    layer-sequential ``model``, with as many rows per batch as memory holds beside a layer
-    (each batch reads every layer from the shards), refused in one sentence where even one
-    batch does not fit."""
-    if backward:
-        shape = _taylor_shape(data, options)
-    else:
-        shape = {name: options.get(name, _routing_default(name)) for name in ("n_tokens", "seq_len")}
-    return _fitted(model, options, shape, available=available, backward=backward)
+    layer-sequential ``model``, with as many rows per batch as their hidden states allow beside
+    a layer (each batch reads every layer from the shards), refused in one sentence where even
+    one batch does not fit."""
+    return _fitted(
+        model, options, _pass_shape(data, options, backward), available=available, backward=backward
+    )
 
 
 def _fitted(
@@ -285,18 +312,36 @@ def _fitted(
     return {**options, "batch_size": batch_size}
 
 
-def _taylor_shape(data: Any, options: dict[str, Any]) -> dict[str, int]:
-    """``n_tokens`` and ``seq_len`` of a Taylor pass: RL data is every row once, each padded to
-    the longest at most; other data, the options or their defaults."""
+def _pass_shape(data: Any, options: dict[str, Any], backward: bool) -> dict[str, int]:
+    """``n_tokens`` and ``seq_len`` of a pass (``backward``: a Taylor pass): RL data's rows are
+    padded to the longest at most (a Taylor pass reads every row once); other data, the
+    options or their pass's defaults."""
     import inspect
 
+    from moescope.explore.routing import collect_routing
     from moescope.explore.taylor import taylor_importance
 
+    defaults = inspect.signature(taylor_importance if backward else collect_routing).parameters
+    shape = {name: options.get(name, defaults[name].default) for name in ("n_tokens", "seq_len")}
     if callable(getattr(data, "pairs", None)):  # RL calibration (rl_data samples through this module)
         width = max(len(prompt) + len(completion) for prompt, completion in data.pairs())
-        return {"n_tokens": len(data.pairs()) * width, "seq_len": width}
-    defaults = inspect.signature(taylor_importance).parameters
-    return {name: options.get(name, defaults[name].default) for name in ("n_tokens", "seq_len")}
+        rows = len(data.pairs()) * width
+        return {"n_tokens": rows if backward else min(rows, shape["n_tokens"]), "seq_len": width}
+    tokenizer, seed = options.get("tokenizer"), options.get("seed", 0)
+    return {**shape, "seq_len": data_width(data, tokenizer, **shape, seed=seed)}
+
+
+def data_width(data: Any, tokenizer: Any, *, n_tokens: int, seq_len: int, seed: int = 0) -> int:
+    """The longest row of the first ``n_tokens`` of calibration ``data`` cut at ``seq_len``
+    (:func:`~moescope.explore.calibration.calibration_batches`): what a pass's rows are sized by,
+    the task suite's rows being far shorter than ``seq_len``. Tokenizing is cheap beside a read
+    of the checkpoint."""
+    from moescope.explore.calibration import calibration_batches
+
+    batches = calibration_batches(
+        data, tokenizer, n_tokens=n_tokens, batch_size=n_tokens, seq_len=seq_len, seed=seed
+    )
+    return max(batch["input_ids"].shape[1] for batch in batches)
 
 
 def pass_batch_size(
@@ -306,23 +351,51 @@ def pass_batch_size(
     seq_len: int | None = None,
     available: int | None = None,
     backward: bool = False,
+    logits: int | None = None,
 ) -> int:
     """Rows per forward of a layer-sequential pass: as many as half the memory left beside its
-    largest layer holds (:func:`activation_bytes`, rows at ``seq_len``; ``backward`` as there),
-    at least :func:`~moescope.explore.routing.collect_routing`'s default, at most one row per
-    token.
+    largest layer (:func:`~moescope.models.footprint.pass_memory`) holds of their hidden states
+    and kept logits (:func:`forward_row_bytes`, rows at ``seq_len``; ``backward``: a Taylor
+    pass; ``logits``: the bytes a row's logits take where the pass keeps more than the last
+    position's), at least one, at most one row per token.
 
-    Every batch reads every layer from the shards again, so a checkpoint larger than memory is
-    read once per batch: at the in-memory pass's 16 rows, a streaming export of toy-v3
+    Every forward reads every layer from the shards again, and each layer runs the forward's
+    rows in chunks its activations fit (:func:`chunk_rows`), so a forward is as large as the
+    rows' hidden states allow: at the in-memory pass's 16 rows, a streaming export of toy-v3
     calibrated on the task suite's short rows read each layer 71 times for its statistics.
     """
     n_tokens = n_tokens if n_tokens is not None else _routing_default("n_tokens")
     seq_len = seq_len if seq_len is not None else _routing_default("seq_len")
-    per_row = activation_bytes(
-        model.config, n_tokens=seq_len, batch_size=1, seq_len=seq_len, backward=backward
-    )
-    rows = rows_beside_layer(model, per_row, available=available)
-    return max(_routing_default("batch_size"), min(rows, n_tokens))
+    per_row = forward_row_bytes(model, seq_len=seq_len, backward=backward, logits=logits)
+    return min(rows_beside_layer(model, per_row, available=available), n_tokens)
+
+
+def forward_row_bytes(
+    model: PreTrainedModel, *, seq_len: int, backward: bool = False, logits: int | None = None
+) -> int:
+    """What one row of ``seq_len`` positions holds through a whole forward of a layer-sequential
+    ``model`` (:func:`~moescope.models.footprint.row_state_bytes`) and the logits the pass keeps:
+    ``logits`` bytes where given, else the last position's, or, for a Taylor pass (``backward``)
+    whose LM head cannot run in chunks (:func:`~moescope.models.lm_head.head_runs_apart`), every
+    position's four times over."""
+    from moescope.models.lm_head import head_runs_apart
+
+    vocab = model.config.get_text_config().vocab_size
+    if logits is None:
+        logits = 16 * seq_len * vocab if backward and not head_runs_apart(model) else 4 * vocab
+    return row_state_bytes(model.config, seq_len=seq_len, backward=backward) + logits
+
+
+def forward_memory_per_row(model: PreTrainedModel, *, seq_len: int) -> int:
+    """What a forward on ``model`` holds per row of ``seq_len`` positions beside the logits its
+    caller keeps: the row's hidden states where the decoder layers run rows in chunks
+    (:func:`row_state_bytes`, a layer-sequential model), else one forward's activations."""
+    from moescope.models.footprint import activation_bytes
+    from moescope.models.row_chunks import chunks_rows
+
+    if chunks_rows(model):
+        return row_state_bytes(model.config, seq_len=seq_len)
+    return activation_bytes(model.config, n_tokens=seq_len, batch_size=1, seq_len=seq_len)
 
 
 def check_memory(
@@ -335,25 +408,24 @@ def check_memory(
     backward: bool = False,
 ) -> None:
     """Refuse, in one sentence and before any layer runs, a pass whose largest decoder layer and
-    one batch's activations would not fit in ``available`` bytes (default: the memory free now
-    where the model computes, its GPU's or the system's, the resident weights already loaded).
+    one batch's hidden states and kept logits (:func:`forward_row_bytes`) would not fit in
+    ``available`` bytes (default :func:`~moescope.models.footprint.pass_memory`: the bound the
+    model was read under, else the memory free now where it computes, its GPU's or the system's).
 
     ``n_tokens``, ``batch_size`` and ``seq_len`` are the pass's
     (:func:`~moescope.explore.routing.collect_routing`'s defaults where not given), ``backward``
-    whether one follows (:func:`activation_bytes`). A layer that
-    does not fit is read into memory anyway, and the process is killed mid-pass; a batch is the
-    one part the caller can shrink.
+    whether one follows. A layer's activations are not counted: each layer runs the batch's
+    rows in chunks of as many as fit beside it, one row at least (:func:`chunk_rows`). A layer
+    that does not fit is read into memory anyway, and the process is killed mid-pass; a batch
+    is the one part the caller can shrink.
     """
-    from moescope.models.device import free_memory
-
     batch = {"n_tokens": n_tokens, "batch_size": batch_size, "seq_len": seq_len}
     batch = {name: value if value is not None else _routing_default(name) for name, value in batch.items()}
-    layer, activations = (
-        largest_layer_bytes(model),
-        activation_bytes(model.config, **batch, backward=backward),
-    )
-    free = free_memory(model) if available is None else available  # on a GPU, its own memory
-    if layer + activations <= free:
+    rows = min(batch["batch_size"], -(-batch["n_tokens"] // batch["seq_len"]))
+    layer = largest_layer_bytes(model)
+    states = rows * forward_row_bytes(model, seq_len=batch["seq_len"], backward=backward)
+    free = pass_memory(model, available)  # on a GPU, its own memory
+    if layer + states <= free:
         return
     fix = (
         "calibrate with fewer tokens per batch (a smaller batch_size or n_tokens) or free memory"
@@ -361,9 +433,8 @@ def check_memory(
         else "this checkpoint needs a machine with more memory"
     )
     raise MoescopeError(
-        f"one decoder layer ({format_size(layer)}) and the activations of one calibration batch (about "
-        f"{format_size(activations)}) need {format_size(layer + activations)} but "
-        f"{format_size(free)} is free; {fix}."
+        f"one decoder layer ({format_size(layer)}) and the hidden states of one calibration batch (about "
+        f"{format_size(states)}) need {format_size(layer + states)} but {format_size(free)} is free; {fix}."
     )
 
 

@@ -26,9 +26,12 @@ it, as for healing. Loaded a decoder layer at a time
 (:func:`~moescope.explore.sequential.layer_sequential`, or
 :func:`~moescope.explore.sequential.taylor_importance_sequential` from a path), the backward
 would keep every layer's weights (autograd saves what each product's gradient needs), so there
-each decoder layer runs under activation checkpointing: the forward keeps a layer's input only,
-and the backward runs the layer again from it, its weights read from the shards a second time,
-before its own gradients; one layer's weights are in memory at a time and the sums are the same.
+each decoder layer runs its rows in chunks under activation checkpointing
+(:mod:`moescope.models.row_chunks`): the forward keeps a layer's input only, and the backward
+reads the layer once more and runs each chunk again from its input before its gradients; one
+layer's weights are in memory at a time and the sums are the same. The LM head then runs in
+chunks of rows too (:func:`head_runs_apart`), so a batch holds every layer's input but not every
+position's logits, and one batch can hold many rows: each batch reads every layer twice.
 Llama 4 scales each expert's *input* by its routing score, where scaling the score does not take
 the expert away: refused there.
 """
@@ -47,8 +50,14 @@ import torch
 from moescope.errors import MoescopeError
 from moescope.explore.calibration import calibration_batches, pad_scored
 from moescope.explore.rl_data import RLCalibration
-from moescope.models.resident import execution_device, read_when_used
-from moescope.models.view import MoEModel, adapt, decoder_layers
+from moescope.models.lm_head import head_input, head_runs_apart, own_forward
+from moescope.models.resident import execution_device, resident
+from moescope.models.row_chunks import (
+    layers_read_for_backward,
+    read_again_for_backward,
+    row_offset,
+)
+from moescope.models.view import MoEModel, adapt
 from moescope.provenance import config_hash
 
 _WEIGHTS = ("hidden_states", "top_k_index", "top_k_weights")  # the experts module's call
@@ -109,7 +118,8 @@ def taylor_importance(
 
     The model runs in eval mode with its parameters' ``requires_grad`` off; both are restored. A
     model whose decoder layers are read when used (layer-sequential) is run a layer at a time in
-    the backward too (see the module docstring): each batch reads every layer twice.
+    the backward too (see the module docstring): each batch reads every layer twice, however
+    many chunks of rows its layers run.
     """
     from tqdm.auto import tqdm
 
@@ -124,7 +134,7 @@ def taylor_importance(
     sequences = tokens = 0
     device = execution_device(model)
     dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)
-    with _frozen(model), _recomputed_layers(model):
+    with _frozen(model):
         for batch in tqdm(batches, desc="taylor", unit="batch", disable=not progress):
             batch = {name: t.to(device) for name, t in batch.items()}
             for row, grad in enumerate(_scale_gradients(model, moe, batch, dtype)):
@@ -176,12 +186,56 @@ def _scale_gradients(
     extra = (
         {"use_cache": False} if _takes(model.forward, "use_cache") else {}
     )  # a layer run again would write twice
-    with _scaled_experts(moe, scales, width):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **extra).logits
-        log_p = torch.log_softmax(logits[:, :-1].to(dtype), dim=-1)
-        picked = log_p.gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
-        likelihood = (picked * batch["scored"][:, 1:].to(dtype)).sum()
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], **extra}
+    ids, scored = batch["input_ids"], batch["scored"]
+    with _scaled_experts(moe, scales, width), layers_read_for_backward():
+        if not head_runs_apart(model):
+            return torch.autograd.grad(
+                _log_likelihood(model(**inputs).logits, ids, scored, dtype), scales, allow_unused=True
+            )
+        head = model.get_output_embeddings()
+        hidden = head_input(model, inputs)
+        with resident(head):  # read once for the forward's chunks, once more for the backward's
+            likelihood = read_again_for_backward(
+                head, hidden, lambda h: _chunked_likelihood(model, own_forward(head), h, ids, scored, dtype)
+            )
         return torch.autograd.grad(likelihood, scales, allow_unused=True)
+
+
+def _log_likelihood(
+    logits: torch.Tensor, ids: torch.Tensor, scored: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """``Σ log p(next token)`` over the scored positions of ``(rows, T, V)`` logits."""
+    log_p = torch.log_softmax(logits[:, :-1].to(dtype), dim=-1)
+    picked = log_p.gather(-1, ids[:, 1:, None])[..., 0]
+    return (picked * scored[:, 1:].to(dtype)).sum()
+
+
+def _chunked_likelihood(
+    model: Any,
+    head: Any,
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    scored: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`_log_likelihood` of ``head(hidden)``, a chunk of rows at a time, each chunk run
+    again in the backward (activation checkpointing): a chunk's logits at a time in memory."""
+    from torch.utils.checkpoint import checkpoint
+
+    from moescope.models.footprint import rows_beside_layer
+
+    rows, width = ids.shape
+    vocab = model.config.get_text_config().vocab_size
+    size = rows_beside_layer(model, 16 * width * vocab)
+
+    def chunk(part: torch.Tensor, part_ids: torch.Tensor, part_scored: torch.Tensor) -> torch.Tensor:
+        return _log_likelihood(head(part), part_ids, part_scored, dtype)
+
+    parts = [slice(start, start + size) for start in range(0, rows, size)]
+    return sum(
+        checkpoint(chunk, hidden[part], ids[part], scored[part], use_reentrant=False) for part in parts
+    )
 
 
 def _takes(function: Any, name: str) -> bool:
@@ -207,32 +261,6 @@ def _frozen(model: torch.nn.Module) -> Iterator[None]:
 
 
 @contextmanager
-def _recomputed_layers(model: torch.nn.Module) -> Iterator[None]:
-    """Each decoder layer whose weights accelerate reads when used (a layer-sequential model) run
-    under non-reentrant activation checkpointing; restored on exit.
-
-    The checkpoint wraps accelerate's own forward, so the backward's recompute loads the layer and
-    releases it again, and the recomputed graph, the weights it saved included, is freed when that
-    layer's backward ends. The recompute runs whole (no early stop): stopped at its last saved
-    tensor, it would skip accelerate's release and leave the layer loaded.
-    """
-    from functools import partial
-
-    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
-
-    layers = [layer for layer in decoder_layers(model) if read_when_used(layer)]
-    forwards = [layer.forward for layer in layers]  # accelerate's: load, run, release
-    for layer, forward in zip(layers, forwards, strict=True):
-        layer.forward = partial(checkpoint, forward, use_reentrant=False)
-    try:
-        with set_checkpoint_early_stop(False):
-            yield
-    finally:
-        for layer, forward in zip(layers, forwards, strict=True):
-            layer.forward = forward
-
-
-@contextmanager
 def _scaled_experts(moe: MoEModel, scales: list[torch.Tensor], width: int) -> Iterator[None]:
     """Every MoE layer's routing weights times ``scales[layer][sequence, expert]``."""
     handles = [
@@ -250,7 +278,7 @@ def _scaling_hook(scale: torch.Tensor, width: int) -> Any:
     def hook(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         values = [*args, *(kwargs[name] for name in _WEIGHTS[len(args) :] if name in kwargs)]
         index, weights = values[1], values[2]
-        sequence = torch.arange(index.shape[0], device=index.device) // width
+        sequence = torch.arange(index.shape[0], device=index.device) // width + row_offset()
         scaled = weights * scale[sequence[:, None], index].to(weights.dtype)
         if len(args) > 2:
             return (*args[:2], scaled, *args[3:]), kwargs

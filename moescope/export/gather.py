@@ -20,7 +20,10 @@ is placed by accelerate.
 The layer-sequential gatherer runs when the export is told to stream, or when the in-memory
 export's peak (the original, plus a proxy) would not fit the memory budget: ``max_memory`` (as
 accelerate's ``max_memory``: what the weights may take), else the memory available now. The
-proxy itself is loaded whole wherever it is measured or healed, so it must fit the budget.
+proxy itself is loaded whole wherever it is measured or healed, so it must fit the budget. A
+layer-sequential original's passes are sized within ``max_memory`` too: one layer's weights,
+the hidden states of a forward's rows and one chunk of rows' activations in a layer
+(:mod:`moescope.models.row_chunks`), each layer read once per forward.
 """
 
 from __future__ import annotations
@@ -244,17 +247,19 @@ def gather(model: str | Path, source: Path, placement: Placement, *, out: Path) 
 
     from moescope.explore.sequential import largest_layer_bytes, layer_sequential
 
-    with layer_sequential(source, dtype=dtype, device=compute.main_device) as lm:
+    with layer_sequential(source, dtype=dtype, device=compute.main_device, available=placement.budget) as lm:
         check_budget(placement, loads_proxy=False, layer=largest_layer_bytes(lm))
-        cutter = _shard_cutter(source, out, placement.budget, compute)
+        cutter = _shard_cutter(source, out, placement.budget, compute, lm)
         yield Gathered(lm, load_tokenizer(source), placement, cutter)
 
 
 def _shard_cutter(
-    source: Path, out: Path, budget: int | None, compute: Compute = ON_CPU
+    source: Path, out: Path, budget: int | None, compute: Compute = ON_CPU, original: Any = None
 ) -> Callable[[Selection], PreTrainedModel]:
     """``selection → proxy``: cut from ``source``'s shards into a scratch directory beside ``out``,
-    loaded whole on ``compute``'s device (refused, in one sentence, where it would not fit ``budget``)."""
+    loaded whole on ``compute``'s device (refused, in one sentence, where it would not fit
+    ``budget``). The layer-sequential ``original``'s passes then share ``budget`` with it: they
+    are sized within what the proxy leaves."""
     from moescope.export.streaming.export import write_selected
     from moescope.models.loading import load_model, weight_files
 
@@ -269,6 +274,10 @@ def _shard_cutter(
             if budget is not None and size > budget:
                 raise _proxy_too_large(format_size(size), "--max-memory", budget)
             proxy, _ = load_model(scratch, dtype=compute.torch_dtype(), with_tokenizer=False, **placed)
+            if budget is not None and original is not None:
+                original._pass_memory = budget - sum(
+                    t.numel() * t.element_size() for t in proxy.state_dict().values()
+                )
             return proxy
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -37,11 +37,12 @@ from moescope.explore.methods import (
 from moescope.explore.methods import method as method_named
 from moescope.explore.routing import collect_routing
 from moescope.explore.selection import Selection
-from moescope.explore.sequential import checkpoint_reads, fit_pass, pass_batch_size, router_rows
+from moescope.explore.sequential import checkpoint_reads, data_width, fit_pass, pass_batch_size, router_rows
 from moescope.explore.taylor import supports_taylor, taylor_importance
 from moescope.export.boundary import check_inputs
 from moescope.export.config import AUTO, ExportConfig, ExportInputs, configure, resolve_method
 from moescope.export.fidelity import CAPABILITY_THRESHOLD
+from moescope.export.fidelity.agreement import SCORED_BYTES
 from moescope.export.fidelity.measure import manifest_sections, measure_fidelity, validity_checklist
 from moescope.export.fidelity.original_record import ORIGINAL_ACCURACY_NAME, export_original_accuracy
 from moescope.export.gather import Gathered, Placement, check_budget, gather, placement_for
@@ -55,6 +56,7 @@ from moescope.export.targeting import CapabilityProbe, Targeting, reach_target, 
 from moescope.export.teacher import build_teacher_cache
 from moescope.keep import Keep
 from moescope.models.accuracy import check_task_spec, resolve_tasks
+from moescope.models.lm_head import head_runs_apart
 from moescope.models.loading import load_config, resolve_model
 from moescope.models.multimodal import is_multimodal, save_with_language_model
 from moescope.models.resident import read_per_forward
@@ -513,10 +515,13 @@ def _assess(
     if not fidelity:
         return {"fidelity": None, "checklist": None}
     options = {"seed": seed, "tasks": tasks, **(fidelity if isinstance(fidelity, dict) else {})}
+    held_out = calibration_data(lm, tokenizer, seed=seed + 1)
     if read_per_forward(lm):  # each forward reads the checkpoint: the same rows in fewer
         shape = {name: options.get(name, _fidelity_default(name)) for name in ("n_tokens", "seq_len")}
-        options["rows_per_forward"] = pass_batch_size(lm, **shape)
-    held_out = calibration_data(lm, tokenizer, seed=seed + 1)
+        shape["seq_len"] = data_width(held_out, tokenizer, **shape, seed=seed)
+        vocab = lm.config.get_text_config().vocab_size  # whole logits, unless the head runs apart
+        logits = None if head_runs_apart(lm) else SCORED_BYTES * shape["seq_len"] * vocab
+        options["rows_per_forward"] = pass_batch_size(lm, **shape, logits=logits)
     measured = measure_fidelity(
         lm, proxy, held_out, tokenizer=tokenizer, selection=chosen, original_accuracy=known, **options
     )

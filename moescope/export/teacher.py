@@ -272,11 +272,14 @@ def build_teacher_cache(
 
 def forward_rows(model: PreTrainedModel, width: int, *, available: int | None = None) -> int:
     """Rows of ``width`` tokens per forward: as many as half the memory beside the largest
-    decoder layer holds, counting a forward's activations and its logits at every position."""
-    from moescope.models.footprint import activation_bytes, rows_beside_layer
+    decoder layer holds, counting a forward's activations (a row's hidden states where the
+    layers run rows in chunks, :mod:`moescope.models.row_chunks`) and its logits at every position."""
+    from moescope.explore.sequential import forward_memory_per_row
+    from moescope.models.footprint import rows_beside_layer
 
-    vocab = model.config.get_text_config().vocab_size
-    per_row = activation_bytes(model.config, n_tokens=width, batch_size=1, seq_len=width) + 12 * width * vocab
+    per_row = (
+        forward_memory_per_row(model, seq_len=width) + 12 * width * model.config.get_text_config().vocab_size
+    )
     return rows_beside_layer(model, per_row, available=available)
 
 

@@ -15,13 +15,20 @@ PASS_MEMORY_SHARE = 0.5  # of the memory beside one layer, what a batch's activa
 
 def rows_beside_layer(model: PreTrainedModel, per_row: int, *, available: int | None = None) -> int:
     """Rows of ``per_row`` bytes that :data:`PASS_MEMORY_SHARE` of the memory beside the largest
-    decoder layer holds (``available``: bytes free, default what the device the model computes on
-    has free); at least one."""
+    decoder layer holds (``available``: bytes, default :func:`pass_memory`); at least one."""
+    room = PASS_MEMORY_SHARE * (pass_memory(model, available) - largest_layer_bytes(model))
+    return max(1, int(max(room, 0) // per_row))
+
+
+def pass_memory(model: PreTrainedModel, available: int | None = None) -> int:
+    """The bytes a pass on ``model`` may take: ``available`` where given, else the bound the
+    model was read under (:func:`~moescope.explore.sequential.layer_sequential`'s ``available``,
+    an export's ``--max-memory``), else what the device it computes on has free now."""
     from moescope.models.device import free_memory
 
-    free = free_memory(model) if available is None else available
-    room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
-    return max(1, int(max(room, 0) // per_row))
+    if available is None:
+        available = getattr(model, "_pass_memory", None)
+    return free_memory(model) if available is None else available
 
 
 def generation_rows(model: PreTrainedModel, tokens: int, *, available: int | None = None) -> int:
@@ -75,12 +82,31 @@ def activation_bytes(
     text = config.get_text_config()
     tokens = min(n_tokens, batch_size * seq_len)
     rows = min(batch_size, -(-tokens // seq_len))
-    scores = 2 * rows * _attention_heads(text) * seq_len**2
-    layer = 24 * tokens * text.hidden_size + scores
+    layer = layer_activation_bytes(config, rows=rows, seq_len=seq_len, tokens=tokens)
     if not backward:
-        return 4 * (layer + rows * text.vocab_size)
+        return layer + 4 * rows * text.vocab_size
     inputs = text.num_hidden_layers * tokens * text.hidden_size
-    return 4 * (2 * layer + inputs + 4 * tokens * text.vocab_size)
+    return 2 * layer + 4 * (inputs + 4 * tokens * text.vocab_size)
+
+
+def layer_activation_bytes(config: Any, *, rows: int, seq_len: int, tokens: int | None = None) -> int:
+    """A generous estimate, in float32, of what one decoder layer's forward holds at once for
+    ``rows`` rows of ``seq_len`` positions (``tokens`` of them real, default all): two dozen
+    hidden-sized vectors per token and the eager attention scores and their softmax."""
+    text = config.get_text_config()
+    tokens = rows * seq_len if tokens is None else tokens
+    scores = 2 * rows * _attention_heads(text) * seq_len**2
+    return 4 * (24 * tokens * text.hidden_size + scores)
+
+
+def row_state_bytes(config: Any, *, seq_len: int, backward: bool = False) -> int:
+    """What one row of ``seq_len`` positions holds through a forward whose decoder layers run the
+    rows in chunks (:mod:`moescope.models.row_chunks`), in float32: its hidden states in and out
+    of the layer running, the chunks' outputs and their join, and, with ``backward``, every
+    decoder layer's input, kept for the backward. Logits are the caller's to add."""
+    text = config.get_text_config()
+    kept = 4 + (text.num_hidden_layers if backward else 0)
+    return 4 * kept * seq_len * text.hidden_size
 
 
 def _attention_heads(config: Any) -> int:

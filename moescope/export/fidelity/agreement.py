@@ -22,7 +22,9 @@ from moescope.errors import MoescopeError
 from moescope.explore.calibration import TASKS, calibration_batches, check_budget, pad_scored
 from moescope.explore.routing import observe_routing
 from moescope.explore.stats import RoutingStats
-from moescope.models.resident import execution_device
+from moescope.models.footprint import rows_beside_layer
+from moescope.models.lm_head import head_input, head_runs_apart, own_forward
+from moescope.models.resident import execution_device, resident
 from moescope.models.tasks import HELDOUT_MAX, TASK_FAMILIES, Example, heldout
 
 if TYPE_CHECKING:
@@ -184,6 +186,36 @@ def _scored(
     return log_p[valid], log_q[valid], target.to(log_p.device)[valid]
 
 
+# Bytes per position and vocabulary entry that scoring a row holds: both models' logits, their
+# float32 log-softmax and the scored rows of each, and the KL's three temporaries.
+SCORED_BYTES = 40
+
+
+def _scored_parts(
+    original: PreTrainedModel, proxy: PreTrainedModel, batch: Batch
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """:func:`_scored` of ``batch``; where the original's LM head runs apart (a layer-sequential
+    original, :func:`~moescope.models.lm_head.head_runs_apart`), in chunks of rows: one forward of
+    the original to its head over every row, then each chunk's logits of both models, so a
+    forward's size is set by the rows' hidden states and a chunk's by their logits."""
+    if not head_runs_apart(original):
+        yield _scored(original, proxy, batch)
+        return
+    device = execution_device(original)
+    hidden = head_input(original, {key: batch[key].to(device) for key in ("input_ids", "attention_mask")})
+    head = original.get_output_embeddings()
+    vocab = original.config.get_text_config().vocab_size
+    rows = rows_beside_layer(original, SCORED_BYTES * hidden.shape[1] * vocab)
+    with resident(head):
+        for start in range(0, len(hidden), rows):
+            part = {key: value[start : start + rows] for key, value in batch.items()}
+            valid, target = _targets(part)
+            log_p = torch.log_softmax(own_forward(head)(hidden[start : start + rows])[:, :-1].float(), dim=-1)
+            log_q = _log_probs(proxy, part).to(log_p.device)
+            valid = valid.to(log_p.device)
+            yield log_p[valid], log_q[valid], target.to(log_p.device)[valid]
+
+
 def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     """``(N,)`` ``KL(p ‖ q)`` per position."""
     return (log_p.exp() * (log_p - log_q)).sum(-1)
@@ -212,6 +244,7 @@ def next_token_agreement(
     with ExitStack() as stack, evaluating(original, proxy):
         observers = [stack.enter_context(observe_routing(m)) for m in (original, proxy)] if observe else []
         for batch in batches:
-            sums.add(*_scored(original, proxy, batch))
+            for scored in _scored_parts(original, proxy, batch):
+                sums.add(*scored)
         stats = tuple(observer.stats() for observer in observers)
     return sums.figures(), (stats if observe else None)  # type: ignore[return-value]

@@ -209,13 +209,14 @@ def answer_log_probs(
 
 
 def _rows_per_forward(model: PreTrainedModel, rows: int, width: int, keep: int) -> int:
-    """Rows whose activations (:func:`~moescope.models.footprint.activation_bytes`) and kept
+    """Rows whose activations (:func:`~moescope.explore.sequential.forward_memory_per_row`) and kept
     logits (three float32 copies: logits, their float cast, the log-softmax) take at most
     :data:`~moescope.models.footprint.PASS_MEMORY_SHARE` of the memory beside the largest layer."""
-    from moescope.models.footprint import activation_bytes, rows_beside_layer
+    from moescope.explore.sequential import forward_memory_per_row
+    from moescope.models.footprint import rows_beside_layer
 
     vocab = model.config.get_text_config().vocab_size
-    per_row = activation_bytes(model.config, n_tokens=width, batch_size=1, seq_len=width) + 12 * keep * vocab
+    per_row = forward_memory_per_row(model, seq_len=width) + 12 * keep * vocab
     return min(rows, rows_beside_layer(model, per_row))
 
 

@@ -1,0 +1,238 @@
+"""A layer-sequential model's decoder layers run a forward's rows in chunks, within one read.
+
+A layer-sequential model (:func:`~moescope.explore.sequential.layer_sequential`) reads every
+decoder layer from the checkpoint's shards once per forward, so a pass reads the checkpoint as
+many times as it has forwards, and holds one forward's activations. Sized by memory alone, the
+rows per forward set the reads: on a 0.91 GB checkpoint a default export read it 4 times with
+forwards as large as half the machine's memory (3.8 GB resident), and 69 times with forwards
+sized within a 600 MB budget. Here a forward takes every row whose hidden states fit, and each
+decoder layer, once its weights are read, runs the rows in chunks of as many as its activations
+may take (:func:`chunk_decoder_layers`): layer-major, each layer read once for all the rows,
+the transient activations one chunk's.
+
+Under autograd (Taylor importance: a backward follows) each chunk runs under non-reentrant
+activation checkpointing, so the forward keeps a layer's input only; the backward reads the
+layer once more for all its chunks, loaded when the backward reaches the layer's output and
+released when it leaves the layer's input (:class:`_LoadForBackward`, :class:`_ReleaseAfterBackward`).
+A layer the backward never reaches (before the first scaled expert) is never read again.
+
+A forward that carries a key/value cache (``generate``) runs unchunked: a cache written a chunk
+at a time would hold each chunk's keys one after another.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from moescope.models.resident import read_when_used, resident
+
+_OFFSET: contextvars.ContextVar[int] = contextvars.ContextVar("moescope_row_offset", default=0)
+
+RowsFor = Callable[[torch.Tensor, bool], int]  # (a layer's hidden states, backward follows) -> rows per chunk
+
+
+def row_offset() -> int:
+    """Rows of the forward before the chunk running now (0 outside a chunked layer): a hook that
+    indexes a forward's rows (Taylor importance's per-row multipliers) adds it."""
+    return _OFFSET.get()
+
+
+def chunks_rows(model: nn.Module) -> bool:
+    """Whether ``model``'s decoder layers run a forward's rows in chunks (:func:`chunk_decoder_layers`)."""
+    from moescope.models.view import decoder_layers
+
+    return any(
+        isinstance(getattr(layer, "_old_forward", None), _ChunkedForward) for layer in decoder_layers(model)
+    )
+
+
+def chunk_decoder_layers(model: nn.Module, rows_for: RowsFor) -> None:
+    """Every decoder layer of ``model`` whose weights accelerate reads when it runs runs its
+    rows in chunks of ``rows_for(hidden_states, backward)`` rows, inside one read of its weights.
+
+    The chunking sits inside accelerate's hook (its ``_old_forward``), so the hook still loads
+    the layer once before the first chunk and releases it after the last.
+    """
+    from moescope.models.view import decoder_layers
+
+    for layer in decoder_layers(model):
+        if isinstance(getattr(layer, "_old_forward", None), _ChunkedForward):
+            layer._old_forward.rows_for = rows_for  # chunked already: sized anew
+        elif read_when_used(layer):
+            layer._old_forward = _ChunkedForward(layer, layer._old_forward, rows_for)
+
+
+class _ChunkedForward:
+    """A decoder layer's own forward, run a chunk of rows at a time."""
+
+    def __init__(self, layer: nn.Module, forward: Callable[..., Any], rows_for: RowsFor) -> None:
+        self.layer, self.forward, self.rows_for = layer, forward, rows_for
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        rows, backward = hidden.shape[0], torch.is_grad_enabled()
+        if _holds_cache(args, kwargs):
+            return self.forward(*args, **kwargs)
+        size = max(1, self.rows_for(hidden, backward)) if rows > 1 else 1
+        chunks = [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
+        if backward:  # checkpointed even whole: autograd would keep the weights to the backward
+            return self._checkpointed(chunks, rows, args, kwargs)
+        if len(chunks) == 1:
+            return self.forward(*args, **kwargs)
+        return _cat(
+            [
+                self._chunk(part.start, *_rows(args, part, rows), **_rows(kwargs, part, rows))
+                for part in chunks
+            ]
+        )
+
+    def _chunk(self, start: int, *args: Any, **kwargs: Any) -> Any:
+        token = _OFFSET.set(start)
+        try:
+            return self.forward(*args, **kwargs)
+        finally:
+            _OFFSET.reset(token)
+
+    def _checkpointed(self, chunks: list[slice], rows: int, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Each chunk under activation checkpointing, the layer read again for the backward."""
+        from torch.utils.checkpoint import checkpoint
+
+        def run(hidden: torch.Tensor) -> Any:
+            every = ((hidden, *args[1:]), kwargs) if args else ((), {**kwargs, "hidden_states": hidden})
+            outputs = [
+                checkpoint(
+                    self._chunk,
+                    part.start,
+                    *_rows(every[0], part, rows),
+                    use_reentrant=False,
+                    **_rows(every[1], part, rows),
+                )
+                for part in chunks
+            ]
+            return _cat(outputs)
+
+        return read_again_for_backward(self.layer, args[0] if args else kwargs["hidden_states"], run)
+
+
+def read_again_for_backward(
+    module: nn.Module, hidden: torch.Tensor, run: Callable[[torch.Tensor], Any]
+) -> Any:
+    """``run(hidden)``, whose backward runs ``module`` again (activation checkpointing), with
+    ``module``'s weights read once for that backward: loaded when the backward reaches the output,
+    released when it has left ``hidden``. Call it with the weights in memory, inside
+    :func:`layers_read_for_backward`."""
+    loaded = _loaded_layers(module)
+    output = run(_ReleaseAfterBackward.apply(hidden, loaded))
+    if isinstance(output, torch.Tensor):
+        return _LoadForBackward.apply(output, module, loaded)
+    return (_LoadForBackward.apply(output[0], module, loaded), *output[1:])
+
+
+class _Loaded:
+    """The layers the backward has read and not yet released (at most one while it runs)."""
+
+    def __init__(self) -> None:
+        self.stacks: dict[int, ExitStack] = {}
+
+    def load(self, layer: nn.Module) -> None:
+        if id(layer) not in self.stacks:
+            stack = ExitStack()
+            stack.enter_context(resident(layer))
+            self.stacks[id(layer)] = stack
+
+    def release(self, layer: nn.Module | None = None) -> None:
+        for key in [id(layer)] if layer is not None else list(self.stacks):
+            stack = self.stacks.pop(key, None)
+            if stack is not None:
+                stack.close()
+
+
+_BACKWARD: contextvars.ContextVar[_Loaded | None] = contextvars.ContextVar("moescope_backward", default=None)
+
+
+@contextmanager
+def layers_read_for_backward() -> Iterator[None]:
+    """One forward and its backward: the backward reads each chunked layer it reaches once; a
+    layer it leaves loaded (its input needed no gradient) is released when the block ends."""
+    loaded = _Loaded()
+    token = _BACKWARD.set(loaded)
+    try:
+        yield
+    finally:
+        _BACKWARD.reset(token)
+        loaded.release()
+
+
+def _loaded_layers(layer: nn.Module) -> _Loaded:
+    loaded = _BACKWARD.get()
+    if loaded is None:
+        raise RuntimeError(
+            f"{type(layer).__name__} is read again for a backward only inside "
+            "layers_read_for_backward(), which releases what the backward reads."
+        )
+    return loaded
+
+
+class _LoadForBackward(torch.autograd.Function):
+    """Identity; its backward reads the layer, before any of its chunks is run again."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, layer: nn.Module, loaded: _Loaded) -> torch.Tensor:
+        ctx.layer, ctx.loaded = layer, loaded
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        ctx.loaded.load(ctx.layer)
+        return grad, None, None
+
+
+class _ReleaseAfterBackward(torch.autograd.Function):
+    """Identity on a layer's input; its backward, once every chunk's has run, releases the layer."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, loaded: _Loaded) -> torch.Tensor:
+        ctx.loaded = loaded
+        return hidden.view_as(hidden)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.loaded.release()
+        return grad, None
+
+
+def _holds_cache(args: tuple, kwargs: dict[str, Any]) -> bool:
+    from transformers.cache_utils import Cache
+
+    return any(isinstance(value, Cache) for value in (*args, *kwargs.values()))
+
+
+def _rows(values: Any, part: slice, rows: int) -> Any:
+    """``values`` (a tuple, a dict, or one value) with every tensor that holds one entry per row
+    (``rows`` along its first axis, two axes or more) cut to the rows of ``part``."""
+    if isinstance(values, dict):
+        return {name: _rows(value, part, rows) for name, value in values.items()}
+    if isinstance(values, tuple | list):
+        return type(values)(_rows(value, part, rows) for value in values)
+    if isinstance(values, torch.Tensor) and values.dim() >= 2 and values.shape[0] == rows:
+        return values[part]
+    return values
+
+
+def _cat(outputs: list[Any]) -> Any:
+    """The chunks' outputs joined along the rows: tensors, or tuples of them (``None`` kept)."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(outputs) if len(outputs) > 1 else first
+    if isinstance(first, tuple):
+        return tuple(
+            _cat([out[i] for out in outputs]) if isinstance(first[i], torch.Tensor) else first[i]
+            for i in range(len(first))
+        )
+    return first

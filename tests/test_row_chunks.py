@@ -1,0 +1,137 @@
+"""Decoder layers of a layer-sequential model run a forward's rows in chunks: the same statistics
+and Taylor sums, padding included, one read of the checkpoint per forward whatever the chunks,
+chunks sized within the pass's memory, and generation (a key/value cache) left whole."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from moescope.explore.rl_data import RLCalibration
+from moescope.explore.routing import collect_routing
+from moescope.explore.sequential import checkpoint_reads, layer_sequential
+from moescope.explore.taylor import taylor_importance
+from moescope.models.footprint import largest_layer_bytes, layer_activation_bytes
+from moescope.models.loading import load_model
+from moescope.models.row_chunks import _rows, chunk_decoder_layers
+from moescope.models.view import adapt
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ARRAYS = ("counts", "coactivation", "saliency_sum", "entropy_sum", "context_sum")
+
+
+def _ragged_rows() -> RLCalibration:
+    """Seven prompts of 3 to 9 ids, each with a completion of 2 to 4: padded rows in every batch."""
+    g = torch.Generator().manual_seed(3)
+    lengths = [(3 + i, 2 + i % 3) for i in range(7)]
+    rows = [
+        torch.randint(3, 44, (p + c,), generator=g).tolist() for p, c in lengths
+    ]  # 44: the toy vocabulary
+    prompts = tuple(tuple(r[:p]) for r, (p, _) in zip(rows, lengths, strict=True))
+    completions = tuple(tuple(r[p:]) for r, (p, _) in zip(rows, lengths, strict=True))
+    return RLCalibration(prompts, completions, seed=0, temperature=1.0, max_new_tokens=4)
+
+
+def test_padded_rows_in_chunks_give_the_in_memory_statistics_and_sums_in_one_read_per_forward() -> None:
+    """Chunks of 2 rows: padding is found per chunk (the observer reads each chunk's share of
+    the mask), a forward still reads each layer once, and Taylor's backward once more."""
+    data = _ragged_rows()
+    options = {"n_tokens": 10_000, "batch_size": 7, "seq_len": 64}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, _ = load_model("toy")
+    expected = collect_routing(model, data, progress=False, **options)
+    expected_taylor = taylor_importance(model, data, batch_size=7)
+    with layer_sequential("toy") as loaded:
+        chunk_decoder_layers(loaded, lambda *_: 2)
+        got = collect_routing(loaded, data, progress=False, **options)
+        assert checkpoint_reads(loaded) == 1  # one forward of 7 rows, four chunks
+        taylor = taylor_importance(loaded, data, batch_size=7)
+        assert checkpoint_reads(loaded) == 3  # its forward and its backward
+    assert got.n_tokens == expected.n_tokens == sum(len(r) for r in data.rows())
+    for name in ARRAYS:
+        np.testing.assert_allclose(
+            getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-5, err_msg=name
+        )
+    assert taylor.tokens == expected_taylor.tokens and expected_taylor.sums.max() > 0
+    np.testing.assert_allclose(
+        taylor.sums, expected_taylor.sums, rtol=1e-5, atol=1e-6 * expected_taylor.sums.max()
+    )
+
+
+def test_chunks_take_as_many_rows_as_the_pass_memory_holds_beside_a_layer() -> None:
+    """Half the room beside the largest layer, in one row's activations; one row at least."""
+    ids = torch.randint(3, 44, (9, 16), generator=torch.Generator().manual_seed(0))
+    with layer_sequential("toy") as probe:
+        layer, row = largest_layer_bytes(probe), layer_activation_bytes(probe.config, rows=1, seq_len=16)
+    for available, chunk in ((layer + 2 * 4 * row, 4), (layer + 1, 1)):
+        sizes: list[int] = []
+        with layer_sequential("toy", available=available) as model:
+            first = adapt(model).layers[0].experts
+            first.register_forward_pre_hook(lambda _, args, sizes=sizes: sizes.append(args[0].shape[0] // 16))
+            collect_routing(model, ids, n_tokens=9 * 16, batch_size=9, seq_len=16, progress=False)
+        assert sizes == [chunk] * (9 // chunk) + ([9 % chunk] if 9 % chunk else []), available
+
+
+def test_generation_runs_whole_rows_and_samples_as_in_memory() -> None:
+    """A key/value cache written a chunk at a time would be wrong: a forward that carries one
+    is never chunked, and greedy decoding equals the in-memory model's."""
+    ids = torch.randint(3, 44, (4, 6), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, _ = load_model("toy")
+    expected = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    asked: list[bool] = []
+    with layer_sequential("toy") as loaded:
+        chunk_decoder_layers(loaded, lambda _, backward: asked.append(backward) or 1)
+        got = loaded.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, expected) and not asked
+
+
+def test_only_tensors_with_a_row_per_entry_are_cut() -> None:
+    rows, part = 5, slice(1, 3)
+    hidden, mask, shared, positions = (
+        torch.zeros(5, 7, 4),
+        torch.ones(5, 1, 7, 7),
+        torch.ones(1, 7, 2),
+        torch.arange(7),
+    )
+    args = (
+        hidden,
+        {"mask": mask, "cos_sin": (shared, torch.zeros(5, 7, 2)), "cache_position": positions, "n": 3},
+    )
+    cut_hidden, cut = _rows(args, part, rows)
+    assert cut_hidden.shape == (2, 7, 4) and cut["mask"].shape == (2, 1, 7, 7)
+    assert cut["cos_sin"][0] is shared and cut["cos_sin"][1].shape == (2, 7, 2)  # broadcast rows kept whole
+    assert cut["cache_position"] is positions and cut["n"] == 3
+
+
+def test_the_held_out_kl_of_an_original_whose_head_runs_apart_is_the_in_memory_one(monkeypatch) -> None:
+    """The original's forward stops at its head, which then runs two rows at a time beside the
+    proxy's forward of the same rows: the same KL, agreement and routing as in memory."""
+    from moescope.export.fidelity.agreement import SCORED_BYTES, next_token_agreement, task_batches
+    from moescope.models.tasks import heldout
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, tokenizer = load_model("toy")
+        proxy, _ = load_model("toy")
+    with torch.no_grad():
+        for parameter in proxy.parameters():
+            parameter.add_(0.01 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)))
+    batches = list(task_batches(heldout("add2", 10), tokenizer, n_tokens=10_000, batch_size=10))
+    expected, expected_stats = next_token_agreement(model, proxy, batches, observe=True)
+    with layer_sequential("toy") as loaded:
+        width, vocab = batches[0]["input_ids"].shape[1], loaded.config.vocab_size
+        chunk = SCORED_BYTES * width * vocab
+        monkeypatch.setattr(loaded, "_pass_memory", largest_layer_bytes(loaded) + 2 * 2 * chunk + 1)
+        got, stats = next_token_agreement(loaded, proxy, batches, observe=True)
+    assert got["n_tokens"] == expected["n_tokens"] > 0 and expected["kl"] > 0
+    for name in ("kl", "top1_agreement", "perplexity_ratio"):
+        assert got[name] == pytest.approx(expected[name], rel=1e-5), name
+    np.testing.assert_array_equal(stats[0].counts, expected_stats[0].counts)
+    np.testing.assert_array_equal(stats[1].counts, expected_stats[1].counts)
