@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
 
-from moescope.analyze.readers import _text, keymap, verl
-from moescope.analyze.readers._text import LogFile, parse_number, plain_number, plain_numbers
+from moescope.analyze.readers import _text, keymap, megatron, records, verl
+from moescope.analyze.readers._text import INT, LogFile, parse_number, plain_number, plain_numbers
 
 
 def _line_at_a_time(path: Path, cap: int) -> tuple[list[str], int]:
@@ -59,6 +60,15 @@ def test_a_list_of_plain_numbers_reads_as_each_does() -> None:
     assert plain_numbers(["0.5", " 1"]) is None  # float() would take the space; a field does not
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_ints_and_nans_among_floats_read_as_each_alone(seed: int) -> None:
+    tokens = ["0.5", "-3", "nan", "1e-06", "+7", "inf", "0", "-0", "1e999", "-nan", "9" * 400, "12"]
+    values = random.Random(seed).choices(tokens, k=8)
+    numbers, each = plain_numbers(values), [plain_number(v) for v in values]
+    assert numbers is not None and [type(n) for n in numbers] == [type(n) for n in each]
+    assert all(n is e if e is math.nan else n == e for n, e in zip(numbers, each, strict=True))
+
+
 @pytest.mark.parametrize(
     "rest",
     [
@@ -87,3 +97,27 @@ def test_a_cached_rename_keeps_the_first_of_two_keys_for_one_name() -> None:
         assert renamed == {"loss": 1.0, "actor/loss": 2.0, "actor/grad_norm": 0.1} and kept == ["loss"]
         renamed, kept = keymap.rename("trl", {"loss": 1.0, "grad_norm": 0.1})
         assert renamed == {"actor/loss": 1.0, "actor/grad_norm": 0.1} and kept == []
+
+
+# the patterns as first written, before their literal or a lookahead was put first for speed
+_AS_WRITTEN = [
+    (verl.STEP_START, rf"(?<![\w/])step:({INT})(?=\s*-|\s*$)", ["step:", "a", "/", " ", "-", "1", "23"]),
+    (megatron.ITERATION, rf"\biteration\s+({INT})\s*/\s*\d+\s*\|", ["iteration", "a", "/", " ", "|", "1"]),
+    (
+        records._SPLIT,
+        r"\s*\|\s*|,\s+|;\s*|\s+-\s+|\t+|\s{2,}|[\[\]]",
+        [" ", "\t", "|", ",", ";", "-", "[", "]", "a"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("fast", "written", "alphabet"), _AS_WRITTEN)
+def test_reordered_patterns_find_what_they_found_as_written(
+    fast: re.Pattern[str], written: str, alphabet: list[str]
+) -> None:
+    reference, rng = re.compile(written), random.Random(0)
+    for _ in range(20000):
+        text = "".join(rng.choices([*alphabet, "\u00a0", "_", "\n"], k=rng.randint(0, 10)))
+        a, b = fast.search(text), reference.search(text)
+        assert (a and (a.span(), a.groups())) == (b and (b.span(), b.groups()))
+        assert fast.split(text) == reference.split(text)

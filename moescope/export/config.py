@@ -86,9 +86,9 @@ class ExportConfig:
         up to ``heal_budget`` steps; the checklist's capability check then asks for
         ``min_capability``. It needs tasks to measure and ``fidelity`` on; where either is
         missing the manifest says the target was not measured. ``original_accuracy``: the
-        original's figure when known (``"0.83"``, or ``"add2=0.9,add3=0.7"``), else measured:
-        sampled in memory, teacher-forced in one pass when read a layer at a time
-        (:mod:`moescope.export.fidelity.original`), and kept for the next export.
+        original's figure when known (``"0.83"``, or ``"add2=0.9,add3=0.7"``), else measured
+        teacher-forced in one pass (:mod:`moescope.export.fidelity.original`), in memory or a
+        layer at a time alike, and kept for the next export.
     Measurement
         ``fidelity``: measure fidelity and run the validity checklist (``True``, or the options
         of :func:`~moescope.export.fidelity.measure.measure_fidelity`). ``tasks``: the tasks of
@@ -190,7 +190,7 @@ class ExportConfig:
             "the original's sampled accuracy, if known: one share (0.83) or one per task "
             "(add2=0.9,add3=0.7); not measured then",
             metavar="ACC",
-            shown="measured: sampled in memory, teacher-forced when read a layer at a time",
+            shown="measured teacher-forced and cached",
         ),
     )
     heal_budget: int = field(

@@ -460,8 +460,8 @@ def _targeting_section(
 
 
 def _known_original(got: Gathered, config: ExportConfig, inputs: ExportInputs) -> tuple[Any, dict[str, Any]]:
-    """The original's accuracy where it is not sampled in memory (given, or teacher-forced a
-    layer at a time and kept beside the selection file or in the cache), with its record."""
+    """The original's accuracy (given, or teacher-forced and kept beside the selection file or in
+    the cache), with its record; ``None`` without tasks."""
     tasks = resolve_tasks(config.tasks, got.original)
     if tasks is None:
         return None, {}
@@ -472,7 +472,6 @@ def _known_original(got: Gathered, config: ExportConfig, inputs: ExportInputs) -
         got.tokenizer,
         tasks,
         given=config.original_accuracy,
-        sequential=got.placement.sequential,
         path=beside,
         **_fidelity_options(config),
     )
@@ -510,7 +509,7 @@ def _assess(
 ) -> dict[str, Any]:
     """Fidelity and the validity checklist of the proxy as it will be saved; the capability check
     asks for the target (the checklist's own threshold without one). ``known``: the original's
-    accuracy frame where it is not sampled here."""
+    accuracy frame the export measured once (:func:`_known_original`)."""
     seed, tasks, fidelity = config.seed, config.tasks, config.fidelity
     if not fidelity:
         return {"fidelity": None, "checklist": None}

@@ -205,7 +205,7 @@ def _original_side(
                     "the capability target needs the task suite, and this model has none; heal without "
                     "--min-capability."
                 )
-            frame, _ = export_original_accuracy(lm, tokenizer, tasks, given=None, sequential=True, seed=seed)
+            frame, _ = export_original_accuracy(lm, tokenizer, tasks, given=None, seed=seed)
             known = (tasks, frame)
         if path is not None:
             batches = healing_batches(

@@ -41,7 +41,7 @@ STEP_KEYS = (
 )
 
 
-@dataclass
+@dataclass(slots=True)  # a large log has a million of them
 class Row:
     """One record as found: ``step`` is ``None`` when the record does not say."""
 
@@ -134,25 +134,30 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
         )
     notes = list(parsed.notes)
     steps = _assign_steps(parsed.rows, path, notes)
+    table = parsed.keymap or parsed.framework
     merged: dict[int, dict[str, Any]] = {}
-    duplicates: list[int] = []
+    repeated: dict[int, None] = {}  # in order of first repeat; a dict, as a log may repeat every step
     kept: set[str] = set()
-    for step, row, explicit in steps:
-        metrics, lost = rename(parsed.keymap or parsed.framework, row.metrics)
+    for step, row in zip(steps, parsed.rows, strict=True):
+        metrics, lost = rename(table, row.metrics)
         row.metrics = {}  # handed over: a large log's records are not held twice
-        for reserved in (STEP, RAW):  # a logged key of that name must not replace ours
-            if reserved in metrics:
-                metrics[f"logged_{reserved}"] = metrics.pop(reserved)
-        kept.update(lost)
-        if step in merged:
-            if explicit and step not in duplicates:
-                duplicates.append(step)
-            raw = merged[step].pop(RAW) + "\n" + row.raw
-            merged[step].update(metrics)
-            merged[step][RAW] = raw  # raw stays last
-        else:
+        if STEP in metrics or RAW in metrics:  # a logged key of that name must not replace ours
+            for reserved in (STEP, RAW):
+                if reserved in metrics:
+                    metrics[f"logged_{reserved}"] = metrics.pop(reserved)
+        if lost:
+            kept.update(lost)
+        record = merged.get(step)
+        if record is None:
             merged[step] = {STEP: step, **metrics, RAW: row.raw}
-    if duplicates:
+            continue
+        if row.step is not None:  # an explicit step seen before, not a row that joined its step
+            repeated[step] = None
+        raw = record.pop(RAW) + "\n" + row.raw
+        record.update(metrics)
+        record[RAW] = raw  # raw stays last
+    if repeated:
+        duplicates = list(repeated)
         notes.append(
             f"step {listing(duplicates)} appeared in more than one record (e.g. a validation line and a "
             "training line); merged them, a later value wins"
@@ -176,22 +181,21 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
     return Trace(header=header, steps=[merged[s] for s in sorted(merged)], path=path, notes=notes)
 
 
-def _assign_steps(rows: list[Row], path: Path, notes: list[str]) -> list[tuple[int, Row, bool]]:
-    """``(step, row, explicit)`` for every row, by the rules in the module docstring."""
+def _assign_steps(rows: list[Row], path: Path, notes: list[str]) -> list[int]:
+    """The step of every row, by the rules in the module docstring."""
     if all(row.step is None for row in rows):
         notes.append(
             f"{path.name} gives no step numbers; its {len(rows)} records are indexed in order from 0"
         )
-        return [(i, row, False) for i, row in enumerate(rows)]
-    first = next(row.step for row in rows if row.step is not None)
-    out, last, orphans = [], first, []
+        return list(range(len(rows)))
+    last = next(row.step for row in rows if row.step is not None)
+    out, orphans = [], []
     for row in rows:
         if row.step is None:
             orphans.append(row.line)
-            out.append((last, row, False))
         else:
             last = row.step
-            out.append((last, row, True))
+        out.append(last)
     if orphans:
         where = listing([n for n in orphans if n is not None]) or "?"
         notes.append(

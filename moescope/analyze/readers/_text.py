@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import compress
 from pathlib import Path
 
 from moescope.errors import MoescopeError
@@ -97,7 +98,8 @@ def plain_number(token: str) -> int | float | None:
 
 def plain_numbers(values: list[str]) -> list[int | float] | None:
     """:func:`plain_number` of every value, or ``None`` when one is not plain (or holds a space):
-    ``float`` mapped over the list in one call, and a pass in Python only where ints or NaNs are."""
+    ``float`` mapped over the list in one call, and a pass in Python only over the ints, and over
+    the list where a NaN may be."""
     joined = "".join(values)
     if "_" in joined or joined.split() != [joined]:  # float() takes "1_0" and spaces; a log's values do not
         return None
@@ -105,9 +107,10 @@ def plain_numbers(values: list[str]) -> list[int | float] | None:
         numbers: list[int | float] = list(map(float, values))
     except ValueError:
         return None
-    if any(map(str.isdigit, "\0".join(values).replace("-", "").replace("+", "").split("\0"))):
-        numbers = [plain_number(value) for value in values]  # ints as ints: the slow path, exact
-    elif "n" in joined or "N" in joined:  # nan / inf: one NaN object, as plain_number gives
+    unsigned = "\0".join(values).replace("-", "").replace("+", "").split("\0")
+    for i in compress(range(len(values)), map(str.isdigit, unsigned)):  # ints as ints, exactly
+        numbers[i] = plain_number(values[i])
+    if "n" in joined or "N" in joined:  # nan / inf: one NaN object, as plain_number gives
         numbers = [math.nan if x != x else x for x in numbers]
     return numbers
 

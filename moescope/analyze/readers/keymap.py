@@ -537,11 +537,13 @@ def rename(framework: str | None, metrics: dict[str, Any]) -> tuple[dict[str, An
     """``metrics`` under canonical names; of two keys for one canonical name, one keeps its own.
 
     A key that already is the canonical name wins; otherwise the first one does. Returns the
-    renamed dict and the keys that kept their own name, for a note.
+    renamed dict (``metrics`` itself when every key is canonical already) and the keys that
+    kept their own name, for a note.
     """
-    names = _distinct_names(framework, tuple(metrics))
+    keys = tuple(metrics)
+    names = _distinct_names(framework, keys)
     if names is not None:  # the common record: its keys seen before, no two for one name
-        return dict(zip(names, metrics.values(), strict=True)), []
+        return (metrics if names == keys else dict(zip(names, metrics.values(), strict=True))), []
     out: dict[str, Any] = {}
     source: dict[str, str] = {}
     kept: list[str] = []

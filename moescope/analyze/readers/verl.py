@@ -23,7 +23,9 @@ from itertools import repeat
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_number, plain_numbers
 
-STEP_START = re.compile(rf"(?<![\w/])step:({INT})(?=\s*-|\s*$)")
+# "step:" not after a word or "/": the literal first (the boundary looked back at once it is
+# found), so a search skips along the line instead of trying the lookbehind at every character
+STEP_START = re.compile(rf"step:(?<=(?<![\w/])step:)({INT})(?=\s*-|\s*$)")
 RAY_PREFIX = re.compile(r"^\s*\([\w.:-]+ pid=\d+(?:, ip=[^)]*)?\)")
 _REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 _KEY = r"[A-Za-z_][^\s:]*"

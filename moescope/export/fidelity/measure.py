@@ -223,9 +223,9 @@ def measure_fidelity(
     batch_size, seq_len : rows per forward pass and longest row of the held-out pass.
     rows_per_forward : join the held-out batches into forwards of this many rows (the same rows
         and tokens: for an original read a layer at a time, where each forward reads it).
-    original_accuracy : the original's accuracy frame on ``tasks``, measured before (an original
-        read a layer at a time: :mod:`moescope.export.fidelity.original`) or given; measured
-        here by sampling when ``None``.
+    original_accuracy : the original's accuracy frame on ``tasks``, measured before (an export's,
+        teacher-forced: :mod:`moescope.export.fidelity.original`) or given; measured here by
+        sampling when ``None``.
     """
     original, proxy, tokenizer = resolve_models(original, proxy, tokenizer)
     kept = kept_experts(original, proxy, selection)

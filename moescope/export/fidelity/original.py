@@ -20,7 +20,10 @@ Teacher-forced is the default. On the task suite at 100 prompts and 4 samples (t
 it was within 0.003 of ``model_accuracy`` at 64 samples, the expectation it computes; against
 ``model_accuracy`` at 4 samples and 5 seeds it differed by 0.007 (toy) and 0.005 (toy-v3) per task
 on average, batched sampling by 0.012 and 0.010, being a second draw of the same noise; and it
-read the model once where batched sampling read it 26 times and ``model_accuracy`` 423.
+read the model once where batched sampling read it 26 times and ``model_accuracy`` 423. An export
+measures the original teacher-forced whether it holds it in memory or reads it a layer at a
+time (:func:`~moescope.export.fidelity.original_record.export_original_accuracy`), so both reads
+of one model set the same capability target.
 
 Example
 -------

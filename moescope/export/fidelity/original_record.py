@@ -1,10 +1,12 @@
 """The original's task accuracy kept for later exports (``original_accuracy.json``), or given.
 
-Measuring the original of a checkpoint larger than memory reads it from disk
-(:mod:`moescope.export.fidelity.original`), so the figure is measured once and written beside the
-selection with what it was measured on: the model's config hash, the examples (a digest of every
-prompt and answer), the settings that change the figure and the estimator. A later export of the
-same model with the same settings reuses it (:func:`cached_original_accuracy`); any difference
+An export measures the original's accuracy teacher-forced
+(:mod:`moescope.export.fidelity.original`), in memory or a layer at a time alike, so both reads
+of one model compare their proxies with one figure. Read from disk, that is a pass over the
+checkpoint, so the figure is measured once and written beside the selection (or in the cache)
+with what it was measured on: the model's config hash, the examples (a digest of every prompt
+and answer), the settings that change the figure and the estimator. A later export of the same
+model with the same settings reuses it (:func:`cached_original_accuracy`); any difference
 measures again and replaces it. A user who knows the figure gives it instead
 (:func:`parse_original_accuracy`, the ``--original-accuracy`` value).
 
@@ -306,22 +308,20 @@ def export_original_accuracy(
     tasks: tuple[str, ...] | list[Example],
     *,
     given: str | None,
-    sequential: bool,
     path: Path | None = None,
     n_prompts: int = 100,
     samples: int = 4,
     seed: int = 0,
-) -> tuple[pd.DataFrame | None, dict[str, Any]]:
+) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The original's accuracy frame an export compares its proxies with, and the manifest's
-    record of where it came from: ``given`` (``--original-accuracy``); for an original read a
-    layer at a time, teacher-forced in one pass and kept at ``path`` (default
-    :func:`cache_path`) for the next export; ``None`` for one in memory, which the probe
-    samples as it always has."""
+    record of where it came from: ``given`` (``--original-accuracy``), else teacher-forced in one
+    pass and kept at ``path`` (default :func:`cache_path`) for the next export. One estimator
+    whether the original is in memory or read a layer at a time, so both reads of the same
+    model set the same capability target; the teacher-forced figure is the expectation that
+    sampling estimates, without a draw's noise (:mod:`moescope.export.fidelity.original`)."""
     settings = {"n_prompts": n_prompts, "samples": samples, "seed": seed}
     if given is not None:
         return parse_original_accuracy(given, tasks, n_prompts=n_prompts), {"source": "given", "value": given}
-    if not sequential:
-        return None, {"source": "sampled in memory", **settings}
     path = path or cache_path(model)
     record, reused = cached_original_accuracy(path, model, tokenizer, tasks, **settings)
     how = "reused" if reused else "measured"
