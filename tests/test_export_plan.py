@@ -184,14 +184,13 @@ def test_a_layer_sequential_export_measures_as_in_memory_in_few_reads(
     """Fidelity and the checklist of the same proxy equal the in-memory export's; the original's
     accuracy is teacher-forced in one pass on both paths (each measuring its own here, in its own
     cache), so both compare the proxy with the same figure; the held-out pass is batched, so
-    the checkpoint is read a handful of times in all. (Streaming with no budget, so each pass
-    takes every row at once: under the toy's 4 MB the held-out rows' hidden states alone take
-    several forwards.)"""
+    the checkpoint is read a handful of times in all, the budget bounding a chunk of rows, not
+    how many rows a forward takes."""
     options = {**QUICK, "method": "frequency", "fidelity": True, "tasks": ("add2",), "progress": False}
     monkeypatch.setenv("MOESCOPE_CACHE", str(tmp_path / "memory-cache"))
     memory = export_proxy("toy", tmp_path / "memory", **options)
     monkeypatch.setenv("MOESCOPE_CACHE", str(tmp_path / "sequential-cache"))
-    sequential = export_proxy("toy", tmp_path / "sequential", streaming=True, **options)
+    sequential = export_proxy("toy", tmp_path / "sequential", max_memory=TOY_BUDGET, **options)
     original = sequential.manifest["original"]
     for result in (memory, sequential):
         assert result.manifest["original"]["accuracy"]["source"] == "teacher-forced, measured"
@@ -221,8 +220,8 @@ def test_a_proxy_larger_than_the_budget_is_cut_from_the_shards_when_nothing_is_m
 
 
 def test_the_passes_share_the_budget_with_a_proxy_held_whole(tmp_path: Path) -> None:
-    """Under --max-memory, a layer-sequential original's passes are sized within the budget,
-    and, once a proxy is cut and loaded to be measured, within what the proxy leaves of it."""
+    """Under --max-memory, a layer-sequential original's chunks of rows are sized within the
+    budget, and, once a proxy is cut and loaded to be measured, within what the proxy leaves."""
     from moescope.export.gather import gather, placement_for
 
     source = resolve_model("toy")

@@ -29,7 +29,8 @@ as their hidden states allow, and each decoder layer, once read, runs them in ch
 rows as its activations may take, so the checkpoint is read once per forward and the transient
 activations are one chunk's. Peak memory is one layer's weights, a forward's hidden states and
 one chunk's activations (and the embeddings, where the LM head shares them), above the
-interpreter's own, all within ``available`` (an export's ``--max-memory``) where given;
+interpreter's own; the chunks are sized within ``available`` (an export's ``--max-memory``)
+where given, the forwards by what is free, a row's hidden states being small beside a layer.
 :func:`check_memory` refuses a pass whose layer and hidden states would not fit, before its
 first layer runs. Code that uses a layer's weights
 outside its forward (the expert embeddings of :func:`~moescope.explore.embeddings.embed_experts`)
@@ -57,9 +58,9 @@ from typing import TYPE_CHECKING, Any
 from moescope._util.memory import format_size
 from moescope.errors import ModelLoadError, MoescopeError
 from moescope.models.footprint import (  # the estimates the passes are sized by
+    chunk_memory,
     largest_layer_bytes,
     layer_activation_bytes,
-    pass_memory,
     row_state_bytes,
     rows_beside_layer,
 )
@@ -109,8 +110,8 @@ def layer_sequential(
     ``dtype`` is :func:`~moescope.models.loading.load_model`'s (float32 by default, ``"auto"``
     the checkpoint's). ``device`` is where it computes (``"cuda:0"``: the resident parts live
     there, and each layer is read from the shards onto it when it runs). ``available`` bounds
-    the memory its passes may take (bytes; default what is free when each is sized): each
-    decoder layer runs a forward's rows in chunks of as many as fit beside it
+    a chunk's activations (bytes; default what is free when each is sized): each decoder layer
+    runs a forward's rows in chunks of as many as fit beside it
     (:mod:`moescope.models.row_chunks`), so a forward holds every row's hidden states but one
     chunk's activations, and reads the checkpoint once. The final norm is
     loaded as ``load_model`` loads it; a decoder layer's weights (and the embeddings' and LM
@@ -136,7 +137,7 @@ def layer_sequential(
     _dispatch(loaded, placement, weights, device)
     _embeddings_read_per_forward(loaded)
     loaded._layer_weights = weights  # what checkpoint_reads counts
-    loaded._pass_memory = available  # what the passes are sized by
+    loaded._pass_memory = available  # what a chunk of rows' activations are sized within
     chunk_decoder_layers(loaded, chunk_rows(loaded))
     yield loaded
 
@@ -149,7 +150,7 @@ def chunk_rows(model: PreTrainedModel) -> RowsFor:
     def rows_for(hidden: Any, backward: bool) -> int:
         seq_len = hidden.shape[1] if hidden.dim() > 2 else 1
         per_row = layer_activation_bytes(model.config, rows=1, seq_len=seq_len) * (2 if backward else 1)
-        return rows_beside_layer(model, per_row, available=None)
+        return rows_beside_layer(model, per_row, available=chunk_memory(model))
 
     return rows_for
 
@@ -354,7 +355,7 @@ def pass_batch_size(
     logits: int | None = None,
 ) -> int:
     """Rows per forward of a layer-sequential pass: as many as half the memory left beside its
-    largest layer (:func:`~moescope.models.footprint.pass_memory`) holds of their hidden states
+    largest layer (what is free, or ``available``) holds of their hidden states
     and kept logits (:func:`forward_row_bytes`, rows at ``seq_len``; ``backward``: a Taylor
     pass; ``logits``: the bytes a row's logits take where the pass keeps more than the last
     position's), at least one, at most one row per token.
@@ -409,8 +410,8 @@ def check_memory(
 ) -> None:
     """Refuse, in one sentence and before any layer runs, a pass whose largest decoder layer and
     one batch's hidden states and kept logits (:func:`forward_row_bytes`) would not fit in
-    ``available`` bytes (default :func:`~moescope.models.footprint.pass_memory`: the bound the
-    model was read under, else the memory free now where it computes, its GPU's or the system's).
+    ``available`` bytes (default: the memory free now where the model computes, its GPU's or the
+    system's, the resident weights already loaded).
 
     ``n_tokens``, ``batch_size`` and ``seq_len`` are the pass's
     (:func:`~moescope.explore.routing.collect_routing`'s defaults where not given), ``backward``
@@ -424,7 +425,9 @@ def check_memory(
     rows = min(batch["batch_size"], -(-batch["n_tokens"] // batch["seq_len"]))
     layer = largest_layer_bytes(model)
     states = rows * forward_row_bytes(model, seq_len=batch["seq_len"], backward=backward)
-    free = pass_memory(model, available)  # on a GPU, its own memory
+    from moescope.models.device import free_memory
+
+    free = free_memory(model) if available is None else available  # on a GPU, its own memory
     if layer + states <= free:
         return
     fix = (

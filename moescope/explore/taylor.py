@@ -223,11 +223,11 @@ def _chunked_likelihood(
     again in the backward (activation checkpointing): a chunk's logits at a time in memory."""
     from torch.utils.checkpoint import checkpoint
 
-    from moescope.models.footprint import rows_beside_layer
+    from moescope.models.footprint import chunk_memory, rows_beside_layer
 
     rows, width = ids.shape
     vocab = model.config.get_text_config().vocab_size
-    size = rows_beside_layer(model, 16 * width * vocab)
+    size = rows_beside_layer(model, 16 * width * vocab, available=chunk_memory(model))
 
     def chunk(part: torch.Tensor, part_ids: torch.Tensor, part_scored: torch.Tensor) -> torch.Tensor:
         return _log_likelihood(head(part), part_ids, part_scored, dtype)

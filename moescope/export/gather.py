@@ -21,9 +21,9 @@ The layer-sequential gatherer runs when the export is told to stream, or when th
 export's peak (the original, plus a proxy) would not fit the memory budget: ``max_memory`` (as
 accelerate's ``max_memory``: what the weights may take), else the memory available now. The
 proxy itself is loaded whole wherever it is measured or healed, so it must fit the budget. A
-layer-sequential original's passes are sized within ``max_memory`` too: one layer's weights,
-the hidden states of a forward's rows and one chunk of rows' activations in a layer
-(:mod:`moescope.models.row_chunks`), each layer read once per forward.
+layer-sequential original runs each layer over a forward's rows in chunks whose activations are
+sized within ``max_memory`` (less the proxy it holds): each layer is read once per forward
+(:mod:`moescope.models.row_chunks`).
 """
 
 from __future__ import annotations

@@ -15,20 +15,22 @@ PASS_MEMORY_SHARE = 0.5  # of the memory beside one layer, what a batch's activa
 
 def rows_beside_layer(model: PreTrainedModel, per_row: int, *, available: int | None = None) -> int:
     """Rows of ``per_row`` bytes that :data:`PASS_MEMORY_SHARE` of the memory beside the largest
-    decoder layer holds (``available``: bytes, default :func:`pass_memory`); at least one."""
-    room = PASS_MEMORY_SHARE * (pass_memory(model, available) - largest_layer_bytes(model))
+    decoder layer holds (``available``: bytes free, default what the device the model computes
+    on has free); at least one."""
+    from moescope.models.device import free_memory
+
+    free = free_memory(model) if available is None else available
+    room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
     return max(1, int(max(room, 0) // per_row))
 
 
-def pass_memory(model: PreTrainedModel, available: int | None = None) -> int:
-    """The bytes a pass on ``model`` may take: ``available`` where given, else the bound the
-    model was read under (:func:`~moescope.explore.sequential.layer_sequential`'s ``available``,
-    an export's ``--max-memory``), else what the device it computes on has free now."""
-    from moescope.models.device import free_memory
-
-    if available is None:
-        available = getattr(model, "_pass_memory", None)
-    return free_memory(model) if available is None else available
+def chunk_memory(model: PreTrainedModel) -> int | None:
+    """The bytes a chunk of rows' transient activations may be sized within on ``model``: the
+    bound it was read under (:func:`~moescope.explore.sequential.layer_sequential`'s
+    ``available``, an export's ``--max-memory`` less the proxy it holds), ``None`` for what is
+    free. A forward's rows, whose hidden states are small beside a layer and set how often the
+    checkpoint is read, are sized by what is free (:mod:`moescope.models.row_chunks`)."""
+    return getattr(model, "_pass_memory", None)
 
 
 def generation_rows(model: PreTrainedModel, tokens: int, *, available: int | None = None) -> int:
