@@ -145,12 +145,14 @@ def layer_sequential(
 def chunk_rows(model: PreTrainedModel) -> RowsFor:
     """Rows per chunk of a decoder layer's forward on ``model``: as many as
     :func:`~moescope.models.footprint.rows_beside_layer` holds of one layer's activations
-    (twice those when a backward follows: the layer run again, and its gradients)."""
+    (twice those when a backward follows: the layer run again, and its gradients). The largest
+    layer's size is taken once: every layer of every forward asks."""
+    layer = largest_layer_bytes(model)
 
     def rows_for(hidden: Any, backward: bool) -> int:
         seq_len = hidden.shape[1] if hidden.dim() > 2 else 1
         per_row = layer_activation_bytes(model.config, rows=1, seq_len=seq_len) * (2 if backward else 1)
-        return rows_beside_layer(model, per_row, available=chunk_memory(model))
+        return rows_beside_layer(model, per_row, available=chunk_memory(model), layer=layer)
 
     return rows_for
 
@@ -387,16 +389,18 @@ def forward_row_bytes(
     return row_state_bytes(model.config, seq_len=seq_len, backward=backward) + logits
 
 
-def forward_memory_per_row(model: PreTrainedModel, *, seq_len: int) -> int:
-    """What a forward on ``model`` holds per row of ``seq_len`` positions beside the logits its
-    caller keeps: the row's hidden states where the decoder layers run rows in chunks
-    (:func:`row_state_bytes`, a layer-sequential model), else one forward's activations."""
+def forward_memory_per_row(model: PreTrainedModel, *, seq_len: int, logits: int = 0) -> int:
+    """What a forward on ``model`` holds per row of ``seq_len`` positions: the row's hidden states
+    where the decoder layers run rows in chunks (:func:`row_state_bytes`, a layer-sequential
+    model), else one forward's activations; and the logits its caller keeps at ``logits``
+    positions, three float32 copies (the logits, their float cast, the log-softmax)."""
     from moescope.models.footprint import activation_bytes
     from moescope.models.row_chunks import chunks_rows
 
+    kept = 12 * logits * model.config.get_text_config().vocab_size
     if chunks_rows(model):
-        return row_state_bytes(model.config, seq_len=seq_len)
-    return activation_bytes(model.config, n_tokens=seq_len, batch_size=1, seq_len=seq_len)
+        return row_state_bytes(model.config, seq_len=seq_len) + kept
+    return activation_bytes(model.config, n_tokens=seq_len, batch_size=1, seq_len=seq_len) + kept
 
 
 def check_memory(

@@ -50,7 +50,7 @@ import torch
 from moescope.errors import MoescopeError
 from moescope.explore.calibration import calibration_batches, pad_scored
 from moescope.explore.rl_data import RLCalibration
-from moescope.models.lm_head import head_input, head_runs_apart, own_forward
+from moescope.models.lm_head import head_input, head_rows, head_runs_apart, own_forward
 from moescope.models.resident import execution_device, resident
 from moescope.models.row_chunks import (
     layers_read_for_backward,
@@ -223,11 +223,8 @@ def _chunked_likelihood(
     again in the backward (activation checkpointing): a chunk's logits at a time in memory."""
     from torch.utils.checkpoint import checkpoint
 
-    from moescope.models.footprint import chunk_memory, rows_beside_layer
-
     rows, width = ids.shape
-    vocab = model.config.get_text_config().vocab_size
-    size = rows_beside_layer(model, 16 * width * vocab, available=chunk_memory(model))
+    size = head_rows(model, width, 16)  # logits, log-softmax and the gradients of both
 
     def chunk(part: torch.Tensor, part_ids: torch.Tensor, part_scored: torch.Tensor) -> torch.Tensor:
         return _log_likelihood(head(part), part_ids, part_scored, dtype)

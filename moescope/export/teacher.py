@@ -277,9 +277,7 @@ def forward_rows(model: PreTrainedModel, width: int, *, available: int | None = 
     from moescope.explore.sequential import forward_memory_per_row
     from moescope.models.footprint import rows_beside_layer
 
-    per_row = (
-        forward_memory_per_row(model, seq_len=width) + 12 * width * model.config.get_text_config().vocab_size
-    )
+    per_row = forward_memory_per_row(model, seq_len=width, logits=width)
     return rows_beside_layer(model, per_row, available=available)
 
 

@@ -13,14 +13,17 @@ if TYPE_CHECKING:
 PASS_MEMORY_SHARE = 0.5  # of the memory beside one layer, what a batch's activations may take
 
 
-def rows_beside_layer(model: PreTrainedModel, per_row: int, *, available: int | None = None) -> int:
+def rows_beside_layer(
+    model: PreTrainedModel, per_row: int, *, available: int | None = None, layer: int | None = None
+) -> int:
     """Rows of ``per_row`` bytes that :data:`PASS_MEMORY_SHARE` of the memory beside the largest
     decoder layer holds (``available``: bytes free, default what the device the model computes
-    on has free); at least one."""
+    on has free; ``layer``: that layer's bytes, where the caller knows them); at least one."""
     from moescope.models.device import free_memory
 
     free = free_memory(model) if available is None else available
-    room = PASS_MEMORY_SHARE * (free - largest_layer_bytes(model))
+    layer = largest_layer_bytes(model) if layer is None else layer
+    room = PASS_MEMORY_SHARE * (free - layer)
     return max(1, int(max(room, 0) // per_row))
 
 

@@ -55,6 +55,16 @@ def head_input(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
     raise MoescopeError(f"{type(model).__name__}'s forward never ran its LM head; measure it in memory.")
 
 
+def head_rows(model: Any, width: int, per_entry: int) -> int:
+    """Rows of ``width`` positions per chunk of a head run apart, each position holding
+    ``per_entry`` bytes per vocabulary entry: as many as fit beside a layer within the memory the
+    model's chunks are sized by (:func:`~moescope.models.footprint.chunk_memory`)."""
+    from moescope.models.footprint import chunk_memory, rows_beside_layer
+
+    vocab = model.config.get_text_config().vocab_size
+    return rows_beside_layer(model, per_entry * width * vocab, available=chunk_memory(model))
+
+
 def own_forward(module: torch.nn.Module) -> Any:
     """``module``'s forward without accelerate's hook, which would read its weights again: call
     it with them in memory (:func:`~moescope.models.resident.resident`)."""

@@ -22,8 +22,7 @@ from moescope.errors import MoescopeError
 from moescope.explore.calibration import TASKS, calibration_batches, check_budget, pad_scored
 from moescope.explore.routing import observe_routing
 from moescope.explore.stats import RoutingStats
-from moescope.models.footprint import chunk_memory, rows_beside_layer
-from moescope.models.lm_head import head_input, head_runs_apart, own_forward
+from moescope.models.lm_head import head_input, head_rows, head_runs_apart, own_forward
 from moescope.models.resident import execution_device, resident
 from moescope.models.tasks import HELDOUT_MAX, TASK_FAMILIES, Example, heldout
 
@@ -204,10 +203,7 @@ def _scored_parts(
     device = execution_device(original)
     hidden = head_input(original, {key: batch[key].to(device) for key in ("input_ids", "attention_mask")})
     head = original.get_output_embeddings()
-    vocab = original.config.get_text_config().vocab_size
-    rows = rows_beside_layer(
-        original, SCORED_BYTES * hidden.shape[1] * vocab, available=chunk_memory(original)
-    )
+    rows = head_rows(original, hidden.shape[1], SCORED_BYTES)
     with resident(head):
         for start in range(0, len(hidden), rows):
             part = {key: value[start : start + rows] for key, value in batch.items()}

@@ -218,9 +218,7 @@ def _rows_per_forward(model: PreTrainedModel, rows: int, width: int, keep: int) 
     from moescope.explore.sequential import forward_memory_per_row
     from moescope.models.footprint import rows_beside_layer
 
-    vocab = model.config.get_text_config().vocab_size
-    per_row = forward_memory_per_row(model, seq_len=width) + 12 * keep * vocab
-    return min(rows, rows_beside_layer(model, per_row))
+    return min(rows, rows_beside_layer(model, forward_memory_per_row(model, seq_len=width, logits=keep)))
 
 
 def _batch_log_probs(
