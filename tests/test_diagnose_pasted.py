@@ -51,6 +51,18 @@ EXPECTED: dict[str, set[str]] = {
     "swift_console_dead_groups.log": {"no_signal"},
     "verl_warn_only.log": {"nonfinite"},
     "openrlhf_vllm_kl.log": {"rollout_mismatch"},
+    "swift_bare_dict_zero_grad.log": {"zero_grad"},
+    "mlagents_summary_healthy.log": set(),
+    "charrnn_counter_healthy.log": set(),
+    "llmc_loss_nan_aside.log": {"nonfinite"},
+    "dreamer_bracket_steps.log": {"nonfinite"},
+    "verl_pairs_one_a_line.log": set(),
+}
+# file → (finding, the step its thread puts the onset at): where the log says it
+ONSET: dict[str, tuple[str, int]] = {
+    "llmc_loss_nan_aside.log": ("nonfinite", 97),
+    "dreamer_bracket_steps.log": ("nonfinite", 21000),
+    "swift_bare_dict_zero_grad.log": ("zero_grad", 6),
 }
 
 
@@ -71,6 +83,12 @@ def test_each_excerpt_gets_the_finding_its_thread_concluded(name: str) -> None:
         assert not [f for f in findings if f.severity == "error"], (name, findings)
     else:  # and nothing unrelated of error severity beside what the thread found
         assert {f.type for f in findings if f.severity == "error"} <= expected, (name, findings)
+
+
+@pytest.mark.parametrize("name", sorted(ONSET))
+def test_each_finding_starts_where_the_log_says(name: str) -> None:
+    kind, step = ONSET[name]
+    assert [f.step for f in diagnose(read_log(PASTED / name)) if f.type == kind] == [step]
 
 
 def test_the_first_of_two_pasted_runs_is_read_on_request() -> None:

@@ -53,6 +53,14 @@ def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -
         (" 45%|████▌     | 45/100 [01:10<01:25,  1.55s/it, loss=0.523, lr=2e-05]", 45, {S.ACTOR_LOSS: 0.523}),
         ("iteration 30: load_balancing_loss: 2.120842E+00", 30, {S.AUX_LOSS: 2.120842}),
         ("2025-03-01 10:00:00 | INFO | iter 7 | gnorm=0.5 | loss=1.5", 7, {S.GRAD_NORM: 0.5}),
+        ("268/446 (epoch 0), train_loss = 2.097, time/batch = 0.194", 268, {"train_loss": 2.097}),
+        ("[5000] expl_amount 0.3 / model_grad_norm 61.0 / value_loss 6.3", 5000, {"model_grad_norm": 61.0}),
+        (
+            "INFO:mlagents.trainers: PPO-0: Learner: Step: 19000. Mean Reward: -57.270. "
+            "Std of Reward: 0.000. Training.",
+            19000,
+            {S.REWARD_MEAN: -57.27, "Std of Reward": 0.0},
+        ),
     ],
 )
 def test_step_markers_of_home_made_loops_and_frameworks(tmp_path: Path, line: str, step: int, values) -> None:
@@ -100,6 +108,28 @@ def test_a_dict_wrapped_at_a_fixed_terminal_width_is_rejoined(tmp_path: Path) ->
     assert (
         step[S.LOGPROB_MISMATCH] == 0.0412 and step[S.IS_RATIO_MAX] == 3.25 and math.isnan(step[S.GRAD_NORM])
     )
+
+
+def test_a_date_opening_a_line_is_no_step_counter(tmp_path: Path) -> None:
+    trace = read_text(tmp_path, "2024/06/12 09:31:02 - step 7 - loss: 0.5\n")
+    assert [s["step"] for s in trace.steps] == [7]
+
+
+def test_a_dict_record_whose_braces_the_paste_lost_is_read(tmp_path: Path) -> None:
+    trace = read_text(tmp_path, "'loss': -0.0, 'grad_norm': 0.0, 'global_step/max_steps': '5/3766'\n")
+    assert trace.header["format"] == "trl-console"
+    assert [(s["step"], s[S.GRAD_NORM]) for s in trace.steps] == [(5, 0.0)]
+
+
+def test_a_verl_step_pasted_one_pair_a_line_is_one_record() -> None:
+    (step,) = read_log(Path(__file__).parent / "data" / "logs" / "pasted" / "verl_pairs_one_a_line.log").steps
+    assert (step["step"], step[S.GRAD_NORM], step[S.ENTROPY]) == (3, 98.6, 0.7915)
+
+
+def test_an_aside_after_a_bare_value_is_passed_over_but_not_after_a_unit(tmp_path: Path) -> None:
+    trace = read_text(tmp_path, "step 97/120 | loss     nan (+nanz)| norm 0.91 (+0.01z)| gen 2.5s (39.2%)\n")
+    (step,) = trace.steps
+    assert math.isnan(step[S.ACTOR_LOSS]) and step["norm"] == 0.91 and "gen" not in step
 
 
 def test_a_wandb_run_summary_is_one_record_on_its_global_step() -> None:

@@ -2,9 +2,11 @@
 
 A field is a name, then ``:`` / ``=`` or a space, then a number and an optional unit:
 ``Loss: 0.0123``, ``Grad. Norm 0.41``, ``lr=1e-06``, ``Throughput: 1234 tokens/s``,
-``MFU 12.3%``. A bare duration (``3.21s``, prime-rl's newer trainer line) is the line's
-``Time``. A piece that is none of these but holds ``key: value`` / ``key=value`` pairs with
-one-word keys (``loss: 0.5 grad_norm: 1.2``) gives those pairs. Anything else gives nothing.
+``MFU 12.3%``; an aside in parentheses after a value without a unit is passed over (llm.c's
+``loss 2.0 (+nanz)``, a running mean ``total_loss: 1.39e+01 (1.53e+01)``). A bare duration
+(``3.21s``, prime-rl's newer trainer line) is the line's ``Time``. A piece that is none of these
+but holds ``key: value`` / ``key=value`` pairs with one-word keys (``loss: 0.5 grad_norm: 1.2``)
+gives those pairs. Anything else gives nothing.
 """
 
 from __future__ import annotations
@@ -15,12 +17,10 @@ from typing import Any
 from moescope.analyze.readers._text import NUMBER, parse_number
 
 _UNIT = r"[A-Za-z%]+(?:/[A-Za-z]+)?"
-_FIELD = re.compile(
-    rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*(?:[:=]\s*|\s+)(?P<value>{NUMBER})\s*(?P<unit>{_UNIT})?"
-)
-_LABELLED = re.compile(
-    rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*[:=]\s*(?P<value>{NUMBER})\s*(?P<unit>{_UNIT})?"
-)
+# a unit, or an aside after a bare value: llm.c's "(+nanz)", a running mean "(1.53e+01)"
+_AFTER = rf"(?:\s*(?P<unit>{_UNIT})|\s*\([^()]*\))?"
+_FIELD = re.compile(rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*(?:[:=]\s*|\s+)(?P<value>{NUMBER}){_AFTER}")
+_LABELLED = re.compile(rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*[:=]\s*(?P<value>{NUMBER}){_AFTER}")
 _DURATION = re.compile(rf"(?P<value>{NUMBER})\s*s")
 _PAIR = re.compile(rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)\s*[:=]\s*(?P<value>{NUMBER})(?![\w.])")
 SEPARATORS = re.compile(r"\s*\|\s*|\s*,\s+|\s+-\s+|\t+")

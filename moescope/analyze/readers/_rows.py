@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,8 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
         )
     if parsed.skipped:
         notes.append(
-            f"{len(parsed.skipped)} of {parsed.lines} non-empty lines are not {fmt} records and were skipped "
+            f"{len(parsed.skipped)} of {parsed.lines} non-empty lines are not "
+            f"{'records' if fmt == 'records' else fmt + ' records'} and were skipped "
             f"(the first is line {parsed.skipped[0]})"
         )
     header = {
@@ -203,6 +205,21 @@ def _assign_steps(rows: list[Row], path: Path, notes: list[str]) -> list[int]:
             "the step before them"
         )
     return out
+
+
+def wholly_skipped(steps: list[int], skipped: list[Any]) -> set[int]:
+    """The steps whose every iteration since the record before was skipped: the skipped count
+    (Megatron's ``number of skipped iterations``) at least the gap in steps, the first record
+    measured by the gap after it. Megatron averages a loss over the updates it made, so such an
+    interval (fp16 loss-scale calibration) logs no loss at all."""
+    gaps = [b - a for a, b in pairwise(steps)]
+    return {
+        step
+        for i, (step, count) in enumerate(zip(steps, skipped, strict=True))
+        if (gap := gaps[i - 1] if i else gaps[0] if gaps else None)
+        and isinstance(count, int | float)
+        and count >= gap
+    }
 
 
 def listing(items: list[Any], most: int = 8) -> str:

@@ -9,7 +9,8 @@ Megatron (and the consoles of slime, NeMo-RL's mcore path, ms-swift ``megatron``
 Every ``key: value`` field is read (E-notation included). Megatron prints an averaged loss
 only ``if avg >= 0.0``, so a NaN loss *vanishes* from its line: it is kept absent — never
 invented — and a note names the steps where a loss the other lines carry is missing, for the
-diagnosis to treat as a suspected non-finite loss.
+diagnosis to treat as a suspected non-finite loss; not a line whose every iteration was skipped
+(fp16 loss-scale calibration at the start), which has no loss to average.
 
 DeepSpeed's ``[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing
 to 32768`` (also apex's ``Gradient overflow. Skipping step, … reducing loss scale to 32768.0``),
@@ -31,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from moescope.analyze.readers._rows import Parsed, Row, listing, scan
+from moescope.analyze.readers._rows import Parsed, Row, listing, scan, wholly_skipped
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_number, plain_number
 
 # "iteration" at a word boundary, the literal first (as verl.STEP_START: a search skips to it)
@@ -197,8 +198,9 @@ def _missing_losses(rows: list[Row]) -> list[str]:
     for keys, n in shapes.items():
         counts.update(dict.fromkeys((k for k in keys if k.endswith("loss")), n))
     notes = []
+    idle = wholly_skipped([r.step for r in lines], [r.metrics.get(SKIPPED_KEY) for r in lines])
     for key, n in counts.items():
-        missing = [r.step for r in lines if key not in r.metrics]
+        missing = [r.step for r in lines if key not in r.metrics and r.step not in idle]
         if missing and n >= len(missing):
             notes.append(
                 f"'{key}' is missing from step {listing(missing)} though other lines log it: "

@@ -68,19 +68,24 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ),
     ("torchtune", re.compile(rf"(?<![\w|]){INT}\|({INT})\|(?=Loss:)"), lambda m: int(m[1])),
     (None, re.compile(rf"\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[[^\]]*?,"), lambda m: int(m[1])),
+    # a home-made loop's counter opening the line: "268/446 (epoch 0), train_loss = 2.097" (a date
+    # "2024/06/12" has a second "/"), or its step in brackets: "[5000] model_grad_norm nan / …"
+    (None, re.compile(rf"^\s*({INT})/{INT}(?=[\s,(])"), lambda m: int(m[1])),
+    (None, re.compile(rf"^\s*\[({INT})\](?=\s)"), lambda m: int(m[1])),
     (
         None,
         re.compile(
             rf"(?<![\w/.])(?:global[_ ]step|current_steps|step|iteration|iter|num_updates)\s*[:=#]?\s*({INT})"
-            rf"(?:\s*/\s*{INT})?(?![\w.])",
+            rf"(?:\s*/\s*{INT})?(?![\w]|\.\d)",  # "Step: 19000. Mean Reward: …" ends a sentence
             re.IGNORECASE,
         ),
         lambda m: int(m[1]),
     ),
 )
 # the lookahead only skips the positions no separator starts at (most of them) before the
-# alternatives are tried: the same splits, in half the time
-_SPLIT = re.compile(r"(?=[\s|,;\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|\t+|\s{2,}|[\[\]])")
+# alternatives are tried: the same splits, in half the time; a number ending a sentence ("Mean
+# Reward: -57.270. Std of Reward: 0.000.", ML-Agents' summary) ends its field
+_SPLIT = re.compile(r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|\t+|\s{2,}|[\[\]]|(?<=\d)\.\s+)")
 _LABELLED = re.compile(
     rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>{NUMBER})(?=[\s,;|)\]}}]|$)"
 )

@@ -11,7 +11,8 @@
   default, makes them the same). The step is the record's own step key, else slime's prefix,
   else the count of the progress bar glued in front — HF's bar counts optimizer steps and is
   drawn before the record is printed — when that bar is the training bar (the most common
-  total); otherwise the record joins the step before it.
+  total); otherwise the record joins the step before it. A line that is a record's body whose
+  braces the paste cut off (``'loss': -0.0, 'grad_norm': 0.0, …``) is read with them put back.
 
 The dict is read with :func:`ast.parse` and never evaluated.
 """
@@ -32,6 +33,8 @@ from moescope.analyze.readers.keymap import guess_framework
 from moescope.errors import MoescopeError
 
 DICT_START = re.compile(r"\{\s*['\"]")
+# a record whose braces the paste lost: "'loss': -0.0, 'grad_norm': 0.0, …" (two quoted keys at least)
+BARE_DICT = re.compile(r"""^\s*(['"])[^'"\n]+\1:\s*[^,\n]+,\s*(['"])[^'"\n]+\2:""")
 _BAR = re.compile(rf"({INT})/({INT})\s*\[")
 _SLIME_STEP = re.compile(rf"\b(?:step|rollout|eval)\s+({INT}):\s*$")
 _LOG_HISTORY = re.compile(r'"log_history"\s*:\s*\[')
@@ -80,8 +83,9 @@ def _skip(text: str, pos: int, chars: str) -> int:
 
 
 def is_record(line: str) -> bool:
-    """A console line that holds (the start of) a Python-dict log record."""
-    return DICT_START.search(line) is not None
+    """A console line that holds (the start of) a Python-dict log record, or is one without its
+    braces."""
+    return DICT_START.search(line) is not None or BARE_DICT.match(line) is not None
 
 
 def read_console(log: LogFile) -> Parsed:
@@ -91,7 +95,7 @@ def read_console(log: LogFile) -> Parsed:
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         match = DICT_START.search(lines[i])
         if match is None:
-            return None
+            return _bare(lines, i)
         text, end = gather(lines, i, lambda t: _dict_end(t, match.start()) is not None, _continues)
         record = _literal(text, match.start())
         if record is None:
@@ -112,6 +116,14 @@ def read_console(log: LogFile) -> Parsed:
         parsed.notes.append(f"steps were taken from the progress bar glued to each record (n/{total})")
     parsed.framework = guess_framework({k for row in parsed.rows for k in row.metrics}, CONSOLE_FRAMEWORKS)
     return parsed
+
+
+def _bare(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+    """The record of a line that is a dict's body without its braces, braces put back."""
+    if BARE_DICT.match(lines[i]) is None:
+        return None
+    record = _literal("{" + lines[i].strip().rstrip(",") + "}", 0)
+    return None if record is None else ([flat_row(record, lines[i], i + 1)], i + 1)
 
 
 def _continues(joined: str, piece: str) -> bool:

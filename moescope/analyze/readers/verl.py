@@ -12,6 +12,8 @@ verl prints every numeric metric of a step as ``key:value`` joined by ``" - "``
   number (``235.7`` / ``8125``), is rejoined: a following line continues the record while the
   joined text still reads as ``key:value`` pairs (or a prefix of one);
 - the validation line verl prints for the same step is merged into it (see ``_rows``).
+- a ``step:N`` line with no pair after it takes the ``key:value`` lines below it (a step's
+  metrics copied one a line, from a W&B panel or a console).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ _KEY = r"[A-Za-z_][^\s:]*"
 _VALUE = rf"{NUMBER}|True|False|None"
 _PAIR = re.compile(rf"\s*-\s*({_KEY}):({_VALUE})(?=\s*-|\s*$)")
 _KEY_ONLY = re.compile(_KEY)
+_ONE_PAIR = re.compile(rf"\s*({_KEY}):({_VALUE})\s*")
 _PAIRS = re.compile(rf"(?:{_PAIR.pattern})*")  # a run of pairs, found in one call
 
 
@@ -110,6 +113,10 @@ def read(log: LogFile) -> Parsed:
             if rest.strip(" -"):
                 unread.append(i + 1)
             metrics = {key: parse_number(value) for key, value in found}
+        if not metrics:  # "step:2" alone: the step's pairs pasted one a line below it
+            while end < len(lines) and (pair := _ONE_PAIR.fullmatch(lines[end])):
+                metrics[pair.group(1)] = parse_number(pair.group(2))
+                end += 1
         return [Row(int(match.group(1)), metrics, "\n".join(lines[i:end]), i + 1)], end
 
     parsed = scan(log.lines, parse_at)
