@@ -52,6 +52,8 @@ EXPECTED: dict[str, set[str]] = {
     "verl_warn_only.log": {"nonfinite"},
     "openrlhf_vllm_kl.log": {"rollout_mismatch"},
     "swift_bare_dict_zero_grad.log": {"zero_grad"},
+    "megatron_fp16_calibration.log": set(),
+    "mmocr_amp_skipped_step.log": set(),
     "mlagents_summary_healthy.log": set(),
     "charrnn_counter_healthy.log": set(),
     "llmc_loss_nan_aside.log": {"nonfinite"},
@@ -62,6 +64,7 @@ EXPECTED: dict[str, set[str]] = {
 ONSET: dict[str, tuple[str, int]] = {
     "llmc_loss_nan_aside.log": ("nonfinite", 97),
     "dreamer_bracket_steps.log": ("nonfinite", 21000),
+    "mmocr_amp_skipped_step.log": ("nonfinite", 50),
     "swift_bare_dict_zero_grad.log": ("zero_grad", 6),
 }
 
@@ -89,6 +92,19 @@ def test_each_excerpt_gets_the_finding_its_thread_concluded(name: str) -> None:
 def test_each_finding_starts_where_the_log_says(name: str) -> None:
     kind, step = ONSET[name]
     assert [f.step for f in diagnose(read_log(PASTED / name)) if f.type == kind] == [step]
+
+
+def test_a_gradient_nan_the_run_recovers_from_is_a_warning_that_says_so() -> None:
+    (found,) = diagnose(read_log(PASTED / "mmocr_amp_skipped_step.log"))
+    assert (found.type, found.severity, found.evidence["recovered"]) == ("nonfinite", "warning", True)
+    assert "recovered at once" in found.message
+
+
+def test_megatron_intervals_of_skipped_iterations_lose_no_loss() -> None:
+    """fp16 loss-scale calibration skips every iteration of the first interval: no loss to log."""
+    trace = read_log(PASTED / "megatron_fp16_calibration.log")
+    assert not [n for n in trace.notes if "omits a NaN" in n]
+    assert [f.type for f in diagnose(trace)] == ["overflow"]
 
 
 def test_the_first_of_two_pasted_runs_is_read_on_request() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
+from moescope.analyze.readers._rows import wholly_skipped
 from moescope.analyze.rules.series import step_of
 from moescope.analyze.rules.thresholds import SUSTAIN
 from moescope.traces import Trace
@@ -102,10 +103,17 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
     where += (
         "; the optimizer skipped the update (finite loss, learning rate not advancing)" if skipped else ""
     )
+    recovered = len(bad_steps) == 1 and _recovered(trace, step, keys)
+    where += (
+        "; the run recovered at once (the loss stayed finite, the next step's gradients are finite): "
+        "an update skipped, as fp16 loss scaling does, not a diverged run"
+        if recovered
+        else ""
+    )
     return Finding(
         "nonfinite",
         step,
-        "error",
+        "warning" if recovered else "error",
         f"First non-finite value at step {step} in {', '.join(families)} "
         f"({', '.join(sorted(keys)[:4])}){where}; {'persistent' if persistent else 'isolated'}: "
         f"{len(bad_steps)} step(s) with non-finite values.",
@@ -118,6 +126,7 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
             "persistent": persistent,
             "null_only": all(record.get(k) is None for k in keys if k != S.NONFINITE),
             "skipped_update": skipped,
+            "recovered": recovered,
             "alerts": alerts,
         },
     )
@@ -129,23 +138,49 @@ def _skipped_update(trace: Trace, step: int, keys: list[str]) -> bool:
     Megatron skip a non-finite gradient; the scheduler stays)."""
     index = next(i for i, r in enumerate(trace.steps) if step_of(r, i) == step)
     record = trace.steps[index]
-    loss = record.get(S.ACTOR_LOSS, record.get(S.PG_LOSS))
     lr, before = record.get(S.LR), trace.steps[index - 1].get(S.LR) if index else None
     return (
         all(_family(k) == "gradients" for k in keys)
-        and isinstance(loss, int | float)
-        and math.isfinite(loss)
+        and _finite_loss(record)
         and isinstance(lr, int | float)
         and lr == before
+    )
+
+
+def _finite_loss(record: dict[str, Any]) -> bool:
+    loss = record.get(S.ACTOR_LOSS, record.get(S.PG_LOSS))
+    return isinstance(loss, int | float) and math.isfinite(loss)
+
+
+def _recovered(trace: Trace, step: int, keys: list[str]) -> bool:
+    """Gradients alone went non-finite, on one step, with the loss finite there and on the next
+    record, whose gradient norm is finite again: had the update been applied, the weights would be
+    NaN and so would every later loss, so the step was skipped (an AMP grad scaler, HF Trainer and
+    verl skip such an update) and the run went on. mmengine's ``grad_norm: nan`` under fp16 is
+    this."""
+    index = next(i for i, r in enumerate(trace.steps) if step_of(r, i) == step)
+    after = trace.steps[index + 1] if index + 1 < len(trace.steps) else None
+    norm = after.get(S.GRAD_NORM) if after else None
+    return (
+        all(_family(k) == "gradients" for k in keys)
+        and _finite_loss(trace.steps[index])
+        and after is not None
+        and _finite_loss(after)
+        and isinstance(norm, int | float)
+        and math.isfinite(norm)
     )
 
 
 def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
     """A loss logged on at least as many steps as it is missing from, missing from a step that
     logs the same other metrics (the same kind of record, not an evaluation line): a suspected
-    non-finite loss. One such step in a two-line excerpt counts."""
+    non-finite loss. One such step in a two-line excerpt counts; a step that made no update at all
+    (:func:`~moescope.analyze.readers._rows.wholly_skipped`) had no loss to log."""
     out = []
     n = len(trace.steps)
+    all_skipped = wholly_skipped(
+        [step_of(r, i) for i, r in enumerate(trace.steps)], [r.get(S.SKIPPED) for r in trace.steps]
+    )
     for key in (S.ACTOR_LOSS, S.PG_LOSS, S.VF_LOSS):
         present = [key in rec for rec in trace.steps]
         if not any(present) or all(present) or 2 * sum(present) < n:
@@ -157,7 +192,7 @@ def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
             for i, rec in enumerate(trace.steps)
             if not present[i] and peers and 2 * len(peers & rec.keys()) >= len(peers)
         ]
-        missing = [s for s in missing if s not in known_bad]
+        missing = [s for s in missing if s not in known_bad and s not in all_skipped]
         if missing:
             out.append(
                 Finding(
