@@ -121,6 +121,21 @@ def test_a_dict_record_whose_braces_the_paste_lost_is_read(tmp_path: Path) -> No
     assert [(s["step"], s[S.GRAD_NORM]) for s in trace.steps] == [(5, 0.0)]
 
 
+def test_llamafactory_s_rounded_echo_of_a_record_is_merged_into_it(tmp_path: Path) -> None:
+    echo = "11:24:33 - INFO - llmtuner.callbacks - {{'loss': 0.0000, 'learning_rate': {}, 'epoch': {}}}"
+    full = "{{'loss': 0.0, 'grad_norm': nan, 'learning_rate': {}, 'epoch': {}}}"
+    lines = [
+        echo.format("3.0000e-02", 0.01),
+        full.format(0.029999871, 0.01),
+        echo.format("2.9997e-02", 0.02),
+        full.format(0.029996914, 0.02),
+    ]
+    trace = read_text(tmp_path, "\n".join(lines) + "\n")
+    assert len(trace.steps) == 2 and all(math.isnan(s[S.GRAD_NORM]) for s in trace.steps)
+    same_epoch = "{'loss': 0.0, 'grad_norm': 0.1, 'learning_rate': 1e-06, 'epoch': 0.01}\n"
+    assert len(read_text(tmp_path, same_epoch * 2).steps) == 2  # two steps logged alike stay two
+
+
 def test_a_verl_step_pasted_one_pair_a_line_is_one_record() -> None:
     (step,) = read_log(Path(__file__).parent / "data" / "logs" / "pasted" / "verl_pairs_one_a_line.log").steps
     assert (step["step"], step[S.GRAD_NORM], step[S.ENTROPY]) == (3, 98.6, 0.7915)

@@ -12,7 +12,8 @@
   else the count of the progress bar glued in front — HF's bar counts optimizer steps and is
   drawn before the record is printed — when that bar is the training bar (the most common
   total); otherwise the record joins the step before it. A line that is a record's body whose
-  braces the paste cut off (``'loss': -0.0, 'grad_norm': 0.0, …``) is read with them put back.
+  braces the paste cut off (``'loss': -0.0, 'grad_norm': 0.0, …``) is read with them put back;
+  LLaMA-Factory's rounded echo of a record, printed next to it, is merged into it.
 
 The dict is read with :func:`ast.parse` and never evaluated.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import warnings
 from collections import Counter
@@ -114,8 +116,49 @@ def read_console(log: LogFile) -> Parsed:
         for row, count, bar_total in bars:
             row.step = count if bar_total == total else None
         parsed.notes.append(f"steps were taken from the progress bar glued to each record (n/{total})")
+    parsed.rows = _echoes_merged(parsed.rows)
     parsed.framework = guess_framework({k for row in parsed.rows for k in row.metrics}, CONSOLE_FRAMEWORKS)
     return parsed
+
+
+def _echoes_merged(rows: list[Row]) -> list[Row]:
+    """A record printed twice in a row as one: LLaMA-Factory's callback logs the Trainer's record
+    rounded (``{'loss': 0.0000, 'learning_rate': 4.9999e-02, 'epoch': 0.01}``) next to the
+    Trainer's own, which has more keys. The echo is the record whose keys are strictly fewer, on
+    the same step and epoch, its values the other's to the rounding printed; the fuller record
+    stays."""
+    out: list[Row] = []
+    for row in rows:
+        last = out[-1] if out else None
+        if last is not None and _echo(last, row):
+            fuller = row if len(row.metrics) > len(last.metrics) else last
+            out[-1] = Row(
+                last.step if last.step is not None else row.step,
+                fuller.metrics,
+                last.raw + "\n" + row.raw,
+                last.line,
+            )
+        else:
+            out.append(row)
+    return out
+
+
+def _echo(a: Row, b: Row) -> bool:
+    small, big = (a, b) if len(a.metrics) < len(b.metrics) else (b, a)
+    if not (small.metrics.keys() < big.metrics.keys()) or "epoch" not in small.metrics:
+        return False
+    if a.step is not None and b.step is not None and a.step != b.step:
+        return False
+    return all(_agrees(v, big.metrics[k]) for k, v in small.metrics.items())
+
+
+def _agrees(rounded: Any, value: Any) -> bool:
+    """``value`` printed with ``rounded``'s precision (4 decimals or 5 significant digits)."""
+    if not (isinstance(rounded, int | float) and isinstance(value, int | float)):
+        return rounded == value
+    if math.isnan(rounded) or math.isnan(value):
+        return math.isnan(rounded) and math.isnan(value)
+    return math.isclose(rounded, value, rel_tol=1e-4, abs_tol=5e-5)
 
 
 def _bare(lines: list[str], i: int) -> tuple[list[Row], int] | None:
