@@ -110,8 +110,9 @@ def test_a_dict_wrapped_at_a_fixed_terminal_width_is_rejoined(tmp_path: Path) ->
     )
 
 
-def test_a_date_opening_a_line_is_no_step_counter(tmp_path: Path) -> None:
-    trace = read_text(tmp_path, "2024/06/12 09:31:02 - step 7 - loss: 0.5\n")
+@pytest.mark.parametrize("date", ["2024/06/12 09:31:02", "10/30 22:18:02", "06/12"])
+def test_a_date_opening_a_line_is_no_step_counter(tmp_path: Path, date: str) -> None:
+    trace = read_text(tmp_path, f"{date} - INFO - step 7 - loss: 0.5\n")
     assert [s["step"] for s in trace.steps] == [7]
 
 

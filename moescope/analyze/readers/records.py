@@ -68,10 +68,6 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ),
     ("torchtune", re.compile(rf"(?<![\w|]){INT}\|({INT})\|(?=Loss:)"), lambda m: int(m[1])),
     (None, re.compile(rf"\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[[^\]]*?,"), lambda m: int(m[1])),
-    # a home-made loop's counter opening the line: "268/446 (epoch 0), train_loss = 2.097" (a date
-    # "2024/06/12" has a second "/"), or its step in brackets: "[5000] model_grad_norm nan / …"
-    (None, re.compile(rf"^\s*({INT})/{INT}(?=[\s,(])"), lambda m: int(m[1])),
-    (None, re.compile(rf"^\s*\[({INT})\](?=\s)"), lambda m: int(m[1])),
     (
         None,
         re.compile(
@@ -81,6 +77,11 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         ),
         lambda m: int(m[1]),
     ),
+    # without a step word, a home-made loop's counter opening the line: "268/446 (epoch 0),
+    # train_loss = 2.097" (not a date: "2024/06/12" has a second "/", "10/30 22:18:02" a clock
+    # time after it), or its step in brackets: "[5000] model_grad_norm nan / …"
+    (None, re.compile(rf"^\s*({INT})/{INT}(?=[\s,(])(?!\s+\d{{1,2}}:\d\d)"), lambda m: int(m[1])),
+    (None, re.compile(rf"^\s*\[({INT})\](?=\s)"), lambda m: int(m[1])),
 )
 # the lookahead only skips the positions no separator starts at (most of them) before the
 # alternatives are tried: the same splits, in half the time; a number ending a sentence ("Mean
