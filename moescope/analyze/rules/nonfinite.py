@@ -1,5 +1,6 @@
 """``nonfinite``: the first step with a NaN/±Inf, the metric family that went first, and losses
-that vanish from a step (a framework that drops a NaN loss)."""
+that vanish from a step (a framework that drops a NaN loss). An error, but a warning when only one
+step's gradients went non-finite and the run went on at once (a skipped update)."""
 
 from __future__ import annotations
 
