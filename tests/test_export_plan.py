@@ -68,10 +68,11 @@ def test_a_budget_below_the_model_keeps_the_in_memory_experts(method: str, tmp_p
 
 @pytest.mark.parametrize("arch", ["deepseek_v3", "qwen2_moe", "gpt_oss"])
 def test_the_checklist_reads_a_layer_sequential_original_a_layer_at_a_time(
-    arch: str, tiny_checkpoint
+    arch: str, tiny_checkpoint, tmp_path: Path
 ) -> None:
     """Backbone and routing checks of a proxy against the original read from its shards equal the
-    checks against the original in memory (correction biases, shared experts, router biases)."""
+    checks against the original in memory (correction biases, shared experts, router biases),
+    the proxy's own layers read from its saved shards too."""
     path = tiny_checkpoint(arch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -87,9 +88,13 @@ def test_the_checklist_reads_a_layer_sequential_original_a_layer_at_a_time(
                 backbone_check(adapt(original), adapt(proxy)),
                 routing_check(adapt(original), adapt(proxy), selection),
             ]
+            proxy.save_pretrained(tmp_path / "proxy")
+            with layer_sequential(tmp_path / "proxy", dtype="auto") as read:
+                both = _checks(original, read, selection)
             proxy.model.norm.weight.data.add_(1.0)  # a changed backbone tensor is found there too
             changed = backbone_check(adapt(original), adapt(proxy))
     assert [(c.passed, c.figure) for c in got] == [(c.passed, c.figure) for c in expected]
+    assert [(c.passed, c.figure) for c in both] == [(c.passed, c.figure) for c in expected]
     assert all(c.passed for c in got)
     assert not changed.passed and "model.norm.weight" in changed.details["tensors_differing"]
 
@@ -101,13 +106,29 @@ def _checks(original, proxy, selection) -> list:
     ]
 
 
-def test_a_proxy_larger_than_the_budget_is_refused_before_any_pass(tmp_path: Path, capsys) -> None:
+def test_healing_a_proxy_larger_than_the_budget_is_refused_before_any_pass(tmp_path: Path, capsys) -> None:
     out = tmp_path / "proxy"
-    argv = ["export", "toy", "--keep", "1/2", "--max-memory", "10kB", "--out", str(out)]
+    argv = ["export", "toy", "--keep", "1/2", "--max-memory", "10kB", "--heal-steps", "5", "--out", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert "does not fit --max-memory (10.0 kB)" in err and err.count("\n") == 0, err
+    assert "does not fit --max-memory (10.0 kB)" in err and "healing it loads it whole" in err, err
+    assert "--shard fsdp" in err and err.count("\n") == 0, err
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_healing_a_cut_proxy_larger_than_the_budget_is_refused_and_nothing_is_written(
+    tmp_path: Path, capsys
+) -> None:
+    """A half proxy passes the check before any pass (the kept share of the weights, 3.6 MB, fits
+    4 MB) but its cut (4.0 MB) does not: measured only, it would be read a layer at a time, but
+    healing trains it whole, so it is one sentence, and the scratch cut is removed."""
+    argv = ["export", "toy", "--keep", "1/2", "--max-memory", TOY_BUDGET, "--method", "frequency"]
+    quick = ["--calibration", "tasks", "--n-tokens", "1000", "--heal-steps", "5", "--min-capability", "0"]
+    assert main([*argv, *quick, "--out", str(tmp_path / "proxy")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the proxy (4.0 MB) does not fit --max-memory (4.0 MB), and healing it loads it whole" in err, err
+    assert "--shard fsdp" in err and err.count("\n") == 0, err
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_budget_below_one_layer_is_refused(tmp_path: Path, capsys) -> None:
@@ -215,14 +236,42 @@ def test_a_proxy_larger_than_the_budget_is_cut_from_the_shards_when_nothing_is_m
         warnings.simplefilter("ignore")
         proxy, _ = load_model(result.path, with_tokenizer=False)
     assert adapt(proxy).num_experts == 16 and sum(f.stat().st_size for f in weight_files(result.path)) > 4e6
-    with pytest.raises(MoescopeError, match="does not fit --max-memory"):
-        export_proxy("toy", tmp_path / "q", max_memory=TOY_BUDGET, **{**options, "fidelity": True})
+    assert "proxy_read" not in result.manifest  # never read
+
+
+def test_a_proxy_larger_than_the_budget_is_measured_a_layer_at_a_time(tmp_path: Path) -> None:
+    """A half proxy that does not fit beside the original's layer is read from its cut a decoder
+    layer at a time: the held-out KL and the checklist are the figures of the same proxy in
+    memory, its cut read once for the KL and once per check, the proxy written is the one the
+    in-memory export writes, and the scratch cut is gone."""
+    options = {**QUICK, "keep": "1/2", "method": "frequency", "fidelity": True, "tasks": ()}
+    options["progress"] = False
+    memory = export_proxy("toy", tmp_path / "memory", **options)
+    sequential = export_proxy("toy", tmp_path / "sequential", max_memory=TOY_BUDGET, **options)
+    read = sequential.manifest["proxy_read"]
+    assert read["read"] == LAYER_SEQUENTIAL and "exceed --max-memory (4.0 MB)" in read["why"], read
+    assert read["checkpoint_reads"] == 3, read  # the held-out KL, the backbone check, the routing check
+    assert "proxy measured: read layer-sequential (the proxy (4.0 MB)" in sequential.text()
+    assert "proxy_read" not in memory.manifest
+    assert sequential.fidelity.kl == pytest.approx(memory.fidelity.kl, rel=1e-5)
+    assert sequential.fidelity.top1_agreement == pytest.approx(memory.fidelity.top1_agreement, abs=1e-6)
+    assert [(c.name, c.passed, c.figure) for c in sequential.checklist] == [
+        (c.name, c.passed, c.figure) for c in memory.checklist
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        written = [load_model(r.path, with_tokenizer=False)[0].state_dict() for r in (memory, sequential)]
+    assert written[0].keys() == written[1].keys()
+    assert all(written[0][name].equal(written[1][name]) for name in written[0])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["memory", "sequential"]
 
 
 def test_the_passes_share_the_budget_with_a_proxy_held_whole(tmp_path: Path) -> None:
     """Under --max-memory, a layer-sequential original's chunks of rows are sized within the
-    budget, and, once a proxy is cut and loaded to be measured, within what the proxy leaves."""
-    from moescope.export.gather import gather, placement_for
+    budget, and, once a proxy is cut to be measured, within what the proxy holds: whole where it
+    fits beside the original's layer twice over, else only what its decoder layers leave out."""
+    from moescope.export.gather import gather, placement_for, resident_bytes
+    from moescope.models.resident import read_per_forward
 
     source = resolve_model("toy")
     placement = placement_for("toy", "1/4", max_memory="6MB")
@@ -231,3 +280,10 @@ def test_the_passes_share_the_budget_with_a_proxy_held_whole(tmp_path: Path) -> 
         proxy = got.cut(select_experts(got.original, "1/4", method="random", seed=0))
         held = sum(t.numel() * t.element_size() for t in proxy.state_dict().values())
         assert got.original._pass_memory == parse_size("6MB") - held > 0
+        assert got.proxy_read["read"] == IN_MEMORY and not read_per_forward(proxy)
+        larger = got.cut(select_experts(got.original, "1/2", method="random", seed=0))
+        assert got.proxy_read["read"] == LAYER_SEQUENTIAL and read_per_forward(larger)
+        assert 0 < resident_bytes(larger) < held  # its decoder layers are read from the cut
+        assert got.original._pass_memory == parse_size("6MB") - resident_bytes(larger)
+        assert [p.name for p in tmp_path.iterdir() if ".cut-" in p.name]  # read from there
+    assert not list(tmp_path.iterdir())  # the scratch cut removed once the proxy is done

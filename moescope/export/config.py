@@ -67,7 +67,8 @@ class ExportConfig:
         loaded whole; ``None``, layer-sequential when the original and a proxy would not fit
         ``max_memory`` (bytes or ``"24GB"``, as accelerate's ``max_memory``; default the memory
         available now). Every method, healing and measurement run either way, on the same data;
-        the proxy is loaded whole wherever it is measured or healed. ``method="cluster"`` with
+        a proxy healed is loaded whole, one only measured is read a layer at a time from its
+        cut where it does not fit beside the original's layer. ``method="cluster"`` with
         ``streaming=True`` instead clusters the weight view in one read of the shards
         (:func:`~moescope.export.streaming.export.export_streaming`) and measures nothing.
     Compute

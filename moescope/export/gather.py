@@ -10,8 +10,9 @@ and a *gatherer* decides only where the original's weights live:
   in memory (:func:`~moescope.export.surgery.build_proxy`).
 - **layer-sequential**: the model of :func:`~moescope.explore.sequential.layer_sequential`, whose
   decoder layers are read from the shards while they run, one resident at a time; a proxy is cut
-  from the shards (:func:`~moescope.export.streaming.export.write_selected`) and loaded, the same
-  tensors ``build_proxy`` would copy.
+  from the shards (:func:`~moescope.export.streaming.export.write_selected`) into a scratch
+  directory, the same tensors ``build_proxy`` would copy, and loaded whole or, where it does not
+  fit, read from there a decoder layer at a time too (:func:`proxy_fits`).
 
 Either runs on the device and in the dtype of a :class:`~moescope.models.device.Compute`
 (the CPU and the checkpoint's own dtype unless told): over several GPUs the in-memory original
@@ -19,11 +20,19 @@ is placed by accelerate.
 
 The layer-sequential gatherer runs when the export is told to stream, or when the in-memory
 export's peak (the original, plus a proxy) would not fit the memory budget: ``max_memory`` (as
-accelerate's ``max_memory``: what the weights may take), else the memory available now. The
-proxy itself is loaded whole wherever it is measured or healed, so it must fit the budget. A
+accelerate's ``max_memory``: what the weights may take), else the memory available now. A
 layer-sequential original runs each layer over a forward's rows in chunks whose activations are
-sized within ``max_memory`` (less the proxy it holds): each layer is read once per forward
-(:mod:`moescope.models.row_chunks`).
+sized within ``max_memory`` (less what a proxy held beside it takes): each layer is read once per
+forward (:mod:`moescope.models.row_chunks`).
+
+A proxy only measured (the held-out KL, the checklist, task accuracy, ``auto``'s candidates) is
+loaded whole where it leaves the budget room for the original's largest layer twice over (the
+layer, and as much for a chunk's activations): its forwards then read nothing. Otherwise it is
+read a decoder layer at a time from its cut, by the same machinery (the same chunks, its LM head
+run apart, its reads counted apart from the original's), and every measurement runs on that
+model; its scratch directory lives until the export is done with it. A proxy healed (healing
+trains it whole) is loaded whole, so it must fit the budget itself, and is refused in one
+sentence where it does not. The proxy written is the same tensors either way.
 """
 
 from __future__ import annotations
@@ -31,8 +40,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,13 +141,14 @@ def choose_placement(
     return Placement(IN_MEMORY, why, max_memory, proxy)
 
 
-def check_budget(placement: Placement, *, loads_proxy: bool, layer: int | None = None) -> None:
+def check_budget(placement: Placement, *, heals_proxy: bool, layer: int | None = None) -> None:
     """Refuse, in one sentence and before any pass, a budget that cannot hold what the export
     must hold: one decoder layer of the original (``layer`` bytes), and, where the proxy is
-    measured or healed (``loads_proxy``), the proxy whole."""
+    healed (``heals_proxy``: training holds it whole), the proxy whole. A proxy only measured
+    is read a layer at a time where it does not fit (:func:`proxy_fits`)."""
     budget = placement.budget
     if budget is None:
-        if loads_proxy and placement.sequential and placement.proxy > available_memory():
+        if heals_proxy and placement.sequential and placement.proxy > available_memory():
             raise _proxy_too_large(
                 f"about {format_size(placement.proxy)}", "the memory available", available_memory()
             )
@@ -148,7 +158,7 @@ def check_budget(placement: Placement, *, loads_proxy: bool, layer: int | None =
             f"one decoder layer of the original ({format_size(layer)}) does not fit --max-memory "
             f"({format_size(budget)}), and the layer-sequential pass holds one; raise --max-memory."
         )
-    if loads_proxy and placement.proxy > budget:
+    if heals_proxy and placement.proxy > budget:
         raise _proxy_too_large(f"about {format_size(placement.proxy)}", "--max-memory", budget)
 
 
@@ -212,13 +222,20 @@ class Gathered:
     """The original as the export reads it, and how a proxy of it is made.
 
     ``original`` is a transformers model (resident, or read a layer at a time);
-    ``cut(selection)`` returns the proxy of that selection, loaded whole.
+    ``cut(selection)`` returns the proxy of that selection: loaded whole, or, cut from a
+    layer-sequential original's shards and too large to sit beside it within the budget, read a
+    decoder layer at a time from the cut (:func:`proxy_fits`). ``heals``: whether the export
+    may heal the proxies it cuts (set before the first cut; healing trains a proxy whole).
+    ``proxy_read`` says how the last proxy cut was read, and why (empty for a proxy built in
+    memory).
     """
 
     original: PreTrainedModel
     tokenizer: Any
     placement: Placement
     cut: Callable[[Selection], PreTrainedModel]
+    heals: bool = False
+    proxy_read: dict[str, str] = field(default_factory=dict)
 
 
 @contextmanager
@@ -227,8 +244,9 @@ def gather(model: str | Path, source: Path, placement: Placement, *, out: Path) 
     its dtype), for the ``with`` block.
 
     ``out`` is the proxy's directory: a layer-sequential cut is written beside it (on the disk
-    that will hold the proxy), loaded, and removed. Over several GPUs the original in memory is
-    placed by accelerate (``max_memory`` each) and its proxies live on the first; a
+    that will hold the proxy), then loaded whole and removed, or, where it does not fit, read a
+    layer at a time from there and removed when the block ends. Over several GPUs the original
+    in memory is placed by accelerate (``max_memory`` each) and its proxies live on the first; a
     layer-sequential original runs each layer on the first. An original in memory runs its own
     forward once first, so a checkpoint whose forward raises is one sentence.
     """
@@ -247,50 +265,92 @@ def gather(model: str | Path, source: Path, placement: Placement, *, out: Path) 
 
     from moescope.explore.sequential import largest_layer_bytes, layer_sequential
 
-    with layer_sequential(source, dtype=dtype, device=compute.main_device, available=placement.budget) as lm:
-        check_budget(placement, loads_proxy=False, layer=largest_layer_bytes(lm))
-        cutter = _shard_cutter(source, out, placement.budget, compute, lm)
-        yield Gathered(lm, load_tokenizer(source), placement, cutter)
+    with (
+        ExitStack() as opened,
+        layer_sequential(source, dtype=dtype, device=compute.main_device, available=placement.budget) as lm,
+    ):
+        check_budget(placement, heals_proxy=False, layer=largest_layer_bytes(lm))
+        got = Gathered(lm, load_tokenizer(source), placement, lambda _: lm)
+        got.cut = _shard_cutter(source, out, compute, opened, got)
+        yield got
+
+
+def proxy_fits(proxy: int, layer: int, budget: int, *, trained: bool = False) -> bool:
+    """Whether a proxy of ``proxy`` bytes is loaded whole beside a layer-sequential original whose
+    largest decoder layer takes ``layer`` bytes: where it leaves ``budget`` room for that layer
+    and as much again for a chunk's activations (its forwards then read nothing), or, where it
+    is ``trained`` (healing holds it whole), where it fits ``budget`` itself. Otherwise it is
+    read a decoder layer at a time from its cut shards, as the original is, or, to be trained,
+    refused.
+
+    Example
+    -------
+    >>> proxy_fits(1_000, 300, 1_600), proxy_fits(1_000, 300, 1_599)
+    (True, False)
+    >>> proxy_fits(1_000, 300, 1_000, trained=True)
+    True
+    """
+    return proxy <= budget if trained else proxy + 2 * layer <= budget
 
 
 def _shard_cutter(
-    source: Path, out: Path, budget: int | None, compute: Compute = ON_CPU, original: Any = None
+    source: Path, out: Path, compute: Compute, opened: ExitStack, got: Gathered
 ) -> Callable[[Selection], PreTrainedModel]:
     """``selection → proxy``: cut from ``source``'s shards into a scratch directory beside ``out``,
-    loaded whole on ``compute``'s device (refused, in one sentence, where it would not fit
-    ``budget``). The layer-sequential ``original``'s passes then share ``budget`` with it: they
-    are sized within what the proxy leaves."""
+    then loaded whole on ``compute``'s device where it fits beside ``got.original``'s largest
+    layer within the budget (``--max-memory``, else the memory available now;
+    :func:`proxy_fits`, ``got.heals``: within the budget alone, or refused), the scratch removed
+    at once; else read from the scratch a layer at a time, the scratch kept until ``opened``
+    closes. The original's passes then share the budget with what the proxy holds: they are
+    sized within what it leaves. ``got.proxy_read`` is told how the proxy was read, and why."""
+    from moescope.explore.sequential import largest_layer_bytes, layer_sequential
     from moescope.export.streaming.export import write_selected
     from moescope.models.loading import load_model, weight_files
 
     placed = {} if compute.device == "cpu" else {"device_map": compute.main_device}
+    budget, layer = got.placement.budget, largest_layer_bytes(got.original)
 
     def cut(selection: Selection) -> PreTrainedModel:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{Path(out).name}.cut-", dir=Path(out).parent))
-        try:
-            write_selected(source, scratch, selection, progress=False)
-            size = sum(f.stat().st_size for f in weight_files(scratch))
-            if budget is not None and size > budget:
-                raise _proxy_too_large(format_size(size), "--max-memory", budget)
+        opened.callback(shutil.rmtree, scratch, ignore_errors=True)  # after a proxy reading it closes
+        write_selected(source, scratch, selection, progress=False)
+        size = sum(f.stat().st_size for f in weight_files(scratch))
+        limit, named = (budget, "--max-memory") if budget else (available_memory(), "the memory available")
+        if got.heals and size > limit:
+            raise _proxy_too_large(format_size(size), named, limit)
+        held = f"the proxy ({format_size(size)})"
+        if not got.heals:
+            held += f" and the original's layer twice ({format_size(2 * layer)})"
+        if proxy_fits(size, layer, limit, trained=got.heals):
             proxy, _ = load_model(scratch, dtype=compute.torch_dtype(), with_tokenizer=False, **placed)
-            if budget is not None and original is not None:
-                original._pass_memory = budget - sum(
-                    t.numel() * t.element_size() for t in proxy.state_dict().values()
-                )
-            return proxy
-        finally:
             shutil.rmtree(scratch, ignore_errors=True)
+            got.proxy_read.update(read=IN_MEMORY, why=f"{held} fit {named} ({format_size(limit)})")
+        else:
+            sequential = layer_sequential(
+                scratch, dtype=compute.torch_dtype(), device=compute.main_device, available=budget
+            )
+            proxy = opened.enter_context(sequential)
+            got.proxy_read.update(read=LAYER_SEQUENTIAL, why=f"{held} exceed {named} ({format_size(limit)})")
+        if budget is not None:
+            got.original._pass_memory = budget - resident_bytes(proxy)
+        return proxy
 
     return cut
 
 
+def resident_bytes(model: PreTrainedModel) -> int:
+    """Bytes of ``model``'s weights and buffers in memory (a layer-sequential model's decoder
+    layers, on the meta device, hold none)."""
+    tensors = model.state_dict().values()
+    return sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
+
+
 def _proxy_too_large(size: str, limit: str, budget: int) -> MoescopeError:
-    """The one refusal of a proxy that must be loaded whole and does not fit."""
+    """The one refusal of a proxy that must be loaded whole to be healed and does not fit."""
     fix = "raise --max-memory, keep" if limit == "--max-memory" else "keep"
     return MoescopeError(
-        f"the proxy ({size}) does not fit {limit} ({format_size(budget)}), and measuring or healing it "
-        f"loads it whole; {fix} fewer experts, or cut it without measuring (a --method other than "
-        "auto, and --no-fidelity) and heal it sharded (`torchrun --nproc-per-node N -m moescope heal "
-        "OUT --shard fsdp`)."
+        f"the proxy ({size}) does not fit {limit} ({format_size(budget)}), and healing it loads it whole; "
+        f"{fix} fewer experts, or cut it without healing (--heal-steps 0 --min-capability 0) and heal it "
+        "sharded (`torchrun --nproc-per-node N -m moescope heal OUT --shard fsdp`)."
     )

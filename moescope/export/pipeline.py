@@ -124,7 +124,7 @@ def export_proxy(
             source, out, config, overwrite=overwrite, progress=progress, **inputs.objects()
         )
     config, inputs = resolve_method(config, inputs)
-    check_budget(placement, loads_proxy=loads_proxy(config))
+    check_budget(placement, heals_proxy=bool(config.heal_steps))
     if placement.sequential and inputs.selection is None:
         _check_gatherer(config.method, placement)
     plan = (config, inputs, keep, named_tasks)
@@ -211,19 +211,22 @@ def _export_planned(
         cut = proxy if proxy is not None else proxy_config(lm.config, adapt(lm), chosen.keep)
         manifest = make_manifest(source, lm, cut, chosen)
         reads = checkpoint_reads(lm)
+        measured_proxy = _proxy_read(got, proxy)
     manifest.update(manifest_sections(assessed["fidelity"], assessed["checklist"], healing))
     manifest.update(config=inputs.record, calibration=_calibration_record(data, inputs.record["calibration"]))
     manifest.update(_targeting_section(lm, tokenizer, config, targeting))
     manifest["original"] = placement.record(lm)
     if placement.sequential:
         manifest["original"]["checkpoint_reads"] = reads
+    if measured_proxy:
+        manifest["proxy_read"] = measured_proxy
     if known.cache_info().currsize:  # type: ignore[attr-defined]
         manifest["original"]["accuracy"] = known()[1]
     if choices is not None:
         manifest["method_choice"] = choices.to_dict()
 
     def fill(work: Path) -> None:
-        if proxy is None:  # nothing measured or healed: cut from the shards, never loaded whole
+        if proxy is None or read_per_forward(proxy):  # not healed: cut from the shards, as measured
             write_selected(source, work, chosen, progress=progress)
         elif multimodal:  # the loaded language model lacks the vision tower: cut the shards instead
             healed = bool(healing or (targeting and targeting.chosen.steps))
@@ -384,6 +387,7 @@ def _cut_and_heal(
     ``measure``: the capability probe, taken only where there is a target to measure."""
     lm, tokenizer = got.original, got.tokenizer
     probe = None if config.min_capability <= 0 or _unmeasured(lm, tokenizer, config) else measure()
+    got.heals = bool(config.heal_steps) or probe is not None  # a target is reached by healing
     batches, teacher = _healing_data(got, config, data)
     if keep is not None and keep.searched:
         assert probe is not None  # refused before the calibration pass otherwise
@@ -424,10 +428,20 @@ def _healing_data(
     return lambda: iter(fixed()), teacher  # every round of every attempt stays within the budget
 
 
+def _proxy_read(got: Gathered, proxy: PreTrainedModel | None) -> dict[str, Any]:
+    """The manifest's ``"proxy_read"``: how the proxy cut from a layer-sequential original's
+    shards was read to be measured (whole, or a decoder layer at a time), why, and how many
+    times its own cut was read (``{}``: none cut from the shards)."""
+    if proxy is None or not got.proxy_read:
+        return {}
+    return {**got.proxy_read, "checkpoint_reads": checkpoint_reads(proxy)}
+
+
 def loads_proxy(config: ExportConfig) -> bool:
-    """Whether the export holds the proxy whole: to measure it, heal it, or measure ``auto``'s
-    candidates. Otherwise an original read a layer at a time gives a proxy cut from its shards
-    and never loaded, however large."""
+    """Whether the export cuts the proxy to measure it, heal it, or measure ``auto``'s
+    candidates: loaded whole, or read a layer at a time from its cut where it does not fit.
+    Otherwise an original read a layer at a time gives a proxy cut from its shards and never
+    read, however large."""
     return bool(config.fidelity or config.heal_steps or config.keep == AUTO or config.method == AUTO_METHOD)
 
 

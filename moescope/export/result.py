@@ -74,6 +74,7 @@ class ExportResult:
             f"proxy: {self.path} ({m['keep']} of {experts} routed experts per layer, "
             f"{m['keep_ratio']:.1%}, method {m['method']})",
             *_original_lines(m.get("original")),
+            *_proxy_read_lines(m.get("proxy_read")),
             *_method_choice_lines(m.get("method_choice")),
         ]
         if self.healing is not None:
@@ -108,6 +109,15 @@ def _original_lines(original: dict[str, Any] | None) -> list[str]:
     if "device" in original:
         lines.append(f"compute: {original['device']}, {original['dtype']} ({original['compute_why']})")
     return lines
+
+
+def _proxy_read_lines(read: dict[str, Any] | None) -> list[str]:
+    """How the proxy cut from a layer-sequential original's shards was read to be measured."""
+    if not read:
+        return []
+    reads = read["checkpoint_reads"]
+    times = f"; its cut read {reads} time{'' if reads == 1 else 's'}" if reads else ""
+    return [f"proxy measured: read {read['read']} ({read['why']}{times})"]
 
 
 def _method_choice_lines(choice: dict[str, Any] | None) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -193,25 +193,49 @@ SCORED_BYTES = 40
 def _scored_parts(
     original: PreTrainedModel, proxy: PreTrainedModel, batch: Batch
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """:func:`_scored` of ``batch``; where the original's LM head runs apart (a layer-sequential
-    original, :func:`~moescope.models.lm_head.head_runs_apart`), in chunks of rows: one forward of
-    the original to its head over every row, then each chunk's logits of both models, so a
-    forward's size is set by the rows' hidden states and a chunk's by their logits."""
-    if not head_runs_apart(original):
+    """:func:`_scored` of ``batch``; where a model's LM head runs apart (a layer-sequential
+    original, or proxy, :func:`~moescope.models.lm_head.head_runs_apart`), in chunks of rows:
+    one forward of that model to its head over every row (one read of its checkpoint), then
+    each chunk's logits of both models, so a forward's size is set by the rows' hidden states
+    and a chunk's by their logits."""
+    models = (original, proxy)
+    if not any(head_runs_apart(model) for model in models):
         yield _scored(original, proxy, batch)
         return
-    device = execution_device(original)
-    hidden = head_input(original, {key: batch[key].to(device) for key in ("input_ids", "attention_mask")})
-    head = original.get_output_embeddings()
-    rows = head_rows(original, hidden.shape[1], SCORED_BYTES)
-    with resident(head):
-        for start in range(0, len(hidden), rows):
+    width = batch["input_ids"].shape[1]
+    rows = min(head_rows(model, width, SCORED_BYTES) for model in models if head_runs_apart(model))
+    with ExitStack() as held:
+        original_logits, proxy_logits = (_logits_of_rows(model, batch, held) for model in models)
+        for start in range(0, len(batch["input_ids"]), rows):
             part = {key: value[start : start + rows] for key, value in batch.items()}
             valid, target = _targets(part)
-            log_p = torch.log_softmax(own_forward(head)(hidden[start : start + rows])[:, :-1].float(), dim=-1)
-            log_q = _log_probs(proxy, part).to(log_p.device)
+            log_p = original_logits(part, start)
+            log_q = proxy_logits(part, start).to(log_p.device)
             valid = valid.to(log_p.device)
             yield log_p[valid], log_q[valid], target.to(log_p.device)[valid]
+
+
+def _logits_of_rows(
+    model: PreTrainedModel, batch: Batch, held: ExitStack
+) -> Callable[[Batch, int], torch.Tensor]:
+    """``(part, start) → (rows, T-1, V)`` float32 next-token log-probabilities of ``model`` on
+    the rows of ``batch`` from ``start``: where its head runs apart, from the head's input of
+    every row (one forward, now) through its head (read at the first part, in memory until
+    ``held`` closes, so never beside the other model's forward); else a forward of the part."""
+    if not head_runs_apart(model):
+        return lambda part, _: _log_probs(model, part)
+    device = execution_device(model)
+    hidden = head_input(model, {key: batch[key].to(device) for key in ("input_ids", "attention_mask")})
+    head = model.get_output_embeddings()
+    read: list[bool] = []
+
+    def log_probs(part: Batch, start: int) -> torch.Tensor:
+        if not read:
+            read.append(bool(held.enter_context(resident(head))))
+        logits = own_forward(head)(hidden[start : start + len(part["input_ids"])])
+        return torch.log_softmax(logits[:, :-1].float(), dim=-1)
+
+    return log_probs
 
 
 def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import nullcontext
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -263,29 +263,43 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _backbone_differences(omoe: MoEModel, pmoe: MoEModel) -> tuple[dict[str, str], int]:
     """:func:`tensor_differences` of the two backbones, and how many tensors were compared; a
-    layer-sequential original's tensors are read a decoder layer at a time (the embeddings and
-    LM head together), each once, and only that layer's names are gathered while it is held."""
-    proxy, names = backbone_tensors(pmoe), set(backbone_tensors(omoe))
+    layer-sequential model's tensors (the original's, or a proxy's read from its cut) are read a
+    decoder layer at a time (then the embeddings of both, then their LM heads), each once, and
+    only that layer's names are gathered while it is held."""
+    names, listed = set(backbone_tensors(omoe)), backbone_tensors(pmoe)  # names (a layer's may be unread)
     model, experts = omoe.model, set(expert_state_keys(omoe))
     prefixes = {id(m): f"{n}." for n, m in model.named_modules()}
     layers = [(layer, prefixes[id(layer)]) for layer in decoder_layers(model)]
     inside = tuple(prefix for _, prefix in layers)
-    vocabulary = [m for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None]
+    proxy_modules = dict(pmoe.model.named_modules())
     differences: dict[str, str] = {}
 
-    def compare(part: dict[str, torch.Tensor]) -> None:
+    def compare(part: dict[str, torch.Tensor], proxy: dict[str, torch.Tensor]) -> None:
         differences.update(tensor_differences(part, {n: proxy[n] for n in part if n in proxy}))
 
     for layer, prefix in layers:
-        with resident(layer):
+        proxy_layer = proxy_modules.get(prefix[:-1])
+        with resident(layer), resident(proxy_layer) if proxy_layer is not None else nullcontext():
             tensors = {prefix + n: t for n, t in model_tensors(layer).items()}
-            compare({n: t for n, t in tensors.items() if n not in experts})
-    with ExitStack() as held:
-        for module in vocabulary:
-            held.enter_context(resident(module))
-        compare({n: t for n, t in backbone_tensors(omoe).items() if not n.startswith(inside)})
-    differences |= tensor_differences({}, {n: proxy[n] for n in proxy.keys() - names})
-    return dict(sorted(differences.items())), len(names | proxy.keys())
+            mapped = model_tensors(proxy_layer) if proxy_layer is not None else {}
+            theirs = {prefix + n: t for n, t in mapped.items()}
+            compare({n: t for n, t in tensors.items() if n not in experts}, theirs)
+    vocabulary = list(zip(_vocabulary(model), _vocabulary(pmoe.model), strict=True))
+    for module, proxy_module in vocabulary:  # one vocabulary-sized matrix of each model at a time
+        prefix = prefixes[id(module)]
+        with resident(module), resident(proxy_module):
+            theirs = {n: t for n, t in backbone_tensors(pmoe).items() if n.startswith(prefix)}
+            compare({n: t for n, t in backbone_tensors(omoe).items() if n.startswith(prefix)}, theirs)
+    read = inside + tuple(prefixes[id(module)] for module, _ in vocabulary)
+    rest = {n: t for n, t in backbone_tensors(omoe).items() if not n.startswith(read)}
+    compare(rest, backbone_tensors(pmoe))
+    differences |= tensor_differences({}, {n: listed[n] for n in listed.keys() - names})
+    return dict(sorted(differences.items())), len(names | listed.keys())
+
+
+def _vocabulary(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The input embeddings and the LM head (read when used in a layer-sequential model)."""
+    return [m for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None]
 
 
 def backbone_tensors(moe: MoEModel) -> dict[str, torch.Tensor]:
@@ -334,11 +348,12 @@ def routing_check(omoe: MoEModel, pmoe: MoEModel, selection: Selection | None = 
     for problem in _rule_differences(omoe.rule, pmoe.rule):
         found[problem] = []
     kept = functools.cache(lambda: kept_experts(omoe.model, pmoe.model, selection))
-    stack = decoder_layers(omoe.model)
+    stack, proxy_stack = decoder_layers(omoe.model), decoder_layers(pmoe.model)
     for layer in pmoe.layers:
         if layer.index not in omoe.moe_indices:
             continue
-        with resident(stack[layer.index]):  # a layer-sequential original: this layer read once
+        # a layer-sequential original (or proxy): this layer read once
+        with resident(stack[layer.index]), resident(proxy_stack[layer.index]):
             original = omoe.layer(layer.index)
             problems = _module_settings(original, layer, omoe.num_experts, pmoe.num_experts)
             problems += _shared(original, layer) + _bias_problems(original, layer, pmoe.num_experts, kept)
