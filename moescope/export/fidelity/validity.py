@@ -163,7 +163,19 @@ def _kept_from_router_rows(omoe: MoEModel, pmoe: MoEModel) -> dict[int, tuple[in
 
 def tensor_bytes(tensor: torch.Tensor) -> bytes:
     """The raw bytes of a tensor: equal bytes are bit-identical values, NaN payloads included."""
-    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return _bits(tensor).numpy().tobytes()
+
+
+def bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one shape and dtype hold the same bits (NaN payloads included),
+    compared in place: no copy of either (a vocabulary matrix copied to bytes took as much
+    memory again, at the peak of a layer-sequential export's checklist)."""
+    return torch.equal(_bits(a), _bits(b))
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a flat ``uint8`` view (a copy only where it is not contiguous)."""
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
 # --- backbone --------------------------------------------------------------------------------------
@@ -325,7 +337,7 @@ def _tensor_difference(a: torch.Tensor | None, b: torch.Tensor | None) -> str | 
         return f"shape {tuple(a.shape)} → {tuple(b.shape)}"
     if a.dtype != b.dtype:
         return f"dtype {a.dtype} → {b.dtype}"
-    if tensor_bytes(a) == tensor_bytes(b):
+    if bit_identical(a, b):
         return None
     changed = int((a.detach().cpu() != b.detach().cpu()).sum())
     return f"values differ in {changed} of {a.numel()} elements"
