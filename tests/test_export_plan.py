@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from moescope.cli import main
 from moescope.errors import MoescopeError
@@ -64,6 +65,23 @@ def test_a_budget_below_the_model_keeps_the_in_memory_experts(method: str, tmp_p
         ]
     assert written[0].keys() == written[1].keys()
     assert all(written[0][name].equal(written[1][name]) for name in written[0]), method
+
+
+def test_a_layer_sequential_original_heals_the_proxy_the_in_memory_one_heals(tmp_path: Path) -> None:
+    """Healing against the layer-sequential original's cached distributions (the whole toy
+    vocabulary) trains the weights healing against the original in memory trains."""
+    options = {**QUICK, "method": "frequency", "heal_steps": 3, "tasks": ("add2",), "progress": False}
+    memory = export_proxy("toy", tmp_path / "memory", **options)
+    sequential = export_proxy("toy", tmp_path / "sequential", max_memory=TOY_BUDGET, **options)
+    assert sequential.manifest["original"]["read"] == LAYER_SEQUENTIAL
+    assert sequential.healing.loss == pytest.approx(memory.healing.loss, rel=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        written = [load_model(r.path, with_tokenizer=False)[0].state_dict() for r in (memory, sequential)]
+    trained = {name for name in written[0] if any(part in name for part in memory.healing.trained)}
+    assert trained and all(
+        torch.allclose(written[1][name], written[0][name], rtol=1e-5, atol=1e-5) for name in written[0]
+    )
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v3", "qwen2_moe", "gpt_oss"])

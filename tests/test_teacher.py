@@ -1,6 +1,7 @@
 """Teacher cache: healing against a whole-vocabulary cache gives the weights healing against the
 model gives; the layer-sequential cache equals the in-memory one, in one forward; a saved cache
-comes back whole and a stale one is refused; a truncated cache still heals."""
+comes back whole and a stale one is refused; a truncated cache still heals; computed a round
+at a time, it runs the original on the batches healing reaches alone."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from moescope.export.healing import Distillation, heal, healing_batches, trainin
 from moescope.export.surgery import build_proxy
 from moescope.export.teacher import (
     TeacherCache,
+    TeacherRounds,
     batches_digest,
     build_teacher_cache,
     coarse_kl,
@@ -157,3 +159,29 @@ def test_healing_batches_are_the_first_an_in_memory_run_draws(toy) -> None:
     assert batches_digest(got) == batches_digest(expected)
     with pytest.raises(MoescopeError, match="need 12 RL rows"):
         healing_batches(data, tok, steps=3, batch_size=4)
+
+
+def test_rounds_run_the_original_on_the_batches_healing_reaches_alone(toy, cache, batches) -> None:
+    model, tok = toy
+    drawn = []
+
+    def stream():
+        for batch in training_batches("tasks", tok, batch_size=ROWS, seq_len=128, seed=0):
+            drawn.append(batch)
+            yield batch
+
+    rounds = TeacherRounds(model, stream(), steps=STEPS, size=2, k=64)
+    assert not drawn  # nothing drawn or run before healing asks
+    run = Distillation(rounds, _proxy(model), iter(rounds), lr=1e-3)
+    run.train(1)
+    assert len(drawn) == len(rounds.cache) == 2 and rounds.cache.forwards == 1  # the first round
+    assert batches_digest(rounds.cache.batches) == batches_digest(batches[:2])
+    run.train(2)  # the budget's last batch, in a round of its own; the stream is cut there
+    assert len(drawn) == len(rounds.cache) == STEPS and rounds.cache.forwards == 2
+    assert batches_digest(iter(rounds)) == batches_digest(batches)  # the same batches on every pass
+    whole = rounds.upto(STEPS + 5)
+    assert whole is rounds.cache and torch.equal(whole.offsets, cache.offsets)
+    torch.testing.assert_close(whole.log_probs, cache.log_probs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(whole.log_rest, cache.log_rest)
+    with pytest.raises(MoescopeError, match="not in the teacher cache"):
+        rounds.teacher(healing_batches("tasks", tok, steps=STEPS + 1, batch_size=ROWS)[-1])

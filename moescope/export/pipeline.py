@@ -46,14 +46,14 @@ from moescope.export.fidelity.agreement import SCORED_BYTES
 from moescope.export.fidelity.measure import manifest_sections, measure_fidelity, validity_checklist
 from moescope.export.fidelity.original_record import ORIGINAL_ACCURACY_NAME, export_original_accuracy
 from moescope.export.gather import Gathered, Placement, check_budget, gather, placement_for
-from moescope.export.healing import BATCH_SIZE, SEQ_LEN, heal, healing_batches, training_batches
+from moescope.export.healing import BATCH_SIZE, SEQ_LEN, heal, training_batches
 from moescope.export.manifest import copy_side_files, make_manifest, write_manifest
 from moescope.export.method_choice import AUTO_METHOD, FALLBACK, MethodChoices, choosing_selector
 from moescope.export.result import ExportResult
 from moescope.export.streaming.export import export_streaming, write_selected
 from moescope.export.surgery import given_selection, keep_of, proxy_config
 from moescope.export.targeting import CapabilityProbe, Targeting, reach_target, record_fixed, target_auto
-from moescope.export.teacher import build_teacher_cache
+from moescope.export.teacher import TeacherRounds
 from moescope.keep import Keep
 from moescope.models.accuracy import check_task_spec, resolve_tasks
 from moescope.models.lm_head import head_runs_apart
@@ -400,7 +400,7 @@ def _cut_and_heal(
     healing = None
     if config.heal_steps:
         steps, lr, seed = config.heal_steps, config.heal_lr, config.seed
-        cache = teacher() if teacher else None  # measured before and after on the tasks in memory only
+        cache = teacher().upto(steps) if teacher else None  # before and after: the tasks in memory only
         tasks = () if cache is not None else config.tasks
         options = {"steps": steps, "lr": lr, "seed": seed, "tasks": tasks, "teacher": cache}
         healing = heal(lm, proxy, data(), tokenizer=tokenizer, **options)
@@ -414,18 +414,24 @@ def _healing_data(
     got: Gathered, config: ExportConfig, data: Data
 ) -> tuple[Callable[[], Iterator[Batch]], Callable[[], Any] | None]:
     """Healing's batches, and what it distils from where that is not the original itself: an
-    original read a layer at a time gives its top-k next-token distributions on the batches the
-    whole healing budget draws (:func:`~moescope.export.healing.healing_batches`, RL data
-    sampled on from the original as an in-memory export does), computed in as few passes as
-    memory allows, when first needed (:mod:`moescope.export.teacher`)."""
+    original read a layer at a time gives its top-k next-token distributions on the batches
+    healing draws within its budget (:func:`~moescope.export.healing.training_batches`, RL data
+    sampled on from the original as an in-memory export does), a round of ``heal_round`` batches
+    at a time when healing first reaches it, each in as few passes as memory allows
+    (:class:`~moescope.export.teacher.TeacherRounds`): the original runs on the batches an
+    in-memory export runs it on, not on the whole budget's."""
     lm, tokenizer = got.original, got.tokenizer
     shape = {"batch_size": BATCH_SIZE, "seq_len": SEQ_LEN, "seed": config.seed}
     if not got.placement.sequential:
         return lambda: training_batches(data(), tokenizer, model=lm, **shape), None
     steps = max(config.heal_steps, config.heal_budget if config.min_capability > 0 else 0, 1)
-    fixed = functools.cache(lambda: healing_batches(data(), tokenizer, steps=steps, model=lm, **shape))
-    teacher = functools.cache(lambda: build_teacher_cache(lm, fixed()))
-    return lambda: iter(fixed()), teacher  # every round of every attempt stays within the budget
+    size = config.heal_round if config.min_capability > 0 else steps
+    teacher = functools.cache(
+        lambda: TeacherRounds(
+            lm, training_batches(data(), tokenizer, model=lm, **shape), steps=steps, size=size
+        )
+    )
+    return lambda: iter(teacher()), teacher  # every round of every attempt stays within the budget
 
 
 def _proxy_read(got: Gathered, proxy: PreTrainedModel | None) -> dict[str, Any]:

@@ -10,7 +10,9 @@ with the log of the probability left outside them (the *rest*). It is computed i
 forwards as memory allows (the batches' rows packed into forwards of as many rows as half the
 memory beside a layer holds, the LM head run on the scored positions alone) and saved with
 safetensors beside its provenance (the model's config hash, ``k``, the batches' digest), so a
-cache made of another model, another ``k`` or other batches is refused.
+cache made of another model, another ``k`` or other batches is refused. An export healing in
+rounds toward a capability target computes it a round of batches at a time, as healing reaches
+them (:class:`TeacherRounds`): one read per round, and no forward on batches it never trains on.
 
 The loss against a cache (:func:`distillation_loss`) is the KL of the two distributions
 coarsened to ``k + 1`` outcomes, the teacher's top-``k`` tokens and the rest: the full KL when
@@ -54,7 +56,14 @@ from moescope.provenance import config_hash
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["TOP_K", "TeacherCache", "build_teacher_cache", "distillation_loss", "teacher_cache"]
+__all__ = [
+    "TOP_K",
+    "TeacherCache",
+    "TeacherRounds",
+    "build_teacher_cache",
+    "distillation_loss",
+    "teacher_cache",
+]
 
 TOP_K = 64
 """Next tokens kept per scored position unless told otherwise: 8 bytes each on disk, so a
@@ -63,6 +72,7 @@ over more."""
 
 FORMAT = "moescope.teacher_cache/1"
 _FIELDS = ("input_ids", "attention_mask", "scored")
+_CACHED = ("log_probs", "token_ids", "log_rest")
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,6 +110,9 @@ class TeacherCache:
 
     def __len__(self) -> int:
         return len(self.batches)
+
+    def __contains__(self, batch: object) -> bool:
+        return isinstance(batch, dict) and batch_key(batch) in self._index
 
     @property
     def digest(self) -> str:
@@ -281,6 +294,66 @@ def forward_rows(model: PreTrainedModel, width: int, *, available: int | None = 
     return rows_beside_layer(model, per_row, available=available)
 
 
+class TeacherRounds:
+    """The original's teacher distributions on the healing batches, computed a round of batches
+    at a time when healing first reaches them, in as few forwards as memory allows each.
+
+    A capability-targeted export heals in rounds until the proxy passes, often well short of
+    its budget; computed at once for the whole budget, the cache ran the original on every
+    batch the budget draws (and sampled the completions of RL data for all of them): toy-v3 at
+    1/4 passes after 300 of its 400 steps, a quarter of that work spent on batches never
+    trained on, and a proxy that passes after one round left seven eighths. Here healing draws its
+    batches from :meth:`__iter__`, and :meth:`teacher` computes the next ``size`` batches'
+    distributions the first time it meets one it lacks, one read per round where each forward
+    reads the checkpoint: the original runs on the batches an in-memory export runs it on.
+    """
+
+    def __init__(
+        self, original: PreTrainedModel, batches: Iterable[Batch], *, steps: int, size: int, k: int = TOP_K
+    ) -> None:
+        self.original, self.size, self.k = original, max(1, size), k
+        self._stream = itertools.islice(batches, steps)  # the budget's batches, drawn as needed
+        self._drawn: list[Batch] = []
+        self.cache: TeacherCache | None = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The healing batches in order, the same each time, drawn from the stream when first reached."""
+        for i in itertools.count():
+            if i == len(self._drawn) and (batch := next(self._stream, None)) is not None:
+                self._drawn.append(batch)
+            if i == len(self._drawn):
+                return
+            yield self._drawn[i]
+
+    def teacher(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`TeacherCache.teacher`, the next round computed first where ``batch`` is not in it."""
+        done = len(self.cache) if self.cache is not None else 0
+        if self.cache is None or batch not in self.cache:
+            self.upto(done + self.size)
+        assert self.cache is not None
+        return self.cache.teacher(batch)
+
+    def upto(self, steps: int) -> TeacherCache:
+        """The cache of the first ``steps`` batches at least (fewer where the stream ends), the
+        ones it lacks computed together."""
+        done = len(self.cache) if self.cache is not None else 0
+        wanted = list(itertools.islice(iter(self), steps))[done:]
+        if wanted:
+            part = build_teacher_cache(self.original, wanted, k=self.k)
+            self.cache = part if self.cache is None else _joined(self.cache, part)
+        if self.cache is None:
+            raise MoescopeError("a teacher cache needs at least one batch and k ≥ 1.")
+        return self.cache
+
+
+def _joined(first: TeacherCache, then: TeacherCache) -> TeacherCache:
+    """One cache of ``first``'s batches followed by ``then``'s."""
+    offsets = torch.cat([first.offsets, then.offsets[1:] + first.offsets[-1]])
+    tensors = (torch.cat([getattr(first, name), getattr(then, name)]) for name in _CACHED)
+    batches, forwards = first.batches + then.batches, first.forwards + then.forwards
+    return TeacherCache(batches, *tensors, offsets, first.config_hash, first.k, forwards)
+
+
 Row = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -337,20 +410,20 @@ def _head_at(model: PreTrainedModel, inputs: Batch, keep: torch.Tensor) -> torch
 
 
 def distillation_loss(
-    teacher: PreTrainedModel | TeacherCache,
+    teacher: PreTrainedModel | TeacherCache | TeacherRounds,
     proxy: PreTrainedModel,
     batch: Batch,
     part: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Mean next-token ``KL(teacher ‖ proxy)`` over the batch's scored positions, gradients
     through the proxy only: :func:`~moescope.export.fidelity.agreement.kl_loss` against a model,
-    the coarsened KL (top ``k`` and the rest) against a cache.
+    the coarsened KL (top ``k`` and the rest) against a cache (or its :class:`TeacherRounds`).
 
     ``part=(rank, world)``: this process's contiguous share of the batch's rows, its KL summed
     and divided by the scored positions of the *whole* batch (a cache only), so the losses of
     all processes add up to the whole batch's and sharded gradients summed over processes are
     the one-process gradient."""
-    if not isinstance(teacher, TeacherCache):
+    if isinstance(teacher, torch.nn.Module):
         if part is not None:
             raise MoescopeError("a batch is split over processes only against a teacher cache.")
         return kl_loss(teacher, proxy, batch)
