@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # pragma: no cover
 ENTROPY_BINS = 32
 """Histogram bins of per-token routing entropy, evenly spaced on ``[0, ln E]``."""
 
+CONTEXT_ROWS = 4096
+"""Tokens whose hidden states :func:`routed_context` casts to float32 at a time."""
+
 SLOT_ORDER = {"batched_mm": "token-major", "grouped_mm": "sorted-by-expert"}
 """How each fused experts implementation orders the per-slot outputs it hands to
 ``post_expert_norm``: ``(T * k,)`` token-major, or sorted by expert id."""
@@ -157,15 +160,20 @@ def routed_context(
 
     ``hidden`` ``(T, H)`` is the MoE block's input, ``index`` / ``weights`` ``(T, k)`` the chosen
     experts and the gate weights the model applies; padding (``valid`` False) counts nothing.
+    The sums are a product of the ``(T, E)`` gate weights with the hidden states, taken
+    :data:`CONTEXT_ROWS` tokens at a time in float32: a float32 copy of every slot's hidden state
+    (``T × k × H``) was the largest tensor of a layer-sequential calibration pass.
     """
     weights = weights.float()
     if valid is not None:
         weights = weights * valid.to(weights.device).unsqueeze(1)
-    flat = index.reshape(-1)
-    slots = hidden.float().repeat_interleave(index.shape[1], dim=0) * weights.reshape(-1, 1)  # (T*k, H)
-    context = torch.zeros(n_experts, hidden.shape[1], device=hidden.device).index_add_(0, flat, slots)
-    gate = torch.zeros(n_experts, device=hidden.device).index_add_(0, flat, weights.reshape(-1))
-    return context, gate
+    dense = torch.zeros(len(index), n_experts, device=hidden.device)  # (T, E) gate weights
+    dense.scatter_add_(1, index.long(), weights)
+    context = torch.zeros(n_experts, hidden.shape[1], device=hidden.device)
+    for start in range(0, len(hidden), CONTEXT_ROWS):
+        rows = slice(start, start + CONTEXT_ROWS)
+        context.addmm_(dense[rows].T, hidden[rows].float())
+    return context, dense.sum(0)
 
 
 def slot_norms(impl: str, norms: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
