@@ -63,10 +63,11 @@ class _Pending:
 class RoutingObserver:
     """Running routing sums of every forward pass while :func:`observe_routing` is active.
 
-    Router hooks queue each layer's routing for the pass under way; a hook on the decoder stack
-    folds the queue into the sums when the pass ends, all layers at once. ``saliency_source``
-    says per decoder layer whether expert-output norms were ``"captured"`` from the forward or
-    ``"recomputed"`` on the routed tokens (in the last pass).
+    Router hooks queue each layer's routing for the pass under way; the queue is folded into the
+    sums when the next layer starts and when the pass ends, so a pass holds one layer's routing of
+    its tokens (every layer's, held to the end, grew a layer-sequential pass over its rows).
+    ``saliency_source`` says per decoder layer whether expert-output norms were ``"captured"``
+    from the forward or ``"recomputed"`` on the routed tokens (in the last pass).
     """
 
     def __init__(self, moe: MoEModel) -> None:
@@ -190,6 +191,8 @@ class RoutingObserver:
                     self._chunks.setdefault(layer.index, []).append(self._pending.pop(layer.index))
                 else:  # the layer ran again without the stack: a new pass
                     self._flush()
+            elif not row_offset():  # the layers before this one are done: folded now, not held to the end
+                self._flush()
             logits, index = layer.router_choice(out)
             if layer.spec.combine == "output":
                 self._pending[layer.index] = _Pending(logits.detach(), index.detach())
