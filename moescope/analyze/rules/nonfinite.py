@@ -137,7 +137,7 @@ def _skipped_update(trace: Trace, step: int, keys: list[str]) -> bool:
     """A step whose gradients alone went non-finite while the loss stayed finite and the learning
     rate did not move on from the step before: the update was skipped (HF Trainer, verl and
     Megatron skip a non-finite gradient; the scheduler stays)."""
-    index = next(i for i, r in enumerate(trace.steps) if step_of(r, i) == step)
+    index = _index_of(trace, step)
     record = trace.steps[index]
     lr, before = record.get(S.LR), trace.steps[index - 1].get(S.LR) if index else None
     return (
@@ -146,6 +146,11 @@ def _skipped_update(trace: Trace, step: int, keys: list[str]) -> bool:
         and isinstance(lr, int | float)
         and lr == before
     )
+
+
+def _index_of(trace: Trace, step: int) -> int:
+    """Where ``step``'s record is in ``trace.steps``."""
+    return next(i for i, r in enumerate(trace.steps) if step_of(r, i) == step)
 
 
 def _finite_loss(record: dict[str, Any]) -> bool:
@@ -159,7 +164,7 @@ def _recovered(trace: Trace, step: int, keys: list[str]) -> bool:
     NaN and so would every later loss, so the step was skipped (an AMP grad scaler, HF Trainer and
     verl skip such an update) and the run went on. mmengine's ``grad_norm: nan`` under fp16 is
     this."""
-    index = next(i for i, r in enumerate(trace.steps) if step_of(r, i) == step)
+    index = _index_of(trace, step)
     after = trace.steps[index + 1] if index + 1 < len(trace.steps) else None
     norm = after.get(S.GRAD_NORM) if after else None
     return (
