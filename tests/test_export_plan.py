@@ -19,7 +19,7 @@ from moescope.export.fidelity.validity import backbone_check, routing_check
 from moescope.export.gather import IN_MEMORY, LAYER_SEQUENTIAL, choose_placement, parse_size
 from moescope.export.manifest import read_manifest
 from moescope.export.pipeline import export_proxy
-from moescope.export.surgery import build_proxy
+from moescope.export.surgery import build_proxy, expert_state_keys
 from moescope.models.loading import load_model, resolve_model, weight_files
 from moescope.models.view import adapt
 
@@ -109,12 +109,21 @@ def test_the_checklist_reads_a_layer_sequential_original_a_layer_at_a_time(
             proxy.save_pretrained(tmp_path / "proxy")
             with layer_sequential(tmp_path / "proxy", dtype="auto") as read:
                 both = _checks(original, read, selection)
-            proxy.model.norm.weight.data.add_(1.0)  # a changed backbone tensor is found there too
+            proxy.model.norm.weight.data.add_(1.0)  # a changed backbone tensor is found there too,
+            proxy.model.layers[1].input_layernorm.weight.data.add_(1.0)  # inside a layer too
             changed = backbone_check(adapt(original), adapt(proxy))
+            layer = original._layer_weights.read(
+                "model.layers.1.", leave_out=expert_state_keys(adapt(original))
+            )
     assert [(c.passed, c.figure) for c in got] == [(c.passed, c.figure) for c in expected]
     assert [(c.passed, c.figure) for c in both] == [(c.passed, c.figure) for c in expected]
     assert all(c.passed for c in got)
-    assert not changed.passed and "model.norm.weight" in changed.details["tensors_differing"]
+    differing = changed.details["tensors_differing"]
+    assert not changed.passed and {"model.norm.weight", "model.layers.1.input_layernorm.weight"} <= set(
+        differing
+    )
+    experts = {n for n in expert_state_keys(adapt(model)) if n.startswith("model.layers.1.")}
+    assert experts and not experts & set(layer) and "model.layers.1.input_layernorm.weight" in layer
 
 
 def _checks(original, proxy, selection) -> list:

@@ -25,7 +25,7 @@ import contextlib
 import copy
 import functools
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -212,7 +212,7 @@ class LayerWeights(Mapping[str, torch.Tensor]):
     """
 
     def __init__(self, model: PreTrainedModel, groups: dict[str, dict[str, _Group]], layers: tuple[str, ...]):
-        self._model, self._groups = model, groups
+        self._model, self._groups, self.layers = model, groups, layers
         state = model.state_dict()  # the layers' tensors on the meta device, as transformers shaped them
         self._meta = {name: tensor for name, tensor in state.items() if name.startswith(layers)}
         self._layer = {name: next(layer for layer in layers if name.startswith(layer)) for name in self._meta}
@@ -235,11 +235,13 @@ class LayerWeights(Mapping[str, torch.Tensor]):
     def __len__(self) -> int:
         return len(self._meta)
 
-    def read(self, layer: str) -> dict[str, torch.Tensor]:
-        """Every tensor of one layer (its prefix, e.g. ``"model.layers.3."``), as the model holds it."""
+    def read(self, layer: str, leave_out: Container[str] = ()) -> dict[str, torch.Tensor]:
+        """Every tensor of one layer (its prefix, e.g. ``"model.layers.3."``), as the model holds it,
+        but those named in ``leave_out`` (full names): a check of the layer's backbone reads no
+        expert tensor. Counted as a read of the layer either way."""
         release_freed_memory()  # the previous layer's, freed when accelerate released it
         self.reads[layer] += 1
-        groups = self._groups[layer]
+        groups = {target: group for target, group in self._groups[layer].items() if target not in leave_out}
         files = {file for group in groups.values() for _, file, _ in group.sources}
         with contextlib.ExitStack() as stack:
             shards = {file: stack.enter_context(open_shard(file)) for file in files}

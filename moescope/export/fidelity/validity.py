@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Container, Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ from moescope.export.fidelity import CAPABILITY_THRESHOLD
 from moescope.export.fidelity.records import Check
 from moescope.export.manifest import read_manifest
 from moescope.export.surgery import expert_state_keys, weight_semantics
-from moescope.models.resident import resident
+from moescope.models.resident import read_when_used, resident
 from moescope.models.routers import RoutingRule, describe
 from moescope.models.view import MoELayer, MoEModel, adapt, decoder_layers
 from moescope.provenance import config_hash
@@ -291,11 +291,11 @@ def _backbone_differences(omoe: MoEModel, pmoe: MoEModel) -> tuple[dict[str, str
 
     for layer, prefix in layers:
         proxy_layer = proxy_modules.get(prefix[:-1])
-        with resident(layer), resident(proxy_layer) if proxy_layer is not None else nullcontext():
-            tensors = {prefix + n: t for n, t in model_tensors(layer).items()}
-            mapped = model_tensors(proxy_layer) if proxy_layer is not None else {}
-            theirs = {prefix + n: t for n, t in mapped.items()}
-            compare({n: t for n, t in tensors.items() if n not in experts}, theirs)
+        with (
+            _layer_tensors(model, layer, prefix, experts) as tensors,
+            _layer_tensors(pmoe.model, proxy_layer, prefix, experts) as theirs,
+        ):
+            compare(tensors, theirs)
     vocabulary = list(zip(_vocabulary(model), _vocabulary(pmoe.model), strict=True))
     for module, proxy_module in vocabulary:  # one vocabulary-sized matrix of each model at a time
         prefix = prefixes[id(module)]
@@ -307,6 +307,27 @@ def _backbone_differences(omoe: MoEModel, pmoe: MoEModel) -> tuple[dict[str, str
     compare(rest, backbone_tensors(pmoe))
     differences |= tensor_differences({}, {n: listed[n] for n in listed.keys() - names})
     return dict(sorted(differences.items())), len(names | listed.keys())
+
+
+@contextmanager
+def _layer_tensors(
+    model: torch.nn.Module, layer: torch.nn.Module | None, prefix: str, leave_out: Container[str]
+) -> Iterator[dict[str, torch.Tensor]]:
+    """The tensors of ``layer`` (under their names in ``model``) but those in ``leave_out``, for
+    the ``with`` block. A layer a layer-sequential model reads when used is read from its shards
+    without them, not loaded whole by its hook: the backbone check leaves out the experts, most
+    of a MoE layer's bytes, and held the original's whole layer beside the proxy's at the peak
+    of a layer-sequential export."""
+    if layer is None:
+        yield {}
+        return
+    weights = getattr(model, "_layer_weights", None)
+    if read_when_used(layer) and weights is not None and prefix in weights.layers:
+        held = {prefix + n: t for n, t in model_tensors(layer).items() if t.device.type != "meta"}
+        yield {n: t for n, t in held.items() if n not in leave_out} | weights.read(prefix, leave_out)
+        return
+    with resident(layer):
+        yield {prefix + n: t for n, t in model_tensors(layer).items() if prefix + n not in leave_out}
 
 
 def _vocabulary(model: torch.nn.Module) -> list[torch.nn.Module]:
