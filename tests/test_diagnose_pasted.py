@@ -59,6 +59,9 @@ EXPECTED: dict[str, set[str]] = {
     "llmc_loss_nan_aside.log": {"nonfinite"},
     "dreamer_bracket_steps.log": {"nonfinite"},
     "verl_pairs_one_a_line.log": set(),
+    "cjk_fullwidth_loop.log": set(),
+    "json_indented_metrics.log": set(),
+    "lightning_bar_restart.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {

@@ -547,6 +547,36 @@ def test_openrlhf_inner_bars_alone_are_read_in_order(tmp_path: Path) -> None:
     assert any("no Episode bar" in n for n in trace.notes)
 
 
+def test_bars_that_never_complete_are_read_on_their_counts(tmp_path: Path) -> None:
+    bar = "Epoch {e}:  {p}%|##| {n}/10 [00:{n}0<00:30, 2.1s/it, loss={loss}, v_num=7]"
+    lines = [
+        bar.format(e=e, p=10 * n, n=n, loss=round(3 - 0.1 * (10 * e + n), 2)) for e in (0, 1) for n in (2, 3)
+    ]
+    trace = read_log(write(tmp_path, "lightning.log", "\n".join(lines) + "\n"))
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(2, 2.8), (3, 2.7), (12, 1.8), (13, 1.7)]
+    assert any("no completed bar" in n for n in trace.notes)
+
+
+def test_an_object_printed_over_lines_is_one_jsonl_record(tmp_path: Path) -> None:
+    dump = json.dumps({"note": "a } in a string", "loss": 0.5, "grad_norm": math.nan, "step": 40}, indent=2)
+    path = write(tmp_path, "dump.log", f"the last metrics:\n{dump}\n")
+    assert detect_format(path) == "jsonl"
+    (step,) = read_log(path).steps
+    assert step["step"] == 40 and step[S.ACTOR_LOSS] == 0.5 and math.isnan(step[S.GRAD_NORM])
+
+
+def test_an_object_cut_before_it_closes_is_no_record(tmp_path: Path) -> None:
+    dump = json.dumps({"loss": 0.5, "grad_norm": 1.2}, indent=2)
+    with pytest.raises(MoescopeError, match="no step this reader recognises"):
+        read_log(write(tmp_path, "cut.log", dump.rsplit("\n", 1)[0] + "\n"))
+
+
+def test_full_width_colons_and_commas_read_as_ascii(tmp_path: Path) -> None:
+    text = "训练次数：100，Loss：1.98\n训练次数：200，Loss：1.75\n"
+    trace = read_log(write(tmp_path, "cjk.log", text))
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [1.98, 1.75]
+
+
 def test_nemo_rl_console_blocks_under_step_banners() -> None:
     trace, steps = read_fixture("nemo_rl_console.log", "nemo-rl", [1, 2])
     one = steps[1]
