@@ -62,6 +62,7 @@ EXPECTED: dict[str, set[str]] = {
     "cjk_fullwidth_loop.log": set(),
     "json_indented_metrics.log": set(),
     "lightning_bar_restart.log": set(),
+    "megatron_bf16_loss_dropped.log": {"nonfinite"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -69,6 +70,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "dreamer_bracket_steps.log": ("nonfinite", 21000),
     "mmocr_amp_skipped_step.log": ("nonfinite", 50),
     "swift_bare_dict_zero_grad.log": ("zero_grad", 6),
+    "megatron_bf16_loss_dropped.log": ("nonfinite", 14),
 }
 
 

@@ -577,6 +577,19 @@ def test_full_width_colons_and_commas_read_as_ascii(tmp_path: Path) -> None:
     assert [s[S.ACTOR_LOSS] for s in trace.steps] == [1.98, 1.75]
 
 
+def test_a_megatron_line_that_made_updates_without_a_loss_is_marked(tmp_path: Path) -> None:
+    line = (
+        " iteration {i}/ 20 | learning rate: 1.0E-06 | global batch size: 8 |{loss} loss scale: 1.0 |"
+        " number of skipped iterations: {skipped} | number of nan iterations: 0 |\n"
+    )
+    lossless = read_log(write(tmp_path, "a.log", line.format(i=4, loss="", skipped=0))).steps
+    assert [s.get(S.LOSS_MISSING) for s in lossless] == [1]
+    logged = line.format(i=4, loss=" lm loss: 2.1E+00 |", skipped=0)
+    skipped = line.format(i=8, loss="", skipped=4)  # every iteration since the line before skipped
+    steps = read_log(write(tmp_path, "b.log", logged + skipped)).steps
+    assert [s.get(S.LOSS_MISSING) for s in steps] == [None, None]
+
+
 def test_nemo_rl_console_blocks_under_step_banners() -> None:
     trace, steps = read_fixture("nemo_rl_console.log", "nemo-rl", [1, 2])
     one = steps[1]
