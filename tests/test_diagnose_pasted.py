@@ -63,6 +63,9 @@ EXPECTED: dict[str, set[str]] = {
     "json_indented_metrics.log": set(),
     "lightning_bar_restart.log": set(),
     "megatron_bf16_loss_dropped.log": {"nonfinite"},
+    "epoch_loop_loss_nan.log": {"nonfinite"},
+    "rslrl_iteration_blocks.log": {"nonfinite"},
+    "trl_dict_over_lines.log": {"no_signal"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -71,6 +74,8 @@ ONSET: dict[str, tuple[str, int]] = {
     "mmocr_amp_skipped_step.log": ("nonfinite", 50),
     "swift_bare_dict_zero_grad.log": ("zero_grad", 6),
     "megatron_bf16_loss_dropped.log": ("nonfinite", 14),
+    "epoch_loop_loss_nan.log": ("nonfinite", 1208),
+    "rslrl_iteration_blocks.log": ("nonfinite", 5121),
 }
 
 

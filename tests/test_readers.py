@@ -590,6 +590,31 @@ def test_a_megatron_line_that_made_updates_without_a_loss_is_marked(tmp_path: Pa
     assert [s.get(S.LOSS_MISSING) for s in steps] == [None, None]
 
 
+def test_an_epoch_counter_rising_record_to_record_is_the_step(tmp_path: Path) -> None:
+    once = "".join(f"epoch: {e} loss: {1 / e:.3f}\n" for e in (7, 8, 9))
+    assert [s["step"] for s in read_log(write(tmp_path, "once.log", once)).steps] == [7, 8, 9]
+    within = "".join(f"epoch: 2 loss: {x}\n" for x in (0.5, 0.4, 0.3))  # logs within an epoch
+    assert [s["step"] for s in read_log(write(tmp_path, "within.log", within)).steps] == [0, 1, 2]
+
+
+def test_rsl_rl_learning_iteration_banners_are_the_steps(tmp_path: Path) -> None:
+    block = (
+        "       Learning iteration {i}/500\n\n       Value function loss: {v}\n   Mean total reward: 3.5\n"
+    )
+    text = block.format(i=41, v=0.2) + block.format(i=42, v="inf")
+    steps = read_log(write(tmp_path, "rsl.log", text)).steps
+    assert [s["step"] for s in steps] == [41, 42]
+    assert steps[0]["Value function loss"] == 0.2 and math.isinf(steps[1]["Value function loss"])
+
+
+def test_a_dict_printed_over_lines_is_one_record(tmp_path: Path) -> None:
+    text = "{'loss': 0.0, 'grad_norm': 0.0, \n'reward': 3.0, 'reward_std': 0.0, \n'kl': 0.0, 'epoch': 0.02}\n"
+    (step,) = read_log(write(tmp_path, "wrapped.log", text)).steps
+    assert step[S.REWARD_STD] == 0.0 and step[S.REWARD_MEAN] == 3.0 and step[S.GRAD_NORM] == 0.0
+    closed = "{'loss': 0.5, 'grad_norm': 1.0}\n'loss': 0.4, 'grad_norm': 0.9, 'epoch': 0.1\n"
+    assert [s[S.ACTOR_LOSS] for s in read_log(write(tmp_path, "two.log", closed)).steps] == [0.5, 0.4]
+
+
 def test_nemo_rl_console_blocks_under_step_banners() -> None:
     trace, steps = read_fixture("nemo_rl_console.log", "nemo-rl", [1, 2])
     one = steps[1]
