@@ -268,6 +268,11 @@ MAX_VIOLATION = _declare(
 IS_ESS = _declare(
     "rollout/is_ess", "effective sample size of the importance weights over the batch size", source="readers"
 )
+LOSS_MISSING = _declare(
+    "health/loss_missing",
+    "1 on a step whose line logs no loss though the step made updates (Megatron omits a NaN loss)",
+    source="readers",
+)
 ALERTS = _declare(
     "health/alerts",
     "the framework's own warning lines at the step (Megatron's NaN checks, DeepSpeed overflows, ...)",

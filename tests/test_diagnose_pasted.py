@@ -59,6 +59,13 @@ EXPECTED: dict[str, set[str]] = {
     "llmc_loss_nan_aside.log": {"nonfinite"},
     "dreamer_bracket_steps.log": {"nonfinite"},
     "verl_pairs_one_a_line.log": set(),
+    "cjk_fullwidth_loop.log": set(),
+    "json_indented_metrics.log": set(),
+    "lightning_bar_restart.log": set(),
+    "megatron_bf16_loss_dropped.log": {"nonfinite"},
+    "epoch_loop_loss_nan.log": {"nonfinite"},
+    "rslrl_iteration_blocks.log": {"nonfinite"},
+    "trl_dict_over_lines.log": {"no_signal"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -66,6 +73,9 @@ ONSET: dict[str, tuple[str, int]] = {
     "dreamer_bracket_steps.log": ("nonfinite", 21000),
     "mmocr_amp_skipped_step.log": ("nonfinite", 50),
     "swift_bare_dict_zero_grad.log": ("zero_grad", 6),
+    "megatron_bf16_loss_dropped.log": ("nonfinite", 14),
+    "epoch_loop_loss_nan.log": ("nonfinite", 1208),
+    "rslrl_iteration_blocks.log": ("nonfinite", 5121),
 }
 
 

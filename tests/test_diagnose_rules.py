@@ -136,3 +136,14 @@ def test_one_record_of_a_large_mismatch_is_decisive(tmp_path: Path) -> None:
     found = findings_of(tmp_path, "step:7 - rollout_corr/k3_kl:1.4 - actor/grad_norm:0.3\n")
     assert found["rollout_mismatch"].step == 7 and found["rollout_mismatch"].severity == "error"
     assert "rollout_mismatch" not in findings_of(tmp_path, "step:7 - rollout_corr/k3_kl:0.0004\n")
+
+
+def test_a_megatron_line_without_its_loss_is_a_suspected_nonfinite_loss(tmp_path: Path) -> None:
+    line = (
+        " iteration 9/ 10 | learning rate: 4.2E-07 | global batch size: 12 | loss scale: 1.0 |"
+        " number of skipped iterations: 0 | number of nan iterations: 0 |\n"
+    )
+    nf = findings_of(tmp_path, line)["nonfinite"]
+    assert (nf.step, nf.severity, nf.evidence["suspected"]) == (9, "warning", True)
+    with_loss = line.replace("loss scale", "lm loss: 3.1E+00 | loss scale")
+    assert "nonfinite" not in findings_of(tmp_path, with_loss)

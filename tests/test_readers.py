@@ -547,6 +547,74 @@ def test_openrlhf_inner_bars_alone_are_read_in_order(tmp_path: Path) -> None:
     assert any("no Episode bar" in n for n in trace.notes)
 
 
+def test_bars_that_never_complete_are_read_on_their_counts(tmp_path: Path) -> None:
+    bar = "Epoch {e}:  {p}%|##| {n}/10 [00:{n}0<00:30, 2.1s/it, loss={loss}, v_num=7]"
+    lines = [
+        bar.format(e=e, p=10 * n, n=n, loss=round(3 - 0.1 * (10 * e + n), 2)) for e in (0, 1) for n in (2, 3)
+    ]
+    trace = read_log(write(tmp_path, "lightning.log", "\n".join(lines) + "\n"))
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(2, 2.8), (3, 2.7), (12, 1.8), (13, 1.7)]
+    assert any("no completed bar" in n for n in trace.notes)
+
+
+def test_an_object_printed_over_lines_is_one_jsonl_record(tmp_path: Path) -> None:
+    dump = json.dumps({"note": "a } in a string", "loss": 0.5, "grad_norm": math.nan, "step": 40}, indent=2)
+    path = write(tmp_path, "dump.log", f"the last metrics:\n{dump}\n")
+    assert detect_format(path) == "jsonl"
+    (step,) = read_log(path).steps
+    assert step["step"] == 40 and step[S.ACTOR_LOSS] == 0.5 and math.isnan(step[S.GRAD_NORM])
+
+
+def test_an_object_cut_before_it_closes_is_no_record(tmp_path: Path) -> None:
+    dump = json.dumps({"loss": 0.5, "grad_norm": 1.2}, indent=2)
+    with pytest.raises(MoescopeError, match="no step this reader recognises"):
+        read_log(write(tmp_path, "cut.log", dump.rsplit("\n", 1)[0] + "\n"))
+
+
+def test_full_width_colons_and_commas_read_as_ascii(tmp_path: Path) -> None:
+    text = "训练次数：100，Loss：1.98\n训练次数：200，Loss：1.75\n"
+    trace = read_log(write(tmp_path, "cjk.log", text))
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [1.98, 1.75]
+
+
+def test_a_megatron_line_that_made_updates_without_a_loss_is_marked(tmp_path: Path) -> None:
+    line = (
+        " iteration {i}/ 20 | learning rate: 1.0E-06 | global batch size: 8 |{loss} loss scale: 1.0 |"
+        " number of skipped iterations: {skipped} | number of nan iterations: 0 |\n"
+    )
+    lossless = read_log(write(tmp_path, "a.log", line.format(i=4, loss="", skipped=0))).steps
+    assert [s.get(S.LOSS_MISSING) for s in lossless] == [1]
+    logged = line.format(i=4, loss=" lm loss: 2.1E+00 |", skipped=0)
+    skipped = line.format(i=8, loss="", skipped=4)  # every iteration since the line before skipped
+    steps = read_log(write(tmp_path, "b.log", logged + skipped)).steps
+    assert [s.get(S.LOSS_MISSING) for s in steps] == [None, None]
+
+
+def test_an_epoch_counter_rising_record_to_record_is_the_step(tmp_path: Path) -> None:
+    once = "".join(f"epoch: {e} loss: {1 / e:.3f}\n" for e in (7, 8, 9))
+    assert [s["step"] for s in read_log(write(tmp_path, "once.log", once)).steps] == [7, 8, 9]
+    within = "".join(f"epoch: 2 loss: {x}\n" for x in (0.5, 0.4, 0.3))  # logs within an epoch
+    assert [s["step"] for s in read_log(write(tmp_path, "within.log", within)).steps] == [0, 1, 2]
+
+
+def test_rsl_rl_learning_iteration_banners_are_the_steps(tmp_path: Path) -> None:
+    block = (
+        "       Learning iteration {i}/500\n\n       Value function loss: {v}\n   Mean total reward: 3.5\n"
+    )
+    text = block.format(i=41, v=0.2) + block.format(i=42, v="inf")
+    steps = read_log(write(tmp_path, "rsl.log", text)).steps
+    assert [s["step"] for s in steps] == [41, 42]
+    assert steps[0]["Value function loss"] == 0.2 and math.isinf(steps[1]["Value function loss"])
+
+
+def test_a_dict_printed_over_lines_is_one_record(tmp_path: Path) -> None:
+    text = "{'loss': 0.0, 'grad_norm': 0.0, \n'reward': 3.0, 'reward_std': 0.0, \n'kl': 0.0, 'epoch': 0.02}\n"
+    (step,) = read_log(write(tmp_path, "wrapped.log", text)).steps
+    assert step[S.REWARD_STD] == 0.0 and step[S.REWARD_MEAN] == 3.0 and step[S.GRAD_NORM] == 0.0
+    closed = "{'loss': 0.5, 'grad_norm': 1.0}\n'loss': 0.4, 'grad_norm': 0.9, 'epoch': 0.1\n"
+    assert [s[S.ACTOR_LOSS] for s in read_log(write(tmp_path, "two.log", closed)).steps] == [0.5, 0.4]
+
+
 def test_nemo_rl_console_blocks_under_step_banners() -> None:
     trace, steps = read_fixture("nemo_rl_console.log", "nemo-rl", [1, 2])
     one = steps[1]

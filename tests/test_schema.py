@@ -64,7 +64,11 @@ def test_every_declared_key_has_a_writer(traces, tmp_path):
     labelled.write_text("step=1 layer=12 expert=0 tokens=4\nstep=1 layer=3 expert=1 tokens=2\n")
     read = [
         read_log(p)
-        for p in [*sorted(p for p in LOGS.iterdir() if p.suffix != ".md" and p.is_file()), labelled]
+        for p in [
+            *sorted(p for p in LOGS.iterdir() if p.suffix != ".md" and p.is_file()),
+            *sorted((LOGS / "pasted").iterdir()),  # the pasted excerpts: what readers meet in threads
+            labelled,
+        ]
     ]
     from_logs = {k for t in read for s in t.steps for k in s} | {k for t in read for k in t.header}
     canonical_targets = {v for table in KEY_MAP.values() for v in table.values()}

@@ -28,6 +28,10 @@ RANK_LABEL = re.compile(
     r"^(?: {0,3}\d{1,4}: |\[(?:rank|default)\d{1,5}\]:\s?|\[\d{1,5},\d{1,5}\]<std(?:out|err)>:\s?)"
 )
 RANK_STARTS = frozenset(" [0123456789")
+# full-width punctuation a CJK input method types ("Loss：1.98，lr：1e-4"), as ASCII with the space a
+# field separator needs: every reader then splits and labels such a line as any other
+FULL_WIDTH = str.maketrans({"\uff1a": ": ", "\uff0c": ", ", "\uff1d": "=", "\uff5c": "|", "\uff1b": "; "})
+_FULL_WIDTH_CHARS = re.compile("[\uff1a\uff0c\uff1d\uff5c\uff1b]")
 _NP_CALL = re.compile(r"^np\.[a-z]+\d*_?\((.*)\)$")
 _NP_BOOL = {"np.True_": True, "np.False_": False}
 _WORDS: dict[str, float | bool | None] = {
@@ -172,7 +176,9 @@ class LogFile:
     def lines(self) -> list[str]:
         head = self.data
         if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # PowerShell's `>` writes UTF-16
-            text = self.path.read_bytes().decode("utf-16", errors="replace").replace("\r\n", "\n")
+            text = ascii_punctuation(
+                self.path.read_bytes().decode("utf-16", errors="replace").replace("\r\n", "\n")
+            )
             raw = text.split("\n")
         elif looks_binary(head):
             raise MoescopeError(
@@ -225,9 +231,16 @@ class LogFile:
             text = text.replace("\r\n", "\n")
         if "\x1b" in text:  # colour codes never span a line end
             text = ANSI.sub("", text)
+        text = ascii_punctuation(text)
         lines = text.split("\n")
         lines[-1] = lines[-1].removesuffix("\r")
         return lines
+
+
+def ascii_punctuation(text: str) -> str:
+    """``text`` with full-width colons, commas, equals signs, bars and semicolons as ASCII (see
+    :data:`FULL_WIDTH`); text without any is returned as is, untouched by the translation."""
+    return text.translate(FULL_WIDTH) if _FULL_WIDTH_CHARS.search(text) else text
 
 
 def _unlabelled(line: str) -> str:

@@ -13,7 +13,8 @@ a notebook's ``Step | …`` progress table is recognised before the vote, its ro
 numbers. The scan stops once enough lines are recognised, so a long preamble (verl prints its
 whole config first) costs a pass, not a guess.
 Columns are ``entropy-log`` or ``expert-load`` by the file name when it says (``entropy_log.txt``,
-``expert_load.log``), else by their shape. A text log with none of these is ``key-values``
+``expert_load.log``), else by their shape. A text log with none of these is ``jsonl`` when it
+holds JSON objects printed over several lines (``json.dumps(..., indent=2)``), else ``key-values``
 when it has ``name: value`` lines (a pasted snapshot, NeMo-RL's console blocks) at least as
 many as its other lines mentioning NaN/Inf, else ``records`` when lines without a step name a
 metric and a number, else ``plain`` when it has lines mentioning NaN/Inf.
@@ -92,6 +93,9 @@ def sniff(log: LogFile) -> Sniff:
     counts = _vote(log.lines)
     if counts:
         return Sniff(_columns_by_name(path, counts.most_common(1)[0][0]), counts)
+    spread = jsonl.spread_objects(log.lines)  # JSON objects printed over several lines each
+    if spread:
+        return Sniff("jsonl", Counter({"jsonl": spread}))
     pairs = sum(1 for line in log.lines if keyvalues.is_record(line))
     rest = [line for line in log.lines if not keyvalues.is_record(line)]
     loose = sum(1 for line in rest if records.record(line) is not None)

@@ -9,6 +9,9 @@
   names, the step in ``global_step/max_steps`` as ``"5/100"``), LLaMA-Factory's
   ``trainer_log.jsonl`` (``current_steps``), NeMo Automodel's and any logger like them; the
   framework is guessed from the keys, and names its table lacks are read through the generic one.
+  An object printed over several lines (``json.dumps(metrics, indent=2)``, a pasted W&B or
+  AllenAct metrics dump) is read as one record: from a line that opens it (``{`` first) to the
+  line where its braces balance.
 
 Python's ``json`` reads the ``NaN`` / ``Infinity`` tokens these writers use for non-finite floats.
 """
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row, flat_row, scan
-from moescope.analyze.readers._text import LogFile, as_step
+from moescope.analyze.readers._text import MAX_PIECES, LogFile, as_step
 from moescope.analyze.readers.keymap import guess_beyond_generic, guess_framework
 from moescope.analyze.readers.records import canonical_names
 from moescope.errors import MoescopeError
@@ -69,9 +72,40 @@ def kind(line: str) -> str | None:
     return found[0] if found else None
 
 
+def spread_object(lines: list[str], i: int) -> tuple[dict[str, Any], int] | None:
+    """The JSON object printed over the lines from ``lines[i]`` (which opens it) and the index
+    after it, or ``None``. Braces are counted to find where it may end, so a dump of
+    ``MAX_PIECES`` lines costs one parse, not one per line; a brace inside a string only delays
+    the parse to a later balanced line."""
+    if not lines[i].lstrip().startswith("{"):
+        return None
+    depth = 0
+    for end in range(i, min(len(lines), i + MAX_PIECES)):
+        depth += lines[end].count("{") - lines[end].count("}")
+        if depth <= 0 and end > i:
+            obj = load_json("\n".join(lines[i : end + 1]))
+            if isinstance(obj, dict):
+                return obj, end + 1
+            if depth < 0:
+                return None
+    return None
+
+
+def spread_objects(lines: list[str]) -> int:
+    """How many JSON objects in ``lines`` are printed over several lines each."""
+    count, i = 0, 0
+    while i < len(lines):
+        found = spread_object(lines, i) if "{" in lines[i] else None
+        count, i = (count + 1, found[1]) if found else (count, i + 1)
+    return count
+
+
 def _reader(fmt: str) -> Callable[[list[str], int], tuple[list[Row], int] | None]:
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         found = classify(lines[i])
+        if found is None and fmt == "jsonl" and (spread := spread_object(lines, i)):
+            obj, end = spread
+            return [flat_row(obj, "\n".join(lines[i:end]), i + 1)], end
         if found is None or found[0] != fmt:
             return None
         obj = found[1]

@@ -12,7 +12,9 @@ each step's block::
       • Avg Reward: 0.4531
 
 so a banner starts a step and the ``name: value`` lines up to the next banner are its metrics
-(the timing block's durations too, under their own names). In a log that has banners, lines
+(the timing block's durations too, under their own names). rsl-rl (IsaacLab, legged_gym) prints
+the same shape: a centred ``Learning iteration 8391/10000`` over right-aligned ``Value function
+loss: 0.0123`` lines, the banner read as the step. In a log that has banners, lines
 before the first one (a config dump) are skipped. The framework is guessed from the keys
 against every table of the key map; when none recognises more of them than the ``generic``
 table of common names does, that table renames them and no framework is named.
@@ -31,7 +33,9 @@ from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile
 from moescope.analyze.readers.keymap import KEY_MAP, guess_framework
 
-BANNER = re.compile(rf"[\s=#*\-─]*step\s+({INT})(?:\s*/\s*{INT})?[\s=#*\-─:]*", re.IGNORECASE)
+BANNER = re.compile(
+    rf"[\s=#*\-─]*(?:step|learning\s+iteration)\s+({INT})(?:\s*/\s*{INT})?[\s=#*\-─:]*", re.IGNORECASE
+)
 _BULLET = re.compile(r"\s*(?:[•·*\-–]\s*)?")
 _FRAMEWORKS = tuple(name for name in KEY_MAP if name not in ("moescope", "generic"))
 

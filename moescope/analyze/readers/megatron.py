@@ -10,7 +10,10 @@ Every ``key: value`` field is read (E-notation included). Megatron prints an ave
 only ``if avg >= 0.0``, so a NaN loss *vanishes* from its line: it is kept absent — never
 invented — and a note names the steps where a loss the other lines carry is missing, for the
 diagnosis to treat as a suspected non-finite loss; not a line whose every iteration was skipped
-(fp16 loss-scale calibration at the start), which has no loss to average.
+(fp16 loss-scale calibration at the start), which has no loss to average. A line with no loss at
+all though its ``number of skipped iterations`` shows it made updates (0 skipped, or fewer than
+its interval) has lost its loss the same way, however many lines the paste has: it is marked
+``health/loss_missing`` (Megatron-DeepSpeed's ``number of nan iterations`` stays 0 there).
 
 DeepSpeed's ``[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing
 to 32768`` (also apex's ``Gradient overflow. Skipping step, … reducing loss scale to 32768.0``),
@@ -32,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row, listing, scan, wholly_skipped
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_number, plain_number
 
@@ -169,6 +173,7 @@ def read(log: LogFile) -> Parsed:
     parsed.framework = "megatron" if any(ITERATION.search(r.raw) for r in parsed.rows) else "deepspeed"
     parsed.keymap = "megatron"  # overflow lines are folded in under Megatron's names
     parsed.notes += notes + _missing_losses(parsed.rows)
+    _mark_lossless(parsed.rows)
     return parsed
 
 
@@ -188,6 +193,22 @@ def _leftovers(pending: list[Overflow], rows: list[Row], notes: list[str]) -> li
         _apply(metrics, events, step, notes)
         out.append(Row(step, metrics, "\n".join(e.raw for e in events)))
     return out
+
+
+def _mark_lossless(rows: list[Row]) -> None:
+    """Mark the iteration lines that made updates yet log no loss (see the module's docstring):
+    a skipped count below the line's interval, or 0 where a lone line has no interval to tell."""
+    lines = [r for r in rows if ITERATION.search(r.raw)]
+    counts = [r.metrics.get(SKIPPED_KEY) for r in lines]
+    idle = wholly_skipped([r.step for r in lines], counts)
+    for row, skipped in zip(lines, counts, strict=True):
+        known = isinstance(skipped, int | float) and (skipped == 0 or len(lines) > 1)
+        if known and row.step not in idle and not any(_is_loss(k) for k in row.metrics):
+            row.metrics[S.LOSS_MISSING] = 1
+
+
+def _is_loss(key: str) -> bool:
+    return key.endswith("loss") and key != SCALE_KEY
 
 
 def _missing_losses(rows: list[Row]) -> list[str]:

@@ -12,6 +12,12 @@ then ``pbar.update()``), so each distinct postfix is one step, numbered by the b
 the update (the largest count drawn with that postfix). The inner ``Train epoch`` bars show one
 minibatch's short status (``act_loss``, ``gen_len``, ``act_lr``, …); they are read only when a
 paste has no ``Episode`` bar, one step per completed inner bar (its last postfix), in order.
+
+Other trainers draw the same bars — PyTorch Lightning's ``Epoch 0:  22%|██▏  | 4/18 [00:17<01:02,
+4.47s/it, loss=10.072, v_num=193315]``, a home-made loop's ``tqdm.set_postfix`` — and a paste of
+them often ends before any bar completes. With no ``Episode`` bar and no completed bar, each
+distinct postfix is a step on the bar's count, as for ``Episode``, offset by the epoch a
+description ``Epoch N`` names (``N × total + count``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number
+from moescope.analyze.readers.keymap import guess_beyond_generic
+from moescope.analyze.readers.records import canonical_names
 
 BAR = re.compile(
     rf"(?P<desc>[A-Za-z][\w ]{{0,80}}?(?:\[\d+/\d+\])?)\s*:\s*\d+%\|[^|]*\|\s*(?P<n>{INT})/(?P<total>{INT})"
@@ -28,6 +36,7 @@ BAR = re.compile(
 )
 _PAIR = re.compile(rf"(?P<key>[A-Za-z_][\w/.\-]*)=(?P<value>{NUMBER})(?=\s*(?:,|$))")
 OUTER = "Episode"
+_EPOCH = re.compile(rf"^Epoch\s*({INT})$", re.IGNORECASE)
 
 
 def renders(line: str) -> list[tuple[str, int, int, dict[str, Any], str]]:
@@ -63,12 +72,25 @@ def read(log: LogFile) -> Parsed:
     drawn = [(i + 1, r) for i, line in enumerate(log.lines) for r in renders(line)]
     outer = [(n, r) for n, r in drawn if r[0].startswith(OUTER)]
     rows = _outer_rows(outer) if outer else _inner_rows(drawn)
+    notes = [] if outer else ["no Episode bar: one step per completed inner bar, numbered in order"]
     used = {n for n, _ in drawn}  # inner bars beside an Episode bar are passed over, not unread
     skipped = [i + 1 for i, line in enumerate(log.lines) if line.strip() and i + 1 not in used]
-    notes = [] if outer else ["no Episode bar: one step per completed inner bar, numbered in order"]
-    return Parsed(
-        rows, "openrlhf", notes=notes, skipped=skipped, lines=sum(1 for x in log.lines if x.strip())
-    )
+    lines = sum(1 for x in log.lines if x.strip())
+    if not rows:  # no bar ever completed: another trainer's bars, read as any postfix
+        return _drawn_only(drawn, skipped, lines)
+    return Parsed(rows, "openrlhf", notes=notes, skipped=skipped, lines=lines)
+
+
+def _drawn_only(drawn: list[tuple[int, tuple]], skipped: list[int], lines: int) -> Parsed:
+    """Every postfix drawn, on its bar's count (see the module's docstring), under the generic
+    names: bars no completed one vouches for as OpenRLHF's (Lightning's ``loss`` is the loss)."""
+    rows = _outer_rows([(n, _by_epoch(r)) for n, r in drawn])
+    keys = {k for row in rows for k in row.metrics}
+    framework = guess_beyond_generic(keys)
+    for row in rows:
+        row.metrics = canonical_names(framework, row.metrics)
+    notes = ["no Episode bar and no completed bar: one step per postfix drawn, on the bar's count"]
+    return Parsed(rows, framework, keymap="moescope", notes=notes, skipped=skipped, lines=lines)
 
 
 def _outer_rows(outer: list[tuple[int, tuple]]) -> list[Row]:
@@ -80,6 +102,14 @@ def _outer_rows(outer: list[tuple[int, tuple]]) -> list[Row]:
             continue
         rows.append(Row(n, dict(pairs), text, line))
     return rows
+
+
+def _by_epoch(render: tuple) -> tuple:
+    """``render`` with its count made global when its description names the epoch
+    (``Epoch 2`` of 18 a bar: count 4 → 2 × 18 + 4)."""
+    desc, n, total, pairs, text = render
+    epoch = _EPOCH.match(desc)
+    return (desc, int(epoch.group(1)) * total + n if epoch else n, total, pairs, text)
 
 
 def _inner_rows(drawn: list[tuple[int, tuple]]) -> list[Row]:

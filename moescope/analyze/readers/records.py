@@ -17,7 +17,9 @@ on the line (or none). The marker is found first, each as its framework prints i
 Then every field of the rest of the line is read (:func:`pairs`). A line with a marker and a
 field is a record on that step; a line without a marker is a record when one of its names is a
 metric some key map knows (``average reward score: 0.2``), and joins the step before it, or, in
-a log without any marker, counts as its own step in order. Records of one step that follow each
+a log without any marker, counts as its own step in order — unless every record carries an
+``epoch`` counter that rises from record to record (a loop that logs once an epoch, ``epoch:
+3451 loss: nan``): then that counter is the step. Records of one step that follow each
 other (one metric a line) are one record. The framework is named by the marker where it is a
 framework's own (mmengine, NeMo, torchtune), else guessed from the names against every key map;
 names the framework's table lacks are read through the ``generic`` one.
@@ -29,6 +31,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from functools import cache, lru_cache
+from itertools import pairwise
 from typing import Any
 
 from moescope.analyze.readers._fields import field
@@ -219,6 +222,7 @@ def read(log: LogFile) -> Parsed:
 
     parsed = scan(log.lines, parse_at)
     parsed.rows = [r for r in _merge_runs(parsed.rows) if r.metrics]
+    _epochs_as_steps(parsed)
     keys = {k for row in parsed.rows for k in row.metrics}
     named = max(set(frameworks), key=frameworks.count) if frameworks else None
     parsed.framework = named or guess_beyond_generic(keys)
@@ -226,6 +230,22 @@ def read(log: LogFile) -> Parsed:
         row.metrics = canonical_names(parsed.framework, row.metrics)
     parsed.keymap = "moescope"  # renamed here: the framework's table, then the generic one
     return parsed
+
+
+def _epochs_as_steps(parsed: Parsed) -> None:
+    """A loop that logs once an epoch (``epoch: 3451 loss: nan``) and names no step: its epoch
+    counter is the step, when every record has one, a whole number rising from record to record
+    (records of a loop that logs within an epoch repeat it and stay indexed in order)."""
+    rows = parsed.rows
+    epochs = [r.metrics.get("epoch", r.metrics.get("Epoch")) for r in rows]
+    if len(rows) < 2 or any(r.step is not None for r in rows):
+        return
+    if all(isinstance(e, int) and not isinstance(e, bool) for e in epochs) and all(
+        a < b for a, b in pairwise(epochs)
+    ):
+        for row, epoch in zip(rows, epochs, strict=True):
+            row.step = epoch
+        parsed.notes.append("no step named: each record's epoch counter is its step")
 
 
 def wrap_width(lines: list[str]) -> int | None:

@@ -12,7 +12,8 @@
   else the count of the progress bar glued in front — HF's bar counts optimizer steps and is
   drawn before the record is printed — when that bar is the training bar (the most common
   total); otherwise the record joins the step before it. A line that is a record's body whose
-  braces the paste cut off (``'loss': -0.0, 'grad_norm': 0.0, …``) is read with them put back;
+  braces the paste cut off (``'loss': -0.0, 'grad_norm': 0.0, …``) is read with them put back,
+  unless a dict opened above it is still open: then it is that record's next line;
   LLaMA-Factory's rounded echo of a record, printed next to it, is merged into it.
 
 The dict is read with :func:`ast.parse` and never evaluated.
@@ -170,7 +171,10 @@ def _bare(lines: list[str], i: int) -> tuple[list[Row], int] | None:
 
 
 def _continues(joined: str, piece: str) -> bool:
-    return not is_record(piece) and _BAR.search(piece) is None
+    """Whether ``piece`` goes on the dict still open in ``joined``: any line but one that opens
+    a new dict or draws a bar. A line of ``'key': value, …`` pairs is the open dict's next line
+    (a record printed over several lines, or wrapped between its pairs), not a record of its own."""
+    return DICT_START.search(piece) is None and _BAR.search(piece) is None
 
 
 def _dict_end(text: str, start: int) -> int | None:

@@ -32,7 +32,9 @@ def check_nonfinite(trace: Trace) -> list[Finding]:
     """The first non-finite step (isolated or persistent), then any suspected non-finite loss."""
     bad_steps = _bad_steps(trace)
     findings = [_first_nonfinite(trace, bad_steps)] if bad_steps else []
-    return findings + _vanished_losses(trace, {s for s, _ in bad_steps})
+    vanished = _vanished_losses(trace, {s for s, _ in bad_steps})
+    seen = {s for s, _ in bad_steps} | {s for f in vanished for s in f.evidence["steps"]}
+    return findings + vanished + _unlogged_losses(trace, seen)
 
 
 def _bad(value: Any) -> bool:
@@ -175,6 +177,30 @@ def _recovered(trace: Trace, step: int, keys: list[str]) -> bool:
         and isinstance(norm, int | float)
         and math.isfinite(norm)
     )
+
+
+def _unlogged_losses(trace: Trace, seen: set[int]) -> list[Finding]:
+    """Steps a reader marked ``health/loss_missing`` (a Megatron line that made updates but logs
+    no loss: its NaN loss was dropped), not already reported: a suspected non-finite loss, even
+    on a one-line excerpt."""
+    missing = [
+        step_of(rec, i)
+        for i, rec in enumerate(trace.steps)
+        if rec.get(S.LOSS_MISSING) and step_of(rec, i) not in seen
+    ]
+    if not missing:
+        return []
+    return [
+        Finding(
+            "nonfinite",
+            missing[0],
+            "warning",
+            f"Suspected non-finite loss at step {missing[0]}: the line logs no loss though the step "
+            "made updates (Megatron drops a NaN loss from its line and may still count 0 NaN "
+            "iterations).",
+            {"key": S.LOSS_MISSING, "suspected": True, "steps": missing},
+        )
+    ]
 
 
 def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
