@@ -37,6 +37,7 @@ sentence where it does not. The proxy written is the same tensors either way.
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -58,25 +59,36 @@ IN_MEMORY, LAYER_SEQUENTIAL = "in memory", "layer-sequential"
 
 
 def parse_size(size: int | str | None, what: str = "max_memory") -> int | None:
-    """Bytes of a size given as bytes or as accelerate writes them (``"4MB"``, ``"24GiB"``).
+    """Bytes of a size given as bytes or as accelerate writes them (``"4MB"``, ``"24GiB"``), a
+    fraction of a unit too (``"1.5GB"``, which accelerate's parser refuses).
 
     Example
     -------
-    >>> parse_size("4MB"), parse_size("4000000"), parse_size(None)
-    (4000000, 4000000, None)
+    >>> parse_size("4MB"), parse_size("1.5GB"), parse_size("4000000"), parse_size(None)
+    (4000000, 1500000000, 4000000, None)
     """
-    from transformers.utils.hub import convert_file_size_to_int
-
     if size is None:
         return None
     try:
         digits = isinstance(size, str) and size.strip().isdigit()  # bytes, as the flag's text gives them
-        value = int(size) if digits else convert_file_size_to_int(size)
+        value = int(size) if digits else _unit_size(size)
     except (ValueError, TypeError):
         value = 0
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise MoescopeError(f"{what}={size!r} is not a size; give bytes or a size such as '24GB' or '4MB'.")
     return value
+
+
+def _unit_size(size: int | str) -> int:
+    """``size`` with a unit, its number a whole one or not, the unit read as transformers reads it."""
+    from transformers.utils.hub import convert_file_size_to_int
+
+    if not isinstance(size, str):
+        return convert_file_size_to_int(size)
+    number = re.match(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*", size)
+    if number is None or not size[number.end() :].strip():
+        raise ValueError(size)
+    return round(float(number.group(1)) * convert_file_size_to_int("1" + size[number.end() :].strip()))
 
 
 @dataclass(frozen=True)
