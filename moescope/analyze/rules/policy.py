@@ -70,9 +70,7 @@ def _no_signal(rec: dict) -> bool | None:
         v = rec.get(key)
         return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
-    frac, hi, lo, std = (
-        number(k) for k in (S.NO_SIGNAL_FRAC, S.ADVANTAGE_MAX, S.ADVANTAGE_MIN, S.REWARD_STD)
-    )
+    frac, hi, lo, std = (number(k) for k in NO_SIGNAL_KEYS)
     if frac is not None:
         return frac >= 1.0
     if hi is not None and lo is not None:
@@ -80,7 +78,12 @@ def _no_signal(rec: dict) -> bool | None:
     return None if std is None else std == 0.0
 
 
+NO_SIGNAL_KEYS = (S.NO_SIGNAL_FRAC, S.ADVANTAGE_MAX, S.ADVANTAGE_MIN, S.REWARD_STD)
+
+
 def check_no_signal(trace: Trace) -> list[Finding]:
+    if not any(key in rec for key in NO_SIGNAL_KEYS for rec in trace.steps):
+        return []  # a log without these metrics says nothing of it: no record need be read
     points = [
         (step_of(rec, i), flag) for i, rec in enumerate(trace.steps) if (flag := _no_signal(rec)) is not None
     ]

@@ -6,6 +6,8 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain, compress, repeat
+from operator import is_not
 from typing import Any
 
 from moescope.analyze.findings import Finding
@@ -22,16 +24,37 @@ def step_of(record: dict[str, Any], index: int) -> int:
 
 
 def series(trace: Trace, key: str, *, finite: bool = True) -> Series:
-    """``(step, value)`` of a scalar metric; non-finite values left out unless ``finite=False``."""
+    """``(step, value)`` of a scalar metric; non-finite values left out unless ``finite=False``.
+
+    Every rule reads its series from every record, so a log whose values are all plain ``float``
+    / ``int`` (or absent) and whose steps are ``int`` is read a column at a time in C, and a
+    metric the log lacks costs one pass."""
+    values = [rec.get(key) for rec in trace.steps]
+    if values.count(None) == len(values):
+        return []
+    steps = [rec.get("step") for rec in trace.steps]
+    if set(map(type, values)) <= _PLAIN and set(map(type, steps)) == {int}:
+        kept = list(compress(range(len(values)), map(is_not, values, repeat(None))))
+        if finite:
+            kept = list(compress(kept, map(math.isfinite, map(values.__getitem__, kept))))
+        return list(zip(map(steps.__getitem__, kept), map(float, map(values.__getitem__, kept)), strict=True))
     out = []
-    for i, rec in enumerate(trace.steps):
-        v = rec.get(key)
+    for i, (rec, v) in enumerate(zip(trace.steps, values, strict=True)):
         if isinstance(v, bool) or not isinstance(v, int | float):
             continue
         if finite and not math.isfinite(v):
             continue
         out.append((step_of(rec, i), float(v)))
     return out
+
+
+_PLAIN = {float, int, type(None)}  # value types read by the column path (not bool, not subclasses)
+
+
+def logged_keys(trace: Trace) -> list[str]:
+    """Every key the records log, in the order first logged (each key once, however many
+    records log it: a rule that tests keys tests each once)."""
+    return list(dict.fromkeys(chain.from_iterable(trace.steps)))
 
 
 def first_logged(trace: Trace, keys: Sequence[str]) -> str | None:
