@@ -137,10 +137,12 @@ def read_runs(path: str | Path, format: str | None = None, *, num_experts: int |
     that says where it starts. A log of one run gives one trace. Parameters as in
     :func:`read_log`.
     """
-    log, format, parsed, notes = _parse(Path(path), format, num_experts)
+    with held_off():
+        log, format, parsed, notes = _parse(Path(path), format, num_experts)
     runs = _runs(parsed)
     if len(runs) == 1:
-        return [_trace(log, format, parsed, Path(path), notes)]
+        with held_off():
+            return [_trace(log, format, parsed, Path(path), notes)]
     return [
         _trace(
             log,
