@@ -307,7 +307,8 @@ _CLOCK = re.compile(r"[A-Za-z_]\w*: \d+(?::\d+)+")  # mmengine's "eta: 1:07:12"
 
 
 def template(line: str) -> _template.Template | None:
-    """The template of an mmengine ``Iter(train) [i/n]`` line (see :mod:`._template`).
+    """The template of an mmengine ``Iter(train) [i/n]`` line, for the bulk path of
+    :mod:`~moescope.analyze.readers._template`.
 
     The line is cut as :func:`record` cuts it; a ``name: number`` piece becomes a value, a piece
     without letters (a time stamp) or a clock (``eta: 1:07:12``) any digits, as no digits make a
