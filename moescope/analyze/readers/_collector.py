@@ -3,9 +3,10 @@
 Reading a long log allocates a few container objects per record (a dict of metrics, a row, a
 tuple of matched values), hundreds of thousands in all, none of them in a reference cycle.
 CPython's collector runs every few hundred such allocations and, as the records survive, walks
-the ever larger older generations again: on a log of a hundred thousand records that is a fifth
-of the read, collecting nothing. Held off for the read, the collector runs as usual after it.
-"""
+the growing older generations again and again, collecting nothing. Held off for the read, it
+runs as usual after it; its first passes then walk the new records once (they are all young),
+so part of the saving is paid back there: on the bench's 100,000-line mmengine log read_log
+takes an eighth less CPU, read_log and diagnose together a tenth less."""
 
 from __future__ import annotations
 
