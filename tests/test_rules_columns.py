@@ -13,7 +13,7 @@ import pytest
 
 from moescope import schema as S
 from moescope.analyze.rules import gradients, nonfinite
-from moescope.analyze.rules.series import series, step_of
+from moescope.analyze.rules.series import running, series, step_of
 from moescope.analyze.rules.thresholds import GRAD_SPIKE_EXTREME, GRAD_SPIKE_FACTOR, GRAD_SPIKE_Z, WINDOW
 from moescope.traces import Trace
 
@@ -105,3 +105,17 @@ def test_the_nonfinite_steps_are_those_a_record_by_record_reading_finds(seed: in
         if rec.get(S.NONFINITE) or any(k in numeric and nonfinite._bad(v) for k, v in rec.items())
     ]
     assert nonfinite._suspects(trace, numeric) == every
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_running_mean_is_the_mean_of_each_window(seed: int) -> None:
+    rng = random.Random(seed)
+    values = [
+        rng.choice([rng.uniform(-5, 5), 1e300, -1e-300, 3, math.nan]) for _ in range(rng.randint(0, 12))
+    ]
+    values += [math.inf, -math.inf] * (seed % 5 == 0)  # fsum refuses inf - inf, as fmean does
+    for width in range(1, 6):
+        want = _outcome(
+            lambda w=width: [statistics.fmean(values[max(0, i - w + 1) : i + 1]) for i in range(len(values))]
+        )
+        assert repr(_outcome(running, values, width, statistics.fmean)) == repr(want)

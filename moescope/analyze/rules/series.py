@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import is_not
+from operator import is_not, truediv
 from typing import Any
 
 from moescope.analyze.findings import Finding
@@ -63,8 +63,17 @@ def first_logged(trace: Trace, keys: Sequence[str]) -> str | None:
 
 
 def running(values: Sequence[float], width: int, fn: Callable[[Sequence[float]], float]) -> list[float]:
-    """``fn`` over the trailing window of ``width`` values at every position."""
-    return [fn(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
+    """``fn`` over the trailing window of ``width`` values at every position.
+
+    The mean most rules take (:func:`statistics.fmean`) is each window's ``fsum`` over its length,
+    as ``fmean`` computes it, mapped in C instead of a call per position."""
+    if fn is not statistics.fmean or width < 1:
+        return [fn(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
+    head = [values[: i + 1] for i in range(min(width - 1, len(values)))]
+    shifted = (values[k : len(values) - width + 1 + k] for k in range(width))
+    full = zip(*shifted, strict=True) if len(values) >= width else ()
+    means = map(truediv, map(math.fsum, head), map(len, head))
+    return [*means, *map(truediv, map(math.fsum, full), repeat(width))]
 
 
 def baseline(values: Sequence[float]) -> float:
