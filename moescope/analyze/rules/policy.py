@@ -61,6 +61,9 @@ def check_reward_collapse(trace: Trace) -> list[Finding]:
     return [fall.finding("reward_collapse", "error", message, key=key, baseline=fall.base, lowest=lowest)]
 
 
+NO_SIGNAL_KEYS = (S.NO_SIGNAL_FRAC, S.ADVANTAGE_MAX, S.ADVANTAGE_MIN, S.REWARD_STD)  # what _no_signal reads
+
+
 def _no_signal(rec: dict) -> bool | None:
     """Whether a record says every group's rewards were equal: ``frac_reward_zero_std`` at 1, or
     (without it) every advantage exactly 0, or a reward std of exactly 0; ``None`` when it does
@@ -76,9 +79,6 @@ def _no_signal(rec: dict) -> bool | None:
     if hi is not None and lo is not None:
         return hi == lo == 0.0
     return None if std is None else std == 0.0
-
-
-NO_SIGNAL_KEYS = (S.NO_SIGNAL_FRAC, S.ADVANTAGE_MAX, S.ADVANTAGE_MIN, S.REWARD_STD)
 
 
 def check_no_signal(trace: Trace) -> list[Finding]:
