@@ -6,12 +6,13 @@ read three ways, in alternation, ``--repeats`` times:
 
 - **lines**: the file read line by line and decoded, nothing parsed (the floor any reader pays);
 - **read_log**: :func:`moescope.analyze.readers.read_log`, detection included;
-- **diagnose**: ``read_log`` and then :func:`moescope.analyze.diagnosis.diagnose`.
+- **diagnose**: ``read_log`` and then :func:`moescope.analyze.diagnosis.diagnose`;
+- **rules**: ``diagnose`` alone, on the file's trace read once before (diagnose's own share).
 
-Prints the median of each, read_log's speed, and the ratio read_log / lines against the 2x goal,
-by wall-clock time and by the process's CPU time (steadier where other work shares the CPUs),
-and the peak Python memory of one read_log over the file's size. It reports; it does not pass
-or fail.
+Prints the CPU, then per format the median of each, read_log's speed, and the ratio to lines
+of read_log (against the 2x goal), diagnose and rules, by wall-clock time and by the process's
+CPU time (steadier where other work shares the CPUs), and the peak Python memory of one read_log
+over the file's size. It reports; it does not pass or fail.
 
     .venv/bin/python bench/diagnose_read.py [--mb 64] [--repeats 3]
 """
@@ -115,6 +116,23 @@ def peak_mib(path: Path) -> float:
     return float(done.stdout.split()[-1])
 
 
+def cpu_model() -> str:
+    """The CPU's model name, as ``lscpu`` gives it (Linux), else what ``platform`` knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0]} x{len(names)}" if names else platform.processor() or platform.machine()
+
+
+def _against_lines(name: str, med: dict[str, float], cpu: dict[str, float]) -> str:
+    """``name``'s median time and its ratio to reading the lines, by wall clock and by CPU."""
+    return f"{name} {med[name]:.2f} s ({med[name] / med['lines']:.1f}x; CPU {cpu[name] / cpu['lines']:.1f}x)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=64.0, help="size of each generated log (MB)")
@@ -123,20 +141,23 @@ def main() -> None:
     from moescope.analyze.diagnosis import diagnose
     from moescope.analyze.readers import read_log
 
-    print(f"goal: read_log within {GOAL:g}x of reading the lines without parsing")
+    print(f"cpu: {cpu_model()}; goal: read_log within {GOAL:g}x of reading the lines without parsing")
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in FORMATS:
             path = Path(tmp) / f"{fmt}.log"
             lines = write_log(path, fmt, args.mb)
-            times: dict[str, list[tuple[float, float]]] = {"lines": [], "read_log": [], "diagnose": []}
+            trace = read_log(path)
             runs = {
                 "lines": lambda p=path: read_lines(p),
                 "read_log": lambda p=path: read_log(p),
                 "diagnose": lambda p=path: diagnose(read_log(p)),
+                "rules": lambda t=trace: diagnose(t),
             }
+            times: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
             for _ in range(args.repeats):
                 for name, run in runs.items():
                     times[name].append(timed(run))
+            del trace, runs
             med = {k: statistics.median(t[0] for t in v) for k, v in times.items()}
             cpu = {k: statistics.median(t[1] for t in v) for k, v in times.items()}
             ratio = med["read_log"] / med["lines"]
@@ -145,8 +166,9 @@ def main() -> None:
             print(
                 f"{fmt}: {mib:.0f} MiB, {lines} lines; lines {med['lines']:.2f} s, read_log "
                 f"{med['read_log']:.2f} s = {mib / med['read_log']:.0f} MiB/s ({ratio:.1f}x lines{verdict}; "
-                f"CPU {cpu['read_log'] / cpu['lines']:.1f}x), diagnose {med['diagnose']:.2f} s "
-                f"({med['diagnose'] / med['lines']:.1f}x); peak memory {peak_mib(path) / mib:.1f}x the file"
+                f"CPU {cpu['read_log'] / cpu['lines']:.1f}x), {_against_lines('diagnose', med, cpu)} "
+                f"of which {_against_lines('rules', med, cpu)}; "
+                f"peak memory {peak_mib(path) / mib:.1f}x the file"
             )
             if not math.isfinite(ratio):
                 sys.exit(1)

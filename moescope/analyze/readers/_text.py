@@ -113,7 +113,8 @@ def plain_numbers(values: list[str]) -> list[int | float] | None:
         return None
     unsigned = "\0".join(values).replace("-", "").replace("+", "").split("\0")
     for i in compress(range(len(values)), map(str.isdigit, unsigned)):  # ints as ints, exactly
-        numbers[i] = plain_number(values[i])
+        if len(unsigned[i]) <= 300:  # as plain_number: longer digit runs stay floats
+            numbers[i] = int(values[i])
     if "n" in joined or "N" in joined:  # nan / inf: one NaN object, as plain_number gives
         numbers = [math.nan if x != x else x for x in numbers]
     return numbers

@@ -34,6 +34,7 @@ from functools import cache, lru_cache
 from itertools import pairwise
 from typing import Any
 
+from moescope.analyze.readers import _template
 from moescope.analyze.readers._fields import field
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number, plain_number
@@ -205,6 +206,11 @@ def is_stepped(line: str) -> bool:
 
 def read(log: LogFile) -> Parsed:
     """One row per record (consecutive records of one step merged)."""
+    return _template.attempt(lambda bulk: _read(log, bulk))
+
+
+def _read(log: LogFile, bulk: bool) -> Parsed:
+    """:func:`read`, with the bulk path of :mod:`~moescope.analyze.readers._template` or without."""
     frameworks: list[str] = []
     width = wrap_width(log.lines)
 
@@ -220,7 +226,8 @@ def read(log: LogFile) -> Parsed:
             frameworks.append(framework)
         return [Row(step, fields, text, i + 1)], end
 
-    parsed = scan(log.lines, parse_at)
+    fast = _template.bulk(log.lines, parse_at, template, took=frameworks.extend) if bulk else parse_at
+    parsed = scan(log.lines, fast)
     parsed.rows = [r for r in _merge_runs(parsed.rows) if r.metrics]
     _epochs_as_steps(parsed)
     keys = {k for row in parsed.rows for k in row.metrics}
@@ -313,3 +320,60 @@ def _canonical_keys(framework: str | None, keys: tuple[str, ...]) -> tuple[str, 
         name = (framework and canonical(framework, key)) or canonical("generic", key) or key
         names.append(name if name not in names else key)
     return tuple(names)
+
+
+_LETTER = re.compile(r"[A-Za-z_]")
+_CLOCK = re.compile(r"[A-Za-z_]\w*: \d+(?::\d+)+")  # mmengine's "eta: 1:07:12"
+
+
+def template(line: str) -> _template.Template | None:
+    """The template of an mmengine ``Iter(train) [i/n]`` line, for the bulk path of
+    :mod:`~moescope.analyze.readers._template`.
+
+    The line is cut as :func:`record` cuts it; a ``name: number`` piece becomes a value, a piece
+    without letters (a time stamp) or a clock (``eta: 1:07:12``) any digits, as no digits make a
+    field of those, and any other piece stays as written when it holds no field. ``None`` for a
+    line of another shape, or whose reading could turn on what its numbers are."""
+    found = marker(line)
+    if found is None or found[2].re is not MARKS[0][1] or RAY_PREFIX.match(line) or "%|" in line:
+        return None
+    cut = found[2].start()
+    rest = line[:cut] + " | " + line[found[2].end() :]  # as record() joins them
+    parts, keys, edge = [], [], 0
+    for sep in [*_SPLIT.finditer(rest), None]:
+        end = sep.start() if sep else len(rest)
+        if end > edge:
+            piece = _piece(rest[edge:end], rest[end : end + 1], keys)
+            if piece is None or (edge < cut + 3 and end > cut) or (keys and end <= cut):
+                return None  # a piece astride the marker, or a value before it (group 1 is the step)
+            parts.append(piece)
+        if sep is not None:
+            parts.append(_literal(sep.group(), sep.start(), cut, MARKS[0][1].pattern))
+            edge = sep.end()
+    if not keys:
+        return None
+    return _template.Template(re.compile("".join(parts)), tuple(keys), "mmengine")
+
+
+def _literal(text: str, start: int, cut: int, mark: str) -> str:
+    """``text`` (from ``start`` in the joined line) as a pattern, ``mark`` where :func:`record`
+    put `` | `` in place of the marker (from ``cut``, three characters)."""
+    head, tail = text[: max(cut - start, 0)], text[max(cut + 3 - start, 0) :]
+    return re.escape(head) + (mark if start <= cut < start + len(text) else "") + re.escape(tail)
+
+
+def _piece(raw: str, after: str, keys: list[str]) -> str | None:
+    """The pattern of one piece of a record line (``keys`` takes the name of a value), or
+    ``None`` where the piece holds a field that would stay the same on every line."""
+    piece = raw.strip(" :,-")
+    simple = _SIMPLE.fullmatch(piece)
+    if simple and plain_number(simple.group("value")) is not None:
+        if after == "." or not re.fullmatch(_template.VALUE, simple.group("value")):
+            return None  # "5. " ends a sentence where "nan. " does not
+        lead = len(raw) - len(raw.lstrip(" :,-"))
+        start, end = lead + simple.start("value"), lead + simple.end("value")
+        keys.append(simple.group("key"))
+        return re.escape(raw[:start]) + _template.value() + re.escape(raw[end:])
+    if not _LETTER.search(raw) or _CLOCK.fullmatch(piece):
+        return _template.loose(raw)
+    return re.escape(raw) if not _piece_fields(piece) else None

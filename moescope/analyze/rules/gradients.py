@@ -3,6 +3,7 @@ scaler say about the updates."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import statistics
@@ -29,13 +30,20 @@ def check_grad_spike(trace: Trace) -> list[Finding]:
     points = [(s, v) for s, v in series(trace, key) if v > 0]  # 0: a step without signal
     absurd = next(((s, v) for s, v in points if v >= GRAD_NORM_CEILING), None)
     spikes = []
+    logs = [math.log(v) for _, v in points]
+    window = sorted(logs[:2])  # the previous WINDOW log norms, kept in order as the window slides
     for i in range(2, len(points)):
-        prev = [math.log(v) for _, v in points[max(0, i - WINDOW) : i]]
-        med = statistics.median(prev)
-        mad = statistics.median(abs(x - med) for x in prev) * 1.4826
-        rise = math.log(points[i][1]) - med
+        if i > 2:
+            bisect.insort(window, logs[i - 1])
+        if i > WINDOW:
+            del window[bisect.bisect_left(window, logs[i - WINDOW - 1])]
+        prev = logs[max(0, i - WINDOW) : i]
+        med = _median(window)
+        rise = logs[i] - med
         robust = (
-            len(prev) >= 3 and rise > math.log(GRAD_SPIKE_FACTOR) and rise > GRAD_SPIKE_Z * max(mad, 0.05)
+            len(prev) >= 3
+            and rise > math.log(GRAD_SPIKE_FACTOR)
+            and rise > GRAD_SPIKE_Z * max(statistics.median(abs(x - med) for x in prev) * 1.4826, 0.05)
         )
         # with little history, only an extreme jump counts: far above the median and the maximum
         extreme = rise > math.log(GRAD_SPIKE_EXTREME) and rise > max(prev) - med + math.log(GRAD_SPIKE_FACTOR)
@@ -56,6 +64,12 @@ def check_grad_spike(trace: Trace) -> list[Finding]:
             {"key": key, "value": value, "baseline": base, "steps": [s for s, _, _ in spikes]},
         )
     ]
+
+
+def _median(ordered: list[float]) -> float:
+    """:func:`statistics.median` of values already in order (the same arithmetic, no sort)."""
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def _absurd_norm(key: str, step: int, value: float) -> Finding:

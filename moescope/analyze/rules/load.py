@@ -12,7 +12,7 @@ from dataclasses import replace
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers.hints import RECOMPUTE
-from moescope.analyze.rules.series import first_logged, series, shift, step_of, throughout
+from moescope.analyze.rules.series import first_logged, logged_keys, series, shift, step_of, throughout
 from moescope.analyze.rules.thresholds import (
     LBL_IMBALANCED,
     LOAD_SHARE_FACTOR,
@@ -65,7 +65,7 @@ def check_load_collapse(trace: Trace) -> list[Finding]:
 
 def _per_layer(trace: Trace, pattern: re.Pattern[str]) -> list[tuple[str, int]]:
     """``(key, layer)`` of every logged key matching ``pattern`` (its group 1 the layer)."""
-    found = {m.group(0): int(m.group(1)) for rec in trace.steps for k in rec if (m := pattern.fullmatch(k))}
+    found = {m.group(0): int(m.group(1)) for k in logged_keys(trace) if (m := pattern.fullmatch(k))}
     return sorted(found.items(), key=lambda kv: kv[1])
 
 
@@ -206,14 +206,7 @@ def _aux_loss_level(trace: Trace) -> list[Finding]:
     unscaled = trace.header.get("framework") in UNSCALED_LBL
     key = S.AUX_LOSS if unscaled else first_logged(trace, MEGATRON_LBL_KEYS)
     whole = _lbl_level(trace, key, None) if key else None
-    layers = sorted(
-        {
-            m.group(0): int(m.group(1))
-            for rec in trace.steps
-            for k in rec
-            if (m := PER_LAYER_LBL.fullmatch(k))
-        }.items()
-    )
+    layers = sorted(_per_layer(trace, PER_LAYER_LBL))
     found = [f for k, layer in layers if (f := _lbl_level(trace, k, layer)) is not None]
     return ([whole] if whole else []) + found
 

@@ -5,12 +5,13 @@ step's gradients went non-finite and the run went on at once (a skipped update).
 from __future__ import annotations
 
 import math
+from itertools import compress
 from typing import Any
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers._rows import wholly_skipped
-from moescope.analyze.rules.series import step_of
+from moescope.analyze.rules.series import logged_keys, step_of
 from moescope.analyze.rules.thresholds import SUSTAIN
 from moescope.traces import Trace
 
@@ -62,10 +63,13 @@ def _numeric_keys(trace: Trace) -> set[str]:
     ``grad_norm: None`` (TRL's value when every micro-batch was NaN) is decisive."""
     return {
         k
-        for rec in trace.steps
-        for k, v in rec.items()
-        if k not in SKIP_KEYS and isinstance(v, int | float) and not isinstance(v, bool)
+        for k in logged_keys(trace)
+        if k not in SKIP_KEYS and any(map(_number, (rec.get(k) for rec in trace.steps)))
     } | set(ALWAYS_NUMERIC)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _fp16_skip(rec: dict[str, Any]) -> bool:
@@ -78,7 +82,8 @@ def _bad_steps(trace: Trace) -> list[tuple[int, list[str]]]:
     """``(step, non-finite keys)`` of every step with one, fp16 skips of gradients left out."""
     numeric = _numeric_keys(trace)
     bad_steps: list[tuple[int, list[str]]] = []
-    for i, rec in enumerate(trace.steps):
+    for i in _suspects(trace, numeric):
+        rec = trace.steps[i]
         keys = [k for k, v in rec.items() if k in numeric and _bad(v)]
         if rec.get(S.NONFINITE) and S.NONFINITE not in keys:
             keys.append(S.NONFINITE)
@@ -87,6 +92,28 @@ def _bad_steps(trace: Trace) -> list[tuple[int, list[str]]]:
         if keys:
             bad_steps.append((step_of(rec, i), keys))
     return bad_steps
+
+
+def _suspects(trace: Trace, numeric: set[str]) -> list[int]:
+    """Where a record may hold a non-finite value: a key at a time over every record (a
+    million-step log has a handful of such records; the keys of those are then read in order)."""
+    absent = 0.0  # a key the record lacks: not a null
+    found = {i for i, rec in enumerate(trace.steps) if rec.get(S.NONFINITE)}
+    for key in numeric:
+        column = [rec.get(key, absent) for rec in trace.steps]
+        if not _all_finite(column):
+            found.update(compress(range(len(column)), map(_bad, column)))
+    return sorted(found)
+
+
+def _all_finite(column: list[Any]) -> bool:
+    """Whether every value is a finite number, tested in C: such a column has nothing
+    :func:`_bad` (a ``None``, a string or a huge int stops the test, and the column is read
+    value by value)."""
+    try:
+        return all(map(math.isfinite, column))
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Finding:

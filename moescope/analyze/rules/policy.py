@@ -61,6 +61,9 @@ def check_reward_collapse(trace: Trace) -> list[Finding]:
     return [fall.finding("reward_collapse", "error", message, key=key, baseline=fall.base, lowest=lowest)]
 
 
+NO_SIGNAL_KEYS = (S.NO_SIGNAL_FRAC, S.ADVANTAGE_MAX, S.ADVANTAGE_MIN, S.REWARD_STD)  # what _no_signal reads
+
+
 def _no_signal(rec: dict) -> bool | None:
     """Whether a record says every group's rewards were equal: ``frac_reward_zero_std`` at 1, or
     (without it) every advantage exactly 0, or a reward std of exactly 0; ``None`` when it does
@@ -70,9 +73,7 @@ def _no_signal(rec: dict) -> bool | None:
         v = rec.get(key)
         return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
-    frac, hi, lo, std = (
-        number(k) for k in (S.NO_SIGNAL_FRAC, S.ADVANTAGE_MAX, S.ADVANTAGE_MIN, S.REWARD_STD)
-    )
+    frac, hi, lo, std = (number(k) for k in NO_SIGNAL_KEYS)
     if frac is not None:
         return frac >= 1.0
     if hi is not None and lo is not None:
@@ -81,6 +82,8 @@ def _no_signal(rec: dict) -> bool | None:
 
 
 def check_no_signal(trace: Trace) -> list[Finding]:
+    if not any(key in rec for key in NO_SIGNAL_KEYS for rec in trace.steps):
+        return []  # a log without these metrics says nothing of it: no record need be read
     points = [
         (step_of(rec, i), flag) for i, rec in enumerate(trace.steps) if (flag := _no_signal(rec)) is not None
     ]

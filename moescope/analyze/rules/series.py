@@ -6,6 +6,8 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain, compress, repeat
+from operator import is_not, truediv
 from typing import Any
 
 from moescope.analyze.findings import Finding
@@ -22,10 +24,22 @@ def step_of(record: dict[str, Any], index: int) -> int:
 
 
 def series(trace: Trace, key: str, *, finite: bool = True) -> Series:
-    """``(step, value)`` of a scalar metric; non-finite values left out unless ``finite=False``."""
+    """``(step, value)`` of a scalar metric; non-finite values left out unless ``finite=False``.
+
+    Every rule reads its series from every record, so a log whose values are all plain ``float``
+    / ``int`` (or absent) and whose steps are ``int`` is read a column at a time in C, and a
+    metric the log lacks costs one pass."""
+    values = [rec.get(key) for rec in trace.steps]
+    if values.count(None) == len(values):
+        return []
+    steps = [rec.get("step") for rec in trace.steps]
+    if set(map(type, values)) <= _PLAIN and set(map(type, steps)) == {int}:
+        kept = list(compress(range(len(values)), map(is_not, values, repeat(None))))
+        if finite:
+            kept = list(compress(kept, map(math.isfinite, map(values.__getitem__, kept))))
+        return list(zip(map(steps.__getitem__, kept), map(float, map(values.__getitem__, kept)), strict=True))
     out = []
-    for i, rec in enumerate(trace.steps):
-        v = rec.get(key)
+    for i, (rec, v) in enumerate(zip(trace.steps, values, strict=True)):
         if isinstance(v, bool) or not isinstance(v, int | float):
             continue
         if finite and not math.isfinite(v):
@@ -34,14 +48,32 @@ def series(trace: Trace, key: str, *, finite: bool = True) -> Series:
     return out
 
 
+_PLAIN = {float, int, type(None)}  # value types read by the column path (not bool, not subclasses)
+
+
+def logged_keys(trace: Trace) -> list[str]:
+    """Every key the records log, in the order first logged (each key once, however many
+    records log it: a rule that tests keys tests each once)."""
+    return list(dict.fromkeys(chain.from_iterable(trace.steps)))
+
+
 def first_logged(trace: Trace, keys: Sequence[str]) -> str | None:
     """The first of ``keys`` the trace logs at all."""
     return next((k for k in keys if any(k in rec for rec in trace.steps)), None)
 
 
 def running(values: Sequence[float], width: int, fn: Callable[[Sequence[float]], float]) -> list[float]:
-    """``fn`` over the trailing window of ``width`` values at every position."""
-    return [fn(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
+    """``fn`` over the trailing window of ``width`` values at every position.
+
+    The mean most rules take (:func:`statistics.fmean`) is each window's ``fsum`` over its length,
+    as ``fmean`` computes it, mapped in C instead of a call per position."""
+    if fn is not statistics.fmean or width < 1:
+        return [fn(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
+    head = [values[: i + 1] for i in range(min(width - 1, len(values)))]
+    shifted = (values[k : len(values) - width + 1 + k] for k in range(width))
+    full = zip(*shifted, strict=True) if len(values) >= width else ()
+    means = map(truediv, map(math.fsum, head), map(len, head))
+    return [*means, *map(truediv, map(math.fsum, full), repeat(width))]
 
 
 def baseline(values: Sequence[float]) -> float:
