@@ -58,7 +58,6 @@ from moescope.analyze.readers import (
     verl,
     wandb,
 )
-from moescope.analyze.readers._collector import held_off
 from moescope.analyze.readers._rows import Parsed, assemble, split_runs
 from moescope.analyze.readers._text import MAX_LINE, LogFile
 from moescope.analyze.readers.detect import detect_format, sniff
@@ -112,8 +111,7 @@ def read_log(
         Which run to read when the log holds several pasted one after another (the step counter
         starts over): 0 the first, -1 (the default) the last. :func:`read_runs` reads them all.
     """
-    with held_off():  # a long log's records are many objects and no cycles (see _collector)
-        log, format, parsed, notes = _parse(Path(path), format, num_experts)
+    log, format, parsed, notes = _parse(Path(path), format, num_experts)
     runs = _runs(parsed)
     if len(runs) > 1:
         if not -len(runs) <= run < len(runs):
@@ -125,8 +123,7 @@ def read_log(
             f"the log holds {len(runs)} runs pasted one after another (the step counter starts over at line "
             f"{starts}); read run {run % len(runs)} of them (pass run=0 … {len(runs) - 1} to read another)"
         )
-    with held_off():
-        return _trace(log, format, runs[run % len(runs)], Path(path), notes)
+    return _trace(log, format, runs[run % len(runs)], Path(path), notes)
 
 
 def read_runs(path: str | Path, format: str | None = None, *, num_experts: int | None = None) -> list[Trace]:
@@ -137,12 +134,10 @@ def read_runs(path: str | Path, format: str | None = None, *, num_experts: int |
     that says where it starts. A log of one run gives one trace. Parameters as in
     :func:`read_log`.
     """
-    with held_off():
-        log, format, parsed, notes = _parse(Path(path), format, num_experts)
+    log, format, parsed, notes = _parse(Path(path), format, num_experts)
     runs = _runs(parsed)
     if len(runs) == 1:
-        with held_off():
-            return [_trace(log, format, parsed, Path(path), notes)]
+        return [_trace(log, format, parsed, Path(path), notes)]
     return [
         _trace(
             log,
