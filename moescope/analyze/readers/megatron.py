@@ -16,7 +16,9 @@ its interval) has lost its loss the same way, however many lines the paste has: 
 ``health/loss_missing`` (Megatron-DeepSpeed's ``number of nan iterations`` stays 0 there).
 
 DeepSpeed's ``[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing
-to 32768`` (also apex's ``Gradient overflow. Skipping step, … reducing loss scale to 32768.0``),
+to 32768`` (its older fused optimizer's ``[Rank 0] Overflow detected. Skipping step. Attempted loss
+scale: 1, reducing to 1``, apex's ``Gradient overflow. Skipping step, … reducing loss scale to
+32768.0``),
 possibly wrapped over two lines, carries no step number. It is put on the **next** iteration
 line: Megatron prints an iteration's line after that iteration's optimizer step, so overflows
 printed before a line happened in the interval it reports. On that step ``number of skipped
@@ -42,7 +44,7 @@ from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_n
 # "iteration" at a word boundary, the literal first (as verl.STEP_START: a search skips to it)
 ITERATION = re.compile(rf"iteration(?<=\biteration)\s+({INT})\s*/\s*\d+\s*\|")
 _NEMO = re.compile(r"Training epoch\s+\d+\s*,\s*iteration")  # NeMo 2.0's line: read as records
-OVERFLOW = re.compile(r"OVERFLOW!|overflow!|Gradient overflow\.")
+OVERFLOW = re.compile(r"OVERFLOW!|overflow!|Gradient overflow\.|Overflow detected\.")
 SCALES = re.compile(
     rf"Attempted\s*loss\s*scale:\s*({NUMBER})\s*,\s*reducing\s*to\s*({NUMBER})|reducing\s*loss\s*scale\s*to\s*({NUMBER})"
 )
@@ -71,7 +73,7 @@ def is_record(line: str) -> bool:
 def is_overflow(line: str) -> bool:
     """A DeepSpeed / apex overflow line (the start of one). Every match holds ``OVERFLOW`` or
     ``overflow``: looking for those first is several times faster than the search alone."""
-    return ("OVERFLOW" in line or "overflow" in line) and OVERFLOW.search(line) is not None
+    return ("OVERFLOW" in line or "verflow" in line) and OVERFLOW.search(line) is not None
 
 
 def _iteration(line: str) -> re.Match[str] | None:
