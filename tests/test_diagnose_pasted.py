@@ -68,6 +68,8 @@ EXPECTED: dict[str, set[str]] = {
     "trl_dict_over_lines.log": {"no_signal"},
     "deepspeed_overflow_settling.log": set(),
     "deepspeed_overflow_at_floor.log": {"overflow"},
+    "swift_cut_record_grad_nan.log": {"nonfinite"},
+    "trl_grpo_cut_dead_record.log": {"no_signal"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -78,6 +80,8 @@ ONSET: dict[str, tuple[str, int]] = {
     "megatron_bf16_loss_dropped.log": ("nonfinite", 14),
     "epoch_loop_loss_nan.log": ("nonfinite", 1208),
     "rslrl_iteration_blocks.log": ("nonfinite", 5121),
+    "swift_cut_record_grad_nan.log": ("nonfinite", 2),
+    "trl_grpo_cut_dead_record.log": ("no_signal", 1),
 }
 
 

@@ -313,6 +313,19 @@ def test_the_older_overflow_detected_line_keeps_the_scale_it_tried(tmp_path: Pat
     ]
 
 
+def test_a_record_cut_before_its_brace_is_read_from_its_complete_pairs(tmp_path: Path) -> None:
+    text = (
+        "{'loss': 1.5, 'grad_norm': 2.0, 'step': 10}\n"
+        "{'loss': 1.4, 'grad_norm': nan, 'learning_rate': 1e-05, 'epo\n"
+        "I wrote {'only one', and it is prose.\n"
+    )
+    trace = read_log(write(tmp_path, "cut.log", text), format="trl-console")
+    (first, second) = trace.steps
+    assert first["step"] == 10
+    assert second["step"] == 11 and math.isnan(second[S.GRAD_NORM]) and second[S.LR] == 1e-05
+    assert "epo" not in str(sorted(second)) and any("cut short" in n for n in trace.notes)
+
+
 def test_overflow_lines_alone_are_indexed_steps(tmp_path: Path) -> None:
     text = (
         "Episode [1/1]:   0%|          | 0/8 [00:00<?, ?it/s]\n"
