@@ -70,6 +70,8 @@ EXPECTED: dict[str, set[str]] = {
     "deepspeed_overflow_at_floor.log": {"overflow"},
     "swift_cut_record_grad_nan.log": {"nonfinite"},
     "trl_grpo_cut_dead_record.log": {"no_signal"},
+    "litgpt_iter_step_loss_jump.log": {"loss_divergence"},
+    "dschat_overflow_floor_then_nan.log": {"nonfinite", "overflow"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -82,6 +84,8 @@ ONSET: dict[str, tuple[str, int]] = {
     "rslrl_iteration_blocks.log": ("nonfinite", 5121),
     "swift_cut_record_grad_nan.log": ("nonfinite", 2),
     "trl_grpo_cut_dead_record.log": ("no_signal", 1),
+    "litgpt_iter_step_loss_jump.log": ("loss_divergence", 2393),
+    "dschat_overflow_floor_then_nan.log": ("overflow", 4479),
 }
 
 

@@ -326,6 +326,25 @@ def test_a_record_cut_before_its_brace_is_read_from_its_complete_pairs(tmp_path:
     assert "epo" not in str(sorted(second)) and any("cut short" in n for n in trace.notes)
 
 
+def test_an_iteration_printed_before_its_step_is_the_step(tmp_path: Path) -> None:
+    text = "iter 7 step 1: loss 2.5, iter time: 10.0ms\niter 8 step 1: loss 2.4, iter time: 11.0ms\n"
+    trace = read_log(write(tmp_path, "litgpt.log", text))
+    by_step = {s["step"]: (s[S.ACTOR_LOSS], s["optimizer step"]) for s in trace.steps}
+    assert by_step == {7: (2.5, 1), 8: (2.4, 1)}
+
+
+def test_overflow_lines_fold_into_the_step_line_after_them(tmp_path: Path) -> None:
+    overflow = "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: {}, reducing to 1"
+    lines = [
+        overflow.format(2),
+        overflow.format(1),
+        "epoch: 0|step: 9|ppo_ep: 1|act_loss: 0.5|cri_loss: 0.25",
+    ]
+    (step,) = (trace := read_log(write(tmp_path, "dschat.log", "\n".join(lines)))).steps
+    assert trace.header["format"] == "step-lines"
+    assert (step["step"], step[S.SKIPPED], step[S.LOSS_SCALE], step[S.LOSS_SCALE_TRIED]) == (9, 2, 1, 1)
+
+
 def test_overflow_lines_alone_are_indexed_steps(tmp_path: Path) -> None:
     text = (
         "Episode [1/1]:   0%|          | 0/8 [00:00<?, ?it/s]\n"
