@@ -66,6 +66,12 @@ EXPECTED: dict[str, set[str]] = {
     "epoch_loop_loss_nan.log": {"nonfinite"},
     "rslrl_iteration_blocks.log": {"nonfinite"},
     "trl_dict_over_lines.log": {"no_signal"},
+    "deepspeed_overflow_settling.log": set(),
+    "deepspeed_overflow_at_floor.log": {"overflow"},
+    "swift_cut_record_grad_nan.log": {"nonfinite"},
+    "trl_grpo_cut_dead_record.log": {"no_signal"},
+    "litgpt_iter_step_loss_jump.log": {"loss_divergence"},
+    "dschat_overflow_floor_then_nan.log": {"nonfinite", "overflow"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -76,6 +82,10 @@ ONSET: dict[str, tuple[str, int]] = {
     "megatron_bf16_loss_dropped.log": ("nonfinite", 14),
     "epoch_loop_loss_nan.log": ("nonfinite", 1208),
     "rslrl_iteration_blocks.log": ("nonfinite", 5121),
+    "swift_cut_record_grad_nan.log": ("nonfinite", 2),
+    "trl_grpo_cut_dead_record.log": ("no_signal", 1),
+    "litgpt_iter_step_loss_jump.log": ("loss_divergence", 2393),
+    "dschat_overflow_floor_then_nan.log": ("overflow", 4479),
 }
 
 
@@ -115,6 +125,20 @@ def test_megatron_intervals_of_skipped_iterations_lose_no_loss() -> None:
     trace = read_log(PASTED / "megatron_fp16_calibration.log")
     assert not [n for n in trace.notes if "omits a NaN" in n]
     assert [f.type for f in diagnose(trace)] == ["overflow"]
+
+
+def test_overflows_that_open_a_run_and_leave_the_scale_high_are_a_note() -> None:
+    """fp16's dynamic loss scale halves from its 2^16 start until it fits: no fault, but said."""
+    (found,) = diagnose(read_log(PASTED / "deepspeed_overflow_settling.log"))
+    assert (found.type, found.severity) == ("overflow", "info")
+    assert "settling" in found.message
+
+
+def test_overflows_at_the_scalers_floor_are_a_warning_even_at_scale_one() -> None:
+    """``reducing loss scale from 1 to 1``: fp16 is on and each overflow now loses its update."""
+    (found,) = diagnose(read_log(PASTED / "deepspeed_overflow_at_floor.log"))
+    assert (found.type, found.severity) == ("overflow", "warning")
+    assert found.evidence["at_floor"] and "floor" in found.message
 
 
 def test_the_first_of_two_pasted_runs_is_read_on_request() -> None:

@@ -147,3 +147,25 @@ def test_a_megatron_line_without_its_loss_is_a_suspected_nonfinite_loss(tmp_path
     assert (nf.step, nf.severity, nf.evidence["suspected"]) == (9, "warning", True)
     with_loss = line.replace("loss scale", "lm loss: 3.1E+00 | loss scale")
     assert "nonfinite" not in findings_of(tmp_path, with_loss)
+
+
+def _loss_lines(losses: list[float]) -> str:
+    return "".join(f"step {i} | loss {v} | lr 1e-05\n" for i, v in enumerate(losses))
+
+
+def test_a_loss_that_jumps_after_a_short_head_and_stays_is_a_divergence(tmp_path: Path) -> None:
+    """Too few values before the jump for an early-run level: the jump itself is the evidence."""
+    found = findings_of(tmp_path, _loss_lines([1.5, 9.0, 9.5, 9.2, 9.8, 9.1]))["loss_divergence"]
+    assert (found.step, found.severity) == (1, "warning") and "jumps" in found.message
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        [2.0, 9.0, 1.9, 1.8, 1.7, 1.7],  # one spike, not a new level
+        [0.0, 0.0, 2.1, 2.0, 1.9, 1.9],  # nothing positive before it to measure against
+        [2.4, 2.1, 1.9, 1.8, 1.8, 1.7],  # a healthy fall
+    ],
+)
+def test_a_spike_or_a_rise_from_zero_is_no_loss_jump(tmp_path: Path, losses: list[float]) -> None:
+    assert "loss_divergence" not in findings_of(tmp_path, _loss_lines(losses))

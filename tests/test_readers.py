@@ -286,19 +286,63 @@ def test_megatron_iteration_fields_and_a_loss_that_vanished() -> None:
 def test_deepspeed_overflows_go_on_the_next_iteration_line() -> None:
     trace = read_log(LOGS / "megatron.log")
     steps = steps_of(trace)
-    assert steps[10][S.SKIPPED] == 0 and "attempted loss scale" not in steps[10]
+    assert steps[10][S.SKIPPED] == 0 and S.LOSS_SCALE_TRIED not in steps[10]
     assert steps[20][S.SKIPPED] == 1  # two ranks printed one overflow
-    assert steps[20][S.LOSS_SCALE] == 32768.0 and steps[20]["attempted loss scale"] == 65536
+    assert steps[20][S.LOSS_SCALE] == 32768.0 and steps[20][S.LOSS_SCALE_TRIED] == 65536
     assert steps[20]["raw"].startswith("[deepspeed] OVERFLOW! Rank 0")
-    assert steps[30][S.SKIPPED] == 1 and steps[30]["attempted loss scale"] == 32768  # wrapped line
+    assert steps[30][S.SKIPPED] == 1 and steps[30][S.LOSS_SCALE_TRIED] == 32768  # wrapped line
     assert any("step 30: 1 DeepSpeed overflow(s) but the line counts 0 skipped" in n for n in trace.notes)
     assert steps[41] == {
         "step": 41,
         S.SKIPPED: 1,
         S.LOSS_SCALE: 8192,
-        "attempted loss scale": 16384,
+        S.LOSS_SCALE_TRIED: 16384,
         "raw": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 16384, reducing to 8192",
     }
+
+
+def test_the_older_overflow_detected_line_keeps_the_scale_it_tried(tmp_path: Path) -> None:
+    text = (
+        "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 4, reducing to 2\n"
+        "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 2, reducing to 1\n"
+    )
+    trace = read_log(write(tmp_path, "ds.log", text))
+    assert [(s[S.SKIPPED], s[S.LOSS_SCALE_TRIED], s[S.LOSS_SCALE]) for s in trace.steps] == [
+        (1, 4, 2),
+        (1, 2, 1),
+    ]
+
+
+def test_a_record_cut_before_its_brace_is_read_from_its_complete_pairs(tmp_path: Path) -> None:
+    text = (
+        "{'loss': 1.5, 'grad_norm': 2.0, 'step': 10}\n"
+        "{'loss': 1.4, 'grad_norm': nan, 'learning_rate': 1e-05, 'epo\n"
+        "I wrote {'only one', and it is prose.\n"
+    )
+    trace = read_log(write(tmp_path, "cut.log", text), format="trl-console")
+    (first, second) = trace.steps
+    assert first["step"] == 10
+    assert second["step"] == 11 and math.isnan(second[S.GRAD_NORM]) and second[S.LR] == 1e-05
+    assert "epo" not in str(sorted(second)) and any("cut short" in n for n in trace.notes)
+
+
+def test_an_iteration_printed_before_its_step_is_the_step(tmp_path: Path) -> None:
+    text = "iter 7 step 1: loss 2.5, iter time: 10.0ms\niter 8 step 1: loss 2.4, iter time: 11.0ms\n"
+    trace = read_log(write(tmp_path, "litgpt.log", text))
+    by_step = {s["step"]: (s[S.ACTOR_LOSS], s["optimizer step"]) for s in trace.steps}
+    assert by_step == {7: (2.5, 1), 8: (2.4, 1)}
+
+
+def test_overflow_lines_fold_into_the_step_line_after_them(tmp_path: Path) -> None:
+    overflow = "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: {}, reducing to 1"
+    lines = [
+        overflow.format(2),
+        overflow.format(1),
+        "epoch: 0|step: 9|ppo_ep: 1|act_loss: 0.5|cri_loss: 0.25",
+    ]
+    (step,) = (trace := read_log(write(tmp_path, "dschat.log", "\n".join(lines)))).steps
+    assert trace.header["format"] == "step-lines"
+    assert (step["step"], step[S.SKIPPED], step[S.LOSS_SCALE], step[S.LOSS_SCALE_TRIED]) == (9, 2, 1, 1)
 
 
 def test_overflow_lines_alone_are_indexed_steps(tmp_path: Path) -> None:

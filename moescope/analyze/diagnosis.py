@@ -24,12 +24,15 @@ nothing (negative controls in the tests):
   norm of ``GRAD_NORM_CEILING`` or more needs no history (a pasted excerpt's first line).
 - ``zero_grad``: a gradient norm of exactly 0 while rewards still vary, or, with no reward
   statistic logged, together with a loss of exactly 0.
-- ``overflow``: the largest episode of fp16 steps skipped by the loss scaler; a short one (the
-  scaler settling at the start) is ``info``, a longer one a ``warning``, a scale below 1 an
-  ``error``.
+- ``overflow``: the largest episode of fp16 steps skipped by the loss scaler; a short one, or
+  the scaler settling at the run's start with the scale left at ``SETTLED_SCALE`` or above, is
+  ``info``, a longer one or one at the scaler's floor (it tried the scale it fell back to) a
+  ``warning``, a scale below 1 an ``error``.
 - ``loss_divergence``: only on losses that have a level (critic value loss, the LM loss of a run
   that is not RL), never on a GRPO policy loss, whose level is near 0 by construction: the
-  running median rises ``DIVERGENCE_FACTOR`` times above the early-run baseline and stays there.
+  running median rises ``DIVERGENCE_FACTOR`` times above the early-run baseline and stays there
+  (an ``error``); or, within the first ``WINDOW`` values, the next ``SUSTAIN`` values all exceed
+  ``DIVERGENCE_FACTOR`` times everything before them (a ``warning``: a short healthy head).
 - ``kl_blowup``: KL to the reference jumps above ``KL_BLOWUP_MIN`` nats and ten times its running
   median.
 - ``entropy_collapse`` / ``entropy_surge``: the running mean of token entropy falls below half

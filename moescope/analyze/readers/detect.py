@@ -4,7 +4,8 @@ Whole-file shapes are recognised first: a directory or file name with ``tfevents
 whose first record is a TensorBoard ``brain.Event``) → ``tensorboard``; a directory with a
 ``trainer_state.json``, or a JSON document with ``log_history`` → ``trainer-state``; a first line
 that is a moescope trace header → ``moescope``. Otherwise every line is classified — verl's
-``step:N - ``, Megatron's ``iteration N/ M |`` and DeepSpeed's ``OVERFLOW!``, a Python dict, a
+``step:N - ``, Megatron's ``iteration N/ M |`` and DeepSpeed's ``OVERFLOW!`` (which count for
+step lines instead where a file has those and no iteration line), a Python dict, a
 JSON object (verl's ``{"step","data"}``, ROLL's ``metrics_tag:``, a flat one), a progress bar
 with a ``key=value`` postfix (OpenRLHF), printed top-k expert ids, a ``Step N |
 name value`` line (prime-rl and trainers not listed), whitespace columns, a W&B summary line,
@@ -47,7 +48,7 @@ ENOUGH = 500  # recognised lines after which the vote is settled
 _LINE_KINDS = (
     jsonl.kind,
     lambda line: "verl-console" if verl.is_record(line) else None,
-    lambda line: "megatron" if megatron.is_record(line) else None,
+    megatron.kind,
     lambda line: "trl-console" if trl.is_record(line) else None,
     lambda line: "openrlhf-console" if openrlhf.is_record(line) else None,
     lambda line: "topk-indices" if topk.is_record(line) else None,
@@ -132,7 +133,20 @@ def _vote(lines: list[str]) -> Counter[str]:
             counts[found] += 1
             if counts.total() >= ENOUGH:
                 break
-    return counts
+    return _overflows_counted(counts)
+
+
+def _overflows_counted(counts: Counter[str]) -> Counter[str]:
+    """DeepSpeed's overflow lines vote for the format that folds them into its steps: step lines
+    (DeepSpeed-Chat prints them between its ``step: N|…`` lines) where the file has some and no
+    Megatron iteration line, else Megatron's reader, which also reads them alone."""
+    if megatron.OVERFLOW_KIND not in counts:
+        return counts
+    target = "step-lines" if "step-lines" in counts and "megatron" not in counts else "megatron"
+    out: Counter[str] = Counter()
+    for name, count in counts.items():
+        out[target if name == megatron.OVERFLOW_KIND else name] += count
+    return out
 
 
 def _columns_by_name(path: Path, best: str) -> str:

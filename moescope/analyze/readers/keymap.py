@@ -104,6 +104,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | megatron | `loss scale` | `optim/loss_scale` |
 | megatron | `number of skipped iterations` | `optim/skipped` |
 | megatron | `number of nan iterations` | `health/nonfinite` |
+| megatron | `attempted loss scale` | `optim/loss_scale_tried` |
 | megatron | `load_balancing_loss` | `moe/aux_loss` |
 | megatron | `z_loss` | `moe/z_loss` |
 | nemo-rl | `train/loss` | `actor/loss` |
@@ -228,7 +229,8 @@ the k3 KL. NeMo-RL's
 ``gen_kl_error`` is its ``kl_type`` estimate, k3 by default; prime-rl's ``Mismatch KL`` is k3.
 
 Not keys but lines: a DeepSpeed ``OVERFLOW! … Attempted loss scale: X, reducing to Y`` line
-becomes ``optim/skipped`` and ``optim/loss_scale`` (see :mod:`moescope.analyze.readers.megatron`);
+becomes ``optim/skipped``, ``optim/loss_scale`` and ``optim/loss_scale_tried`` (see
+:mod:`moescope.analyze.readers.megatron`);
 ``entropy_log.txt`` and ``expert_load.log`` columns become ``actor/entropy`` and the ``moe/*``
 load metrics (see :mod:`moescope.analyze.readers.columns`); a plain line mentioning NaN/Inf becomes
 ``health/nonfinite`` (see :mod:`moescope.analyze.readers.plain`).
@@ -356,6 +358,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "loss scale": S.LOSS_SCALE,
         "number of skipped iterations": S.SKIPPED,
         "number of nan iterations": S.NONFINITE,
+        "attempted loss scale": S.LOSS_SCALE_TRIED,
         "load_balancing_loss": S.AUX_LOSS,
         "z_loss": S.Z_LOSS,
     },

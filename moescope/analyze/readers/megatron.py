@@ -16,7 +16,9 @@ its interval) has lost its loss the same way, however many lines the paste has: 
 ``health/loss_missing`` (Megatron-DeepSpeed's ``number of nan iterations`` stays 0 there).
 
 DeepSpeed's ``[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing
-to 32768`` (also apex's ``Gradient overflow. Skipping step, … reducing loss scale to 32768.0``),
+to 32768`` (its older fused optimizer's ``[Rank 0] Overflow detected. Skipping step. Attempted loss
+scale: 1, reducing to 1``, apex's ``Gradient overflow. Skipping step, … reducing loss scale to
+32768.0``),
 possibly wrapped over two lines, carries no step number. It is put on the **next** iteration
 line: Megatron prints an iteration's line after that iteration's optimizer step, so overflows
 printed before a line happened in the interval it reports. On that step ``number of skipped
@@ -42,7 +44,7 @@ from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_n
 # "iteration" at a word boundary, the literal first (as verl.STEP_START: a search skips to it)
 ITERATION = re.compile(rf"iteration(?<=\biteration)\s+({INT})\s*/\s*\d+\s*\|")
 _NEMO = re.compile(r"Training epoch\s+\d+\s*,\s*iteration")  # NeMo 2.0's line: read as records
-OVERFLOW = re.compile(r"OVERFLOW!|overflow!|Gradient overflow\.")
+OVERFLOW = re.compile(r"OVERFLOW!|overflow!|Gradient overflow\.|Overflow detected\.")
 SCALES = re.compile(
     rf"Attempted\s*loss\s*scale:\s*({NUMBER})\s*,\s*reducing\s*to\s*({NUMBER})|reducing\s*loss\s*scale\s*to\s*({NUMBER})"
 )
@@ -52,6 +54,8 @@ _FIELD = re.compile(r"\s*([^|:]*[^|:\s])\s*:\s*(\S+)\s*")
 _PARTIAL_FIELD = re.compile(r"[^|:]*(?::\s*\S*)?\s*")
 SKIPPED_KEY = "number of skipped iterations"
 SCALE_KEY = "loss scale"
+ATTEMPTED_KEY = "attempted loss scale"
+OVERFLOW_KIND = "deepspeed-overflow"  # a detection vote: the format that folds these lines takes it
 
 
 @dataclass
@@ -68,10 +72,17 @@ def is_record(line: str) -> bool:
     return _iteration(line) is not None or is_overflow(line)
 
 
+def kind(line: str) -> str | None:
+    """``megatron`` for an iteration line, ``OVERFLOW_KIND`` for a DeepSpeed overflow line."""
+    if _iteration(line) is not None:
+        return "megatron"
+    return OVERFLOW_KIND if is_overflow(line) else None
+
+
 def is_overflow(line: str) -> bool:
     """A DeepSpeed / apex overflow line (the start of one). Every match holds ``OVERFLOW`` or
     ``overflow``: looking for those first is several times faster than the search alone."""
-    return ("OVERFLOW" in line or "overflow" in line) and OVERFLOW.search(line) is not None
+    return ("OVERFLOW" in line or "verflow" in line) and OVERFLOW.search(line) is not None
 
 
 def _iteration(line: str) -> re.Match[str] | None:
@@ -117,7 +128,8 @@ def _overflow_fits(joined: str, piece: str) -> bool:
     return not is_record(piece) and _has_scales(joined)  # a wrapped overflow line joins only to complete
 
 
-def _overflow(lines: list[str], i: int) -> tuple[Overflow, int]:
+def overflow_event(lines: list[str], i: int) -> tuple[Overflow, int]:
+    """The overflow line at ``lines[i]`` (rejoined if wrapped) and the index after it."""
     text, end = gather(lines, i, _has_scales, _overflow_fits)
     scales = SCALES.search(text)
     attempted, reduced = (scales.group(1), scales.group(2) or scales.group(3)) if scales else (None, None)
@@ -133,18 +145,30 @@ def _overflow(lines: list[str], i: int) -> tuple[Overflow, int]:
 
 def _apply(metrics: dict[str, Any], events: list[Overflow], step: int | None, notes: list[str]) -> None:
     """Fold overflow events into one step's Megatron-named metrics."""
-    count = max(Counter(e.rank for e in events).values())
+    found = overflow_fields(events)
+    count = found[SKIPPED_KEY]
     logged = metrics.get(SKIPPED_KEY)
     if isinstance(logged, int | float) and logged < count:
         notes.append(
             f"step {step}: {count} DeepSpeed overflow(s) but the line counts {logged} skipped; kept {count}"
         )
     metrics[SKIPPED_KEY] = max(count, logged) if isinstance(logged, int | float) else count
+    if SCALE_KEY in found:
+        metrics.setdefault(SCALE_KEY, found[SCALE_KEY])
+    if ATTEMPTED_KEY in found:
+        metrics[ATTEMPTED_KEY] = found[ATTEMPTED_KEY]
+
+
+def overflow_fields(events: list[Overflow]) -> dict[str, Any]:
+    """One step's overflows under Megatron's names: how many (on one rank; every rank prints
+    its own), the scale they left and the scale the last one tried."""
+    found: dict[str, Any] = {SKIPPED_KEY: max(Counter(e.rank for e in events).values())}
     reduced = [e.reduced for e in events if e.reduced is not None]
     if reduced:
-        metrics.setdefault(SCALE_KEY, reduced[-1])
+        found[SCALE_KEY] = reduced[-1]
     if events[-1].attempted is not None:
-        metrics["attempted loss scale"] = events[-1].attempted
+        found[ATTEMPTED_KEY] = events[-1].attempted
+    return found
 
 
 def read(log: LogFile) -> Parsed:
@@ -154,7 +178,7 @@ def read(log: LogFile) -> Parsed:
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         if is_overflow(lines[i]):
-            event, end = _overflow(lines, i)
+            event, end = overflow_event(lines, i)
             pending.append(event)
             return [], end
         match = _iteration(lines[i])

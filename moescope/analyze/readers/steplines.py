@@ -11,34 +11,59 @@ when run with it)::
 The trainer's and the orchestrator's line of one step are merged. Any other trainer that prints
 ``step N[/M]`` and then ``name value`` fields separated by ``|``, ``,`` or `` - ``
 (``step 10/100 | loss 0.51 | grad_norm 1.2 | lr 1e-5``, ``Step 3: loss=0.5, reward=0.2``) is read
-the same way (:mod:`moescope.analyze.readers._fields`); the framework is guessed from the names
+the same way; where ``iter N`` comes right before ``step M`` (litgpt logs every micro-batch as
+``iter 1151 step 144: loss 1.70, iter time: …``), the iteration, which advances every line, is
+the step and ``M`` is kept as ``optimizer step`` (:mod:`moescope.analyze.readers._fields`); the
+framework is guessed from the names
 (DeepSpeed-Chat's ``epoch: 0|step: 3|ppo_ep: 1|act_loss: …``, NeMo Automodel's ``step 8 | epoch 0
 | loss 0.78 | grad_norm 1.70``, torchtune's ``Step 1 | loss:2.08 lr:2e-05``), and names its table
 lacks are read through the ``generic`` one (``loss``, ``grad_norm``, ``lr``, ``reward``, …). A line
 without a step whose names are metrics (DeepSpeed-Chat's ``average reward score: 0.2``) joins the
-step before it.
+step before it; DeepSpeed's fp16 overflow lines go on the step line after them, as in
+:mod:`moescope.analyze.readers.megatron` (``optim/skipped``, ``optim/loss_scale``,
+``optim/loss_scale_tried``).
 """
 
 from __future__ import annotations
 
 import re
 
+from moescope.analyze.readers import megatron
 from moescope.analyze.readers._fields import fields
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile
-from moescope.analyze.readers.keymap import FRAMEWORK_TABLES, MARKERS, guess_beyond_generic
+from moescope.analyze.readers.keymap import FRAMEWORK_TABLES, KEY_MAP, MARKERS, guess_beyond_generic
 from moescope.analyze.readers.records import canonical_names, record
 
 _TABLES = tuple(name for name in FRAMEWORK_TABLES if name != "prime-rl")
+_ITER = re.compile(rf"(?<![\w/])iter(?:ation)?\s*[:=#]?\s*({INT})\s+$", re.IGNORECASE)
+OPTIMIZER_STEP = "optimizer step"  # the coarser counter of a line that also names its iteration
 STEP = re.compile(rf"(?<![\w/])step\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.])\s*[|,:\-]?", re.IGNORECASE)
 
 
 def _fields_after_step(line: str) -> tuple[int, dict] | None:
+    """The line's step and its fields; a finer ``iter N`` counter printed before ``step M`` (litgpt's
+    ``iter 1151 step 144: loss 1.70``, one line per micro-batch) is the step, ``M`` kept as a field."""
     match = STEP.search(line)
     if match is None:
         return None
     found = fields(line[match.end() :])
-    return (int(match.group(1)), found) if found else None
+    if not found:
+        return None
+    finer = _ITER.search(line, 0, match.start())
+    if finer is None:
+        return int(match.group(1)), found
+    return int(finer.group(1)), {**found, OPTIMIZER_STEP: int(match.group(1))}
+
+
+def _folded(metrics: dict, pending: list[megatron.Overflow]) -> dict:
+    """A step's fields with the overflows printed before its line, under the canonical names."""
+    if not pending:
+        return metrics
+    names = KEY_MAP["megatron"]
+    found = {names[k]: v for k, v in megatron.overflow_fields(pending).items()}
+    pending.clear()
+    return {**metrics, **found}
 
 
 def is_record(line: str) -> bool:
@@ -47,9 +72,15 @@ def is_record(line: str) -> bool:
 
 
 def read(log: LogFile) -> Parsed:
-    """One row per step line; lines of the same step (trainer and orchestrator) merge."""
+    """One row per step line; lines of the same step (trainer and orchestrator) merge, and the
+    DeepSpeed overflow lines printed before a step line are folded into it."""
+    pending: list[megatron.Overflow] = []
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        if megatron.is_overflow(lines[i]):
+            event, end = megatron.overflow_event(lines, i)
+            pending.append(event)
+            return [], end
         found = _fields_after_step(lines[i])
         if found is None:  # a metric line without a step (DeepSpeed-Chat's reward line) joins its step
             loose = record(lines[i])
@@ -58,9 +89,13 @@ def read(log: LogFile) -> Parsed:
                 if loose is None or loose[0] is not None
                 else ([Row(None, loose[2], lines[i], i + 1)], i + 1)
             )
-        return [Row(found[0], found[1], lines[i], i + 1)], i + 1
+        return [Row(found[0], _folded(found[1], pending), lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
+    if pending and parsed.rows:
+        last = max((row.step for row in parsed.rows if row.step is not None), default=-1)
+        parsed.rows.append(Row(last + 1, _folded({}, pending), "\n".join(e.raw for e in pending)))
+        parsed.notes.append(f"overflow lines after the last step line were put on step {last + 1}")
     keys = {key for row in parsed.rows for key in row.metrics}
     if keys & MARKERS["prime-rl"]:
         parsed.framework = parsed.keymap = "prime-rl"

@@ -13,7 +13,9 @@
   drawn before the record is printed — when that bar is the training bar (the most common
   total); otherwise the record joins the step before it. A line that is a record's body whose
   braces the paste cut off (``'loss': -0.0, 'grad_norm': 0.0, …``) is read with them put back,
-  unless a dict opened above it is still open: then it is that record's next line;
+  unless a dict opened above it is still open: then it is that record's next line. A record the
+  paste cut short before its ``}`` (the last line of a copied terminal) is read from its complete
+  pairs, with a note; if its step key was cut away it goes on the step after the record before it.
   LLaMA-Factory's rounded echo of a record, printed next to it, is merged into it.
 
 The dict is read with :func:`ast.parse` and never evaluated.
@@ -27,6 +29,7 @@ import math
 import re
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row, flat_row, scan
@@ -41,6 +44,7 @@ BARE_DICT = re.compile(r"""^\s*(['"])[^'"\n]+\1:\s*[^,\n]+,\s*(['"])[^'"\n]+\2:"
 _BAR = re.compile(rf"({INT})/({INT})\s*\[")
 _SLIME_STEP = re.compile(rf"\b(?:step|rollout|eval)\s+({INT}):\s*$")
 _LOG_HISTORY = re.compile(r'"log_history"\s*:\s*\[')
+_CUT_TRIES = 8  # last pair boundaries tried when a cut record's tail does not parse
 CONSOLE_FRAMEWORKS = ("trl", "ms-swift", "slime", "openrlhf", "nemo-rl", "verl")
 
 
@@ -94,6 +98,8 @@ def is_record(line: str) -> bool:
 def read_console(log: LogFile) -> Parsed:
     """Every dict record of a TRL / HF Trainer / ms-swift / slime console log."""
     bars: list[tuple[Row, int, int]] = []  # a row without a step, and the bar glued in front of it
+    parsed_notes: list[str] = []
+    cut: set[int] = set()  # lines of records the paste cut short
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         match = DICT_START.search(lines[i])
@@ -102,7 +108,13 @@ def read_console(log: LogFile) -> Parsed:
         text, end = gather(lines, i, lambda t: _dict_end(t, match.start()) is not None, _continues)
         record = _literal(text, match.start())
         if record is None:
-            return None
+            record = _cut_literal(text, match.start())
+            if record is None:
+                return None
+            parsed_notes.append(
+                f"the record at line {i + 1} is cut short; read from its {len(record)} complete pairs"
+            )
+            cut.add(i + 1)
         prefix = text[: match.start()]
         slime = _SLIME_STEP.search(prefix)
         row = flat_row(record, "\n".join(lines[i:end]), i + 1, int(slime.group(1)) if slime else None)
@@ -112,6 +124,7 @@ def read_console(log: LogFile) -> Parsed:
         return [row], end
 
     parsed = scan(log.lines, parse_at)
+    parsed.notes += parsed_notes + _cut_steps(parsed.rows, cut)
     if bars:
         total = Counter(t for _, _, t in bars).most_common(1)[0][0]
         for row, count, bar_total in bars:
@@ -179,6 +192,14 @@ def _continues(joined: str, piece: str) -> bool:
 
 def _dict_end(text: str, start: int) -> int | None:
     """Index after the ``}`` that closes the dict opened at ``start`` (quotes respected)."""
+    return next(
+        (pos + 1 for pos, char, depth in _structure(text, start) if depth == 0 and char in "}])"), None
+    )
+
+
+def _structure(text: str, start: int) -> Iterator[tuple[int, str, int]]:
+    """``(position, character, depth after it)`` of every bracket and comma from ``start`` on,
+    outside quoted strings; it stops where the bracket opened at ``start`` closes."""
     depth, quote, escaped = 0, "", False
     for pos in range(start, len(text)):
         char = text[pos]
@@ -191,13 +212,11 @@ def _dict_end(text: str, start: int) -> int | None:
                 quote = ""
         elif char in "'\"":
             quote = char
-        elif char in "{[(":
-            depth += 1
-        elif char in "}])":
-            depth -= 1
+        elif char in "{[(,}])":
+            depth += 1 if char in "{[(" else -1 if char in "}])" else 0
+            yield pos, char, depth
             if depth == 0:
-                return pos + 1
-    return None
+                return
 
 
 def _literal(text: str, start: int) -> dict[str, Any] | None:
@@ -219,6 +238,38 @@ def _literal(text: str, start: int) -> dict[str, Any] | None:
         for key, value in zip(node.keys, node.values, strict=True)
         if isinstance(key, ast.Constant) and isinstance(key.value, str)
     }
+
+
+def _cut_steps(rows: list[Row], cut: set[int]) -> list[str]:
+    """Give a cut record whose step key was cut away the step after the record before it (by
+    the interval between the stepped records before, else 1): it was printed later, so it is not
+    the earlier record's step, where a record without a step would be merged."""
+    notes = []
+    for k, row in enumerate(rows):
+        if row.line not in cut or row.step is not None:
+            continue
+        before = [r.step for r in rows[:k] if r.step is not None]
+        if before:
+            interval = before[-1] - before[-2] if len(before) > 1 and before[-1] > before[-2] else 1
+            row.step = before[-1] + interval
+            notes.append(f"the cut record at line {row.line} lost its step key; put on step {row.step}")
+    return notes
+
+
+def _cut_literal(text: str, start: int) -> dict[str, Any] | None:
+    """The complete pairs of a dict the paste cut short, before its ``}`` (the last record of a
+    copied terminal, or one the page truncated): closed after its last whole ``key: value,``.
+    Two pairs at least, so that a stray ``{'`` in prose is not read as a record."""
+    for cut in _top_commas(text, start)[-_CUT_TRIES:][::-1]:
+        record = _literal(text[start:cut] + "}", 0)
+        if record is not None:
+            return record if len(record) >= 2 else None
+    return None
+
+
+def _top_commas(text: str, start: int) -> list[int]:
+    """Positions of the commas between the pairs of the dict opened at ``start``."""
+    return [pos for pos, char, depth in _structure(text, start) if char == "," and depth == 1]
 
 
 def _value(node: ast.expr) -> Any:

@@ -17,6 +17,7 @@ from moescope.analyze.rules.thresholds import (
     GRAD_SPIKE_EXTREME,
     GRAD_SPIKE_FACTOR,
     GRAD_SPIKE_Z,
+    SETTLED_SCALE,
     SUSTAIN,
     WINDOW,
 )
@@ -132,9 +133,12 @@ def _no_update(rec: dict[str, Any], key: str) -> bool:
 
 
 def check_overflow(trace: Trace) -> list[Finding]:
-    """The largest episode of skipped fp16 steps; a short one at the start is the scaler settling."""
+    """The largest episode of skipped fp16 steps. Overflows that open the run and leave the scale
+    high are the scaler settling (a note); a scale driven below 1, or an overflow the scaler can
+    no longer absorb because it is at its floor, is not."""
     scale = series(trace, S.LOSS_SCALE)
-    if scale and all(v == 1.0 for _, v in scale):
+    floored = _floored_steps(trace)
+    if scale and all(v == 1.0 for _, v in scale) and not floored:
         return []  # no loss scaling: skipped steps were non-finite gradients (see nonfinite)
     skipped = {s: v for s, v in series(trace, S.SKIPPED) if v > 0}
     if not skipped:
@@ -143,12 +147,8 @@ def check_overflow(trace: Trace) -> list[Finding]:
     worst = max(runs, key=lambda run: (sum(skipped[s] for s in run), -run[0]))
     halvings = [b[0] for a, b in itertools.pairwise(scale) if b[1] < a[1]]
     lowest = min((v for _, v in scale), default=math.nan)
-    if lowest < 1:
-        severity = "error"
-    elif len(worst) > SUSTAIN:
-        severity = "warning"
-    else:
-        severity = "info"
+    settling = _settling(trace, worst, lowest)
+    severity = _overflow_severity(worst, lowest, floored, settling)
     total = sum(skipped.values())
     return [
         Finding(
@@ -157,13 +157,45 @@ def check_overflow(trace: Trace) -> list[Finding]:
             severity,
             f"fp16 overflow from step {worst[0]}: {int(sum(skipped[s] for s in worst))} update(s) skipped on "
             f"{len(worst)} nearby step(s) ({int(total)} in the run), the loss scale fell {len(halvings)} "
-            f"time(s) (lowest {lowest:.3g}).",
+            f"time(s) (lowest {lowest:.3g}){_overflow_reading(settling, floored)}.",
             {
                 "skipped_steps": sorted(skipped),
                 "episodes": runs,
                 "skipped": total,
                 "halvings": halvings,
                 "lowest_scale": lowest,
+                "at_floor": floored,
             },
         )
     ]
+
+
+def _overflow_reading(settling: bool, floored: list[int]) -> str:
+    """What the episode means, where the numbers alone do not say it."""
+    if floored:
+        return f"; at step {floored[0]} the scale was already at its floor, so each overflow loses its update"
+    return "; the scaler settling at the start of the run" if settling else ""
+
+
+def _settling(trace: Trace, worst: list[int], lowest: float) -> bool:
+    """Overflows opening the run that leave the scale high: dynamic loss scaling finding its level
+    down from its 2^16 or 2^32 start, as it does in every healthy fp16 run."""
+    first = min((step_of(rec, i) for i, rec in enumerate(trace.steps)), default=worst[0])
+    return worst[0] == first and lowest >= SETTLED_SCALE
+
+
+def _floored_steps(trace: Trace) -> list[int]:
+    """Steps whose overflow tried the same scale it fell back to: the scaler is at its minimum,
+    so every further overflow is a lost update (DeepSpeed's ``reducing loss scale from 1 to 1``)."""
+    tried = dict(series(trace, S.LOSS_SCALE_TRIED))
+    return [s for s, v in series(trace, S.LOSS_SCALE) if tried.get(s) == v]
+
+
+def _overflow_severity(worst: list[int], lowest: float, floored: list[int], settling: bool) -> str:
+    """Error below a scale of 1; a warning for a sustained episode or one at the scaler's floor;
+    a note for a short episode, or for the settling that opens a run."""
+    if lowest < 1:
+        return "error"
+    if floored or (len(worst) > SUSTAIN and not settling):
+        return "warning"
+    return "info"

@@ -24,10 +24,14 @@ def level_losses(trace: Trace) -> tuple[str, ...]:
 
 
 def check_loss_divergence(trace: Trace) -> list[Finding]:
+    """A level loss whose running median rises far above its early-run level; failing that, one
+    that jumps far above everything before it and stays there (a paste whose healthy head is a
+    line or two, too short for an early-run level)."""
     out = []
     for key in level_losses(trace):
+        points = series(trace, key)
         rise = shift(
-            series(trace, key),
+            points,
             lambda v, base: v > DIVERGENCE_FACTOR * base,
             stat=statistics.median,
             min_points=2 * SUSTAIN + 3,
@@ -42,7 +46,27 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
             out.append(
                 rise.finding("loss_divergence", "error", message, key=key, baseline=rise.base, peak=peak)
             )
+        else:
+            out += _loss_jump(key, points)
     return out
+
+
+def _loss_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
+    """The first step, within the first ``WINDOW`` values, from which the next ``SUSTAIN`` values
+    all exceed ``DIVERGENCE_FACTOR`` times the median of every value before it (a positive one):
+    a warning, as its level rests on few values."""
+    values = [v for _, v in points]
+    for i in range(1, min(WINDOW, len(values) - SUSTAIN) + 1):
+        before = statistics.median(values[:i])
+        after = min(values[i : i + SUSTAIN])
+        if before > 0 and after > DIVERGENCE_FACTOR * before:
+            step = points[i][0]
+            message = (
+                f"{key} jumps at step {step} from {before:.3g} to {values[i]:.3g} and stays above "
+                f"{after:.3g} ({after / before:.1f}x what came before): the run left its level."
+            )
+            return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": before})]
+    return []
 
 
 def check_kl_blowup(trace: Trace) -> list[Finding]:

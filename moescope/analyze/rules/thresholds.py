@@ -14,6 +14,8 @@ GRAD_SPIKE_EXTREME = 1000.0  # with under 3 earlier gradient steps, only this bi
 DIVERGENCE_FACTOR = 5.0  # a loss whose running median rises this many times its early level
 KL_BLOWUP_MIN = 1.0  # nats: a KL jump below this is never a blow-up
 LOAD_SHARE_FACTOR = 5.0  # an expert above this many times its uniform share is hot
+SETTLED_SCALE = 2.0**10  # an fp16 loss scale still this high after a run's first overflows: the
+# scaler settling from its 2^16 or 2^32 start, with headroom left for small gradients
 GRAD_NORM_CEILING = 1e5  # a gradient norm no healthy run logs: judged on one record, without history
 LBL_IMBALANCED = 2.0  # Megatron's load-balancing loss (logged unscaled) is 1 when balanced, E/top-k at
 # worst; 2 is as unbalanced as half the experts idle and the rest evenly loaded
