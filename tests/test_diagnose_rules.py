@@ -169,3 +169,17 @@ def test_a_loss_that_jumps_after_a_short_head_and_stays_is_a_divergence(tmp_path
 )
 def test_a_spike_or_a_rise_from_zero_is_no_loss_jump(tmp_path: Path, losses: list[float]) -> None:
     assert "loss_divergence" not in findings_of(tmp_path, _loss_lines(losses))
+
+
+@pytest.mark.parametrize(
+    ("scales", "severity"), [((32768, 16384, 8192, 4096), "info"), ((32768, 2**37, 2**36, 2**35), "warning")]
+)
+def test_overflows_opening_a_run_are_settling_only_while_the_scale_falls(
+    scales: tuple, severity: str
+) -> None:
+    """The scaler halving from its start is a note; a scale raised within the episode (reset, or
+    set too high) that overflows again is not the scaler settling."""
+    steps = [{"step": i, S.LOSS_SCALE: float(v), S.SKIPPED: 1} for i, v in enumerate(scales)]
+    steps += [{"step": i, S.LOSS_SCALE: float(scales[-1]), S.SKIPPED: 0} for i in range(4, 12)]
+    (found,) = [f for f in diagnose(Trace(header={}, steps=steps)) if f.type == "overflow"]
+    assert found.severity == severity and ("settling" in found.message) == (severity == "info")

@@ -35,7 +35,7 @@ def test_the_budget_chooses_the_gatherer() -> None:
     assert choose_placement(100, 0.25, streaming=False, max_memory=1).mode == IN_MEMORY
     assert "exceed --max-memory (124 B" not in choose_placement(100, 0.25, streaming=None, max_memory=124).why
     assert parse_size("4MB") == 4_000_000 and parse_size("1GiB") == 1 << 30
-    assert parse_size("1.5GB") == 1_500_000_000 and parse_size("0.5 GiB") == 1 << 29  # accelerate refuses these
+    assert parse_size("1.5GB") == 1_500_000_000 and parse_size("0.5 GiB") == 1 << 29  # accelerate: no
 
 
 @pytest.mark.parametrize("size", ["lots", "0", "-3MB", "", "4.7", "MB", "1.2.3GB"])

@@ -147,7 +147,7 @@ def check_overflow(trace: Trace) -> list[Finding]:
     worst = max(runs, key=lambda run: (sum(skipped[s] for s in run), -run[0]))
     halvings = [b[0] for a, b in itertools.pairwise(scale) if b[1] < a[1]]
     lowest = min((v for _, v in scale), default=math.nan)
-    settling = _settling(trace, worst, lowest)
+    settling = _settling(trace, worst, lowest, scale)
     severity = _overflow_severity(worst, lowest, floored, settling)
     total = sum(skipped.values())
     return [
@@ -177,11 +177,15 @@ def _overflow_reading(settling: bool, floored: list[int]) -> str:
     return "; the scaler settling at the start of the run" if settling else ""
 
 
-def _settling(trace: Trace, worst: list[int], lowest: float) -> bool:
+def _settling(trace: Trace, worst: list[int], lowest: float, scale: list[tuple[int, float]]) -> bool:
     """Overflows opening the run that leave the scale high: dynamic loss scaling finding its level
-    down from its 2^16 or 2^32 start, as it does in every healthy fp16 run."""
+    down from its 2^16 or 2^32 start, as it does in every healthy fp16 run. Settling only lowers
+    the scale: one that rises within the episode was raised (a scaler reset, or a scale set too
+    high on purpose) and overflowed again, which is no settling."""
     first = min((step_of(rec, i) for i, rec in enumerate(trace.steps)), default=worst[0])
-    return worst[0] == first and lowest >= SETTLED_SCALE
+    within = [v for s, v in scale if worst[0] <= s <= worst[-1]]
+    falls_only = all(b <= a for a, b in itertools.pairwise(within))
+    return worst[0] == first and lowest >= SETTLED_SCALE and falls_only
 
 
 def _floored_steps(trace: Trace) -> list[int]:
