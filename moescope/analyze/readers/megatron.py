@@ -196,8 +196,9 @@ def read(log: LogFile) -> Parsed:
     parsed.rows += _leftovers(pending, parsed.rows, notes)
     parsed.framework = "megatron" if any(ITERATION.search(r.raw) for r in parsed.rows) else "deepspeed"
     parsed.keymap = "megatron"  # overflow lines are folded in under Megatron's names
-    parsed.notes += notes + _missing_losses(parsed.rows)
-    _mark_lossless(parsed.rows)
+    lines = [r for r in parsed.rows if ITERATION.search(r.raw)]
+    parsed.notes += notes + _missing_losses(lines)
+    _mark_lossless(lines)
     return parsed
 
 
@@ -219,15 +220,19 @@ def _leftovers(pending: list[Overflow], rows: list[Row], notes: list[str]) -> li
     return out
 
 
-def _mark_lossless(rows: list[Row]) -> None:
+def _mark_lossless(lines: list[Row]) -> None:
     """Mark the iteration lines that made updates yet log no loss (see the module's docstring):
-    a skipped count below the line's interval, or 0 where a lone line has no interval to tell."""
-    lines = [r for r in rows if ITERATION.search(r.raw)]
+    a skipped count below the line's interval, or 0 where a lone line has no interval to tell.
+    Whether a line logs a loss is decided once per list of keys (a log has a few)."""
     counts = [r.metrics.get(SKIPPED_KEY) for r in lines]
     idle = wholly_skipped([r.step for r in lines], counts)
+    logs_loss: dict[tuple[str, ...], bool] = {}
     for row, skipped in zip(lines, counts, strict=True):
         known = isinstance(skipped, int | float) and (skipped == 0 or len(lines) > 1)
-        if known and row.step not in idle and not any(_is_loss(k) for k in row.metrics):
+        keys = tuple(row.metrics)
+        if keys not in logs_loss:
+            logs_loss[keys] = any(_is_loss(k) for k in keys)
+        if known and row.step not in idle and not logs_loss[keys]:
             row.metrics[S.LOSS_MISSING] = 1
 
 
@@ -235,9 +240,8 @@ def _is_loss(key: str) -> bool:
     return key.endswith("loss") and key != SCALE_KEY
 
 
-def _missing_losses(rows: list[Row]) -> list[str]:
-    """Notes for loss fields that vanish from some iteration lines (Megatron hides NaN losses)."""
-    lines = [r for r in rows if ITERATION.search(r.raw)]
+def _missing_losses(lines: list[Row]) -> list[str]:
+    """Notes for loss fields that vanish from some iteration ``lines`` (Megatron hides NaN losses)."""
     shapes = Counter(tuple(r.metrics) for r in lines)  # a few key lists, counted once each
     counts: Counter[str] = Counter()
     for keys, n in shapes.items():
