@@ -193,22 +193,26 @@ def read(log: LogFile) -> Parsed:
         return [Row(int(match.group(1)), metrics, raw, i + 1)], end
 
     parsed = scan(log.lines, parse_at)
-    parsed.rows += _leftovers(pending, parsed.rows, notes)
+    parsed.rows += leftovers(pending, parsed.rows, notes)
     parsed.framework = "megatron" if any(ITERATION.search(r.raw) for r in parsed.rows) else "deepspeed"
     parsed.keymap = "megatron"  # overflow lines are folded in under Megatron's names
     lines = [r for r in parsed.rows if ITERATION.search(r.raw)]
-    parsed.notes += notes + _missing_losses(lines)
-    _mark_lossless(lines)
+    idle = wholly_skipped([r.step for r in lines], [r.metrics.get(SKIPPED_KEY) for r in lines])
+    parsed.notes += notes + _missing_losses(lines, idle)
+    _mark_lossless(lines, idle)
     return parsed
 
 
-def _leftovers(pending: list[Overflow], rows: list[Row], notes: list[str]) -> list[Row]:
-    """Rows for overflows no iteration line followed."""
+def leftovers(
+    pending: list[Overflow], rows: list[Row], notes: list[str], after: str = "iteration line"
+) -> list[Row]:
+    """Rows, under Megatron's names, for overflows no ``after`` (the reader's step line) followed:
+    on the step after the last one read, or each on its own where none was."""
     if not pending:
         return []
     if rows:
-        step = max(row.step for row in rows) + 1
-        notes.append(f"overflow lines after the last iteration line were put on step {step}")
+        step = max((row.step for row in rows if row.step is not None), default=-1) + 1
+        notes.append(f"overflow lines after the last {after} were put on step {step}")
         groups = [(step, pending)]
     else:
         groups = [(e.step, [e]) for e in pending]
@@ -220,14 +224,14 @@ def _leftovers(pending: list[Overflow], rows: list[Row], notes: list[str]) -> li
     return out
 
 
-def _mark_lossless(lines: list[Row]) -> None:
+def _mark_lossless(lines: list[Row], idle: set[int]) -> None:
     """Mark the iteration lines that made updates yet log no loss (see the module's docstring):
-    a skipped count below the line's interval, or 0 where a lone line has no interval to tell.
-    Whether a line logs a loss is decided once per list of keys (a log has a few)."""
-    counts = [r.metrics.get(SKIPPED_KEY) for r in lines]
-    idle = wholly_skipped([r.step for r in lines], counts)
+    a skipped count below the line's interval (``idle``: the steps whose every iteration was
+    skipped), or 0 where a lone line has no interval to tell. Whether a line logs a loss is
+    decided once per list of keys (a log has a few)."""
     logs_loss: dict[tuple[str, ...], bool] = {}
-    for row, skipped in zip(lines, counts, strict=True):
+    for row in lines:
+        skipped = row.metrics.get(SKIPPED_KEY)
         known = isinstance(skipped, int | float) and (skipped == 0 or len(lines) > 1)
         keys = tuple(row.metrics)
         if keys not in logs_loss:
@@ -240,14 +244,14 @@ def _is_loss(key: str) -> bool:
     return key.endswith("loss") and key != SCALE_KEY
 
 
-def _missing_losses(lines: list[Row]) -> list[str]:
-    """Notes for loss fields that vanish from some iteration ``lines`` (Megatron hides NaN losses)."""
+def _missing_losses(lines: list[Row], idle: set[int]) -> list[str]:
+    """Notes for loss fields that vanish from some iteration ``lines`` (Megatron hides NaN losses),
+    but from the ``idle`` steps, which made no update to log a loss of."""
     shapes = Counter(tuple(r.metrics) for r in lines)  # a few key lists, counted once each
     counts: Counter[str] = Counter()
     for keys, n in shapes.items():
         counts.update(dict.fromkeys((k for k in keys if k.endswith("loss")), n))
     notes = []
-    idle = wholly_skipped([r.step for r in lines], [r.metrics.get(SKIPPED_KEY) for r in lines])
     for key, n in counts.items():
         missing = [r.step for r in lines if key not in r.metrics and r.step not in idle]
         if missing and n >= len(missing):

@@ -60,10 +60,15 @@ def _folded(metrics: dict, pending: list[megatron.Overflow]) -> dict:
     """A step's fields with the overflows printed before its line, under the canonical names."""
     if not pending:
         return metrics
-    names = KEY_MAP["megatron"]
-    found = {names[k]: v for k, v in megatron.overflow_fields(pending).items()}
+    found = _canonical(megatron.overflow_fields(pending))
     pending.clear()
     return {**metrics, **found}
+
+
+def _canonical(overflow: dict) -> dict:
+    """Overflow fields under Megatron's names as the canonical keys."""
+    names = KEY_MAP["megatron"]
+    return {names[k]: v for k, v in overflow.items()}
 
 
 def is_record(line: str) -> bool:
@@ -92,10 +97,9 @@ def read(log: LogFile) -> Parsed:
         return [Row(found[0], _folded(found[1], pending), lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
-    if pending and parsed.rows:
-        last = max((row.step for row in parsed.rows if row.step is not None), default=-1)
-        parsed.rows.append(Row(last + 1, _folded({}, pending), "\n".join(e.raw for e in pending)))
-        parsed.notes.append(f"overflow lines after the last step line were put on step {last + 1}")
+    if parsed.rows:
+        late = megatron.leftovers(pending, parsed.rows, parsed.notes, after="step line")
+        parsed.rows += [Row(row.step, _canonical(row.metrics), row.raw) for row in late]
     keys = {key for row in parsed.rows for key in row.metrics}
     if keys & MARKERS["prime-rl"]:
         parsed.framework = parsed.keymap = "prime-rl"

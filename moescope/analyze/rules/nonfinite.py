@@ -11,7 +11,7 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers._rows import wholly_skipped
-from moescope.analyze.rules.series import logged_keys, step_of
+from moescope.analyze.rules.series import is_number, logged_keys, step_of
 from moescope.analyze.rules.thresholds import SUSTAIN
 from moescope.traces import Trace
 
@@ -64,12 +64,8 @@ def _numeric_keys(trace: Trace) -> set[str]:
     return {
         k
         for k in logged_keys(trace)
-        if k not in SKIP_KEYS and any(map(_number, (rec.get(k) for rec in trace.steps)))
+        if k not in SKIP_KEYS and any(map(is_number, (rec.get(k) for rec in trace.steps)))
     } | set(ALWAYS_NUMERIC)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _fp16_skip(rec: dict[str, Any]) -> bool:

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import first_logged, series, shift, step_of, sustained, throughout
+from moescope.analyze.rules.series import (
+    first_logged,
+    is_number,
+    series,
+    shift,
+    step_of,
+    sustained,
+    throughout,
+)
 from moescope.analyze.rules.thresholds import SUSTAIN
 from moescope.traces import Trace
 
@@ -71,7 +79,7 @@ def _no_signal(rec: dict) -> bool | None:
 
     def number(key: str) -> float | None:
         v = rec.get(key)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+        return float(v) if is_number(v) else None
 
     frac, hi, lo, std = (number(k) for k in NO_SIGNAL_KEYS)
     if frac is not None:
@@ -82,7 +90,7 @@ def _no_signal(rec: dict) -> bool | None:
 
 
 def check_no_signal(trace: Trace) -> list[Finding]:
-    if not any(key in rec for key in NO_SIGNAL_KEYS for rec in trace.steps):
+    if first_logged(trace, NO_SIGNAL_KEYS) is None:
         return []  # a log without these metrics says nothing of it: no record need be read
     points = [
         (step_of(rec, i), flag) for i, rec in enumerate(trace.steps) if (flag := _no_signal(rec)) is not None

@@ -23,6 +23,11 @@ def step_of(record: dict[str, Any], index: int) -> int:
     return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else index
 
 
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a logged number: an ``int`` or ``float``, not a ``bool``."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def series(trace: Trace, key: str, *, finite: bool = True) -> Series:
     """``(step, value)`` of a scalar metric; non-finite values left out unless ``finite=False``.
 
@@ -40,7 +45,7 @@ def series(trace: Trace, key: str, *, finite: bool = True) -> Series:
         return list(zip(map(steps.__getitem__, kept), map(float, map(values.__getitem__, kept)), strict=True))
     out = []
     for i, (rec, v) in enumerate(zip(trace.steps, values, strict=True)):
-        if isinstance(v, bool) or not isinstance(v, int | float):
+        if not is_number(v):
             continue
         if finite and not math.isfinite(v):
             continue

@@ -9,6 +9,7 @@ prompt are arbitrary.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -227,11 +228,10 @@ def _logits_of_rows(
     device = execution_device(model)
     hidden = head_input(model, {key: batch[key].to(device) for key in ("input_ids", "attention_mask")})
     head = model.get_output_embeddings()
-    read: list[bool] = []
+    load_head = functools.cache(lambda: held.enter_context(resident(head)))  # at the first part only
 
     def log_probs(part: Batch, start: int) -> torch.Tensor:
-        if not read:
-            read.append(bool(held.enter_context(resident(head))))
+        load_head()
         logits = own_forward(head)(hidden[start : start + len(part["input_ids"])])
         return torch.log_softmax(logits[:, :-1].float(), dim=-1)
 

@@ -278,7 +278,8 @@ def _backbone_differences(omoe: MoEModel, pmoe: MoEModel) -> tuple[dict[str, str
     layer-sequential model's tensors (the original's, or a proxy's read from its cut) are read a
     decoder layer at a time (then the embeddings of both, then their LM heads), each once, and
     only that layer's names are gathered while it is held."""
-    names, listed = set(backbone_tensors(omoe)), backbone_tensors(pmoe)  # names (a layer's may be unread)
+    ours, listed = backbone_tensors(omoe), backbone_tensors(pmoe)  # names (a layer's may be unread)
+    names = set(ours)
     model, experts = omoe.model, set(expert_state_keys(omoe))
     prefixes = {id(m): f"{n}." for n, m in model.named_modules()}
     layers = [(layer, prefixes[id(layer)]) for layer in decoder_layers(model)]
@@ -300,11 +301,9 @@ def _backbone_differences(omoe: MoEModel, pmoe: MoEModel) -> tuple[dict[str, str
     for module, proxy_module in vocabulary:  # one vocabulary-sized matrix of each model at a time
         prefix = prefixes[id(module)]
         with resident(module), resident(proxy_module):
-            theirs = {n: t for n, t in backbone_tensors(pmoe).items() if n.startswith(prefix)}
-            compare({n: t for n, t in backbone_tensors(omoe).items() if n.startswith(prefix)}, theirs)
+            compare(_named_tensors(module, prefix), _named_tensors(proxy_module, prefix))
     read = inside + tuple(prefixes[id(module)] for module, _ in vocabulary)
-    rest = {n: t for n, t in backbone_tensors(omoe).items() if not n.startswith(read)}
-    compare(rest, backbone_tensors(pmoe))
+    compare({n: t for n, t in ours.items() if not n.startswith(read)}, listed)  # held throughout
     differences |= tensor_differences({}, {n: listed[n] for n in listed.keys() - names})
     return dict(sorted(differences.items())), len(names | listed.keys())
 
@@ -323,11 +322,16 @@ def _layer_tensors(
         return
     weights = getattr(model, "_layer_weights", None)
     if read_when_used(layer) and weights is not None and prefix in weights.layers:
-        held = {prefix + n: t for n, t in model_tensors(layer).items() if t.device.type != "meta"}
+        held = {n: t for n, t in _named_tensors(layer, prefix).items() if t.device.type != "meta"}
         yield {n: t for n, t in held.items() if n not in leave_out} | weights.read(prefix, leave_out)
         return
     with resident(layer):
-        yield {prefix + n: t for n, t in model_tensors(layer).items() if prefix + n not in leave_out}
+        yield {n: t for n, t in _named_tensors(layer, prefix).items() if n not in leave_out}
+
+
+def _named_tensors(module: torch.nn.Module, prefix: str) -> dict[str, torch.Tensor]:
+    """:func:`model_tensors` of ``module`` under their names in the model (``prefix``: its own)."""
+    return {prefix + n: t for n, t in model_tensors(module).items()}
 
 
 def _vocabulary(model: torch.nn.Module) -> list[torch.nn.Module]:
