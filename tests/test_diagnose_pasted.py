@@ -72,6 +72,8 @@ EXPECTED: dict[str, set[str]] = {
     "trl_grpo_cut_dead_record.log": {"no_signal"},
     "litgpt_iter_step_loss_jump.log": {"loss_divergence"},
     "dschat_overflow_floor_then_nan.log": {"nonfinite", "overflow"},
+    "baselines_ppo_table_kl_jump.log": {"kl_blowup"},
+    "baselines_ppo_table_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moescope import schema as S
-from moescope.analyze.readers import keymap, read_log
+from moescope.analyze.readers import keymap, read_log, table
 from moescope.analyze.readers.records import pairs
 from moescope.errors import MoescopeError
 
@@ -264,6 +264,31 @@ def test_record_lines_a_terminal_wrapped_at_its_width_are_rejoined(tmp_path: Pat
     trace = read_text(tmp_path, "\n".join(wrapped) + "\n")
     assert _finite_values(trace) == _finite_values(read_log(path))
     assert sum(math.isnan(s[S.GRAD_NORM]) for s in trace.steps) == 3
+
+
+def test_a_pipe_table_without_a_step_column_is_read_row_by_row(tmp_path: Path) -> None:
+    """OpenAI baselines' PPO table: names over rows of numbers, one row an optimisation epoch."""
+    text = (
+        "********* Iteration 3 ************\nOptimizing...\n"
+        "     pol_surr |    pol_entpen |       vf_loss |            kl |           ent\n"
+        "     -0.00120 |      -0.00000 |      5.10e+01 |       0.00090 |       0.69100\n"
+        "     -0.00510 |      -0.00000 |      4.80e+01 |       0.00350 |       0.69020\n"
+        "Evaluating losses...\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == [0, 1]
+    assert trace.steps[1][S.KL] == 0.0035 and trace.steps[1]["vf_loss"] == 48.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "| approxkl | 6.6e-05 |\n| clipfrac | 0.0 |\n| policy_loss | 0.0006 |\n",  # one step's stats
+        "| model | acc | f1 |\n|---|---|---|\n| base | 0.81 | 0.77 |\n| tuned | 0.86 | 0.80 |\n",  # results
+    ],
+)
+def test_a_pipe_table_of_names_and_text_is_no_step_table(text: str) -> None:
+    assert table.header(text.splitlines()) is None
 
 
 def test_a_notebook_progress_table_is_read_by_its_column_names() -> None:

@@ -9,7 +9,12 @@
 
 A header row whose first cell is ``Step``, then one row per logging step whose first cell is the
 step; cells split at ``|``, tabs or runs of two or more spaces (a copied HTML table pastes with
-tabs). ``No Log`` and empty cells are absent values. Column names are read as the Trainer logged
+tabs). ``No Log`` and empty cells are absent values.
+
+A table without a step column is read too when its cells are split at ``|``: a header row of
+names only, then rows of numbers only, as the width of the header — OpenAI baselines' PPO prints
+one a iteration, a row per optimisation epoch (``pol_surr | pol_entpen | vf_loss | kl | ent``).
+Its rows name no step and are indexed in order. Column names are read as the Trainer logged
 them — the HTML table prints ``completions / mean_length`` for ``completions/mean_length`` and
 ``Training Loss`` for ``loss`` — so both are put back before the key map (TRL's, then the
 generic names) renames them.
@@ -30,6 +35,7 @@ _HEADER = re.compile(r"^\s*\|?\s*step\s*(?:\||\t|\s{2,})", re.IGNORECASE)
 _RULE = re.compile(r"^[\s|:\-=+]+$")
 _STEP = re.compile(rf"^{INT}$")
 _RENAMED = {"training loss": "loss", "validation loss": "eval_loss"}
+_LETTER = re.compile(r"[A-Za-z_]")
 
 
 def cells(line: str) -> list[str]:
@@ -39,14 +45,33 @@ def cells(line: str) -> list[str]:
 
 
 def header(lines: list[str]) -> int | None:
-    """The index of a ``Step | …`` header row followed by a row of the same width, else ``None``."""
+    """The index of a header row followed by a row of its width, else ``None``: a ``Step | …``
+    row over rows that start with a step, or a ``|`` row of names over rows of numbers."""
     for i, line in enumerate(lines[:5000]):
-        if _HEADER.match(line):
-            names = cells(line)
-            rows = (cells(x) for x in lines[i + 1 : i + 4] if x.strip() and not _RULE.match(x))
-            if len(names) >= 2 and any(len(r) == len(names) and _STEP.match(r[0]) for r in rows):
-                return i
+        stepped = _HEADER.match(line) is not None
+        if not stepped and not _names_only(line):
+            continue
+        names = cells(line)
+        rows = (cells(x) for x in lines[i + 1 : i + 4] if x.strip() and not _RULE.match(x))
+        if len(names) >= 2 and any(len(r) == len(names) and _fits(r, stepped) for r in rows):
+            return i
     return None
+
+
+def _names_only(line: str) -> bool:
+    """A ``|``-split row whose cells are all names (none a number): a header without a step."""
+    if "|" not in line or _RULE.match(line):
+        return False
+    return all(_LETTER.match(c) and _value(c) is None for c in cells(line))
+
+
+def _numbers_only(row: list[str]) -> bool:
+    return all(_value(c) is not None for c in row)
+
+
+def _fits(row: list[str], stepped: bool) -> bool:
+    """Whether ``row`` is a data row under a header with (``stepped``) or without a step column."""
+    return _STEP.match(row[0]) is not None if stepped else _numbers_only(row)
 
 
 def _name(cell: str) -> str:
@@ -64,17 +89,21 @@ def _value(cell: str) -> Any:
 def read(log: LogFile) -> Parsed:
     """One row per table row under the header (a second header, another table, resets the names)."""
     names: list[str] = []
+    stepped = True
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
-        nonlocal names
-        if _HEADER.match(lines[i]):
-            names = [_name(c) for c in cells(lines[i])]
+        nonlocal names, stepped
+        if _HEADER.match(lines[i]) or _names_only(lines[i]):
+            names, stepped = [_name(c) for c in cells(lines[i])], _HEADER.match(lines[i]) is not None
             return [], i + 1
         if _RULE.match(lines[i]):
             return [], i + 1
         row = cells(lines[i])
-        if not names or len(row) != len(names) or not _STEP.match(row[0]):
+        if not names or len(row) != len(names) or not _fits(row, stepped):
             return None
+        if not stepped:
+            metrics = {n: v for n, c in zip(names, row, strict=True) if (v := _value(c)) is not None}
+            return [Row(None, metrics, lines[i], i + 1)], i + 1
         metrics = {n: v for n, c in zip(names[1:], row[1:], strict=True) if (v := _value(c)) is not None}
         return [Row(int(row[0]), metrics, lines[i], i + 1)], i + 1
 
