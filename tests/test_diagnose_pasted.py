@@ -74,6 +74,8 @@ EXPECTED: dict[str, set[str]] = {
     "dschat_overflow_floor_then_nan.log": {"nonfinite", "overflow"},
     "baselines_ppo_table_kl_jump.log": {"kl_blowup"},
     "baselines_ppo_table_healthy.log": set(),
+    "mlx_lm_grpo_dead.log": {"no_signal"},
+    "mlx_lm_grpo_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {

@@ -291,6 +291,20 @@ def test_a_pipe_table_of_names_and_text_is_no_step_table(text: str) -> None:
     assert table.header(text.splitlines()) is None
 
 
+def test_spaced_names_a_key_map_knows_are_read_without_a_colon(tmp_path: Path) -> None:
+    """mlx-lm's GRPO report: ``Total rewards mean 0.625``; spaced names no map knows stay unread."""
+    line = (
+        "Iter 5: Train loss 0.012, Total rewards mean 0.625, Total rewards std 0.484, "
+        "Grouped rewards std 0.354, KL 0.002, Learning Rate 1.000e-05, Peak mem 20.1 GB\n"
+    )
+    step = read_text(tmp_path, line).steps[0]
+    assert step["step"] == 5
+    assert (step[S.REWARD_MEAN], step[S.REWARD_STD], step[S.KL]) == (0.625, 0.354, 0.002)
+    assert step[S.LR] == 1e-05 and step[S.ACTOR_LOSS] == 0.012
+    assert not {"Total rewards std", "Peak mem"} & step.keys()
+    assert pairs("the reward mean is 3, as expected") == {}
+
+
 def test_a_notebook_progress_table_is_read_by_its_column_names() -> None:
     trace = read_log(Path(__file__).parent / "data" / "logs" / "trl_notebook_table.log")
     assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == [10, 20, 30]

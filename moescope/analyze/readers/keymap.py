@@ -215,10 +215,14 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `dead_expert_frac` | `moe/dead_expert_frac` |
 | generic | `max_vio` | `moe/max_violation` |
 | generic | `rollout_train_k3_kl` | `rollout/k3_kl` |
+| generic | `total_rewards_mean` | `reward/mean` |
+| generic | `grouped_rewards_std` | `reward/std` |
 
 The ``generic`` table serves logs of trainers not listed (:mod:`moescope.analyze.readers.steplines`,
 :mod:`moescope.analyze.readers.keyvalues`); a key is looked up there in lower case with runs of
-spaces, dots and hyphens made one ``_`` (``Grad Norm`` → ``grad_norm``). slime's ``train/tis``
+spaces, dots and hyphens made one ``_`` (``Grad Norm`` → ``grad_norm``; mlx-lm's GRPO report
+prints ``Total rewards mean 0.000`` for ``total_rewards_mean``, and its ``grouped_rewards_std`` is
+the mean of the per-prompt reward std, TRL's ``reward_std``). slime's ``train/tis``
 is the mean importance weight after its truncation. The ``areal``, ``nemo``, ``nemo-automodel``,
 ``tinker`` and ``deepspeed-chat`` tables serve the free-text records of
 :mod:`moescope.analyze.readers.records` (and any flat JSON lines naming those keys); a key a
@@ -492,6 +496,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "dead_expert_frac": S.DEAD_EXPERT_FRAC,
         "max_vio": S.MAX_VIOLATION,
         "rollout_train_k3_kl": S.MISMATCH_KL,
+        "total_rewards_mean": S.REWARD_MEAN,  # mlx-lm's GRPO report, printed "Total rewards mean 0.625"
+        "grouped_rewards_std": S.REWARD_STD,  # ...its mean per-prompt reward std, TRL's reward_std
     },
 }
 NORMALISED = frozenset({"generic"})

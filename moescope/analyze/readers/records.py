@@ -138,7 +138,7 @@ def _piece_fields(piece: str) -> tuple[tuple[str, Any], ...]:
     labelled = list(_LABELLED.finditer(piece))
     whole = labelled and labelled[0].start() == 0 and labelled[-1].end() == len(piece)
     found = None if whole or len(piece) >= 200 else field(piece, labelled=True) or field(piece)
-    if found and (":" in piece or "=" in piece or (" " not in found[0] and _named(found[0]))):
+    if found and (":" in piece or "=" in piece or _names_a_metric(found[0])):
         return (found,)  # a name with spaces or a unit: "average reward score: 0.2"
     matches = labelled or (m for m in _SPACED.finditer(piece) if _named(m.group("key")))
     return tuple((match.group("key"), parse_number(match.group("value"))) for match in matches)
@@ -157,6 +157,13 @@ def _numeric(text: str) -> bool:
 def _named(key: str) -> bool:
     """A bare name that is a metric: known to a key map, or written like code."""
     return is_metric(key) or any(c in key for c in "_/")
+
+
+def _names_a_metric(name: str) -> bool:
+    """Whether the name before a bare number (no ``:`` or ``=``) is a metric's: one word as
+    :func:`_named` reads it, several words only when a key map knows them (mlx-lm's ``Total
+    rewards mean 0.000``), as prose before a number (``the loss is 3``) names none."""
+    return _named(name) if " " not in name else is_metric(name)
 
 
 @cache
