@@ -76,6 +76,7 @@ EXPECTED: dict[str, set[str]] = {
     "baselines_ppo_table_healthy.log": set(),
     "mlx_lm_grpo_dead.log": {"no_signal"},
     "mlx_lm_grpo_healthy.log": set(),
+    "imagenet_progress_loss_nan.log": {"nonfinite"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -90,6 +91,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "trl_grpo_cut_dead_record.log": ("no_signal", 1),
     "litgpt_iter_step_loss_jump.log": ("loss_divergence", 2393),
     "dschat_overflow_floor_then_nan.log": ("overflow", 4479),
+    "imagenet_progress_loss_nan.log": ("nonfinite", 2 * 1251 + 920),  # epochs from 0: Epoch: [2][ 920/1251]
 }
 
 

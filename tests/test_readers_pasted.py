@@ -61,6 +61,17 @@ def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -
             19000,
             {S.REWARD_MEAN: -57.27, "Std of Reward": 0.0},
         ),
+        # PyTorch's ImageNet ProgressMeter and DeiT / MAE's MetricLogger count epochs from 0
+        (
+            "Epoch: [2][ 900/1251]\tTime  0.412 ( 0.420)\tLoss 2.1843e+00 (2.2310e+00)",
+            3402,
+            {S.ACTOR_LOSS: 2.1843},
+        ),
+        (
+            "Epoch: [1]  [ 10/582]  lr: 0.000002  loss: 0.6931 (0.6931)  grad_norm: 0.3857 (inf)",
+            592,
+            {S.GRAD_NORM: 0.3857},
+        ),
     ],
 )
 def test_step_markers_of_home_made_loops_and_frameworks(tmp_path: Path, line: str, step: int, values) -> None:

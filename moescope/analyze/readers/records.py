@@ -7,6 +7,8 @@ on the line (or none). The marker is found first, each as its framework prints i
 - mmengine / XTuner: ``Iter(train) [ 510/2046]  lr: 1.7590e-04  …  loss: 0.6919  grad_norm: nan``
   and ``Epoch(train) [1][200/735]  …`` (step = (epoch − 1) × per-epoch + i);
 - home-made loops: ``Epoch:[0/10](100/500) loss:0.12 lr:1e-4 grad_norm:1.3`` (epoch × n + i);
+- PyTorch's ImageNet example, DeiT / MAE's MetricLogger: ``Epoch: [3][ 740/2429]  Time 2.46 (2.27)
+  … Loss 1.2 (1.3)`` and ``Epoch: [0]  [ 10/582]  lr: 0.000002  loss: 0.6931 (0.6931)`` (epoch × n + i);
 - NeMo 2.0: ``Training epoch 0, iteration 120/149 | lr: 3e-05 | … | reduced_train_loss: 1.233``;
 - torchtune's progress bar ``1|10|Loss: 1.2345`` (epoch|step|loss);
 - a tqdm bar with a postfix: ``10%|█ | 10/100 [00:10<01:30, 1.0it/s, loss=0.123, lr=1e-5]``;
@@ -60,6 +62,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ("mmengine", re.compile(rf"Iter\((?:train|val|test)\)\s*\[{_I}/\s*{INT}\s*\]"), lambda m: int(m[1])),
     ("mmengine", re.compile(rf"Epoch\(train\)\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
     (None, re.compile(rf"Epoch\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
+    # PyTorch's ImageNet example and the MetricLogger of DeiT / MAE / LLaMA-Adapter count epochs
+    # from 0 ("Epoch: [0]  [ 10/582]"); a loop counting from 1 is read one epoch on, still in order
+    (None, re.compile(rf"Epoch:\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
     (
         None,
         re.compile(rf"Epoch\s*:?\s*\[{_I}/\s*{INT}\s*\]\s*\({_I}/{_I}\)", re.IGNORECASE),
