@@ -61,6 +61,12 @@ def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -
             19000,
             {S.REWARD_MEAN: -57.27, "Std of Reward": 0.0},
         ),
+        (
+            "2025-06-08 16:06:06,307 - mmdet - INFO - Iter [50/84384]\tlr: 3.189e-04, eta: 1 day, 3:39:18, "
+            "time: 1.181, loss_cls: 1.3917, loss: 4.1620, grad_norm: 37.2051",
+            50,
+            {S.ACTOR_LOSS: 4.162, S.GRAD_NORM: 37.2051},
+        ),
         # PyTorch's ImageNet ProgressMeter and DeiT / MAE's MetricLogger count epochs from 0
         (
             "Epoch: [2][ 900/1251]\tTime  0.412 ( 0.420)\tLoss 2.1843e+00 (2.2310e+00)",

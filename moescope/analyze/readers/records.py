@@ -5,7 +5,8 @@ metrics as ``name: value``, ``name=value`` or ``name value`` fields, with a step
 on the line (or none). The marker is found first, each as its framework prints it:
 
 - mmengine / XTuner: ``Iter(train) [ 510/2046]  lr: 1.7590e-04  …  loss: 0.6919  grad_norm: nan``
-  and ``Epoch(train) [1][200/735]  …`` (step = (epoch − 1) × per-epoch + i);
+  and ``Epoch(train) [1][200/735]  …`` (step = (epoch − 1) × per-epoch + i); mmcv 1.x's
+  ``Iter [10100/316440]\tlr: 3.990e-04, …, loss: nan, grad_norm: nan``;
 - home-made loops: ``Epoch:[0/10](100/500) loss:0.12 lr:1e-4 grad_norm:1.3`` (epoch × n + i);
 - PyTorch's ImageNet example, DeiT / MAE's MetricLogger: ``Epoch: [3][ 740/2429]  Time 2.46 (2.27)
   … Loss 1.2 (1.3)`` and ``Epoch: [0]  [ 10/582]  lr: 0.000002  loss: 0.6931 (0.6931)`` (epoch × n + i);
@@ -61,6 +62,8 @@ def _epoch_from_zero(match: re.Match[str]) -> int:
 MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]], ...] = (
     ("mmengine", re.compile(rf"Iter\((?:train|val|test)\)\s*\[{_I}/\s*{INT}\s*\]"), lambda m: int(m[1])),
     ("mmengine", re.compile(rf"Epoch\(train\)\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
+    # mmcv 1.x's IterBasedRunner, mmengine's predecessor: "Iter [10100/316440]\tlr: 3.990e-04, …"
+    ("mmengine", re.compile(rf"(?<![\w)])Iter\s*\[{_I}/\s*{INT}\s*\]"), lambda m: int(m[1])),
     (None, re.compile(rf"Epoch\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
     # PyTorch's ImageNet example and the MetricLogger of DeiT / MAE / LLaMA-Adapter count epochs
     # from 0 ("Epoch: [0]  [ 10/582]"); a loop counting from 1 is read one epoch on, still in order
