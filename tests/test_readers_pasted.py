@@ -322,6 +322,23 @@ def test_spaced_names_a_key_map_knows_are_read_without_a_colon(tmp_path: Path) -
     assert pairs("the reward mean is 3, as expected") == {}
 
 
+def test_a_record_every_host_of_a_multi_node_launch_prints_is_one_step(tmp_path: Path) -> None:
+    """pdsh puts the host before each line: one record per host, in any order, is one step."""
+    text = "".join(
+        f"{host}: {{'loss': {loss}, 'learning_rate': 2e-05, 'epoch': 0.01}}\n"
+        for loss, hosts in ((1.52, ("node-a", "node-b")), (1.31, ("node-b", "node-a")), (1.31, ("node-a",)))
+        for host in hosts
+    )
+    trace = read_text(tmp_path, text)
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [1.52, 1.31, 1.31]  # node-a's next record is a step
+    assert any("several hosts" in n for n in trace.notes)
+
+
+def test_equal_records_without_a_host_stay_steps_of_their_own(tmp_path: Path) -> None:
+    text = "{'loss': 0.0, 'grad_norm': nan, 'epoch': 0.5}\n" * 3
+    assert len(read_text(tmp_path, text).steps) == 3
+
+
 def test_a_notebook_progress_table_is_read_by_its_column_names() -> None:
     trace = read_log(Path(__file__).parent / "data" / "logs" / "trl_notebook_table.log")
     assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == [10, 20, 30]

@@ -16,7 +16,8 @@
   unless a dict opened above it is still open: then it is that record's next line. A record the
   paste cut short before its ``}`` (the last line of a copied terminal) is read from its complete
   pairs, with a note; if its step key was cut away it goes on the step after the record before it.
-  LLaMA-Factory's rounded echo of a record, printed next to it, is merged into it.
+  LLaMA-Factory's rounded echo of a record, printed next to it, is merged into it, and so are the
+  copies a multi-node launch prints of one record, one a host (``10.96.202.43: {'loss': …}``).
 
 The dict is read with :func:`ast.parse` and never evaluated.
 """
@@ -44,6 +45,7 @@ BARE_DICT = re.compile(r"""^\s*(['"])[^'"\n]+\1:\s*[^,\n]+,\s*(['"])[^'"\n]+\2:"
 _BAR = re.compile(rf"({INT})/({INT})\s*\[")
 _SLIME_STEP = re.compile(rf"\b(?:step|rollout|eval)\s+({INT}):\s*$")
 _LOG_HISTORY = re.compile(r'"log_history"\s*:\s*\[')
+_HOST_LABEL = re.compile(r"^\s*([\w.\-]+):\s+\{")  # pdsh's "10.96.202.43: " / "worker-1: " before a record
 _CUT_TRIES = 8  # last pair boundaries tried when a cut record's tail does not parse
 CONSOLE_FRAMEWORKS = ("trl", "ms-swift", "slime", "openrlhf", "nemo-rl", "verl")
 
@@ -130,7 +132,10 @@ def read_console(log: LogFile) -> Parsed:
         for row, count, bar_total in bars:
             row.step = count if bar_total == total else None
         parsed.notes.append(f"steps were taken from the progress bar glued to each record (n/{total})")
-    parsed.rows = _echoes_merged(parsed.rows)
+    rows = _echoes_merged(parsed.rows)
+    parsed.rows = _node_copies_merged(rows)
+    if copies := len(rows) - len(parsed.rows):
+        parsed.notes.append(f"{copies} copies of records that several hosts printed were merged into them")
     parsed.framework = guess_framework({k for row in parsed.rows for k in row.metrics}, CONSOLE_FRAMEWORKS)
     return parsed
 
@@ -155,6 +160,41 @@ def _echoes_merged(rows: list[Row]) -> list[Row]:
         else:
             out.append(row)
     return out
+
+
+def _node_copies_merged(rows: list[Row]) -> list[Row]:
+    """One record as every node of a multi-node launch prints it, as one: pdsh (DeepSpeed's
+    multi-node runner) puts the host in front of each line (``10.96.202.43: {'loss': 0.56, …}``),
+    so the same record follows itself once a host. A copy is a record equal to the one before it,
+    on the same step, from a host not yet seen printing it."""
+    out: list[Row] = []
+    hosts: set[str] = set()
+    for row in rows:
+        host = _host(row.raw)
+        last = out[-1] if out else None
+        if host and last is not None and host not in hosts and _same_record(last, row):
+            last.raw += "\n" + row.raw
+            hosts.add(host)
+            continue
+        out.append(row)
+        hosts = {host} if host else set()
+    return out
+
+
+def _host(raw: str) -> str | None:
+    label = _HOST_LABEL.match(raw)
+    return label.group(1) if label else None
+
+
+def _same_record(a: Row, b: Row) -> bool:
+    if a.step != b.step or a.metrics.keys() != b.metrics.keys():
+        return False
+    return all(_identical(a.metrics[k], b.metrics[k]) for k in a.metrics)
+
+
+def _identical(a: Any, b: Any) -> bool:
+    both_nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    return both_nan or a == b
 
 
 def _echo(a: Row, b: Row) -> bool:
