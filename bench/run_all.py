@@ -29,6 +29,7 @@ SCRIPTS: dict[str, list[str]] = {
     "clustering": ["clustering.py"],
     "charts": ["charts.py"],
     "diagnose_read": ["diagnose_read.py", "--mb", "32", "--repeats", "3"],
+    "activation_memory": ["activation_memory.py", "--real"],
 }
 QUICK = {
     "export": ["export.py", "--gb", "4.0"],

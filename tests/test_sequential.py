@@ -4,6 +4,7 @@ one layer in memory, and the calibrated selections it gives a streaming export."
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -62,10 +63,11 @@ def test_statistics_and_embeddings_equal_the_in_memory_pass(arch: str, tiny_chec
         and got.config_hash == expected.config_hash
     )
     for name in ARRAYS:
+        # summed a chunk at a time (the first row runs alone, measured; then chunks of 2): the
+        # float error of another order of sums
         np.testing.assert_allclose(
-            getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-6, err_msg=name
+            getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-5, err_msg=name
         )
-        # summed a chunk at a time: the float error of another order of sums
         np.testing.assert_allclose(
             getattr(chunked, name), getattr(expected, name), rtol=1e-5, atol=1e-5, err_msg=name
         )
@@ -74,22 +76,27 @@ def test_statistics_and_embeddings_equal_the_in_memory_pass(arch: str, tiny_chec
 
 
 def test_one_decoder_layer_is_in_memory_at_a_time() -> None:
-    resident: list[int] = []
+    resident: list[tuple[str, int]] = []
     with layer_sequential("toy") as model:
         layers = decoder_layers(model)
         assert all(p.device.type == "meta" for p in layers.parameters())  # nothing loaded yet
         assert model.get_input_embeddings().weight.device.type == "cpu"
 
-        def count(*_: object) -> None:
-            resident.append(sum(any(p.device.type != "meta" for p in layer.parameters()) for layer in layers))
+        def count(moment: str) -> Callable[..., None]:
+            def hook(*_: object) -> None:
+                loaded = sum(any(p.device.type != "meta" for p in layer.parameters()) for layer in layers)
+                resident.append((moment, loaded))
 
-        handles = [layer.register_forward_pre_hook(count) for layer in layers]
-        hooks = [layer.experts.register_forward_hook(count) for layer in adapt(model).layers]
+            return hook
+
+        handles = [layer.register_forward_pre_hook(count("before")) for layer in layers]
+        hooks = [layer.experts.register_forward_hook(count("inside")) for layer in adapt(model).layers]
         collect_routing(model, _ids(model), **OPTIONS)
         for handle in handles + hooks:
             handle.remove()
         assert all(p.device.type == "meta" for p in layers.parameters())  # and released after
-    assert resident and set(resident[::2]) == {0} and set(resident[1::2]) == {1}  # before / inside a layer
+    for moment, loaded in (("before", 0), ("inside", 1)):  # before a layer / inside one (each chunk)
+        assert {n for m, n in resident if m == moment} == {loaded}, moment
 
 
 def test_untied_embeddings_and_head_are_read_only_when_used(tiny_checkpoint) -> None:

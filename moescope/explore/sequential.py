@@ -144,15 +144,18 @@ def layer_sequential(
 
 def chunk_rows(model: PreTrainedModel) -> RowsFor:
     """Rows per chunk of a decoder layer's forward on ``model``: as many as
-    :func:`~moescope.models.footprint.rows_beside_layer` holds of one layer's activations
-    (twice those when a backward follows: the layer run again, and its gradients). The largest
-    layer's size is taken once: every layer of every forward asks."""
+    :func:`~moescope.models.footprint.rows_beside_layer` holds of one row's activations, the
+    larger of their estimate and what a row was measured to allocate (twice those when a
+    backward follows: the layer run again, and its gradients). The largest layer's size is
+    taken once: every layer of every forward asks."""
     layer = largest_layer_bytes(model)
 
-    def rows_for(hidden: Any, backward: bool) -> int:
+    def rows_for(hidden: Any, backward: bool, measured: int | None) -> int:
         seq_len = hidden.shape[1] if hidden.dim() > 2 else 1
-        per_row = layer_activation_bytes(model.config, rows=1, seq_len=seq_len) * (2 if backward else 1)
-        return rows_beside_layer(model, per_row, available=chunk_memory(model), layer=layer)
+        row = max(layer_activation_bytes(model.config, rows=1, seq_len=seq_len), measured or 0)
+        return rows_beside_layer(
+            model, row * (2 if backward else 1), available=chunk_memory(model), layer=layer
+        )
 
     return rows_for
 

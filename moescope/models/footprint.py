@@ -95,9 +95,12 @@ def activation_bytes(
 
 
 def layer_activation_bytes(config: Any, *, rows: int, seq_len: int, tokens: int | None = None) -> int:
-    """A generous estimate, in float32, of what one decoder layer's forward holds at once for
-    ``rows`` rows of ``seq_len`` positions (``tokens`` of them real, default all): two dozen
-    hidden-sized vectors per token and the eager attention scores and their softmax."""
+    """An estimate, in float32, of what one decoder layer's forward holds at once for ``rows``
+    rows of ``seq_len`` positions (``tokens`` of them real, default all): two dozen
+    hidden-sized vectors per token and the eager attention scores and their softmax. Generous
+    for attention and a few routed experts, short for many fine-grained ones and for linear
+    attention's reference kernels: a layer-sequential pass's chunks take the larger of it and a
+    measured row (:mod:`moescope.models.row_chunks`)."""
     text = config.get_text_config()
     tokens = rows * seq_len if tokens is None else tokens
     scores = 2 * rows * _attention_heads(text) * seq_len**2

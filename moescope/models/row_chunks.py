@@ -16,6 +16,12 @@ layer once more for all its chunks, loaded when the backward reaches the layer's
 released when it leaves the layer's input (:class:`_LoadForBackward`, :class:`_ReleaseAfterBackward`).
 A layer the backward never reaches (before the first scaled expert) is never read again.
 
+A chunk's rows are sized by one row's activations: the larger of their estimate and what the
+layer's first row of a forward at that width (and with or without a backward) was measured to
+allocate (:mod:`moescope.models.peak_memory`), that row run as a chunk of its own. An estimate
+short of a layer's real activations (Qwen3-Next's gated delta rule on the CPU holds 100 times
+it) would otherwise size chunks past the memory they were given.
+
 A forward that carries a key/value cache (``generate``) runs unchunked: a cache written a chunk
 at a time would hold each chunk's keys one after another.
 """
@@ -31,11 +37,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from moescope.models.peak_memory import measurable
 from moescope.models.resident import read_when_used, resident
 
 _OFFSET: contextvars.ContextVar[int] = contextvars.ContextVar("moescope_row_offset", default=0)
 
-RowsFor = Callable[[torch.Tensor, bool], int]  # (a layer's hidden states, backward follows) -> rows per chunk
+# (a layer's hidden states, backward follows, one row's measured bytes or None) -> rows per chunk
+RowsFor = Callable[[torch.Tensor, bool, "int | None"], int]
 
 
 def row_offset() -> int:
@@ -55,7 +63,8 @@ def chunks_rows(model: nn.Module) -> bool:
 
 def chunk_decoder_layers(model: nn.Module, rows_for: RowsFor) -> None:
     """Every decoder layer of ``model`` whose weights accelerate reads when it runs runs its
-    rows in chunks of ``rows_for(hidden_states, backward)`` rows, inside one read of its weights.
+    rows in chunks of ``rows_for(hidden_states, backward, row_bytes)`` rows (``row_bytes``: what
+    one row was measured to allocate, ``None`` where it was not), inside one read of its weights.
 
     The chunking sits inside accelerate's hook (its ``_old_forward``), so the hook still loads
     the layer once before the first chunk and releases it after the last.
@@ -74,31 +83,64 @@ class _ChunkedForward:
 
     def __init__(self, layer: nn.Module, forward: Callable[..., Any], rows_for: RowsFor) -> None:
         self.layer, self.forward, self.rows_for = layer, forward, rows_for
+        self.row_bytes: dict[tuple[int, bool], int] = {}  # (width, backward) -> one row, measured
+        self._measuring: tuple[int, bool] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hidden = args[0] if args else kwargs["hidden_states"]
         rows, backward = hidden.shape[0], torch.is_grad_enabled()
         if _holds_cache(args, kwargs):
             return self.forward(*args, **kwargs)
-        size = max(1, self.rows_for(hidden, backward)) if rows > 1 else 1
-        chunks = [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
+        measure = rows > 1 and (_width(hidden), backward) not in self.row_bytes and measurable(hidden.device)
+        chunks = self._chunks(hidden, rows, backward, measure)
         if backward:  # checkpointed even whole: autograd would keep the weights to the backward
             return self._checkpointed(chunks, rows, args, kwargs)
-        if len(chunks) == 1:
+        if not measure and self._size(hidden, rows, backward) >= rows:
             return self.forward(*args, **kwargs)
         outputs = (
             self._chunk(part.start, *_rows(args, part, rows), **_rows(kwargs, part, rows)) for part in chunks
         )
         return _joined(outputs, rows)
 
+    def _chunks(self, hidden: torch.Tensor, rows: int, backward: bool, measure: bool) -> Iterator[slice]:
+        """The forward's chunks of rows, in order; with ``measure`` (no row of this width, and
+        backward, measured yet) the first row is a chunk of its own, measured as it runs, and
+        the rest are sized by what it took."""
+        start = 0
+        if measure:
+            self._measuring = (_width(hidden), backward)
+            yield slice(0, 1)
+            start = 1
+        size = self._size(hidden, rows, backward)
+        for first in range(start, rows, size):
+            yield slice(first, min(first + size, rows))
+
+    def _size(self, hidden: torch.Tensor, rows: int, backward: bool) -> int:
+        measured = self.row_bytes.get((_width(hidden), backward))
+        return max(1, self.rows_for(hidden, backward, measured)) if rows > 1 else 1
+
     def _chunk(self, start: int, *args: Any, **kwargs: Any) -> Any:
         token = _OFFSET.set(start)
         try:
-            return self.forward(*args, **kwargs)
+            if self._measuring is None:
+                return self.forward(*args, **kwargs)
+            return self._measured(*args, **kwargs)
         finally:
             _OFFSET.reset(token)
 
-    def _checkpointed(self, chunks: list[slice], rows: int, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def _measured(self, *args: Any, **kwargs: Any) -> Any:
+        """The layer's forward of one row, what it allocated kept for sizing the chunks after it."""
+        from moescope.models.peak_memory import peak_allocation
+
+        key, self._measuring = self._measuring, None
+        hidden = args[0] if args else kwargs["hidden_states"]
+        with peak_allocation(hidden.device) as peak:
+            out = self.forward(*args, **kwargs)
+        if peak.bytes is not None and key is not None:
+            self.row_bytes[key] = peak.bytes
+        return out
+
+    def _checkpointed(self, chunks: Iterator[slice], rows: int, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Each chunk under activation checkpointing, the layer read again for the backward."""
         from torch.utils.checkpoint import checkpoint
 
@@ -204,6 +246,10 @@ class _ReleaseAfterBackward(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         ctx.loaded.release()
         return grad, None
+
+
+def _width(hidden: torch.Tensor) -> int:
+    return hidden.shape[1] if hidden.dim() > 2 else 1
 
 
 def _holds_cache(args: tuple, kwargs: dict[str, Any]) -> bool:
