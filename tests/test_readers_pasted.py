@@ -345,3 +345,26 @@ def test_a_notebook_progress_table_is_read_by_its_column_names() -> None:
     first, last = trace.steps[0], trace.steps[-1]
     assert first[S.ACTOR_LOSS] == 0.0012 and first[S.LENGTH_MEAN] == 402.125 and first[S.KL] == 0.00031
     assert S.KL not in last  # 'No Log' is not logged, not a value
+
+
+def test_a_config_dump_does_not_outvote_a_metrics_line_without_a_step(tmp_path: Path) -> None:
+    """A progress bar's postfix pasted without the bar, above the run's YAML config: the config's
+    ``max_epochs: 100`` lines name no metric, so the one line that does is the record read."""
+    text = (
+        "log:\n [0:12:31<9:20:05, 88.20s/it, env/reward=0.012, rollout/advantages_mean=nan, "
+        "train/actor/grad_norm=nan, train/actor/policy_loss=nan, train/actor/lr=1e-5,\n\n"
+        "runner:\n  max_epochs: 100\n  max_steps: -1\n  save_interval: 20\n  seq_length: 256\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "records" and len(trace.steps) == 1
+    assert math.isnan(trace.steps[0][S.GRAD_NORM]) and "max_epochs" not in trace.steps[0]
+
+
+def test_a_snapshot_of_metrics_still_outvotes_a_stray_record(tmp_path: Path) -> None:
+    """Lines that name metrics outvote a record line among them, as before."""
+    text = (
+        "actor/entropy: 0.41\nactor/pg_loss: 0.012\ncritic/score/mean: 0.53\n"
+        "earlier: loss=0.31 grad_norm=1.2\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "key-values" and trace.steps[0][S.ENTROPY] == 0.41
