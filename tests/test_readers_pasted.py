@@ -368,3 +368,18 @@ def test_a_snapshot_of_metrics_still_outvotes_a_stray_record(tmp_path: Path) -> 
     )
     trace = read_text(tmp_path, text)
     assert trace.header["format"] == "key-values" and trace.steps[0][S.ENTROPY] == 0.41
+
+
+def test_keras_progress_lines_count_on_from_their_epoch_header(tmp_path: Path) -> None:
+    """Keras prints ``Epoch e/E`` over each epoch's ``i/n [====] - … - loss: …`` lines: every
+    epoch's last line has the same counter, so the header numbers them (epochs from 1)."""
+    text = (
+        "Epoch 1/3\n200/200 [==============================] - 4s 20ms/step - loss: 0.71 - acc: 0.55\n"
+        "Epoch 2/3\n100/200 [==============>...............] - ETA: 2s - loss: 0.64\n"
+        "200/200 [==============================] - 4s 20ms/step - loss: nan - acc: 0.50\n"
+        "Epoch 3/3\n200/200 [==============================] - 4s 20ms/step - loss: 0.52 - acc: 0.71\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [200, 300, 400, 600]
+    assert math.isnan(trace.steps[2][S.ACTOR_LOSS]) and trace.steps[3][S.ACTOR_LOSS] == 0.52
+    assert not any("appeared in more than one" in n for n in trace.notes)

@@ -12,6 +12,8 @@ on the line (or none). The marker is found first, each as its framework prints i
   … Loss 1.2 (1.3)`` and ``Epoch: [0]  [ 10/582]  lr: 0.000002  loss: 0.6931 (0.6931)`` (epoch × n + i);
 - NeMo 2.0: ``Training epoch 0, iteration 120/149 | lr: 3e-05 | … | reduced_train_loss: 1.233``;
 - torchtune's progress bar ``1|10|Loss: 1.2345`` (epoch|step|loss);
+- Keras's ``200/200 [======] - 4s 20ms/step - loss: 0.71`` under its ``Epoch 2/10`` header
+  ((epoch − 1) × n + i: each epoch's counter starts over);
 - a tqdm bar with a postfix: ``10%|█ | 10/100 [00:10<01:30, 1.0it/s, loss=0.123, lr=1e-5]``;
 - any ``step N``, ``global_step: N``, ``iteration N:``, ``iter N``, ``Step: N`` (DeepSpeed-Chat's
   ``epoch: 0|step: 3183|ppo_ep: 1|act_loss: …``, LLaMA-Factory's ``current_steps``, the
@@ -229,9 +231,16 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
     frameworks: list[str] = []
     width = wrap_width(log.lines)
 
+    epoch = None  # the epoch of Keras's last "Epoch e/E" header
+
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        nonlocal epoch
         end = unwrap(lines, i, width)  # a record a terminal wrapped at its width: pieces rejoined
         text = lines[i] if end == i + 1 else "".join(lines[i:end])
+        header = _KERAS_EPOCH.fullmatch(text)
+        if header:
+            epoch = int(header[1])
+            return [], end
         found = record(text)
         if found is None:
             mark = marker(text)  # "Train step 5/1000 done.": the step the lines below belong to
@@ -239,7 +248,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         step, framework, fields = found
         if framework:
             frameworks.append(framework)
-        return [Row(step, fields, text, i + 1)], end
+        return [Row(_keras_step(text, epoch, step), fields, text, i + 1)], end
 
     fast = _template.bulk(log.lines, parse_at, template, took=frameworks.extend) if bulk else parse_at
     parsed = scan(log.lines, fast)
@@ -252,6 +261,17 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         row.metrics = canonical_names(parsed.framework, row.metrics)
     parsed.keymap = "moescope"  # renamed here: the framework's table, then the generic one
     return parsed
+
+
+_KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})/{INT}\s*")
+_KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")
+
+
+def _keras_step(text: str, epoch: int | None, step: int | None) -> int | None:
+    """A Keras progress line's step: its batch counter ``i/n`` after the epochs before it (Keras
+    counts them from 1), as each epoch's counter starts over; ``step`` for any other line."""
+    bar = _KERAS_BAR.match(text) if epoch is not None else None
+    return (epoch - 1) * int(bar[2]) + int(bar[1]) if bar else step
 
 
 def _epochs_as_steps(parsed: Parsed) -> None:
@@ -292,6 +312,7 @@ def unwrap(lines: list[str], i: int, width: int | None) -> int:
         and len(lines[end - 1]) == width
         and lines[end].strip()
         and marker(lines[end]) is None
+        and not _KERAS_EPOCH.fullmatch(lines[end])  # a header of the records below, no piece
     ):
         end += 1
     return end
