@@ -51,6 +51,8 @@ def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -
             {S.ACTOR_LOSS: 1.2345678},
         ),
         (" 45%|████▌     | 45/100 [01:10<01:25,  1.55s/it, loss=0.523, lr=2e-05]", 45, {S.ACTOR_LOSS: 0.523}),
+        # the same bar as a notebook's text output keeps it, without the bar itself
+        ("Epoch 1:  45% 45/100 [01:10<01:25,  1.55s/it, loss=0.523, v_num=3]", 45, {S.ACTOR_LOSS: 0.523}),
         ("iteration 30: load_balancing_loss: 2.120842E+00", 30, {S.AUX_LOSS: 2.120842}),
         ("2025-03-01 10:00:00 | INFO | iter 7 | gnorm=0.5 | loss=1.5", 7, {S.GRAD_NORM: 0.5}),
         ("268/446 (epoch 0), train_loss = 2.097, time/batch = 0.194", 268, {"train_loss": 2.097}),

@@ -14,7 +14,8 @@ on the line (or none). The marker is found first, each as its framework prints i
 - torchtune's progress bar ``1|10|Loss: 1.2345`` (epoch|step|loss);
 - Keras's ``200/200 [======] - 4s 20ms/step - loss: 0.71`` under its ``Epoch 2/10`` header
   ((epoch − 1) × n + i: each epoch's counter starts over);
-- a tqdm bar with a postfix: ``10%|█ | 10/100 [00:10<01:30, 1.0it/s, loss=0.123, lr=1e-5]``;
+- a tqdm bar with a postfix: ``10%|█ | 10/100 [00:10<01:30, 1.0it/s, loss=0.123, lr=1e-5]``, or
+  as a notebook's text output keeps it, without the bar (``10% 10/100 [00:10<01:30, …]``);
 - any ``step N``, ``global_step: N``, ``iteration N:``, ``iter N``, ``Step: N`` (DeepSpeed-Chat's
   ``epoch: 0|step: 3183|ppo_ep: 1|act_loss: …``, LLaMA-Factory's ``current_steps``, the
   ``iteration 10: load_balancing_loss: 1.09E+00`` of a hand-abbreviated paste).
@@ -82,6 +83,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ),
     ("torchtune", re.compile(rf"(?<![\w|]){INT}\|({INT})\|(?=Loss:)"), lambda m: int(m[1])),
     (None, re.compile(rf"\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[[^\]]*?,"), lambda m: int(m[1])),
+    # the same bar as a notebook's text output keeps it, the bar itself left out
+    (None, re.compile(rf"\d+%\s+({INT})/{INT}\s*\[[^\]<,]*<[^\]]*?,"), lambda m: int(m[1])),
     (
         None,
         re.compile(
