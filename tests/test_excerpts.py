@@ -149,6 +149,19 @@ def test_an_absurd_gradient_norm_needs_no_history(tmp_path: Path) -> None:
     assert "grad_spike" not in findings_of(tmp_path, calm)
 
 
+def test_a_norm_ten_times_every_earlier_one_is_a_spike_over_a_spread_history(tmp_path: Path) -> None:
+    """Selected records with ``...`` between them: the history already steps up (0.3 → 1.2), which
+    widens its spread, yet a norm ten times above every earlier one is a spike."""
+    norms = (0.31, 0.29, "...", 1.2, 1.1, 15.8, 6.0, 19.5)
+    text = "".join(
+        "...\n" if g == "..." else f"{{'loss': 0.6, 'grad_norm': {g}, 'epoch': 0.2}}\n" for g in norms
+    )
+    spike = findings_of(tmp_path, text)["grad_spike"]
+    assert spike.step == 4 and spike.evidence["value"] == 15.8
+    calm = text.replace("15.8", "4.8").replace("19.5", "5.5")  # four times the top: noise
+    assert "grad_spike" not in findings_of(tmp_path, calm)
+
+
 def test_a_framework_warning_is_the_evidence_of_its_finding(tmp_path: Path) -> None:
     text = (
         " iteration       10/    1000 | learning rate: 1.0E-06 | lm loss: 1.2E+00 | grad norm: 0.8 |\n"

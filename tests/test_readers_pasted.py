@@ -51,6 +51,8 @@ def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -
             {S.ACTOR_LOSS: 1.2345678},
         ),
         (" 45%|████▌     | 45/100 [01:10<01:25,  1.55s/it, loss=0.523, lr=2e-05]", 45, {S.ACTOR_LOSS: 0.523}),
+        # the same bar as a notebook's text output keeps it, without the bar itself
+        ("Epoch 1:  45% 45/100 [01:10<01:25,  1.55s/it, loss=0.523, v_num=3]", 45, {S.ACTOR_LOSS: 0.523}),
         ("iteration 30: load_balancing_loss: 2.120842E+00", 30, {S.AUX_LOSS: 2.120842}),
         ("2025-03-01 10:00:00 | INFO | iter 7 | gnorm=0.5 | loss=1.5", 7, {S.GRAD_NORM: 0.5}),
         ("268/446 (epoch 0), train_loss = 2.097, time/batch = 0.194", 268, {"train_loss": 2.097}),
@@ -345,3 +347,41 @@ def test_a_notebook_progress_table_is_read_by_its_column_names() -> None:
     first, last = trace.steps[0], trace.steps[-1]
     assert first[S.ACTOR_LOSS] == 0.0012 and first[S.LENGTH_MEAN] == 402.125 and first[S.KL] == 0.00031
     assert S.KL not in last  # 'No Log' is not logged, not a value
+
+
+def test_a_config_dump_does_not_outvote_a_metrics_line_without_a_step(tmp_path: Path) -> None:
+    """A progress bar's postfix pasted without the bar, above the run's YAML config: the config's
+    ``max_epochs: 100`` lines name no metric, so the one line that does is the record read."""
+    text = (
+        "log:\n [0:12:31<9:20:05, 88.20s/it, env/reward=0.012, rollout/advantages_mean=nan, "
+        "train/actor/grad_norm=nan, train/actor/policy_loss=nan, train/actor/lr=1e-5,\n\n"
+        "runner:\n  max_epochs: 100\n  max_steps: -1\n  save_interval: 20\n  seq_length: 256\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "records" and len(trace.steps) == 1
+    assert math.isnan(trace.steps[0][S.GRAD_NORM]) and "max_epochs" not in trace.steps[0]
+
+
+def test_a_snapshot_of_metrics_still_outvotes_a_stray_record(tmp_path: Path) -> None:
+    """Lines that name metrics outvote a record line among them, as before."""
+    text = (
+        "actor/entropy: 0.41\nactor/pg_loss: 0.012\ncritic/score/mean: 0.53\n"
+        "earlier: loss=0.31 grad_norm=1.2\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "key-values" and trace.steps[0][S.ENTROPY] == 0.41
+
+
+def test_keras_progress_lines_count_on_from_their_epoch_header(tmp_path: Path) -> None:
+    """Keras prints ``Epoch e/E`` over each epoch's ``i/n [====] - … - loss: …`` lines: every
+    epoch's last line has the same counter, so the header numbers them (epochs from 1)."""
+    text = (
+        "Epoch 1/3\n200/200 [==============================] - 4s 20ms/step - loss: 0.71 - acc: 0.55\n"
+        "Epoch 2/3\n100/200 [==============>...............] - ETA: 2s - loss: 0.64\n"
+        "200/200 [==============================] - 4s 20ms/step - loss: nan - acc: 0.50\n"
+        "Epoch 3/3\n200/200 [==============================] - 4s 20ms/step - loss: 0.52 - acc: 0.71\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [200, 300, 400, 600]
+    assert math.isnan(trace.steps[2][S.ACTOR_LOSS]) and trace.steps[3][S.ACTOR_LOSS] == 0.52
+    assert not any("appeared in more than one" in n for n in trace.notes)

@@ -70,7 +70,8 @@ def _spikes_one_window_at_a_time(points: list[tuple[int, float]]) -> list[tuple[
         rise = math.log(points[i][1]) - med
         robust = rise > math.log(GRAD_SPIKE_FACTOR) and rise > GRAD_SPIKE_Z * max(mad, 0.05)
         robust = robust and len(prev) >= 3
-        extreme = rise > math.log(GRAD_SPIKE_EXTREME) and rise > max(prev) - med + math.log(GRAD_SPIKE_FACTOR)
+        above_all = rise > max(prev) - med + math.log(GRAD_SPIKE_FACTOR)
+        extreme = above_all and (len(prev) >= 3 or rise > math.log(GRAD_SPIKE_EXTREME))
         if robust or extreme:
             spikes.append((points[i][0], points[i][1], math.exp(med)))
     return spikes

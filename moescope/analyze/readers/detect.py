@@ -17,8 +17,10 @@ Columns are ``entropy-log`` or ``expert-load`` by the file name when it says (``
 ``expert_load.log``), else by their shape. A text log with none of these is ``jsonl`` when it
 holds JSON objects printed over several lines (``json.dumps(..., indent=2)``), else ``key-values``
 when it has ``name: value`` lines (a pasted snapshot, NeMo-RL's console blocks) at least as
-many as its other lines mentioning NaN/Inf, else ``records`` when lines without a step name a
-metric and a number, else ``plain`` when it has lines mentioning NaN/Inf.
+many as its other lines mentioning NaN/Inf, and, against lines that attach numbers to metric
+names, at least as many naming a metric (a config dump outvotes no metrics line), else
+``records`` when lines without a step name a metric and a number, else ``plain`` when it has
+lines mentioning NaN/Inf.
 """
 
 from __future__ import annotations
@@ -97,12 +99,13 @@ def sniff(log: LogFile) -> Sniff:
     spread = jsonl.spread_objects(log.lines)  # JSON objects printed over several lines each
     if spread:
         return Sniff("jsonl", Counter({"jsonl": spread}))
-    pairs = sum(1 for line in log.lines if keyvalues.is_record(line))
-    rest = [line for line in log.lines if not keyvalues.is_record(line)]
+    read = [(line, keyvalues.line_field(line)) for line in log.lines]
+    fields = [found for _, found in read if found is not None]
+    rest = [line for line, found in read if found is None]
     loose = sum(1 for line in rest if records.record(line) is not None)
     mentions = sum(1 for line in rest if plain.is_record(line))
-    if pairs and pairs >= max(loose, mentions):
-        return Sniff("key-values", Counter({"key-values": pairs}))
+    if fields and _snapshot_votes(fields, loose) >= max(loose, mentions):
+        return Sniff("key-values", Counter({"key-values": len(fields)}))
     if loose:
         return Sniff("records", Counter({"records": loose}))
     if mentions:
@@ -111,6 +114,13 @@ def sniff(log: LogFile) -> Sniff:
         f"{path} has no step this reader recognises: no line attaches a number to a metric name; pass "
         "format=... (see moescope.analyze.readers.FORMATS) or check it is a training log."
     )
+
+
+def _snapshot_votes(fields: list[tuple[str, object]], loose: int) -> int:
+    """The ``name: value`` lines that vote for a snapshot: all of them, or, against lines that
+    attach numbers to metric names, only those naming a metric themselves: a config dump's
+    ``max_epochs: 100`` must not outvote the one metrics line pasted above it."""
+    return sum(1 for name, _ in fields if records.is_metric(name)) if loose else len(fields)
 
 
 def _directory(path: Path) -> str:

@@ -12,7 +12,10 @@ on the line (or none). The marker is found first, each as its framework prints i
   … Loss 1.2 (1.3)`` and ``Epoch: [0]  [ 10/582]  lr: 0.000002  loss: 0.6931 (0.6931)`` (epoch × n + i);
 - NeMo 2.0: ``Training epoch 0, iteration 120/149 | lr: 3e-05 | … | reduced_train_loss: 1.233``;
 - torchtune's progress bar ``1|10|Loss: 1.2345`` (epoch|step|loss);
-- a tqdm bar with a postfix: ``10%|█ | 10/100 [00:10<01:30, 1.0it/s, loss=0.123, lr=1e-5]``;
+- Keras's ``200/200 [======] - 4s 20ms/step - loss: 0.71`` under its ``Epoch 2/10`` header
+  ((epoch − 1) × n + i: each epoch's counter starts over);
+- a tqdm bar with a postfix: ``10%|█ | 10/100 [00:10<01:30, 1.0it/s, loss=0.123, lr=1e-5]``, or
+  as a notebook's text output keeps it, without the bar (``10% 10/100 [00:10<01:30, …]``);
 - any ``step N``, ``global_step: N``, ``iteration N:``, ``iter N``, ``Step: N`` (DeepSpeed-Chat's
   ``epoch: 0|step: 3183|ppo_ep: 1|act_loss: …``, LLaMA-Factory's ``current_steps``, the
   ``iteration 10: load_balancing_loss: 1.09E+00`` of a hand-abbreviated paste).
@@ -80,6 +83,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ),
     ("torchtune", re.compile(rf"(?<![\w|]){INT}\|({INT})\|(?=Loss:)"), lambda m: int(m[1])),
     (None, re.compile(rf"\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[[^\]]*?,"), lambda m: int(m[1])),
+    # the same bar as a notebook's text output keeps it, the bar itself left out
+    (None, re.compile(rf"\d+%\s+({INT})/{INT}\s*\[[^\]<,]*<[^\]]*?,"), lambda m: int(m[1])),
     (
         None,
         re.compile(
@@ -229,9 +234,16 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
     frameworks: list[str] = []
     width = wrap_width(log.lines)
 
+    epoch = None  # the epoch of Keras's last "Epoch e/E" header
+
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+        nonlocal epoch
         end = unwrap(lines, i, width)  # a record a terminal wrapped at its width: pieces rejoined
         text = lines[i] if end == i + 1 else "".join(lines[i:end])
+        header = _KERAS_EPOCH.fullmatch(text)
+        if header:
+            epoch = int(header[1])
+            return [], end
         found = record(text)
         if found is None:
             mark = marker(text)  # "Train step 5/1000 done.": the step the lines below belong to
@@ -239,7 +251,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         step, framework, fields = found
         if framework:
             frameworks.append(framework)
-        return [Row(step, fields, text, i + 1)], end
+        return [Row(_keras_step(text, epoch, step), fields, text, i + 1)], end
 
     fast = _template.bulk(log.lines, parse_at, template, took=frameworks.extend) if bulk else parse_at
     parsed = scan(log.lines, fast)
@@ -252,6 +264,17 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         row.metrics = canonical_names(parsed.framework, row.metrics)
     parsed.keymap = "moescope"  # renamed here: the framework's table, then the generic one
     return parsed
+
+
+_KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})/{INT}\s*")
+_KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")
+
+
+def _keras_step(text: str, epoch: int | None, step: int | None) -> int | None:
+    """A Keras progress line's step: its batch counter ``i/n`` after the epochs before it (Keras
+    counts them from 1), as each epoch's counter starts over; ``step`` for any other line."""
+    bar = _KERAS_BAR.match(text) if epoch is not None else None
+    return (epoch - 1) * int(bar[2]) + int(bar[1]) if bar else step
 
 
 def _epochs_as_steps(parsed: Parsed) -> None:
@@ -292,6 +315,7 @@ def unwrap(lines: list[str], i: int, width: int | None) -> int:
         and len(lines[end - 1]) == width
         and lines[end].strip()
         and marker(lines[end]) is None
+        and not _KERAS_EPOCH.fullmatch(lines[end])  # a header of the records below, no piece
     ):
         end += 1
     return end

@@ -46,8 +46,11 @@ def check_grad_spike(trace: Trace) -> list[Finding]:
             and rise > math.log(GRAD_SPIKE_FACTOR)
             and rise > GRAD_SPIKE_Z * max(statistics.median(abs(x - med) for x in prev) * 1.4826, 0.05)
         )
-        # with little history, only an extreme jump counts: far above the median and the maximum
-        extreme = rise > math.log(GRAD_SPIKE_EXTREME) and rise > max(prev) - med + math.log(GRAD_SPIKE_FACTOR)
+        above_all = rise > max(prev) - med + math.log(GRAD_SPIKE_FACTOR)  # ten times every earlier norm
+        # with little history, only an extreme jump counts: far above the median and the maximum;
+        # with more, a norm ten times every earlier one counts however spread they were (a history
+        # that stepped up once, 0.3 then 1.2, widens the spread the robust test divides by)
+        extreme = above_all and (len(prev) >= 3 or rise > math.log(GRAD_SPIKE_EXTREME))
         if robust or extreme:
             spikes.append((points[i][0], points[i][1], math.exp(med)))
     if absurd is not None and (not spikes or absurd[0] < spikes[0][0]):
