@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from moescope.models.peak_memory import measurable
+from moescope.models.peak_memory import measurable, peak_allocation
 from moescope.models.resident import read_when_used, resident
 
 _OFFSET: contextvars.ContextVar[int] = contextvars.ContextVar("moescope_row_offset", default=0)
@@ -130,8 +130,6 @@ class _ChunkedForward:
 
     def _measured(self, *args: Any, **kwargs: Any) -> Any:
         """The layer's forward of one row, what it allocated kept for sizing the chunks after it."""
-        from moescope.models.peak_memory import peak_allocation
-
         key, self._measuring = self._measuring, None
         hidden = args[0] if args else kwargs["hidden_states"]
         with peak_allocation(hidden.device) as peak:
