@@ -188,6 +188,21 @@ def test_deepspeed_chat_reward_line_joins_its_step(tmp_path: Path) -> None:
     assert last["step"] == 3184 and last[S.PG_LOSS] == math.inf and last[S.REWARD_MEAN] == -6.359375
 
 
+def test_an_epoch_summary_adds_to_its_step_and_never_replaces_what_the_step_logged(tmp_path: Path) -> None:
+    """MetricLogger's ``Averaged stats:`` after an epoch's last step joins that step (it names
+    none) but its averages must not stand in for the step's own values: a NaN loss stays."""
+    text = (
+        "Epoch: [0]  [20/40]  eta: 0:00:20  lr: 0.000010  loss: 2.1044 (2.2183)  time: 0.9920\n"
+        "Epoch: [0]  [39/40]  eta: 0:00:00  lr: 0.000010  loss: nan (nan)  time: 0.9871\n"
+        "Epoch: [0] Total time: 0:00:41 (1.0312 s / it)\n"
+        "Averaged stats: lr: 0.000010  loss: 2.1901 (2.1901)  acc1: 61.25 (61.25)\n"
+        "Epoch: [1]  [ 0/40]  eta: 0:01:01  lr: 0.000010  loss: 2.0100 (2.0100)  time: 1.5230\n"
+    )
+    last_of_epoch = read_text(tmp_path, text).steps[1]
+    assert last_of_epoch["step"] == 39 and math.isnan(last_of_epoch[S.ACTOR_LOSS])
+    assert last_of_epoch["acc1"] == 61.25  # what the step did not log is added
+
+
 @pytest.mark.parametrize(
     ("framework", "key", "canonical"),
     [

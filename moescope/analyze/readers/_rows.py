@@ -9,7 +9,9 @@ all formats share, so they hold the same everywhere:
   logged ``null`` stays ``None``;
 - a log without any step number is indexed in order from 0; a row without a step in a log
   that has them belongs to the step before it (an evaluation or summary line printed after the
-  training line of its step), or to the first step when it comes before all of them;
+  training line of its step), or to the first step when it comes before all of them, and adds
+  only what its step did not log: a summary's averages (MetricLogger's ``Averaged stats:`` after
+  an epoch's last step) must not replace the step's own values, a NaN among them;
 - several rows for one step (verl's validation line and training line) are merged, a later
   value winning, their raw texts joined;
 - steps come out in step order, each as ``{"step": N, **metrics, "raw": text}``; a logged key
@@ -154,6 +156,8 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
             continue
         if row.step is not None:  # an explicit step seen before, not a row that joined its step
             repeated[step] = None
+        else:  # joined the step before: adds to it, never replaces what the step logged
+            metrics = {key: value for key, value in metrics.items() if key not in record}
         raw = record.pop(RAW) + "\n" + row.raw
         record.update(metrics)
         record[RAW] = raw  # raw stays last
