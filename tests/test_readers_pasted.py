@@ -339,6 +339,20 @@ def test_spaced_names_a_key_map_knows_are_read_without_a_colon(tmp_path: Path) -
     assert pairs("the reward mean is 3, as expected") == {}
 
 
+def test_a_validation_loss_without_a_colon_is_no_training_loss(tmp_path: Path) -> None:
+    """mlx-lm prints ``Iter N: Val loss x`` beside ``Iter N: Train loss y``: the validation loss
+    keeps its own name, and the step's training loss is the train line's, whichever comes last."""
+    text = (
+        "Iter 1: Val loss 2.912, Val took 12.345s\n"
+        "Iter 10: Train loss 2.701, Learning Rate 1.000e-05, It/sec 0.412, Peak mem 9.120 GB\n"
+        "Iter 20: Train loss 2.532, Learning Rate 1.000e-05, It/sec 0.415, Peak mem 9.120 GB\n"
+        "Iter 20: Val loss 9.870, Val took 12.101s\n"
+    )
+    first, _, last = read_text(tmp_path, text).steps
+    assert S.ACTOR_LOSS not in first and first["Val loss"] == 2.912
+    assert last[S.ACTOR_LOSS] == 2.532 and last["Val loss"] == 9.87
+
+
 def test_a_record_every_host_of_a_multi_node_launch_prints_is_one_step(tmp_path: Path) -> None:
     """pdsh puts the host before each line: one record per host, in any order, is one step."""
     text = "".join(

@@ -175,8 +175,16 @@ def _named(key: str) -> bool:
 def _names_a_metric(name: str) -> bool:
     """Whether the name before a bare number (no ``:`` or ``=``) is a metric's: one word as
     :func:`_named` reads it, several words only when a key map knows them (mlx-lm's ``Total
-    rewards mean 0.000``), as prose before a number (``the loss is 3``) names none."""
-    return _named(name) if " " not in name else is_metric(name)
+    rewards mean 0.000``) or they are a held-out metric's (``Val loss 2.9``: read as the bare
+    ``loss`` after the prose, a validation loss would stand in for the training loss), as
+    prose before a number (``the loss is 3``) names none."""
+    if " " not in name:
+        return _named(name)
+    qualifier, _, rest = name.partition(" ")
+    return is_metric(name) or (qualifier.lower() in _HELD_OUT and _named(rest))
+
+
+_HELD_OUT = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
 
 
 @cache
