@@ -159,9 +159,15 @@ def test_a_loss_that_jumps_after_a_short_head_and_stays_is_a_divergence(tmp_path
     assert (found.step, found.severity) == (1, "warning") and "jumps" in found.message
 
 
+def test_a_three_record_paste_whose_last_two_left_the_first_s_level_is_a_divergence(tmp_path: Path) -> None:
+    found = findings_of(tmp_path, _loss_lines([0.69, 27.3, 16.9]))["loss_divergence"]
+    assert (found.step, found.severity) == (1, "warning")
+
+
 @pytest.mark.parametrize(
     "losses",
     [
+        [1.5, 1.4, 9.0],  # the last record alone: not yet a level
         [2.0, 9.0, 1.9, 1.8, 1.7, 1.7],  # one spike, not a new level
         [0.0, 0.0, 2.1, 2.0, 1.9, 1.9],  # nothing positive before it to measure against
         [2.4, 2.1, 1.9, 1.8, 1.8, 1.7],  # a healthy fall

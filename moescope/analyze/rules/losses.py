@@ -53,10 +53,11 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
 
 def _loss_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
     """The first step, within the first ``WINDOW`` values, from which the next ``SUSTAIN`` values
-    all exceed ``DIVERGENCE_FACTOR`` times the median of every value before it (a positive one):
-    a warning, as its level rests on few values."""
+    (or, in a shorter paste, every value to its end, two at least: three records of a run that
+    left its level) all exceed ``DIVERGENCE_FACTOR`` times the median of every value before it
+    (a positive one): a warning, as its level rests on few values."""
     values = [v for _, v in points]
-    for i in range(1, min(WINDOW, len(values) - SUSTAIN) + 1):
+    for i in range(1, min(WINDOW, len(values) - min(SUSTAIN, 2)) + 1):
         before = statistics.median(values[:i])
         after = min(values[i : i + SUSTAIN])
         if before > 0 and after > DIVERGENCE_FACTOR * before:
