@@ -339,6 +339,25 @@ def test_spaced_names_a_key_map_knows_are_read_without_a_colon(tmp_path: Path) -
     assert pairs("the reward mean is 3, as expected") == {}
 
 
+def test_deepspeed_overflow_lines_between_progress_bars_join_the_record_before(tmp_path: Path) -> None:
+    """A trainer's bars over DeepSpeed's log: each overflow (one a terminal wrapped too) is read
+    into the record after it, and no note sends the user to a format that would drop the bars."""
+    bar = "[losses/total_loss: {2} | losses/value_loss: 0.31]:   {0}%| | {1}/900 [01:10<1:10:00, 4.12s/it]\n"
+    overflow = (
+        "[2024-03-02 10:00:{:02d},101] [INFO] [stage_1_and_2.py:1762:step] [deepspeed] OVERFLOW! Rank 0 "
+        "Skipping step. Attempted loss scale: {}, reducing to {}\n"
+    )
+    text = bar.format(1, 10, 0.91)
+    for i, scale in enumerate((4096, 2048, 1024, 512)):
+        line = overflow.format(i, float(scale), float(scale // 2))
+        wrapped = line if i else line[:100] + "\n" + line[100:]  # at a terminal's width: two lines
+        text += wrapped + bar.format(1, 11 + i, 0.9)
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [10, 11, 12, 13, 14]
+    assert [s.get(S.LOSS_SCALE) for s in trace.steps] == [None, 2048.0, 1024.0, 512.0, 256.0]
+    assert trace.steps[1][S.SKIPPED] == 1 and not any("format='megatron'" in n for n in trace.notes)
+
+
 def test_a_validation_loss_without_a_colon_is_no_training_loss(tmp_path: Path) -> None:
     """mlx-lm prints ``Iter N: Val loss x`` beside ``Iter N: Train loss y``: the validation loss
     keeps its own name, and the step's training loss is the train line's, whichever comes last."""

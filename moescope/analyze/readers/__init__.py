@@ -162,7 +162,11 @@ def _parse(path: Path, format: str | None, num_experts: int | None) -> tuple[Log
         format = found.format
         dominant = found.counts[format]
         others = [(n, f) for f, n in found.counts.items() if f != format and n >= max(2, dominant / 10)]
-        notes += [f"the file also has {n} {f} lines; read them with format={f!r}" for n, f in others]
+        notes += [
+            f"the file also has {n} {f} lines; read them with format={f!r}"
+            for n, f in others
+            if not (f == "megatron" and _all_overflows(log, n))
+        ]
     elif format not in READERS:
         raise MoescopeError(f"unknown log format {format!r}; use one of {', '.join(FORMATS)}.")
     elif not log.path.exists():
@@ -173,6 +177,12 @@ def _parse(path: Path, format: str | None, num_experts: int | None) -> tuple[Log
             raise MoescopeError(f"{log.path} is a directory; pass the {format} log file in it.")
         log = LogFile(state)
     return log, format, READERS[format](log), notes
+
+
+def _all_overflows(log: LogFile, megatron_lines: int) -> bool:
+    """Whether the lines detection counted as Megatron's are all DeepSpeed overflow lines, which
+    a log of another format reads into its steps (:mod:`~moescope.analyze.readers.alerts`)."""
+    return sum(1 for line in log.lines if megatron.is_overflow(line)) >= megatron_lines
 
 
 def _trace(log: LogFile, format: str, parsed: Parsed, path: Path, notes: list[str]) -> Trace:

@@ -31,7 +31,7 @@ from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row
 from moescope.analyze.readers._text import INT, parse_number
 from moescope.analyze.readers.keymap import canonical
-from moescope.analyze.readers.megatron import OVERFLOW, SCALES
+from moescope.analyze.readers.megatron import OVERFLOW, SCALES, is_overflow, overflow_event
 from moescope.analyze.readers.plain import STEP_IN_LINE
 
 _COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.IGNORECASE)
@@ -78,7 +78,16 @@ def said(line: str) -> dict[str, Any]:
 
 def fold(parsed: Parsed, lines: list[str]) -> Parsed:
     """``parsed`` with the alert lines among its skipped ones folded into their steps."""
-    alerts = [(n, lines[n - 1].strip(), found) for n in parsed.skipped if (found := said(lines[n - 1]))]
+    alerts, pieces = [], set()  # pieces: the later lines of an overflow line a terminal wrapped
+    for n in parsed.skipped:
+        text = lines[n - 1]
+        if n in pieces:
+            continue
+        if is_overflow(text):  # "… Attempted loss sc" / "ale: 4096.0, reducing to 2048.0": one line
+            end = overflow_event(lines, n - 1)[1]
+            text, pieces = "".join(lines[n - 1 : end]), pieces | set(range(n + 1, end + 1))
+        if found := said(text):
+            alerts.append((n, text.strip(), found))
     if not alerts:
         return parsed
     records = sorted((r for r in parsed.rows if r.line is not None), key=lambda r: r.line)
@@ -91,7 +100,7 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
             continue
         step = int(own.group(1)) if own else None
         parsed.rows.append(Row(step, {**found, S.ALERTS: text}, text, number))
-    parsed.skipped = [n for n in parsed.skipped if n not in {a[0] for a in alerts}]
+    parsed.skipped = [n for n in parsed.skipped if n not in {a[0] for a in alerts} | pieces]
     parsed.notes.append(
         f"{len(alerts)} warning line(s) of the framework itself were read into their steps "
         f"(health/alerts; the first is line {alerts[0][0]})"

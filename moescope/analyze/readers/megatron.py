@@ -40,6 +40,7 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row, listing, scan, wholly_skipped
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_number, plain_number
+from moescope.analyze.readers.keymap import KEY_MAP
 
 # "iteration" at a word boundary, the literal first (as verl.STEP_START: a search skips to it)
 ITERATION = re.compile(rf"iteration(?<=\biteration)\s+({INT})\s*/\s*\d+\s*\|")
@@ -169,6 +170,13 @@ def overflow_fields(events: list[Overflow]) -> dict[str, Any]:
     if events[-1].attempted is not None:
         found[ATTEMPTED_KEY] = events[-1].attempted
     return found
+
+
+def as_canonical(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Overflow fields under Megatron's names (:func:`overflow_fields`) as the canonical keys,
+    for readers of other formats that fold DeepSpeed's overflow lines into their records."""
+    names = KEY_MAP["megatron"]
+    return {names[k]: v for k, v in metrics.items()}
 
 
 def read(log: LogFile) -> Parsed:

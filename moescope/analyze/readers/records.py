@@ -40,7 +40,7 @@ from functools import cache, lru_cache
 from itertools import pairwise
 from typing import Any
 
-from moescope.analyze.readers import _template
+from moescope.analyze.readers import _template, megatron
 from moescope.analyze.readers._fields import field
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number, plain_number
@@ -324,6 +324,7 @@ def unwrap(lines: list[str], i: int, width: int | None) -> int:
         and lines[end].strip()
         and marker(lines[end]) is None
         and not _KERAS_EPOCH.fullmatch(lines[end])  # a header of the records below, no piece
+        and not megatron.is_overflow(lines[end])  # DeepSpeed's line between two records
     ):
         end += 1
     return end

@@ -32,7 +32,7 @@ from moescope.analyze.readers import megatron
 from moescope.analyze.readers._fields import fields
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile
-from moescope.analyze.readers.keymap import FRAMEWORK_TABLES, KEY_MAP, MARKERS, guess_beyond_generic
+from moescope.analyze.readers.keymap import FRAMEWORK_TABLES, MARKERS, guess_beyond_generic
 from moescope.analyze.readers.records import canonical_names, record
 
 _TABLES = tuple(name for name in FRAMEWORK_TABLES if name != "prime-rl")
@@ -60,15 +60,9 @@ def _folded(metrics: dict, pending: list[megatron.Overflow]) -> dict:
     """A step's fields with the overflows printed before its line, under the canonical names."""
     if not pending:
         return metrics
-    found = _canonical(megatron.overflow_fields(pending))
+    found = megatron.as_canonical(megatron.overflow_fields(pending))
     pending.clear()
     return {**metrics, **found}
-
-
-def _canonical(overflow: dict) -> dict:
-    """Overflow fields under Megatron's names as the canonical keys."""
-    names = KEY_MAP["megatron"]
-    return {names[k]: v for k, v in overflow.items()}
 
 
 def is_record(line: str) -> bool:
@@ -99,7 +93,7 @@ def read(log: LogFile) -> Parsed:
     parsed = scan(log.lines, parse_at)
     if parsed.rows:
         late = megatron.leftovers(pending, parsed.rows, parsed.notes, after="step line")
-        parsed.rows += [Row(row.step, _canonical(row.metrics), row.raw) for row in late]
+        parsed.rows += [Row(row.step, megatron.as_canonical(row.metrics), row.raw) for row in late]
     keys = {key for row in parsed.rows for key in row.metrics}
     if keys & MARKERS["prime-rl"]:
         parsed.framework = parsed.keymap = "prime-rl"
