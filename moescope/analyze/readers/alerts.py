@@ -24,6 +24,7 @@ the step comes first), else, at the end of the log, to the last record. A log wi
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any
 
@@ -78,29 +79,34 @@ def said(line: str) -> dict[str, Any]:
 
 def fold(parsed: Parsed, lines: list[str]) -> Parsed:
     """``parsed`` with the alert lines among its skipped ones folded into their steps."""
-    alerts, pieces = [], set()  # pieces: the later lines of an overflow line a terminal wrapped
+    alerts: list[tuple[int, str, dict[str, Any]]] = []
+    pieces: set[int] = set()  # the later lines of an overflow line a terminal wrapped
     for n in parsed.skipped:
         text = lines[n - 1]
         if n in pieces:
             continue
         if is_overflow(text):  # "… Attempted loss sc" / "ale: 4096.0, reducing to 2048.0": one line
             end = overflow_event(lines, n - 1)[1]
-            text, pieces = "".join(lines[n - 1 : end]), pieces | set(range(n + 1, end + 1))
+            text = "".join(lines[n - 1 : end])
+            pieces.update(range(n + 1, end + 1))
         if found := said(text):
             alerts.append((n, text.strip(), found))
     if not alerts:
         return parsed
     records = sorted((r for r in parsed.rows if r.line is not None), key=lambda r: r.line)
+    starts = [r.line for r in records]
     table = parsed.keymap or parsed.framework
     for number, text, found in alerts:
         own = STEP_IN_LINE.search(text)
-        after = next((r for r in records if r.line > number), records[-1] if records else None)
+        later = bisect_right(starts, number)  # the first record printed after the line
+        after = records[later] if later < len(records) else records[-1] if records else None
         if own is None and after is not None:
             _add(after, found, text, table)
             continue
         step = int(own.group(1)) if own else None
         parsed.rows.append(Row(step, {**found, S.ALERTS: text}, text, number))
-    parsed.skipped = [n for n in parsed.skipped if n not in {a[0] for a in alerts} | pieces]
+    folded = pieces.union(a[0] for a in alerts)  # once: a long log skips many lines
+    parsed.skipped = [n for n in parsed.skipped if n not in folded]
     parsed.notes.append(
         f"{len(alerts)} warning line(s) of the framework itself were read into their steps "
         f"(health/alerts; the first is line {alerts[0][0]})"
