@@ -64,7 +64,7 @@ from moescope.models.footprint import (  # the estimates the passes are sized by
     row_state_bytes,
     rows_beside_layer,
 )
-from moescope.models.row_chunks import RowsFor, chunk_decoder_layers
+from moescope.models.row_chunks import RowsFor, chunk_decoder_layers, row_width
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -151,8 +151,7 @@ def chunk_rows(model: PreTrainedModel) -> RowsFor:
     layer = largest_layer_bytes(model)
 
     def rows_for(hidden: Any, backward: bool, measured: int | None) -> int:
-        seq_len = hidden.shape[1] if hidden.dim() > 2 else 1
-        row = max(layer_activation_bytes(model.config, rows=1, seq_len=seq_len), measured or 0)
+        row = max(layer_activation_bytes(model.config, rows=1, seq_len=row_width(hidden)), measured or 0)
         return rows_beside_layer(
             model, row * (2 if backward else 1), available=chunk_memory(model), layer=layer
         )

@@ -91,7 +91,8 @@ class _ChunkedForward:
         rows, backward = hidden.shape[0], torch.is_grad_enabled()
         if _holds_cache(args, kwargs):
             return self.forward(*args, **kwargs)
-        measure = rows > 1 and (_width(hidden), backward) not in self.row_bytes and measurable(hidden.device)
+        key = (row_width(hidden), backward)
+        measure = rows > 1 and key not in self.row_bytes and measurable(hidden.device)
         chunks = self._chunks(hidden, rows, backward, measure)
         if backward:  # checkpointed even whole: autograd would keep the weights to the backward
             return self._checkpointed(chunks, rows, args, kwargs)
@@ -108,7 +109,7 @@ class _ChunkedForward:
         the rest are sized by what it took."""
         start = 0
         if measure:
-            self._measuring = (_width(hidden), backward)
+            self._measuring = (row_width(hidden), backward)
             yield slice(0, 1)
             start = 1
         size = self._size(hidden, rows, backward)
@@ -116,7 +117,7 @@ class _ChunkedForward:
             yield slice(first, min(first + size, rows))
 
     def _size(self, hidden: torch.Tensor, rows: int, backward: bool) -> int:
-        measured = self.row_bytes.get((_width(hidden), backward))
+        measured = self.row_bytes.get((row_width(hidden), backward))
         return max(1, self.rows_for(hidden, backward, measured)) if rows > 1 else 1
 
     def _chunk(self, start: int, *args: Any, **kwargs: Any) -> Any:
@@ -246,7 +247,8 @@ class _ReleaseAfterBackward(torch.autograd.Function):
         return grad, None
 
 
-def _width(hidden: torch.Tensor) -> int:
+def row_width(hidden: torch.Tensor) -> int:
+    """Positions per row of a decoder layer's hidden states (1 for a flat batch of tokens)."""
     return hidden.shape[1] if hidden.dim() > 2 else 1
 
 

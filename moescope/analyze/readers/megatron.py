@@ -258,7 +258,7 @@ def _missing_losses(lines: list[Row], idle: set[int]) -> list[str]:
     shapes = Counter(tuple(r.metrics) for r in lines)  # a few key lists, counted once each
     counts: Counter[str] = Counter()
     for keys, n in shapes.items():
-        counts.update(dict.fromkeys((k for k in keys if k.endswith("loss")), n))
+        counts.update(dict.fromkeys((k for k in keys if _is_loss(k)), n))
     notes = []
     for key, n in counts.items():
         missing = [r.step for r in lines if key not in r.metrics and r.step not in idle]

@@ -20,7 +20,7 @@ Series = list[tuple[int, float]]
 def step_of(record: dict[str, Any], index: int) -> int:
     """The record's ``step``, or its position when it logs none."""
     step = record.get("step")
-    return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else index
+    return int(step) if is_number(step) else index
 
 
 def is_number(value: Any) -> bool:
