@@ -205,6 +205,42 @@ def test_own_completions_are_sampled_as_many_chunks_at_a_time_as_memory_holds() 
     assert rl_data.chunks_per_pass(model, 8) == 1  # in memory: one chunk per call, as ever
 
 
+@pytest.mark.parametrize(
+    "arch", ["mixtral", "deepseek_v3", "gpt_oss", "jamba", "qwen3_next", "lfm2_moe", "minimax"]
+)
+def test_rows_that_end_leave_a_grouped_generate_and_the_rest_draw_as_alone(
+    arch, monkeypatch, one_thread
+) -> None:
+    """Chunks sampled together lose each row that ended, its cache rows with it (attention,
+    sliding-window, state-space, linear-attention and MiniMax's own caches), and every other row
+    still draws what its chunk draws in a call of its own."""
+    from types import SimpleNamespace
+
+    from moescope.explore import rl_data
+    from moescope.models.zoo import tiny
+
+    monkeypatch.setattr(rl_data, "_BATCH", 4)
+    shapes: list[int] = []
+    model = tiny(arch, vocab_size=8)  # end-of-sequence one token in eight: rows end at every length
+    model.register_forward_pre_hook(lambda _, args, kw: shapes.append(len(kw["input_ids"])), with_kwargs=True)
+    tokenizer = SimpleNamespace(eos_token_id=1, pad_token_id=0)
+    rng = torch.Generator().manual_seed(0)
+    prompts = [tuple(torch.randint(2, 8, (3 + i % 4,), generator=rng).tolist()) for i in range(12)]
+    seeds = [rl_data._chunk_seed(0, i) for i in range(3)]
+    together = rl_data._sample(model, tokenizer, prompts, 12, 1.0, seeds)
+    grouped_forwards, shapes[:] = list(shapes), []
+    alone = [
+        c
+        for i in range(3)
+        for c in rl_data._sample(model, tokenizer, prompts[4 * i : 4 * i + 4], 12, 1.0, seeds[i : i + 1])
+    ]
+    assert together == alone
+    assert min(map(len, together)) < 4 and max(map(len, together)) == 12
+    assert grouped_forwards[0] == 12 and grouped_forwards[-1] < 12 == len(
+        grouped_forwards
+    )  # one forward a token
+
+
 def test_a_users_own_rollouts_calibrate_without_sampling(tmp_path: Path, capsys) -> None:
     """A ``.jsonl`` of prompt + completion, as a rollout engine dumps it: the statistics are taken
     on those rows, nothing is sampled, and the console says so; a line without a completion is

@@ -89,6 +89,30 @@ def test_sums_add_over_sequences_and_score_only_the_completions(rl_rows) -> None
     assert taylor_importance(model, data).sums[0, 3] == 0.0
 
 
+def test_rl_rows_are_batched_in_order_of_length_and_sum_as_sampled() -> None:
+    """Rows of 3 to 12 ids: batched in order of length, two rows a batch pad 5 positions where
+    batched as sampled they padded 21, and the sums are those of one row a batch."""
+    from moescope.explore import taylor as taylor_module
+    from moescope.explore.rl_data import RLCalibration
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [(8, 4), (2, 1), (6, 2), (2, 2), (9, 3), (3, 1)]
+    rows = [torch.randint(2, 100, (p + c,), generator=g).tolist() for p, c in lengths]
+    data = RLCalibration(
+        tuple(tuple(r[:p]) for r, (p, _) in zip(rows, lengths, strict=True)),
+        tuple(tuple(r[p:]) for r, (p, _) in zip(rows, lengths, strict=True)),
+        seed=0,
+        temperature=1.0,
+        max_new_tokens=4,
+    )
+    batches = list(taylor_module._scored_batches(data, None, 0, 2, 0, 0))
+    assert [b["input_ids"].shape[1] for b in batches] == [4, 8, 12]  # as sampled: 12, 8, 12
+    assert sum(int((b["attention_mask"] == 0).sum()) for b in batches) == 1 + 4 + 0  # as sampled: 9 + 4 + 8
+    model = _model("deepseek_v3")
+    one_by_one = taylor_importance(model, data, batch_size=1)
+    np.testing.assert_allclose(taylor_importance(model, data, batch_size=2).sums, one_by_one.sums, rtol=1e-5)
+
+
 def test_taylor_keeps_the_experts_of_largest_sum_and_refuses_what_it_cannot_use() -> None:
     model = _model("mixtral")
     ids = torch.randint(3, 128, (4, 12), generator=torch.Generator().manual_seed(2))

@@ -318,31 +318,91 @@ def _sample(
     mask = torch.nn.utils.rnn.pad_sequence(
         [torch.ones_like(r) for r in rows], batch_first=True, padding_side="left"
     )
-    options: dict[str, Any] = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-    if len(seeds) > 1:
-        from transformers import LogitsProcessorList
-
-        options = {
-            "do_sample": False,
-            "logits_processor": LogitsProcessorList([_ChunkDraws(seeds, temperature)]),
-        }
     was_training = model.training
     devices = [device.index or 0] if device.type == "cuda" else []
     try:
         model.eval()
         with torch.no_grad(), torch.random.fork_rng(devices=devices):  # leaves the caller's stream as is
             torch.manual_seed(seeds[0])
-            out = model.generate(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                max_new_tokens=budget,
-                pad_token_id=pad,
-                eos_token_id=eos,
-                **options,
-            )
+            ids, mask = ids.to(device), mask.to(device)
+            if len(seeds) == 1:
+                options = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=budget,
+                    pad_token_id=pad,
+                    eos_token_id=eos,
+                    **options,
+                )
+                new = out[:, ids.shape[1] :]
+            else:
+                new = _generate_dropping_ended(
+                    model, ids, mask, budget, _ChunkDraws(seeds, temperature, len(rows)), pad, eos
+                )
     finally:
         model.train(was_training)
-    return [_until_eos(row, eos) for row in out[:, ids.shape[1] :].tolist()]
+    return [_until_eos(row, eos) for row in new.tolist()]
+
+
+_SEGMENT = 4  # tokens generated between two looks for rows that have ended
+
+
+def _generate_dropping_ended(
+    model: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    budget: int,
+    draws: _ChunkDraws,
+    pad: int,
+    eos: int,
+) -> torch.Tensor:
+    """``(rows, budget)`` new tokens of several chunks sampled together, generated
+    :data:`_SEGMENT` tokens at a time: after each segment the rows that have ended leave the
+    batch, their key/value cache with them, so each token costs what the rows still sampling
+    cost. One ``generate`` ran every row to the budget: each of the toy's chunks of 128 rows
+    holds one that runs to it (13 tokens, against 7 on average). The draws do not change: each chunk
+    still draws for all its rows (:class:`_ChunkDraws`)."""
+    from transformers import LogitsProcessorList
+
+    new = torch.full((ids.shape[0], budget), pad, dtype=ids.dtype, device=ids.device)
+    cache, done = None, 0
+    while done < budget and len(draws.live):
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            cache=cache,
+            max_new_tokens=min(_SEGMENT, budget - done),
+            pad_token_id=pad,
+            eos_token_id=eos,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([draws]),
+            return_dict_in_generate=True,
+        )
+        step = out.sequences[:, ids.shape[1] :]
+        new[draws.live, done : done + step.shape[1]] = step
+        done += step.shape[1]
+        going = ~(step == eos).any(dim=1)  # rows ended before this segment have left already
+        ids = out.sequences[going]
+        mask = torch.cat([mask, mask.new_ones(step.shape)], dim=1)[going]
+        cache = out.cache
+        if not bool(going.all()):
+            _keep_rows(cache, going.nonzero()[:, 0])
+        draws.live = draws.live[going.to(draws.live.device)]
+    return new
+
+
+def _keep_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Keep ``rows`` of a ``generate`` cache. transformers selects a batch's rows per cache layer
+    with ``reorder_cache``, which every layer kind implements (linear attention's states
+    included, where ``batch_select_indices`` keeps the keys and values alone); a model's own
+    cache class that selects its rows itself (MiniMax's linear-attention cache) is asked instead."""
+    from transformers.cache_utils import Cache
+
+    if type(cache).batch_select_indices is not Cache.batch_select_indices:
+        cache.batch_select_indices(rows)
+    else:
+        cache.reorder_cache(rows)
 
 
 class _ChunkDraws:
@@ -350,22 +410,30 @@ class _ChunkDraws:
     generator seeded as that chunk alone would seed the global one, and leaves only the drawn
     token possible: greedy decoding then emits it. ``generate`` draws with
     ``multinomial(softmax(scores / T))``, one call per step over the batch, so each chunk's
-    draws here are those it would make alone."""
+    draws here are those it would make alone. Rows that have left the batch (``live``: the
+    rows still in it, by their index in the first batch) are drawn for all the same, from a
+    uniform distribution: a draw of one sample consumes the generator by the shape alone (an
+    exponential per entry), so the rows left keep their draws."""
 
-    def __init__(self, seeds: list[int], temperature: float) -> None:
+    def __init__(self, seeds: list[int], temperature: float, rows: int) -> None:
         self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
         self.temperature = temperature
+        self.rows = rows
+        self.live = torch.arange(rows)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         scaled = scores if self.temperature == 1.0 else scores / self.temperature
         probs = torch.softmax(scaled, dim=-1).cpu()
-        drawn = torch.cat(
-            [
-                torch.multinomial(probs[i * _BATCH : (i + 1) * _BATCH], 1, generator=generator)
-                for i, generator in enumerate(self.generators)
-            ]
-        ).to(scores.device)
-        return torch.full_like(scores, -torch.inf).scatter_(1, drawn, 0.0)
+        drawn = torch.empty((len(self.live), 1), dtype=torch.long)
+        chunk = self.live // _BATCH  # in order: rows leave the batch, they never move in it
+        for i in chunk.unique().tolist():  # a chunk whose rows have all left draws no more
+            at = (chunk == i).nonzero()[:, 0]
+            first = i * _BATCH
+            rows = self.live[at] - first
+            every = probs.new_full((min(_BATCH, self.rows - first), probs.shape[1]), 1.0 / probs.shape[1])
+            every[rows] = probs[at]
+            drawn[at] = torch.multinomial(every, 1, generator=self.generators[i])[rows]
+        return torch.full_like(scores, -torch.inf).scatter_(1, drawn.to(scores.device), 0.0)
 
 
 def _until_eos(row: list[int], eos: int) -> tuple[int, ...]:

@@ -157,9 +157,13 @@ def taylor_importance(
 def _scored_batches(
     data: Any, tokenizer: Any, n_tokens: int, batch_size: int, seq_len: int, seed: int
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """Right-padded batches with ``scored``: RL completions, else every real token."""
+    """Right-padded batches with ``scored``: RL completions, else every real token. RL rows are
+    batched in order of length: each row's sum is its own, so the order changes no figure, and
+    rows of one length waste no position on padding (the toy-v3 calibration's 1,152 rows of
+    10 to 31 tokens: 1.62 positions per real token in batches of 16 as sampled, 1.01 sorted)."""
     if isinstance(data, RLCalibration):
-        pairs, pad = data.pairs(), getattr(tokenizer, "pad_token_id", None) or 0
+        pairs = sorted(data.pairs(), key=lambda pair: len(pair[0]) + len(pair[1]))
+        pad = getattr(tokenizer, "pad_token_id", None) or 0
         yield from (pad_scored(pairs[i : i + batch_size], pad) for i in range(0, len(pairs), batch_size))
         return
     batches = calibration_batches(
