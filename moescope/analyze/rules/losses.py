@@ -7,20 +7,32 @@ import statistics
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import first_logged, series, shift
+from moescope.analyze.rules.series import first_logged, is_number, series, shift
 from moescope.analyze.rules.thresholds import DIVERGENCE_FACTOR, KL_BLOWUP_MIN, SUSTAIN, WINDOW
 from moescope.traces import Trace
 
-LEVEL_LOSSES = (S.VF_LOSS, S.CRITIC_LOSS, S.LM_LOSS, S.LM_LOSS_SPACED, S.SFT_LOSS)
+LM_LOSSES = (S.LM_LOSS, S.LM_LOSS_SPACED, S.SFT_LOSS)
+LEVEL_LOSSES = (S.VF_LOSS, S.CRITIC_LOSS, *LM_LOSSES)
 RL_SIGNS = (S.REWARD_MEAN, S.PG_LOSS, S.KL, S.NO_SIGNAL_FRAC)
 KL_KEYS = (S.KL, S.KL_LOSS)
+
+
+def is_rl(trace: Trace) -> bool:
+    """Whether a record logs a reward, a policy-gradient loss, a KL or the no-signal share as a
+    number: LLaMA-Factory's SFT ``trainer_log.jsonl`` writes ``"reward": null`` on every line."""
+    return any(is_number(rec.get(key)) for rec in trace.steps for key in RL_SIGNS)
 
 
 def level_losses(trace: Trace) -> tuple[str, ...]:
     """Losses whose level means something: critic and LM losses; ``actor/loss`` only when the run
     is not RL (a Megatron pre-training or SFT log maps its ``lm loss`` there)."""
-    rl = any(key in rec for rec in trace.steps for key in RL_SIGNS)
-    return LEVEL_LOSSES if rl else (*LEVEL_LOSSES, S.ACTOR_LOSS)
+    return LEVEL_LOSSES if is_rl(trace) else (*LEVEL_LOSSES, S.ACTOR_LOSS)
+
+
+def lm_losses(trace: Trace) -> tuple[str, ...]:
+    """The language-modelling losses, which score tokens: ``actor/loss`` among them only when the
+    run is not RL (a GRPO policy loss is 0 by construction while every advantage is)."""
+    return LM_LOSSES if is_rl(trace) else (*LM_LOSSES, S.ACTOR_LOSS)
 
 
 def check_loss_divergence(trace: Trace) -> list[Finding]:
