@@ -174,6 +174,16 @@ def test_a_wandb_run_summary_is_one_record_on_its_global_step() -> None:
     assert step["step"] == 120 and step[S.NO_SIGNAL_FRAC] == 1.0 and math.isnan(step[S.GRAD_NORM])
 
 
+def test_a_wandb_summary_key_with_a_space_keeps_its_value(tmp_path: Path) -> None:
+    """A loop that logs ``{"train loss": …}`` gets the key printed with its space."""
+    text = "wandb: Run summary:\nwandb:      epoch 0\nwandb:       step 458\nwandb: train loss nan\n"
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "wandb-summary"
+    (step,) = trace.steps
+    assert step["step"] == 458 and math.isnan(step["train loss"])
+    assert read_text(tmp_path, "wandb: Tracking run with wandb version 0.12.11\n" + text).steps == trace.steps
+
+
 def test_deepspeed_chat_reward_line_joins_its_step(tmp_path: Path) -> None:
     text = (
         "epoch: 0|step: 3183|ppo_ep: 1|act_loss: 30.92|cri_loss: 30.51|unsuper_loss: 0.0\n"
