@@ -382,6 +382,18 @@ def test_a_validation_loss_without_a_colon_is_no_training_loss(tmp_path: Path) -
     assert last[S.ACTOR_LOSS] == 2.532 and last["Val loss"] == 9.87
 
 
+def test_a_validation_line_labelled_val_keeps_its_own_loss(tmp_path: Path) -> None:
+    """A loop that prints ``Step N stats, train: loss = …`` then ``Step N stats, val: loss = …``:
+    the val line, printed last, no longer replaces the step's training loss."""
+    text = "".join(
+        f"[2020-07-29T13:59:21] Step {step} stats, train: loss = {train}\n"
+        f"[2020-07-29T13:59:27] Step {step} stats, val: loss = {val}\n"
+        for step, train, val in ((100, 1.13, 3.32), (200, 0.92, 3.54))
+    )
+    steps = read_text(tmp_path, text).steps
+    assert [(s[S.ACTOR_LOSS], s["val loss"]) for s in steps] == [(1.13, 3.32), (0.92, 3.54)]
+
+
 def test_a_record_every_host_of_a_multi_node_launch_prints_is_one_step(tmp_path: Path) -> None:
     """pdsh puts the host before each line: one record per host, in any order, is one step."""
     text = "".join(
