@@ -394,6 +394,19 @@ def test_a_validation_line_labelled_val_keeps_its_own_loss(tmp_path: Path) -> No
     assert [(s[S.ACTOR_LOSS], s["val loss"]) for s in steps] == [(1.13, 3.32), (0.92, 3.54)]
 
 
+def test_a_parallelism_line_is_no_expert_load_row(tmp_path: Path) -> None:
+    """``tp=1 pp=1 dp=4 cp=1`` above one Megatron line: four integer columns, but no data row, so
+    it no longer outvotes the record and the paste is read as Megatron's."""
+    text = (
+        "tp=1 pp=1 dp=4 cp=1\n"
+        " [2025-02-20 11:18:36] iteration        1/250000000 | consumed samples:            4 | "
+        "learning rate: 1.000000E-05 | global batch size:     4 | lm loss: 6.612992E+00 | "
+        "loss scale: 1.0 | grad norm: 111.173 | number of skipped iterations:   0 |\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "megatron" and trace.steps[0][S.GRAD_NORM] == 111.173
+
+
 def test_a_record_every_host_of_a_multi_node_launch_prints_is_one_step(tmp_path: Path) -> None:
     """pdsh puts the host before each line: one record per host, in any order, is one step."""
     text = "".join(
