@@ -164,10 +164,17 @@ def test_a_three_record_paste_whose_last_two_left_the_first_s_level_is_a_diverge
     assert (found.step, found.severity) == (1, "warning")
 
 
+def test_a_paste_that_ends_on_a_loss_far_above_its_level_is_a_divergence(tmp_path: Path) -> None:
+    """Users stop the paste where the loss exploded: one record, but 25x the level before it."""
+    found = findings_of(tmp_path, _loss_lines([1.13, 0.92, 2.30, 95.8]))["loss_divergence"]
+    assert (found.step, found.severity) == (3, "warning") and "last record" in found.message
+
+
 @pytest.mark.parametrize(
     "losses",
     [
         [1.5, 1.4, 9.0],  # the last record alone: not yet a level
+        [1.2, 1.1, 1.0, 9.0],  # a last record 8x: a spike as likely as a new level
         [2.0, 9.0, 1.9, 1.8, 1.7, 1.7],  # one spike, not a new level
         [0.0, 0.0, 2.1, 2.0, 1.9, 1.9],  # nothing positive before it to measure against
         [2.4, 2.1, 1.9, 1.8, 1.8, 1.7],  # a healthy fall

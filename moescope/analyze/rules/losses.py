@@ -79,7 +79,25 @@ def _loss_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
                 f"{after:.3g} ({after / before:.1f}x what came before): the run left its level."
             )
             return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": before})]
-    return []
+    return _last_record_jump(key, points)
+
+
+def _last_record_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
+    """A paste that ends on a loss ``DIVERGENCE_FACTOR``² times the median of the ``SUSTAIN`` or
+    more values before it (a positive one): one record is no level yet, but a user who stops the
+    paste where the loss exploded shows no more of it, and a jump that far is no noise."""
+    values = [v for _, v in points[-WINDOW - 1 :]]
+    if len(values) <= SUSTAIN:
+        return []
+    before, last = statistics.median(values[:-1]), values[-1]
+    if not before > 0 or last <= DIVERGENCE_FACTOR**2 * before:
+        return []
+    step = points[-1][0]
+    message = (
+        f"{key} jumps at step {step}, the last record, from {before:.3g} to {last:.3g} "
+        f"({last / before:.0f}x what came before): the paste ends as the run leaves its level."
+    )
+    return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": before})]
 
 
 def check_kl_blowup(trace: Trace) -> list[Finding]:
