@@ -407,6 +407,18 @@ def test_a_parallelism_line_is_no_expert_load_row(tmp_path: Path) -> None:
     assert trace.header["format"] == "megatron" and trace.steps[0][S.GRAD_NORM] == 111.173
 
 
+def test_bars_on_lines_of_their_own_give_the_records_their_steps(tmp_path: Path) -> None:
+    """Carriage returns pasted as new lines: each record sits between its step's bar drawn and
+    redrawn (the first record's drawing cut off); a lone data-loading bar gives no step."""
+    bar = "  2%|▏         | {0}/390 [01:46<1:24:37, 13.26s/it]\n"
+    record = "{{'loss': {0}, 'grad_norm': 0.0, 'learning_rate': 0.0, 'epoch': {1}}}\n"
+    text = record.format(12.10, 0.15) + "\n" + bar.format(6) + bar.format(7) + "   \n"
+    text += record.format(12.06, 0.18) + "\n" + bar.format(7) + bar.format(8) + record.format(12.0, 0.21)
+    assert [s["step"] for s in read_text(tmp_path, text).steps] == [6, 7, 8]
+    loading = "100%|██████████| 7/7 [00:00<00:00, 1809.34it/s]\n" + record.format(0.15, 0.04) * 3
+    assert [s["step"] for s in read_text(tmp_path, loading).steps] == [0, 1, 2]
+
+
 def test_a_record_every_host_of_a_multi_node_launch_prints_is_one_step(tmp_path: Path) -> None:
     """pdsh puts the host before each line: one record per host, in any order, is one step."""
     text = "".join(
