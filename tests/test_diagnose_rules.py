@@ -222,6 +222,7 @@ def test_a_language_modelling_loss_held_at_zero_is_zero_grad(
     ("rows", "extra"),
     [
         ([(0.0, 0.3), (0.0, 0.2), (0.0, 0.4)], ", 'reward': 0.5, 'kl': 0.0"),  # GRPO: a policy loss of 0
+        ([(0.0, 1e-3), (0.0, 1e-3), (0.0, 1e-3)], ", 'rewards/margins': 42.3"),  # DPO: margins saturated
         ([(2.1, 1.0), (0.0, 1.0), (2.0, 1.0), (1.9, 1.0), (1.9, 1.0), (1.8, 1.0)], ""),  # once, recovered
         ([(1.46, "nan"), (0.0, "nan"), (0.0, "nan"), (0.0, "nan")], ""),  # the non-finite finding's
     ],

@@ -24,8 +24,9 @@ nothing (negative controls in the tests):
   norm of ``GRAD_NORM_CEILING`` or more needs no history (a pasted excerpt's first line).
 - ``zero_grad``: a gradient norm of exactly 0 while rewards still vary, or, with no reward
   statistic logged, together with a loss of exactly 0, or under a non-zero loss on the records
-  the log ends on (two at least); failing that, the LM loss of a run that is not RL at exactly 0
-  on the records the log ends on (``SUSTAIN``, or the last record of a short paste).
+  the log ends on (two at least); failing that, the LM loss of a run that is neither RL nor
+  preference optimisation at exactly 0 on the records the log ends on (``SUSTAIN``, or the last
+  record of a short paste).
 - ``overflow``: the largest episode of fp16 steps skipped by the loss scaler; a short one, or
   the scaler settling at the run's start with the scale left at ``SETTLED_SCALE`` or above, is
   ``info``, a longer one or one at the scaler's floor (it tried the scale it fell back to) a

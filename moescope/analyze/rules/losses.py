@@ -7,7 +7,7 @@ import statistics
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import first_logged, is_number, series, shift
+from moescope.analyze.rules.series import first_logged, is_number, logged_keys, series, shift
 from moescope.analyze.rules.thresholds import DIVERGENCE_FACTOR, KL_BLOWUP_MIN, SUSTAIN, WINDOW
 from moescope.traces import Trace
 
@@ -15,6 +15,7 @@ LM_LOSSES = (S.LM_LOSS, S.LM_LOSS_SPACED, S.SFT_LOSS)
 LEVEL_LOSSES = (S.VF_LOSS, S.CRITIC_LOSS, *LM_LOSSES)
 RL_SIGNS = (S.REWARD_MEAN, S.PG_LOSS, S.KL, S.NO_SIGNAL_FRAC)
 KL_KEYS = (S.KL, S.KL_LOSS)
+PREFERENCE_PREFIXES = ("rewards/", "logps/")  # TRL's DPO / KTO / ORPO metrics: rewards/margins, …
 
 
 def is_rl(trace: Trace) -> bool:
@@ -31,8 +32,10 @@ def level_losses(trace: Trace) -> tuple[str, ...]:
 
 def lm_losses(trace: Trace) -> tuple[str, ...]:
     """The language-modelling losses, which score tokens: ``actor/loss`` among them only when the
-    run is not RL (a GRPO policy loss is 0 by construction while every advantage is)."""
-    return LM_LOSSES if is_rl(trace) else (*LM_LOSSES, S.ACTOR_LOSS)
+    run is neither RL (a GRPO policy loss is 0 by construction while every advantage is) nor
+    preference optimisation (a DPO loss near 0 is its pairs' margins saturating)."""
+    preference = any(key.startswith(PREFERENCE_PREFIXES) for key in logged_keys(trace))
+    return LM_LOSSES if preference or is_rl(trace) else (*LM_LOSSES, S.ACTOR_LOSS)
 
 
 def check_loss_divergence(trace: Trace) -> list[Finding]:
