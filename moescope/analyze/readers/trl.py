@@ -13,11 +13,12 @@
   drawn before the record is printed — when that bar is the training bar (the most common
   total), else, in a paste whose carriage returns became new lines, the bar on its own line
   right before the record or (the bar redrawn) right after it, when every record has one of
-  one total counting up; otherwise the record joins the step before it. A line that is a record's body whose
-  braces the paste cut off (``'loss': -0.0, 'grad_norm': 0.0, …``) is read with them put back,
-  unless a dict opened above it is still open: then it is that record's next line. A record the
-  paste cut short before its ``}`` (the last line of a copied terminal) is read from its complete
-  pairs, with a note; if its step key was cut away it goes on the step after the record before it.
+  one total counting up; otherwise the record joins the step before it. A line that is a
+  record's body whose braces the paste cut off (``'loss': -0.0, 'grad_norm': 0.0, …``) is read
+  with them put back, unless a dict opened above it is still open: then it is that record's next
+  line. A record the paste cut short before its ``}`` (the last line of a copied terminal) is read
+  from its complete pairs, with a note; if its step key was cut away it goes on the step after the
+  record before it.
   LLaMA-Factory's rounded echo of a record, printed next to it, is merged into it, and so are the
   copies a multi-node launch prints of one record, one a host (``10.96.202.43: {'loss': …}``).
 
