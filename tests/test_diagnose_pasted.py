@@ -77,6 +77,7 @@ EXPECTED: dict[str, set[str]] = {
     "mlx_lm_grpo_dead.log": {"no_signal"},
     "mlx_lm_grpo_healthy.log": set(),
     "imagenet_progress_loss_nan.log": {"nonfinite"},
+    "llamafactory_sft_loss_zero.log": {"zero_grad"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {

@@ -164,10 +164,17 @@ def test_a_three_record_paste_whose_last_two_left_the_first_s_level_is_a_diverge
     assert (found.step, found.severity) == (1, "warning")
 
 
+def test_a_paste_that_ends_on_a_loss_far_above_its_level_is_a_divergence(tmp_path: Path) -> None:
+    """Users stop the paste where the loss exploded: one record, but 25x the level before it."""
+    found = findings_of(tmp_path, _loss_lines([1.13, 0.92, 2.30, 95.8]))["loss_divergence"]
+    assert (found.step, found.severity) == (3, "warning") and "last record" in found.message
+
+
 @pytest.mark.parametrize(
     "losses",
     [
         [1.5, 1.4, 9.0],  # the last record alone: not yet a level
+        [1.2, 1.1, 1.0, 9.0],  # a last record 8x: a spike as likely as a new level
         [2.0, 9.0, 1.9, 1.8, 1.7, 1.7],  # one spike, not a new level
         [0.0, 0.0, 2.1, 2.0, 1.9, 1.9],  # nothing positive before it to measure against
         [2.4, 2.1, 1.9, 1.8, 1.8, 1.7],  # a healthy fall
@@ -189,3 +196,53 @@ def test_overflows_opening_a_run_are_settling_only_while_the_scale_falls(
     steps += [{"step": i, S.LOSS_SCALE: float(scales[-1]), S.SKIPPED: 0} for i in range(4, 12)]
     (found,) = [f for f in diagnose(Trace(header={}, steps=steps)) if f.type == "overflow"]
     assert found.severity == severity and ("settling" in found.message) == (severity == "info")
+
+
+def _dicts(rows: list[tuple[float, float]], extra: str = "") -> str:
+    line = "{{'loss': {}, 'grad_norm': {}, 'learning_rate': 1e-05{}}}\n"
+    return "".join(line.format(loss, norm, extra) for loss, norm in rows)
+
+
+@pytest.mark.parametrize(
+    ("rows", "step"),
+    [
+        ([(1.7328, 2e-05), (0.0, 4e-06)], 1),  # a short paste that ends on a loss of 0
+        ([(0.0, 0.011), (0.0, 0.009), (0.0, 0.014), (0.0, 0.017)], 0),  # 0 on every record
+        ([(2.1, 1.0), (1.9, 1.0), (0.0, 0.0), (0.0, 0.0)], 2),  # with the norm at 0 too
+    ],
+)
+def test_a_language_modelling_loss_held_at_zero_is_zero_grad(
+    tmp_path: Path, rows: list[tuple[float, float]], step: int
+) -> None:
+    found = findings_of(tmp_path, _dicts(rows))["zero_grad"]
+    assert (found.step, found.severity) == (step, "warning")
+
+
+@pytest.mark.parametrize(
+    ("rows", "extra"),
+    [
+        ([(0.0, 0.3), (0.0, 0.2), (0.0, 0.4)], ", 'reward': 0.5, 'kl': 0.0"),  # GRPO: a policy loss of 0
+        ([(0.0, 1e-3), (0.0, 1e-3), (0.0, 1e-3)], ", 'rewards/margins': 42.3"),  # DPO: margins saturated
+        ([(2.1, 1.0), (0.0, 1.0), (2.0, 1.0), (1.9, 1.0), (1.9, 1.0), (1.8, 1.0)], ""),  # once, recovered
+        ([(1.46, "nan"), (0.0, "nan"), (0.0, "nan"), (0.0, "nan")], ""),  # the non-finite finding's
+    ],
+)
+def test_a_loss_of_zero_that_rl_explains_or_the_log_leaves_is_no_zero_grad(
+    tmp_path: Path, rows: list[tuple[float, object]], extra: str
+) -> None:
+    assert "zero_grad" not in findings_of(tmp_path, _dicts(rows, extra))
+
+
+def test_a_zero_norm_held_under_a_nonzero_loss_is_zero_grad(tmp_path: Path) -> None:
+    """Equal rewards would zero the loss too: a norm of 0 under a loss of 12 reaches no weight."""
+    found = findings_of(tmp_path, _dicts([(12.10, 0.0), (12.06, 0.0), (12.00, 0.0), (12.07, 0.0)]))
+    assert found["zero_grad"].step == 0
+    once = _dicts([(0.012, 1e-07), (0.012, 0.0), (0.0098, 5e-08), (0.033, 39.2), (0.002, 1e-03)])
+    assert "zero_grad" not in findings_of(tmp_path, once)  # one exact 0 among tiny norms
+
+
+def test_a_null_reward_does_not_make_an_sft_log_rl(tmp_path: Path) -> None:
+    """LLaMA-Factory's SFT trainer_log.jsonl writes ``"reward": null`` on every line."""
+    line = '{{"current_steps": {0}, "loss": {1}, "reward": null, "learning_rate": 3e-05, "epoch": 1.37}}\n'
+    found = findings_of(tmp_path, line.format(4440, 2.7044) + line.format(4450, 0.0))
+    assert found["zero_grad"].step == 4450

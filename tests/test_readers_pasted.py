@@ -174,6 +174,16 @@ def test_a_wandb_run_summary_is_one_record_on_its_global_step() -> None:
     assert step["step"] == 120 and step[S.NO_SIGNAL_FRAC] == 1.0 and math.isnan(step[S.GRAD_NORM])
 
 
+def test_a_wandb_summary_key_with_a_space_keeps_its_value(tmp_path: Path) -> None:
+    """A loop that logs ``{"train loss": …}`` gets the key printed with its space."""
+    text = "wandb: Run summary:\nwandb:      epoch 0\nwandb:       step 458\nwandb: train loss nan\n"
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "wandb-summary"
+    (step,) = trace.steps
+    assert step["step"] == 458 and math.isnan(step["train loss"])
+    assert read_text(tmp_path, "wandb: Tracking run with wandb version 0.12.11\n" + text).steps == trace.steps
+
+
 def test_deepspeed_chat_reward_line_joins_its_step(tmp_path: Path) -> None:
     text = (
         "epoch: 0|step: 3183|ppo_ep: 1|act_loss: 30.92|cri_loss: 30.51|unsuper_loss: 0.0\n"
@@ -370,6 +380,43 @@ def test_a_validation_loss_without_a_colon_is_no_training_loss(tmp_path: Path) -
     first, _, last = read_text(tmp_path, text).steps
     assert S.ACTOR_LOSS not in first and first["Val loss"] == 2.912
     assert last[S.ACTOR_LOSS] == 2.532 and last["Val loss"] == 9.87
+
+
+def test_a_validation_line_labelled_val_keeps_its_own_loss(tmp_path: Path) -> None:
+    """A loop that prints ``Step N stats, train: loss = …`` then ``Step N stats, val: loss = …``:
+    the val line, printed last, no longer replaces the step's training loss."""
+    text = "".join(
+        f"[2020-07-29T13:59:21] Step {step} stats, train: loss = {train}\n"
+        f"[2020-07-29T13:59:27] Step {step} stats, val: loss = {val}\n"
+        for step, train, val in ((100, 1.13, 3.32), (200, 0.92, 3.54))
+    )
+    steps = read_text(tmp_path, text).steps
+    assert [(s[S.ACTOR_LOSS], s["val loss"]) for s in steps] == [(1.13, 3.32), (0.92, 3.54)]
+
+
+def test_a_parallelism_line_is_no_expert_load_row(tmp_path: Path) -> None:
+    """``tp=1 pp=1 dp=4 cp=1`` above one Megatron line: four integer columns, but no data row, so
+    it no longer outvotes the record and the paste is read as Megatron's."""
+    text = (
+        "tp=1 pp=1 dp=4 cp=1\n"
+        " [2025-02-20 11:18:36] iteration        1/250000000 | consumed samples:            4 | "
+        "learning rate: 1.000000E-05 | global batch size:     4 | lm loss: 6.612992E+00 | "
+        "loss scale: 1.0 | grad norm: 111.173 | number of skipped iterations:   0 |\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "megatron" and trace.steps[0][S.GRAD_NORM] == 111.173
+
+
+def test_bars_on_lines_of_their_own_give_the_records_their_steps(tmp_path: Path) -> None:
+    """Carriage returns pasted as new lines: each record sits between its step's bar drawn and
+    redrawn (the first record's drawing cut off); a lone data-loading bar gives no step."""
+    bar = "  2%|▏         | {0}/390 [01:46<1:24:37, 13.26s/it]\n"
+    record = "{{'loss': {0}, 'grad_norm': 0.0, 'learning_rate': 0.0, 'epoch': {1}}}\n"
+    text = record.format(12.10, 0.15) + "\n" + bar.format(6) + bar.format(7) + "   \n"
+    text += record.format(12.06, 0.18) + "\n" + bar.format(7) + bar.format(8) + record.format(12.0, 0.21)
+    assert [s["step"] for s in read_text(tmp_path, text).steps] == [6, 7, 8]
+    loading = "100%|██████████| 7/7 [00:00<00:00, 1809.34it/s]\n" + record.format(0.15, 0.04) * 3
+    assert [s["step"] for s in read_text(tmp_path, loading).steps] == [0, 1, 2]
 
 
 def test_a_record_every_host_of_a_multi_node_launch_prints_is_one_step(tmp_path: Path) -> None:

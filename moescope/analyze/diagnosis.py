@@ -23,7 +23,10 @@ nothing (negative controls in the tests):
   ``GRAD_SPIKE_FACTOR`` times the largest. Steps with a norm of 0 (no signal) are left out. A
   norm of ``GRAD_NORM_CEILING`` or more needs no history (a pasted excerpt's first line).
 - ``zero_grad``: a gradient norm of exactly 0 while rewards still vary, or, with no reward
-  statistic logged, together with a loss of exactly 0.
+  statistic logged, together with a loss of exactly 0, or under a non-zero loss on the records
+  the log ends on (two at least); failing that, the LM loss of a run that is neither RL nor
+  preference optimisation at exactly 0 on the records the log ends on (``SUSTAIN``, or the last
+  record of a short paste).
 - ``overflow``: the largest episode of fp16 steps skipped by the loss scaler; a short one, or
   the scaler settling at the run's start with the scale left at ``SETTLED_SCALE`` or above, is
   ``info``, a longer one or one at the scaler's floor (it tried the scale it fell back to) a
@@ -32,7 +35,9 @@ nothing (negative controls in the tests):
   that is not RL), never on a GRPO policy loss, whose level is near 0 by construction: the
   running median rises ``DIVERGENCE_FACTOR`` times above the early-run baseline and stays there
   (an ``error``); or, within the first ``WINDOW`` values, the next ``SUSTAIN`` values all exceed
-  ``DIVERGENCE_FACTOR`` times everything before them (a ``warning``: a short healthy head).
+  ``DIVERGENCE_FACTOR`` times everything before them (a ``warning``: a short healthy head); or
+  the last record is ``DIVERGENCE_FACTOR``² times the median of the ``SUSTAIN`` or more before
+  it (a ``warning``: a paste stopped where the loss exploded).
 - ``kl_blowup``: KL to the reference jumps above ``KL_BLOWUP_MIN`` nats and ten times its running
   median.
 - ``entropy_collapse`` / ``entropy_surge``: the running mean of token entropy falls below half

@@ -6,7 +6,8 @@ A field is a name, then ``:`` / ``=`` or a space, then a number and an optional 
 ``loss 2.0 (+nanz)``, a running mean ``total_loss: 1.39e+01 (1.53e+01)``). A bare duration
 (``3.21s``, prime-rl's newer trainer line) is the line's ``Time``. A piece that is none of these
 but holds ``key: value`` / ``key=value`` pairs with one-word keys (``loss: 0.5 grad_norm: 1.2``)
-gives those pairs. Anything else gives nothing.
+gives those pairs, named after a held-out split that labels the piece (``val: loss = 3.3`` →
+``val loss``). Anything else gives nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ _DURATION = re.compile(rf"(?P<value>{NUMBER})\s*s")
 _PAIR = re.compile(rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)\s*[:=]\s*(?P<value>{NUMBER})(?![\w.])")
 SEPARATORS = re.compile(r"\s*\|\s*|\s*,\s+|\s+-\s+|\t+")
 DURATION_KEY = "Time"
+HELD_OUT = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
+# a piece that opens with a held-out split's label: rat-sql's "Step 14100 stats, val: loss = 3.32"
+_SPLIT_LABEL = re.compile(r"\s*(?P<split>[A-Za-z]+)\s*:\s*(?=[A-Za-z_])")
 
 
 def field(piece: str, labelled: bool = False) -> tuple[str, Any] | None:
@@ -46,6 +50,15 @@ def fields(text: str) -> dict[str, Any]:
         if found:
             out[found[0]] = found[1]
             continue
+        split = _held_out_split(piece)
         for pair in _PAIR.finditer(piece):
-            out[pair.group("key")] = parse_number(pair.group("value"))
+            out[split + pair.group("key")] = parse_number(pair.group("value"))
     return out
+
+
+def _held_out_split(piece: str) -> str:
+    """``"val "`` for a piece labelled ``val: loss = 3.32``, so its pairs keep their own names
+    (the bare ``loss`` of a validation line would replace the training loss of its step)."""
+    label = _SPLIT_LABEL.match(piece)
+    split = label.group("split") if label else ""
+    return f"{split} " if split.lower() in HELD_OUT else ""

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moescope import schema as S
-from moescope.analyze.readers._rows import Parsed, Row, scan
+from moescope.analyze.readers._rows import STEP_KEYS, Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile, Number, as_step, parse_number, unlabel
 from moescope.errors import MoescopeError
 
@@ -54,11 +54,18 @@ def _columns(line: str) -> list[str] | None:
     return tokens if tokens and not tokens[0].startswith("#") else None
 
 
+def _opens_with_a_step(token: str) -> bool:
+    """A bare step number, or one labelled as a step (``step=7``): a parallelism line before a
+    pasted log (``tp=1 pp=1 dp=4 cp=1``) is integer columns too, but no data row."""
+    label, _ = unlabel(token)
+    return as_step(_number(token)) is not None and (label is None or label in STEP_KEYS)
+
+
 def kind(line: str) -> str | None:
     """``"expert-load"`` for three or more integer columns, ``"entropy-log"`` for a step and a
     number, else ``None`` (the file name breaks ties; see :mod:`moescope.analyze.readers.detect`)."""
     tokens = _columns(line)
-    if not tokens or len(tokens) < 2 or as_step(_number(tokens[0])) is None:
+    if not tokens or len(tokens) < 2 or not _opens_with_a_step(tokens[0]):
         return None
     values = [_number(t) for t in tokens]
     if len(tokens) >= 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in values):

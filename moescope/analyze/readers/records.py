@@ -41,7 +41,7 @@ from itertools import pairwise
 from typing import Any
 
 from moescope.analyze.readers import _template, megatron
-from moescope.analyze.readers._fields import field
+from moescope.analyze.readers._fields import HELD_OUT, field
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number, plain_number
 from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_generic
@@ -181,10 +181,7 @@ def _names_a_metric(name: str) -> bool:
     if " " not in name:
         return _named(name)
     qualifier, _, rest = name.partition(" ")
-    return is_metric(name) or (qualifier.lower() in _HELD_OUT and _named(rest))
-
-
-_HELD_OUT = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
+    return is_metric(name) or (qualifier.lower() in HELD_OUT and _named(rest))
 
 
 @cache

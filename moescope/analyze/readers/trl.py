@@ -11,11 +11,14 @@
   default, makes them the same). The step is the record's own step key, else slime's prefix,
   else the count of the progress bar glued in front — HF's bar counts optimizer steps and is
   drawn before the record is printed — when that bar is the training bar (the most common
-  total); otherwise the record joins the step before it. A line that is a record's body whose
-  braces the paste cut off (``'loss': -0.0, 'grad_norm': 0.0, …``) is read with them put back,
-  unless a dict opened above it is still open: then it is that record's next line. A record the
-  paste cut short before its ``}`` (the last line of a copied terminal) is read from its complete
-  pairs, with a note; if its step key was cut away it goes on the step after the record before it.
+  total), else, in a paste whose carriage returns became new lines, the bar on its own line
+  right before the record or (the bar redrawn) right after it, when every record has one of
+  one total counting up; otherwise the record joins the step before it. A line that is a
+  record's body whose braces the paste cut off (``'loss': -0.0, 'grad_norm': 0.0, …``) is read
+  with them put back, unless a dict opened above it is still open: then it is that record's next
+  line. A record the paste cut short before its ``}`` (the last line of a copied terminal) is read
+  from its complete pairs, with a note; if its step key was cut away it goes on the step after the
+  record before it.
   LLaMA-Factory's rounded echo of a record, printed next to it, is merged into it, and so are the
   copies a multi-node launch prints of one record, one a host (``10.96.202.43: {'loss': …}``).
 
@@ -100,6 +103,7 @@ def is_record(line: str) -> bool:
 def read_console(log: LogFile) -> Parsed:
     """Every dict record of a TRL / HF Trainer / ms-swift / slime console log."""
     bars: list[tuple[Row, int, int]] = []  # a row without a step, and the bar glued in front of it
+    beside: list[tuple[Row, int, int]] = []  # ... and the bar on a line of its own next to it
     parsed_notes: list[str] = []
     cut: set[int] = set()  # lines of records the paste cut short
 
@@ -123,10 +127,14 @@ def read_console(log: LogFile) -> Parsed:
         counts = _BAR.findall(prefix)
         if row.step is None and counts:
             bars.append((row, int(counts[-1][0]), int(counts[-1][1])))
+        elif row.step is None and (counts := _bar_beside(lines, i, end)):
+            beside.append((row, int(counts[-1][0]), int(counts[-1][1])))
         return [row], end
 
     parsed = scan(log.lines, parse_at)
     parsed.notes += parsed_notes + _cut_steps(parsed.rows, cut)
+    if not bars and _one_bar_beside_each(beside, parsed.rows):
+        bars = beside
     if bars:
         total = Counter(t for _, _, t in bars).most_common(1)[0][0]
         for row, count, bar_total in bars:
@@ -138,6 +146,35 @@ def read_console(log: LogFile) -> Parsed:
         parsed.notes.append(f"{copies} copies of records that several hosts printed were merged into them")
     parsed.framework = guess_framework({k for row in parsed.rows for k in row.metrics}, CONSOLE_FRAMEWORKS)
     return parsed
+
+
+def _bar_beside(lines: list[str], start: int, end: int) -> list[tuple[str, str]]:
+    """The counts of a progress bar on a line of its own right before the record, else right
+    after it: HF draws the bar before it prints a record and redraws it after, on the same step,
+    and a paste whose carriage returns became new lines puts each drawing on a line."""
+    for near in (_text_line(lines, start, -1), _text_line(lines, end - 1, 1)):
+        if near is not None and DICT_START.search(near) is None and (found := _BAR.findall(near)):
+            return found
+    return []
+
+
+def _one_bar_beside_each(beside: list[tuple[Row, int, int]], rows: list[Row]) -> bool:
+    """Whether every record without a step of its own has a bar of one total beside it, counting
+    up from record to record: a bar next to one record only is as likely a data-loading or
+    evaluation bar (``7/7 [00:00<…]``), and one bar between two records, read for both, is
+    neither's for sure."""
+    stepless = sum(1 for row in rows if row.step is None)
+    counts = [count for _, count, _ in beside]
+    one_total = len({total for _, _, total in beside}) == 1
+    return bool(beside) and len(beside) == stepless and one_total and all(map(int.__lt__, counts, counts[1:]))
+
+
+def _text_line(lines: list[str], i: int, direction: int) -> str | None:
+    """The first line from ``i`` on in ``direction`` (not ``i`` itself) that is not blank."""
+    j = i + direction
+    while 0 <= j < len(lines) and not lines[j].strip():
+        j += direction
+    return lines[j] if 0 <= j < len(lines) else None
 
 
 def _echoes_merged(rows: list[Row]) -> list[Row]:

@@ -6,10 +6,12 @@
     wandb:       train/global_step 100
     wandb:         train/grad_norm nan
     wandb:              train/loss 0.0
+    wandb:               train loss nan
 
-The summary is the run's last logged value of every key: one record, on the step one of its
-keys names (``train/global_step``, ``_step``), else step 0. The ``Run history:`` block above it
-draws sparklines, no numbers, and is passed over. Keys are read through the guessed framework's
+(a key logged with a space in it, as home-made loops do, is printed with it). The summary is the
+run's last logged value of every key: one record, on the step one of its keys names
+(``train/global_step``, ``_step``), else step 0. The ``Run history:`` block above it draws
+sparklines, no numbers, and is passed over. Keys are read through the guessed framework's
 table, then the generic one (as :mod:`moescope.analyze.readers.records` does).
 """
 
@@ -22,7 +24,8 @@ from moescope.analyze.readers._text import NUMBER, LogFile, parse_number
 from moescope.analyze.readers.keymap import guess_beyond_generic
 from moescope.analyze.readers.records import canonical_names
 
-LINE = re.compile(rf"\s*wandb:\s+(?P<key>[^\s:][^\s]*)\s+(?P<value>{NUMBER})\s*$")
+# a key as logged: one token, or words a single space apart (a loop's ``train loss``)
+LINE = re.compile(rf"\s*wandb:\s+(?P<key>[^\s:][^\s]*(?: [^\s:]+)*)\s+(?P<value>{NUMBER})\s*$")
 
 
 def is_record(line: str) -> bool:

@@ -7,11 +7,14 @@ import bisect
 import itertools
 import math
 import statistics
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import episodes, first_logged, series, step_of
+from moescope.analyze.rules.losses import LM_LOSSES, lm_losses
+from moescope.analyze.rules.series import episodes, first_logged, held_to_end, is_number, series, step_of
 from moescope.analyze.rules.thresholds import (
     GRAD_NORM_CEILING,
     GRAD_SPIKE_EXTREME,
@@ -99,9 +102,15 @@ def _reward_varies(rec: dict[str, Any]) -> bool | None:
 
 
 def check_zero_grad(trace: Trace) -> list[Finding]:
+    """A gradient norm of exactly 0 that no reward statistic explains; failing that, one held to
+    the end of the log under a non-zero loss, or a language-modelling loss held at 0 there (no
+    token scored: the updates carry no signal, whatever norm is logged)."""
     key = first_logged(trace, (S.GRAD_NORM,))
-    if key is None:
-        return []
+    found = [] if key is None else _unexplained_zero_norm(trace, key) or _zero_norm_under_loss(trace, key)
+    return found or _loss_at_zero(trace, key)
+
+
+def _unexplained_zero_norm(trace: Trace, key: str) -> list[Finding]:
     hits = [(step_of(rec, i), rec) for i, rec in enumerate(trace.steps) if _no_update(rec, key)]
     if not hits:
         return []
@@ -133,6 +142,71 @@ def _no_update(rec: dict[str, Any], key: str) -> bool:
     if varies is None:
         return S.NO_SIGNAL_FRAC not in rec and rec.get(S.ACTOR_LOSS) == 0
     return varies
+
+
+def _zero_norm_under_loss(trace: Trace, key: str) -> list[Finding]:
+    """A norm of exactly 0 on the records a log ends on (two at least) while their loss is not 0
+    and no reward statistic is logged: equal rewards would zero the loss as well, so nothing but
+    an update that never reaches the weights explains it (a LoRA or frozen-module mistake)."""
+    steps = _ending_run(trace, key, lambda rec: _stuck_under_loss(rec, key), least=2)
+    if not steps:
+        return []
+    message = (
+        f"Gradient norm is exactly 0 from step {steps[0]} to the end of the log ({len(steps)} "
+        "records) while the loss is not: no update reaches the weights (a loss detached from "
+        "the graph, frozen or unregistered parameters)."
+    )
+    return [_zero_grad(steps, message, key=key, rewards_logged=False)]
+
+
+def _stuck_under_loss(rec: dict[str, Any], key: str) -> bool:
+    loss = next((rec[k] for k in (S.ACTOR_LOSS, *LM_LOSSES) if is_number(rec.get(k))), None)
+    return (
+        rec[key] == 0
+        and _reward_varies(rec) is None
+        and S.NO_SIGNAL_FRAC not in rec
+        and loss is not None
+        and math.isfinite(loss)
+        and loss != 0
+    )
+
+
+def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
+    """A language-modelling loss at exactly 0, as logged, on the records the log ends on (a
+    record whose gradient norm is not finite belongs to the non-finite finding)."""
+    for key in lm_losses(trace):
+        steps = _ending_run(trace, key, partial(_zero_with_a_finite_norm, loss=key, norm=norm))
+        if steps:
+            message = (
+                f"{key} is 0 from step {steps[0]} to the end of the log ({len(steps)} record(s)) in "
+                "a run that is not RL: a language-modelling loss of 0 scores no token, so the "
+                "updates carry no signal (every label masked, a template that drops the response, "
+                "an fp16 overflow reported as 0)."
+            )
+            return [_zero_grad(steps, message, key=key, loss_zero=True)]
+    return []
+
+
+def _zero_with_a_finite_norm(rec: dict[str, Any], loss: str, norm: str | None) -> bool:
+    value = rec.get(norm) if norm else None
+    finite = (norm not in rec) if value is None else is_number(value) and math.isfinite(value)
+    return rec[loss] == 0 and finite
+
+
+def _ending_run(trace: Trace, key: str, flag: Callable[[dict[str, Any]], bool], least: int = 1) -> list[int]:
+    """The steps of the flagged run a log ends on (:func:`held_to_end`), among the records that
+    log ``key`` as a finite number; empty when there is none."""
+    rows = [
+        (step_of(rec, i), rec)
+        for i, rec in enumerate(trace.steps)
+        if is_number(rec.get(key)) and math.isfinite(rec[key])
+    ]
+    start = held_to_end([flag(rec) for _, rec in rows], least=least)
+    return [] if start is None else [s for s, _ in rows[start:]]
+
+
+def _zero_grad(steps: list[int], message: str, **evidence: Any) -> Finding:
+    return Finding("zero_grad", steps[0], "warning", message, {**evidence, "steps": steps})
 
 
 def check_overflow(trace: Trace) -> list[Finding]:

@@ -7,20 +7,35 @@ import statistics
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import first_logged, series, shift
+from moescope.analyze.rules.series import first_logged, is_number, logged_keys, series, shift
 from moescope.analyze.rules.thresholds import DIVERGENCE_FACTOR, KL_BLOWUP_MIN, SUSTAIN, WINDOW
 from moescope.traces import Trace
 
-LEVEL_LOSSES = (S.VF_LOSS, S.CRITIC_LOSS, S.LM_LOSS, S.LM_LOSS_SPACED, S.SFT_LOSS)
+LM_LOSSES = (S.LM_LOSS, S.LM_LOSS_SPACED, S.SFT_LOSS)
+LEVEL_LOSSES = (S.VF_LOSS, S.CRITIC_LOSS, *LM_LOSSES)
 RL_SIGNS = (S.REWARD_MEAN, S.PG_LOSS, S.KL, S.NO_SIGNAL_FRAC)
 KL_KEYS = (S.KL, S.KL_LOSS)
+PREFERENCE_PREFIXES = ("rewards/", "logps/")  # TRL's DPO / KTO / ORPO metrics: rewards/margins, …
+
+
+def is_rl(trace: Trace) -> bool:
+    """Whether a record logs a reward, a policy-gradient loss, a KL or the no-signal share as a
+    number: LLaMA-Factory's SFT ``trainer_log.jsonl`` writes ``"reward": null`` on every line."""
+    return any(is_number(rec.get(key)) for rec in trace.steps for key in RL_SIGNS)
 
 
 def level_losses(trace: Trace) -> tuple[str, ...]:
     """Losses whose level means something: critic and LM losses; ``actor/loss`` only when the run
     is not RL (a Megatron pre-training or SFT log maps its ``lm loss`` there)."""
-    rl = any(key in rec for rec in trace.steps for key in RL_SIGNS)
-    return LEVEL_LOSSES if rl else (*LEVEL_LOSSES, S.ACTOR_LOSS)
+    return LEVEL_LOSSES if is_rl(trace) else (*LEVEL_LOSSES, S.ACTOR_LOSS)
+
+
+def lm_losses(trace: Trace) -> tuple[str, ...]:
+    """The language-modelling losses, which score tokens: ``actor/loss`` among them only when the
+    run is neither RL (a GRPO policy loss is 0 by construction while every advantage is) nor
+    preference optimisation (a DPO loss near 0 is its pairs' margins saturating)."""
+    preference = any(key.startswith(PREFERENCE_PREFIXES) for key in logged_keys(trace))
+    return LM_LOSSES if preference or is_rl(trace) else (*LM_LOSSES, S.ACTOR_LOSS)
 
 
 def check_loss_divergence(trace: Trace) -> list[Finding]:
@@ -67,7 +82,25 @@ def _loss_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
                 f"{after:.3g} ({after / before:.1f}x what came before): the run left its level."
             )
             return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": before})]
-    return []
+    return _last_record_jump(key, points)
+
+
+def _last_record_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
+    """A paste that ends on a loss ``DIVERGENCE_FACTOR``² times the median of the ``SUSTAIN`` or
+    more values before it (a positive one): one record is no level yet, but a user who stops the
+    paste where the loss exploded shows no more of it, and a jump that far is no noise."""
+    values = [v for _, v in points[-WINDOW - 1 :]]
+    if len(values) <= SUSTAIN:
+        return []
+    before, last = statistics.median(values[:-1]), values[-1]
+    if not before > 0 or last <= DIVERGENCE_FACTOR**2 * before:
+        return []
+    step = points[-1][0]
+    message = (
+        f"{key} jumps at step {step}, the last record, from {before:.3g} to {last:.3g} "
+        f"({last / before:.0f}x what came before): the paste ends as the run leaves its level."
+    )
+    return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": before})]
 
 
 def check_kl_blowup(trace: Trace) -> list[Finding]:

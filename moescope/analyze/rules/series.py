@@ -115,6 +115,15 @@ def throughout(flags: Sequence[bool], length: int = SUSTAIN) -> int | None:
     return 0 if start is None and 0 < len(flags) < length and all(flags) else start
 
 
+def held_to_end(flags: Sequence[bool], length: int = SUSTAIN, least: int = 1) -> int | None:
+    """Where the run of True flags that ends the series starts, when it holds ``length`` flags or,
+    in a paste shorter than twice that, ``least`` (the records a short paste ends on say it); else
+    None. A state the log ends in, not one it passed through."""
+    run = next((n for n, flag in enumerate(reversed(flags)) if not flag), len(flags))
+    enough = run >= length or (len(flags) < 2 * length and run >= least)
+    return len(flags) - run if run and enough else None
+
+
 def episodes(steps: Sequence[int], gap: int = 2) -> list[list[int]]:
     """Runs of steps no more than ``gap`` apart."""
     runs: list[list[int]] = []
