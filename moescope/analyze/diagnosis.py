@@ -26,7 +26,8 @@ nothing (negative controls in the tests):
   statistic logged, together with a loss of exactly 0, or under a non-zero loss on the records
   the log ends on (two at least); failing that, the LM loss of a run that is neither RL nor
   preference optimisation at exactly 0 on the records the log ends on (``SUSTAIN``, or the last
-  record of a short paste).
+  record of a short paste), beside a gradient norm below ``ZERO_LOSS_GRAD_MAX`` where one is
+  logged (a larger one is a loss that is 0 by construction).
 - ``overflow``: the largest episode of fp16 steps skipped by the loss scaler; a short one, or
   the scaler settling at the run's start with the scale left at ``SETTLED_SCALE`` or above, is
   ``info``, a longer one or one at the scaler's floor (it tried the scale it fell back to) a

@@ -23,6 +23,7 @@ from moescope.analyze.rules.thresholds import (
     SETTLED_SCALE,
     SUSTAIN,
     WINDOW,
+    ZERO_LOSS_GRAD_MAX,
 )
 from moescope.traces import Trace
 
@@ -175,7 +176,7 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
     """A language-modelling loss at exactly 0, as logged, on the records the log ends on (a
     record whose gradient norm is not finite belongs to the non-finite finding)."""
     for key in lm_losses(trace):
-        steps = _ending_run(trace, key, partial(_zero_with_a_finite_norm, loss=key, norm=norm))
+        steps = _ending_run(trace, key, partial(_zero_with_a_small_norm, loss=key, norm=norm))
         if steps:
             message = (
                 f"{key} is 0 from step {steps[0]} to the end of the log ({len(steps)} record(s)) in "
@@ -187,10 +188,11 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
     return []
 
 
-def _zero_with_a_finite_norm(rec: dict[str, Any], loss: str, norm: str | None) -> bool:
+def _zero_with_a_small_norm(rec: dict[str, Any], loss: str, norm: str | None) -> bool:
+    """A loss of 0 whose gradient norm, where logged, is finite and below ``ZERO_LOSS_GRAD_MAX``."""
     value = rec.get(norm) if norm else None
-    finite = (norm not in rec) if value is None else is_number(value) and math.isfinite(value)
-    return rec[loss] == 0 and finite
+    small = (norm not in rec) if value is None else is_number(value) and 0 <= value < ZERO_LOSS_GRAD_MAX
+    return rec[loss] == 0 and small
 
 
 def _ending_run(trace: Trace, key: str, flag: Callable[[dict[str, Any]], bool], least: int = 1) -> list[int]:

@@ -17,6 +17,10 @@ LOAD_SHARE_FACTOR = 5.0  # an expert above this many times its uniform share is 
 SETTLED_SCALE = 2.0**10  # an fp16 loss scale still this high after a run's first overflows: the
 # scaler settling from its 2^16 or 2^32 start, with headroom left for small gradients
 GRAD_NORM_CEILING = 1e5  # a gradient norm no healthy run logs: judged on one record, without history
+# a cross-entropy logged as 0 (p ≈ 1 on every token) leaves next to no gradient (LLaMA-Factory pastes:
+# 0.009-0.017, a Qwen SFT one 4e-6); a norm this large beside a loss of 0 is a loss that is 0 by
+# construction (a GRPO policy loss whose keys the paste left out)
+ZERO_LOSS_GRAD_MAX = 0.1
 LBL_IMBALANCED = 2.0  # Megatron's load-balancing loss (logged unscaled) is 1 when balanced, E/top-k at
 # worst; 2 is as unbalanced as half the experts idle and the rest evenly loaded
 RECOMPUTE_DOUBLE_MAX = 2.5  # Megatron's LBL below this could be a balanced router's counted twice (recompute)
