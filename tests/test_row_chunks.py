@@ -160,3 +160,32 @@ def test_the_held_out_kl_of_an_original_whose_head_runs_apart_is_the_in_memory_o
         assert got[name] == pytest.approx(expected[name], rel=1e-5), name
     np.testing.assert_array_equal(stats[0].counts, expected_stats[0].counts)
     np.testing.assert_array_equal(stats[1].counts, expected_stats[1].counts)
+
+
+def test_a_table_of_positions_is_not_cut_as_rows_where_the_rows_are_as_many(tiny_checkpoint) -> None:
+    """inkling2's layers take a (positions × positions) table of relative distances: in a forward
+    of 8 rows of 8 positions it has a row's count of entries. The layer's first such forward runs
+    as one chunk; once a forward of 5 rows showed the table is no row's, the next runs a row a
+    chunk with the table whole; the teacher equals the in-memory one each time."""
+    from moescope.explore.calibration import pad_scored
+    from moescope.export.teacher import build_teacher_cache
+    from moescope.models.view import decoder_layers
+    from moescope.models.zoo import tiny
+
+    g = torch.Generator().manual_seed(0)
+    pairs = [(torch.randint(2, 100, (5,), generator=g).tolist(), [7, 9, 11]) for _ in range(8)]
+    square, fewer = [pad_scored(pairs, 0)], [pad_scored(pairs[:5], 0)]
+    expected = build_teacher_cache(tiny("inkling2_text"), square, k=8)
+    calls: list[int] = []
+    with layer_sequential(tiny_checkpoint("inkling2_text"), available=1) as loaded:  # a chunk of one row
+        chunked = decoder_layers(loaded)[0]._old_forward
+        forward = chunked.forward
+        chunked.forward = lambda *args, **kwargs: calls.append(len(args[0])) or forward(*args, **kwargs)
+        first = build_teacher_cache(loaded, square, k=8, available=2**30)
+        first_calls = calls[:]
+        build_teacher_cache(loaded, fewer, k=8, available=2**30)
+        calls.clear()
+        again = build_teacher_cache(loaded, square, k=8, available=2**30)
+    assert first_calls == [8] and calls == [1] * 8
+    torch.testing.assert_close(first.log_probs, expected.log_probs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again.log_probs, expected.log_probs, rtol=1e-5, atol=1e-5)
