@@ -78,6 +78,9 @@ EXPECTED: dict[str, set[str]] = {
     "mlx_lm_grpo_healthy.log": set(),
     "imagenet_progress_loss_nan.log": {"nonfinite"},
     "llamafactory_sft_loss_zero.log": {"zero_grad"},
+    "detectron2_loss_nan_at_iteration.log": {"nonfinite"},
+    "fairseq_overflow_to_minimum_scale.log": {"overflow"},
+    "fairseq_overflow_notes_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -93,6 +96,8 @@ ONSET: dict[str, tuple[str, int]] = {
     "litgpt_iter_step_loss_jump.log": ("loss_divergence", 2393),
     "dschat_overflow_floor_then_nan.log": ("overflow", 4479),
     "imagenet_progress_loss_nan.log": ("nonfinite", 2 * 1251 + 920),  # epochs from 0: Epoch: [2][ 920/1251]
+    "detectron2_loss_nan_at_iteration.log": ("nonfinite", 41),
+    "fairseq_overflow_to_minimum_scale.log": ("overflow", 10198),
 }
 
 

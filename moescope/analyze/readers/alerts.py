@@ -7,11 +7,15 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
 
 - Megatron's NaN checks (``Bad grad_norm detected (grad_norm=nan)``, ``found NaN in local grad
   norm …``, ``found NaN in local forward loss …``), verl's ``WARN: rank 0 grad_norm is not
-  finite: nan`` (the update skipped) and PyTorch's anomaly mode (``Function 'MulBackward0'
-  returned nan values in its 0th output``) → ``health/nonfinite``;
+  finite: nan`` (the update skipped), PyTorch's anomaly mode (``Function 'MulBackward0'
+  returned nan values in its 0th output``) and detectron2's check (``FloatingPointError: Loss
+  became infinite or NaN at iteration=2137!``) → ``health/nonfinite``;
 - DeepSpeed / apex overflow lines in a log of another format (``[deepspeed] OVERFLOW! Rank 0
   Skipping step. Attempted loss scale: 65536, reducing to 32768``) → ``optim/skipped``, and the
-  reduced scale as ``optim/loss_scale``;
+  reduced scale as ``optim/loss_scale``; so are fairseq's (``NOTE: gradient overflow detected,
+  ignoring gradient, setting loss scale to: 64.0``, older ``| WARNING: overflow detected, setting
+  loss scale to: 0.25``) and its last (``FloatingPointError: Minimum loss scale reached
+  (0.0001)``);
 - Megatron's counters printed on a line of their own (``number of skipped iterations: 2``,
   ``number of nan iterations: 1``) → ``optim/skipped`` / ``health/nonfinite`` when above 0.
 
@@ -30,12 +34,19 @@ from typing import Any
 
 from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row
-from moescope.analyze.readers._text import INT, parse_number
+from moescope.analyze.readers._text import INT, NUMBER, parse_number
 from moescope.analyze.readers.keymap import canonical
 from moescope.analyze.readers.megatron import OVERFLOW, SCALES, is_overflow, overflow_event
 from moescope.analyze.readers.plain import STEP_IN_LINE
 
 _COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.IGNORECASE)
+# fairseq: "overflow detected, [ignoring gradient, ]setting loss scale to: X", then "Minimum loss
+# scale reached (X)" as it gives up
+_SCALE_SET = re.compile(
+    rf"overflow detected,(?: ignoring gradient,)? setting loss scale to:\s*({NUMBER})"
+    rf"|minimum loss scale reached \(({NUMBER})\)",
+    re.IGNORECASE,
+)
 
 
 def _count(key: str) -> Callable[[re.Match[str], str], dict[str, Any]]:
@@ -46,6 +57,10 @@ def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
     scales = SCALES.search(line)
     reduced = scales and (scales.group(2) or scales.group(3))
     return {S.SKIPPED: 1, **({S.LOSS_SCALE: parse_number(reduced)} if reduced else {})}
+
+
+def _scale_set(match: re.Match[str], line: str) -> dict[str, Any]:
+    return {S.SKIPPED: 1, S.LOSS_SCALE: parse_number(match.group(1) or match.group(2))}
 
 
 def _counter(match: re.Match[str], line: str) -> dict[str, Any]:
@@ -62,7 +77,9 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     ),
     (re.compile(r"returned (?:nan|inf) values in its \d+\w* output", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"grad_?norm is not finite", re.IGNORECASE), _count(S.NONFINITE)),
+    (re.compile(r"loss became infinite or nan", re.IGNORECASE), _count(S.NONFINITE)),
     (OVERFLOW, _overflow),
+    (_SCALE_SET, _scale_set),
     (_COUNTER, _counter),
 )
 """``(pattern, what a matching line says)``: the metrics one line adds to its step."""
@@ -101,7 +118,7 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
         later = bisect_right(starts, number)  # the first record printed after the line
         after = records[later] if later < len(records) else records[-1] if records else None
         if own is None and after is not None:
-            _add(after, found, text, table)
+            _add(after, found, text, table, later=later >= len(records))
             continue
         step = int(own.group(1)) if own else None
         parsed.rows.append(Row(step, {**found, S.ALERTS: text}, text, number))
@@ -114,13 +131,15 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
     return parsed
 
 
-def _add(row: Row, found: dict[str, Any], text: str, table: str | None) -> None:
+def _add(row: Row, found: dict[str, Any], text: str, table: str | None, later: bool = False) -> None:
     """Fold one alert into a record: counts add to the record's own counter (under the
-    framework's name when it logs one), a reduced loss scale is kept if none is logged."""
+    framework's name when it logs one); a reduced loss scale is kept if none is logged, and
+    replaces the logged one when the alert came ``later`` than the record (the log's last lines:
+    fairseq's scale falling to its minimum after the last record it printed)."""
     for key, value in found.items():
         name = next((k for k in row.metrics if canonical(table, k) == key), key)
         if key == S.LOSS_SCALE:
-            row.metrics.setdefault(name, value)
+            row.metrics[name] = value if later else row.metrics.get(name, value)
         else:
             logged = row.metrics.get(name, 0)
             row.metrics[name] = (logged if isinstance(logged, int | float) else 0) + value
