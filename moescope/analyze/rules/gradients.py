@@ -235,8 +235,8 @@ def check_overflow(trace: Trace) -> list[Finding]:
             worst[0],
             severity,
             f"fp16 overflow from step {worst[0]}: {int(sum(skipped[s] for s in worst))} update(s) skipped on "
-            f"{len(worst)} nearby step(s) ({int(total)} in the run), the loss scale fell {len(halvings)} "
-            f"time(s) (lowest {lowest:.3g}){_overflow_reading(settling, floored)}.",
+            f"{len(worst)} nearby step(s) ({int(total)} in the run), {_scale_path(halvings, lowest)}"
+            f"{_overflow_reading(settling, floored)}.",
             {
                 "skipped_steps": sorted(skipped),
                 "episodes": runs,
@@ -247,6 +247,14 @@ def check_overflow(trace: Trace) -> list[Finding]:
             },
         )
     ]
+
+
+def _scale_path(halvings: list[int], lowest: float) -> str:
+    """How far the loss scale fell: its falls between records, or only its lowest where the
+    log's overflow lines all went on one record (fairseq's fall to its minimum after the last)."""
+    if halvings:
+        return f"the loss scale fell {len(halvings)} time(s) (lowest {lowest:.3g})"
+    return f"the loss scale at its lowest {lowest:.3g}" if math.isfinite(lowest) else "no loss scale logged"
 
 
 def _overflow_reading(settling: bool, floored: list[int]) -> str:
