@@ -92,8 +92,8 @@ class _ChunkedForward:
         rows, backward = hidden.shape[0], torch.is_grad_enabled()
         if _holds_cache(args, kwargs):
             return self.forward(*args, **kwargs)
-        whole = self._left_whole((args, kwargs), rows, row_width(hidden))
         key = (row_width(hidden), backward)
+        whole = self._left_whole((args, kwargs), rows, key[0])
         measure = whole is not None and rows > 1 and key not in self.row_bytes and measurable(hidden.device)
         chunks = iter([slice(0, rows)]) if whole is None else self._chunks(hidden, rows, backward, measure)
         if backward:  # checkpointed even whole: autograd would keep the weights to the backward

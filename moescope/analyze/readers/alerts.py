@@ -55,12 +55,16 @@ def _count(key: str) -> Callable[[re.Match[str], str], dict[str, Any]]:
 
 def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
     scales = SCALES.search(line)
-    reduced = scales and (scales.group(2) or scales.group(3))
-    return {S.SKIPPED: 1, **({S.LOSS_SCALE: parse_number(reduced)} if reduced else {})}
+    return _skipped(scales and (scales.group(2) or scales.group(3)))
 
 
 def _scale_set(match: re.Match[str], line: str) -> dict[str, Any]:
-    return {S.SKIPPED: 1, S.LOSS_SCALE: parse_number(match.group(1) or match.group(2))}
+    return _skipped(match.group(1) or match.group(2))
+
+
+def _skipped(scale: str | None) -> dict[str, Any]:
+    """One skipped update, and the loss scale it left where the line gives it."""
+    return {S.SKIPPED: 1, **({S.LOSS_SCALE: parse_number(scale)} if scale else {})}
 
 
 def _counter(match: re.Match[str], line: str) -> dict[str, Any]:

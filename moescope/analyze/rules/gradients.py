@@ -122,16 +122,11 @@ def _unexplained_zero_norm(trace: Trace, key: str) -> list[Finding]:
         if blind
         else "while rewards still vary"
     )
-    return [
-        Finding(
-            "zero_grad",
-            steps[0],
-            "warning",
-            f"Gradient norm is exactly 0 at step {steps[0]} {why} ({len(steps)} such step(s)): the "
-            "update saw no signal (a detached loss, a masked batch).",
-            {"key": key, "steps": steps, "rewards_logged": not blind},
-        )
-    ]
+    message = (
+        f"Gradient norm is exactly 0 at step {steps[0]} {why} ({len(steps)} such step(s)): the "
+        "update saw no signal (a detached loss, a masked batch)."
+    )
+    return [_zero_grad(steps, message, key=key, rewards_logged=not blind)]
 
 
 def _no_update(rec: dict[str, Any], key: str) -> bool:
