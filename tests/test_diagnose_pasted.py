@@ -81,6 +81,7 @@ EXPECTED: dict[str, set[str]] = {
     "detectron2_loss_nan_at_iteration.log": {"nonfinite"},
     "fairseq_overflow_to_minimum_scale.log": {"overflow"},
     "fairseq_overflow_notes_healthy.log": set(),
+    "seqtagging_train_loss_nan_trailer.log": {"nonfinite"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -98,6 +99,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "imagenet_progress_loss_nan.log": ("nonfinite", 2 * 1251 + 920),  # epochs from 0: Epoch: [2][ 920/1251]
     "detectron2_loss_nan_at_iteration.log": ("nonfinite", 41),
     "fairseq_overflow_to_minimum_scale.log": ("overflow", 10198),
+    "seqtagging_train_loss_nan_trailer.log": ("nonfinite", 4),  # records in order from 0: the 5th
 }
 
 

@@ -9,7 +9,8 @@ step lines instead where a file has those and no iteration line), a Python dict,
 JSON object (verl's ``{"step","data"}``, ROLL's ``metrics_tag:``, a flat one), a progress bar
 with a ``key=value`` postfix (OpenRLHF), printed top-k expert ids, a ``Step N |
 name value`` line (prime-rl and trainers not listed), whitespace columns, a W&B summary line,
-any other line with a step marker and a field (``records``) — and the format with most lines wins;
+any other line with a step marker and a field (``records``) — and the format with most lines wins,
+unless lines that name a metric and a number without a step outnumber it: then ``records``;
 a notebook's ``Step | …`` progress table is recognised before the vote, its rows being bare
 numbers. The scan stops once enough lines are recognised, so a long preamble (verl prints its
 whole config first) costs a pass, not a guess.
@@ -57,8 +58,7 @@ _LINE_KINDS = (
     columns.kind,  # before step lines: "step=7 layer=1 expert=3 tokens=30" is an expert-load row
     lambda line: "step-lines" if steplines.is_record(line) else None,
     lambda line: "wandb-summary" if wandb.is_record(line) else None,
-    lambda line: "records" if records.is_stepped(line) else None,  # the fallback of any step-like line
-)
+)  # then the fallback of any step-like line, records (:func:`_vote`)
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,11 @@ def sniff(log: LogFile) -> Sniff:
         return Sniff("moescope", Counter())
     if table.header(log.lines) is not None:  # a notebook's progress table: its rows are bare numbers
         return Sniff("step-table", Counter())
-    counts = _vote(log.lines)
-    if counts:
+    counts, loose = _vote(log.lines)
+    if counts and counts.most_common(1)[0][1] >= loose:
         return Sniff(_columns_by_name(path, counts.most_common(1)[0][0]), counts)
+    if counts:  # more records without a step than lines of the winning format: those are the log
+        return Sniff("records", counts + Counter({"records": loose}))
     spread = jsonl.spread_objects(log.lines)  # JSON objects printed over several lines each
     if spread:
         return Sniff("jsonl", Counter({"jsonl": spread}))
@@ -134,16 +136,25 @@ def _directory(path: Path) -> str:
     )
 
 
-def _vote(lines: list[str]) -> Counter[str]:
-    """Lines per format, in order of first appearance (ties go to the earlier format)."""
+def _vote(lines: list[str]) -> tuple[Counter[str], int]:
+    """Lines per format, in order of first appearance (ties go to the earlier format), and the
+    record lines without a step (``<time>:INFO: train loss:nan``) that no format took.
+
+    Those are counted apart: they vote for ``records`` only against a winner with fewer lines,
+    so that one stray line a format reads (``133 <time>:INFO: acc 0.74 - f1 0.02`` is a column
+    row to the entropy log) does not outvote ten consistent records (sequence_tagging#47)."""
     counts: Counter[str] = Counter()
+    loose = 0
     for line in lines:
         found = next((k for kind in _LINE_KINDS if (k := kind(line))), None)
+        if found is None and (read := records.record(line)) is not None:
+            found = "records" if read[0] is not None else None
+            loose += found is None
         if found:
             counts[found] += 1
             if counts.total() >= ENOUGH:
                 break
-    return _overflows_counted(counts)
+    return _overflows_counted(counts), loose
 
 
 def _overflows_counted(counts: Counter[str]) -> Counter[str]:
