@@ -226,6 +226,9 @@ VF_LOSS = _declare("critic/vf_loss", "value-function loss (PPO with a critic)", 
 CRITIC_GRAD_NORM = _declare("critic/grad_norm", "the critic's gradient norm", source="readers")
 REWARD_MAX = _declare("reward/max", "largest reward of the step", source="readers")
 REWARD_MIN = _declare("reward/min", "smallest reward of the step", source="readers")
+KL_MAX = _declare(
+    "actor/kl_max", "largest per-token KL to the reference of the step (torchforge)", source="readers"
+)
 LOSS_SCALE_TRIED = _declare(
     "optim/loss_scale_tried", "fp16 loss scale an overflowing step was tried at", source="readers"
 )

@@ -82,6 +82,9 @@ EXPECTED: dict[str, set[str]] = {
     "fairseq_overflow_to_minimum_scale.log": {"overflow"},
     "fairseq_overflow_notes_healthy.log": set(),
     "seqtagging_train_loss_nan_trailer.log": {"nonfinite"},
+    "torchforge_kl_divergence_snapshot.log": {"kl_blowup"},
+    "torchforge_kl_snapshot_healthy.log": set(),
+    "mmdet_grad_norm_millions.log": {"grad_spike"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -100,6 +103,13 @@ ONSET: dict[str, tuple[str, int]] = {
     "detectron2_loss_nan_at_iteration.log": ("nonfinite", 41),
     "fairseq_overflow_to_minimum_scale.log": ("overflow", 10198),
     "seqtagging_train_loss_nan_trailer.log": ("nonfinite", 4),  # records in order from 0: the 5th
+    "torchforge_kl_divergence_snapshot.log": ("kl_blowup", 0),
+    "mmdet_grad_norm_millions.log": ("grad_spike", 2 * 912 + 100),  # Epoch(train) [3][100/912]
+}
+# file → the finding its evidence makes decisive on its own: error severity
+DECISIVE: dict[str, str] = {
+    "torchforge_kl_divergence_snapshot.log": "kl_blowup",  # a per-token KL of 2.3e+06 nats
+    "mmdet_grad_norm_millions.log": "grad_spike",  # a gradient norm of 4.8e+06
 }
 
 
@@ -126,6 +136,12 @@ def test_each_excerpt_gets_the_finding_its_thread_concluded(name: str) -> None:
 def test_each_finding_starts_where_the_log_says(name: str) -> None:
     kind, step = ONSET[name]
     assert [f.step for f in diagnose(read_log(PASTED / name)) if f.type == kind] == [step]
+
+
+@pytest.mark.parametrize("name", sorted(DECISIVE))
+def test_decisive_evidence_is_an_error(name: str) -> None:
+    found = [f for f in diagnose(read_log(PASTED / name)) if f.type == DECISIVE[name]]
+    assert [f.severity for f in found] == ["error"], (name, found)
 
 
 def test_a_gradient_nan_the_run_recovers_from_is_a_warning_that_says_so() -> None:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moescope import schema as S
-from moescope.analyze.readers import FORMATS, KEY_MAP, detect_format, keymap, read_log
+from moescope.analyze.readers import FORMATS, KEY_MAP, detect_format, keymap, read_log, records
 from moescope.analyze.readers._text import parse_number
 from moescope.errors import MoescopeError
 from moescope.traces import Trace, TraceWriter
@@ -558,6 +558,11 @@ def test_generic_step_lines_use_the_generic_names(tmp_path: Path) -> None:
         ("training info", None),  # 'info' is not inf followed by a unit
         ("Peak Mem. 40.1/80.0 GiB (50.1%)", None),
         ("starting the run", None),
+        # thousands separators where every group after a comma has three digits (torchforge#664)
+        ("grpo_loss/kl_divergence_mean: 1,568,987.96", ("grpo_loss/kl_divergence_mean", 1568987.96)),
+        ("tokens=-12,000", ("tokens", -12000)),
+        ("key:1,key2:2", None),  # a list, no number
+        ("ids: 1,23,456", None),
     ],
 )
 def test_a_field_is_a_name_then_a_number(piece: str, expected) -> None:
@@ -568,6 +573,11 @@ def test_a_field_is_a_name_then_a_number(piece: str, expected) -> None:
         assert found[0] == expected[0] and math.isnan(found[1])
     else:
         assert found == expected
+
+
+def test_a_record_reads_a_grouped_number_whole_and_a_list_as_its_pairs() -> None:
+    assert records.pairs("loss: 0.5, tokens: 1,024,000") == {"loss": 0.5, "tokens": 1024000}
+    assert records.pairs("key:1,key2:2") == {"key": 1, "key2": 2}
 
 
 def test_openrlhf_episode_bar_postfix_one_step_per_status() -> None:

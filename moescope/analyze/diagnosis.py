@@ -21,7 +21,8 @@ nothing (negative controls in the tests):
   ``WINDOW`` steps and more than ``GRAD_SPIKE_Z`` robust deviations (MAD of log norms) away; with
   fewer than 3 earlier steps that had a gradient, ``GRAD_SPIKE_EXTREME`` times the median and
   ``GRAD_SPIKE_FACTOR`` times the largest. Steps with a norm of 0 (no signal) are left out. A
-  norm of ``GRAD_NORM_CEILING`` or more needs no history (a pasted excerpt's first line).
+  norm of ``GRAD_NORM_CEILING`` or more needs no history (a pasted excerpt's first line) and is
+  an ``error``: no healthy run logs one.
 - ``zero_grad``: a gradient norm of exactly 0 while rewards still vary, or, with no reward
   statistic logged, together with a loss of exactly 0, or under a non-zero loss on the records
   the log ends on (two at least); failing that, the LM loss of a run that is neither RL nor
@@ -40,7 +41,7 @@ nothing (negative controls in the tests):
   the last record is ``DIVERGENCE_FACTOR``² times the median of the ``SUSTAIN`` or more before
   it (a ``warning``: a paste stopped where the loss exploded).
 - ``kl_blowup``: KL to the reference jumps above ``KL_BLOWUP_MIN`` nats and ten times its running
-  median.
+  median, or reaches ``KL_CEILING`` nats per token on any record (a snapshot has no median).
 - ``entropy_collapse`` / ``entropy_surge``: the running mean of token entropy falls below half
   the early-run baseline (and under the OPEFO floor, when the run had one) / rises above three
   times it, for ``SUSTAIN`` steps.

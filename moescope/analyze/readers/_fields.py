@@ -2,12 +2,13 @@
 
 A field is a name, then ``:`` / ``=`` or a space, then a number and an optional unit:
 ``Loss: 0.0123``, ``Grad. Norm 0.41``, ``lr=1e-06``, ``Throughput: 1234 tokens/s``,
-``MFU 12.3%``; an aside in parentheses after a value without a unit is passed over (llm.c's
-``loss 2.0 (+nanz)``, a running mean ``total_loss: 1.39e+01 (1.53e+01)``). A bare duration
-(``3.21s``, prime-rl's newer trainer line) is the line's ``Time``. A piece that is none of these
-but holds ``key: value`` / ``key=value`` pairs with one-word keys (``loss: 0.5 grad_norm: 1.2``)
-gives those pairs, named after a held-out split that labels the piece (``val: loss = 3.3`` →
-``val loss``). Anything else gives nothing.
+``MFU 12.3%``, ``kl_divergence_mean: 1,568,987.96`` (thousands separators, after ``:`` or
+``=`` and as the whole value only); an aside in parentheses after a value without a unit is
+passed over (llm.c's ``loss 2.0 (+nanz)``, a running mean ``total_loss: 1.39e+01 (1.53e+01)``).
+A bare duration (``3.21s``, prime-rl's newer trainer line) is the line's ``Time``. A piece that
+is none of these but holds ``key: value`` / ``key=value`` pairs with one-word keys (``loss: 0.5
+grad_norm: 1.2``) gives those pairs, named after a held-out split that labels the piece (``val:
+loss = 3.3`` → ``val loss``). Anything else gives nothing.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from moescope.analyze.readers._text import NUMBER, parse_number
+from moescope.analyze.readers._text import GROUPED, NUMBER, grouped_number, parse_number
 
 _UNIT = r"[A-Za-z%]+(?:/[A-Za-z]+)?"
 # a unit, or an aside after a bare value: llm.c's "(+nanz)", a running mean "(1.53e+01)"
 _AFTER = rf"(?:\s*(?P<unit>{_UNIT})|\s*\([^()]*\))?"
 _FIELD = re.compile(rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*(?:[:=]\s*|\s+)(?P<value>{NUMBER}){_AFTER}")
 _LABELLED = re.compile(rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*[:=]\s*(?P<value>{NUMBER}){_AFTER}")
+_GROUPED_FIELD = re.compile(rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*[:=]\s*(?P<value>{GROUPED})")
 _DURATION = re.compile(rf"(?P<value>{NUMBER})\s*s")
 _PAIR = re.compile(rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)\s*[:=]\s*(?P<value>{NUMBER})(?![\w.])")
 SEPARATORS = re.compile(r"\s*\|\s*|\s*,\s+|\s+-\s+|\t+")
@@ -38,6 +40,9 @@ def field(piece: str, labelled: bool = False) -> tuple[str, Any] | None:
     match = (_LABELLED if labelled else _FIELD).fullmatch(piece)
     if match and not (match.group("unit") and match.group("value")[-1].isalpha()):  # "info" is no inf + "o"
         return match.group("key").strip(), parse_number(match.group("value"))
+    grouped = _GROUPED_FIELD.fullmatch(piece)  # "kl_divergence_mean: 1,568,987.96" (torchforge#664)
+    if grouped:
+        return grouped.group("key").strip(), grouped_number(grouped.group("value"))
     match = None if labelled else _DURATION.fullmatch(piece)
     return (DURATION_KEY, parse_number(match.group("value"))) if match else None
 

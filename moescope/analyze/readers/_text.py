@@ -58,6 +58,16 @@ _FLOAT = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 _PLAIN = r"[-+]?(?:(?i:nan|inf(?:inity)?)|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 NUMBER = rf"np\.[a-z]+\d*_?\(\s*{_PLAIN}\s*\)|np\.(?:True|False)_|{_PLAIN}"
 Number = int | float | bool | None
+# a number with thousands separators, "1,568,987.96": only as a whole value token (a ","-separated
+# list "key:1,key2:2" or a CSV row has no three-digit groups after every comma)
+GROUPED = r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?"
+_GROUPED = re.compile(GROUPED)
+
+
+def grouped_number(token: str) -> int | float | None:
+    """``1,568,987.96`` → ``1568987.96`` (a pasted W&B / dashboard figure), ``None`` for any
+    token that is not one number with thousands separators throughout."""
+    return plain_number(token.replace(",", "")) if _GROUPED.fullmatch(token) else None
 
 
 def parse_number(text: str) -> Number:

@@ -217,12 +217,19 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `rollout_train_k3_kl` | `rollout/k3_kl` |
 | generic | `total_rewards_mean` | `reward/mean` |
 | generic | `grouped_rewards_std` | `reward/std` |
+| generic | `kl_divergence` | `actor/kl` |
+| generic | `kl_divergence_mean` | `actor/kl` |
+| generic | `kl_divergence_max` | `actor/kl_max` |
+| generic | `grpo_loss/kl_divergence` | `actor/kl` |
+| generic | `grpo_loss/kl_divergence_mean` | `actor/kl` |
+| generic | `grpo_loss/kl_divergence_max` | `actor/kl_max` |
 
 The ``generic`` table serves logs of trainers not listed (:mod:`moescope.analyze.readers.steplines`,
 :mod:`moescope.analyze.readers.keyvalues`); a key is looked up there in lower case with runs of
 spaces, dots and hyphens made one ``_`` (``Grad Norm`` → ``grad_norm``; mlx-lm's GRPO report
 prints ``Total rewards mean 0.000`` for ``total_rewards_mean``, and its ``grouped_rewards_std`` is
-the mean of the per-prompt reward std, TRL's ``reward_std``). slime's ``train/tis``
+the mean of the per-prompt reward std, TRL's ``reward_std``); torchforge's GRPO loss logs the
+per-token KL to the reference as ``grpo_loss/kl_divergence_mean`` and ``…_max``. slime's ``train/tis``
 is the mean importance weight after its truncation. The ``areal``, ``nemo``, ``nemo-automodel``,
 ``tinker`` and ``deepspeed-chat`` tables serve the free-text records of
 :mod:`moescope.analyze.readers.records` (and any flat JSON lines naming those keys); a key a
@@ -498,6 +505,13 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "rollout_train_k3_kl": S.MISMATCH_KL,
         "total_rewards_mean": S.REWARD_MEAN,  # mlx-lm's GRPO report, printed "Total rewards mean 0.625"
         "grouped_rewards_std": S.REWARD_STD,  # ...its mean per-prompt reward std, TRL's reward_std
+        # torchforge's GRPO loss records its per-token KL to the reference as a mean and a max
+        "kl_divergence": S.KL,
+        "kl_divergence_mean": S.KL,
+        "kl_divergence_max": S.KL_MAX,
+        "grpo_loss/kl_divergence": S.KL,
+        "grpo_loss/kl_divergence_mean": S.KL,
+        "grpo_loss/kl_divergence_max": S.KL_MAX,
     },
 }
 NORMALISED = frozenset({"generic"})

@@ -14,7 +14,15 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.losses import LM_LOSSES, lm_losses
-from moescope.analyze.rules.series import episodes, first_logged, held_to_end, is_number, series, step_of
+from moescope.analyze.rules.series import (
+    above_ceiling,
+    episodes,
+    first_logged,
+    held_to_end,
+    is_number,
+    series,
+    step_of,
+)
 from moescope.analyze.rules.thresholds import (
     GRAD_NORM_CEILING,
     GRAD_SPIKE_EXTREME,
@@ -33,7 +41,8 @@ def check_grad_spike(trace: Trace) -> list[Finding]:
     if key is None:
         return []
     points = [(s, v) for s, v in series(trace, key) if v > 0]  # 0: a step without signal
-    absurd = next(((s, v) for s, v in points if v >= GRAD_NORM_CEILING), None)
+    why = "an overflow or a non-finite value upstream"
+    absurd = above_ceiling("grad_spike", key, points, GRAD_NORM_CEILING, "Gradient norm", why)
     spikes = []
     logs = [math.log(v) for _, v in points]
     window = sorted(logs[:2])  # the previous WINDOW log norms, kept in order as the window slides
@@ -57,8 +66,8 @@ def check_grad_spike(trace: Trace) -> list[Finding]:
         extreme = above_all and (len(prev) >= 3 or rise > math.log(GRAD_SPIKE_EXTREME))
         if robust or extreme:
             spikes.append((points[i][0], points[i][1], math.exp(med)))
-    if absurd is not None and (not spikes or absurd[0] < spikes[0][0]):
-        return [_absurd_norm(key, *absurd)]
+    if absurd is not None and (not spikes or absurd.step < spikes[0][0]):
+        return [absurd]
     if not spikes:
         return []
     step, value, base = spikes[0]
@@ -78,18 +87,6 @@ def _median(ordered: list[float]) -> float:
     """:func:`statistics.median` of values already in order (the same arithmetic, no sort)."""
     n = len(ordered)
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-
-
-def _absurd_norm(key: str, step: int, value: float) -> Finding:
-    """A gradient norm no healthy run logs, judged without history (a pasted excerpt)."""
-    return Finding(
-        "grad_spike",
-        step,
-        "warning",
-        f"Gradient norm {value:.3g} at step {step}: above {GRAD_NORM_CEILING:.0e}, which no healthy "
-        "run logs, whatever came before (an overflow or a non-finite value upstream).",
-        {"key": key, "value": value, "ceiling": GRAD_NORM_CEILING, "steps": [step]},
-    )
 
 
 def _reward_varies(rec: dict[str, Any]) -> bool | None:

@@ -7,8 +7,8 @@ import statistics
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import first_logged, is_number, logged_keys, series, shift
-from moescope.analyze.rules.thresholds import DIVERGENCE_FACTOR, KL_BLOWUP_MIN, SUSTAIN, WINDOW
+from moescope.analyze.rules.series import above_ceiling, first_logged, is_number, logged_keys, series, shift
+from moescope.analyze.rules.thresholds import DIVERGENCE_FACTOR, KL_BLOWUP_MIN, KL_CEILING, SUSTAIN, WINDOW
 from moescope.traces import Trace
 
 LM_LOSSES = (S.LM_LOSS, S.LM_LOSS_SPACED, S.SFT_LOSS)
@@ -104,23 +104,31 @@ def _last_record_jump(key: str, points: list[tuple[int, float]]) -> list[Finding
 
 
 def check_kl_blowup(trace: Trace) -> list[Finding]:
+    """A KL that jumps far above its running median; or, first where it comes earlier, one at or
+    above ``KL_CEILING`` on any record (a snapshot of one record has no median to jump from)."""
     key = first_logged(trace, KL_KEYS)
     if key is None:
         return []
     points = series(trace, key)
+    why = "the policy left its reference: a blow-up, not a drift"
+    absurd = above_ceiling("kl_blowup", key, points, KL_CEILING, "KL to the reference (nats per token)", why)
+    jump = _kl_jump(key, points)
+    return [min(found, key=lambda f: f.step)] if (found := [f for f in (absurd, jump) if f]) else []
+
+
+def _kl_jump(key: str, points: list[tuple[int, float]]) -> Finding | None:
+    """The first KL above ``KL_BLOWUP_MIN`` nats and ten times the running median before it."""
     for i in range(1, len(points)):
         prev = [v for _, v in points[max(0, i - WINDOW) : i]]
         med = statistics.median(prev)
         step, value = points[i]
         if value > KL_BLOWUP_MIN and value > 10 * max(med, 1e-3):
-            return [
-                Finding(
-                    "kl_blowup",
-                    step,
-                    "error",
-                    f"KL to the reference jumps to {value:.3g} nats at step {step} "
-                    f"(running median {med:.3g}): the policy left the reference in one step.",
-                    {"key": key, "value": value, "baseline": med},
-                )
-            ]
-    return []
+            return Finding(
+                "kl_blowup",
+                step,
+                "error",
+                f"KL to the reference jumps to {value:.3g} nats at step {step} "
+                f"(running median {med:.3g}): the policy left the reference in one step.",
+                {"key": key, "value": value, "baseline": med},
+            )
+    return None

@@ -81,6 +81,24 @@ def running(values: Sequence[float], width: int, fn: Callable[[Sequence[float]],
     return [*means, *map(truediv, map(math.fsum, full), repeat(width))]
 
 
+def above_ceiling(kind: str, key: str, points: Series, ceiling: float, what: str, why: str) -> Finding | None:
+    """An error at the first value at or above ``ceiling``, a level no healthy run logs: judged on
+    one record, without history, as a pasted excerpt or a snapshot of one record has none, and
+    decisive there (``what``: the metric in words, ``why``: what such a value means)."""
+    hit = next(((s, v) for s, v in points if v >= ceiling), None)
+    if hit is None:
+        return None
+    step, value = hit
+    return Finding(
+        kind,
+        step,
+        "error",
+        f"{what} {value:.3g} at step {step}: above {ceiling:.3g}, which no healthy run logs, whatever "
+        f"came before ({why}).",
+        {"key": key, "value": value, "ceiling": ceiling, "steps": [step]},
+    )
+
+
 def baseline(values: Sequence[float]) -> float:
     """Median of the early run (the first tenth, at least 3 values)."""
     n = max(3, len(values) // 10)
