@@ -85,6 +85,8 @@ EXPECTED: dict[str, set[str]] = {
     "torchforge_kl_divergence_snapshot.log": {"kl_blowup"},
     "torchforge_kl_snapshot_healthy.log": set(),
     "mmdet_grad_norm_millions.log": {"grad_spike"},
+    "modded_llama_pipe_rows_healthy.log": set(),
+    "modded_llama_pipe_rows_nan.log": {"nonfinite"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -105,6 +107,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "seqtagging_train_loss_nan_trailer.log": ("nonfinite", 4),  # records in order from 0: the 5th
     "torchforge_kl_divergence_snapshot.log": ("kl_blowup", 0),
     "mmdet_grad_norm_millions.log": ("grad_spike", 2 * 912 + 100),  # Epoch(train) [3][100/912]
+    "modded_llama_pipe_rows_nan.log": ("nonfinite", 150),  # "150 | loss nan | …"
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {
@@ -142,6 +145,13 @@ def test_each_finding_starts_where_the_log_says(name: str) -> None:
 def test_decisive_evidence_is_an_error(name: str) -> None:
     found = [f for f in diagnose(read_log(PASTED / name)) if f.type == DECISIVE[name]]
     assert [f.severity for f in found] == ["error"], (name, found)
+
+
+def test_rows_that_open_with_their_step_before_a_bar_are_steps() -> None:
+    """``250 | loss 4.09 | lr 3e-04 | 13707.39ms``: every row a step, not one merged record."""
+    trace = read_log(PASTED / "modded_llama_pipe_rows_healthy.log")
+    assert [rec["step"] for rec in trace.steps] == list(range(0, 220, 10))
+    assert trace.steps[-1]["actor/loss"] < trace.steps[1]["actor/loss"]
 
 
 def test_a_gradient_nan_the_run_recovers_from_is_a_warning_that_says_so() -> None:

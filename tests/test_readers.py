@@ -580,6 +580,15 @@ def test_a_record_reads_a_grouped_number_whole_and_a_list_as_its_pairs() -> None
     assert records.pairs("key:1,key2:2") == {"key": 1, "key2": 2}
 
 
+def test_a_row_of_named_fields_after_its_step_is_no_column_row(tmp_path: Path) -> None:
+    """``0 | loss 11.6 | lr 3e-04`` opens with a step and ends on a number, as an entropy log's
+    row does, but its bare names make it a record."""
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"{s} | loss {9 - s / 10} | lr 3e-04\n" for s in range(0, 50, 10)))
+    assert detect_format(log) == "records"
+    assert [rec["step"] for rec in read_log(log).steps] == [0, 10, 20, 30, 40]
+
+
 def test_openrlhf_episode_bar_postfix_one_step_per_status() -> None:
     trace, steps = read_fixture("openrlhf_console.log", "openrlhf", [2, 3])
     two = steps[2]  # drawn at 1/50 by set_postfix, then at 2/50 by update: one step, the later count

@@ -31,6 +31,7 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.readers._rows import STEP_KEYS, Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile, Number, as_step, parse_number, unlabel
+from moescope.analyze.readers.records import is_metric
 from moescope.errors import MoescopeError
 
 _LAYER_TOKEN = re.compile(rf"(?i)(?:layer|l)[_=:]?({INT})")
@@ -68,6 +69,8 @@ def kind(line: str) -> str | None:
     if not tokens or len(tokens) < 2 or not _opens_with_a_step(tokens[0]):
         return None
     values = [_number(t) for t in tokens]
+    if any(v is None and is_metric(t) for t, v in zip(tokens, values, strict=True)):
+        return None  # a metric's bare name among the numbers: "0 | loss 11.62 | lr 3e-04" is a record
     if len(tokens) >= 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         return "expert-load"
     last = values[-1]

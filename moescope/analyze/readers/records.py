@@ -18,7 +18,9 @@ on the line (or none). The marker is found first, each as its framework prints i
   as a notebook's text output keeps it, without the bar (``10% 10/100 [00:10<01:30, …]``);
 - any ``step N``, ``global_step: N``, ``iteration N:``, ``iter N``, ``Step: N`` (DeepSpeed-Chat's
   ``epoch: 0|step: 3183|ppo_ep: 1|act_loss: …``, LLaMA-Factory's ``current_steps``, the
-  ``iteration 10: load_balancing_loss: 1.09E+00`` of a hand-abbreviated paste).
+  ``iteration 10: load_balancing_loss: 1.09E+00`` of a hand-abbreviated paste);
+- a home-made loop's counter opening the line: ``268/446 (epoch 0), train_loss = 2.097``,
+  ``[5000] model_grad_norm nan``, ``250 | loss 4.0938 | lr 3.000000e-04 | 13707.39ms``.
 
 Then every field of the rest of the line is read (:func:`pairs`). A line with a marker and a
 field is a record on that step; a line without a marker is a record when one of its names is a
@@ -99,6 +101,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # time after it), or its step in brackets: "[5000] model_grad_norm nan / …"
     (None, re.compile(rf"^\s*({INT})/{INT}(?=[\s,(])(?!\s+\d{{1,2}}:\d\d)"), lambda m: int(m[1])),
     (None, re.compile(rf"^\s*\[({INT})\](?=\s)"), lambda m: int(m[1])),
+    # or its step before "|"-separated "name value" fields: "250 | loss 4.09 | lr 3e-04 | 13707ms"
+    (None, re.compile(rf"^\s*({INT})\s*\|(?=\s*[A-Za-z_])"), lambda m: int(m[1])),
 )
 # the lookahead only skips the positions no separator starts at (most of them) before the
 # alternatives are tried: the same splits, in half the time; a number ending a sentence ("Mean
