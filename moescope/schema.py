@@ -232,6 +232,12 @@ KL_MAX = _declare(
 LOSS_SCALE_TRIED = _declare(
     "optim/loss_scale_tried", "fp16 loss scale an overflowing step was tried at", source="readers"
 )
+SCALER_STOPPED = _declare(
+    "optim/scaler_stopped",
+    "1 where the fp16 loss scaler, at its minimum, stopped the run (DeepSpeed's 'Exiting run', "
+    "fairseq's 'Minimum loss scale reached')",
+    source="readers",
+)
 EXPERT_LOAD_LAYERS = _declare(
     "moe/expert_load_layers",
     "layer ids of the rows of moe/expert_load when not 0, 1, … (expert_load.log)",

@@ -87,6 +87,7 @@ EXPECTED: dict[str, set[str]] = {
     "mmdet_grad_norm_millions.log": {"grad_spike"},
     "modded_llama_pipe_rows_healthy.log": set(),
     "modded_llama_pipe_rows_nan.log": {"nonfinite"},
+    "deepspeed_bar_scale_minimum_exit.log": {"overflow"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -113,6 +114,7 @@ ONSET: dict[str, tuple[str, int]] = {
 DECISIVE: dict[str, str] = {
     "torchforge_kl_divergence_snapshot.log": "kl_blowup",  # a per-token KL of 2.3e+06 nats
     "mmdet_grad_norm_millions.log": "grad_spike",  # a gradient norm of 4.8e+06
+    "deepspeed_bar_scale_minimum_exit.log": "overflow",  # "... already at minimum ... Exiting run."
 }
 
 

@@ -32,7 +32,7 @@ nothing (negative controls in the tests):
 - ``overflow``: the largest episode of fp16 steps skipped by the loss scaler; a short one, or
   the scaler settling at the run's start with the scale left at ``SETTLED_SCALE`` or above, is
   ``info``, a longer one or one at the scaler's floor (it tried the scale it fell back to) a
-  ``warning``, a scale below 1 an ``error``.
+  ``warning``, a scale below 1, or a scaler that stopped the run at its minimum, an ``error``.
 - ``loss_divergence``: only on losses that have a level (critic value loss, the LM loss of a run
   that is not RL), never on a GRPO policy loss, whose level is near 0 by construction: the
   running median rises ``DIVERGENCE_FACTOR`` times above the early-run baseline and stays there

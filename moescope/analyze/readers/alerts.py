@@ -15,7 +15,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   reduced scale as ``optim/loss_scale``; so are fairseq's (``NOTE: gradient overflow detected,
   ignoring gradient, setting loss scale to: 64.0``, older ``| WARNING: overflow detected, setting
   loss scale to: 0.25``) and its last (``FloatingPointError: Minimum loss scale reached
-  (0.0001)``);
+  (0.0001)``), which, as DeepSpeed's ``Current loss scale already at minimum - cannot decrease
+  scale anymore. Exiting run.``, also sets ``optim/scaler_stopped``: the run ended there;
 - Megatron's counters printed on a line of their own (``number of skipped iterations: 2``,
   ``number of nan iterations: 1``) → ``optim/skipped`` / ``health/nonfinite`` when above 0.
 
@@ -59,7 +60,13 @@ def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
 
 
 def _scale_set(match: re.Match[str], line: str) -> dict[str, Any]:
-    return _skipped(match.group(1) or match.group(2))
+    stopped = {S.SCALER_STOPPED: 1} if match.group(2) else {}  # fairseq gives up at its minimum
+    return {**_skipped(match.group(1) or match.group(2)), **stopped}
+
+
+def _scaler_stopped(match: re.Match[str], line: str) -> dict[str, Any]:
+    """DeepSpeed's scaler at its minimum raising instead of skipping one more update."""
+    return {**_skipped(None), S.SCALER_STOPPED: 1}
 
 
 def _skipped(scale: str | None) -> dict[str, Any]:
@@ -84,6 +91,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     (re.compile(r"loss became infinite or nan", re.IGNORECASE), _count(S.NONFINITE)),
     (OVERFLOW, _overflow),
     (_SCALE_SET, _scale_set),
+    (re.compile(r"loss scale already at minimum", re.IGNORECASE), _scaler_stopped),
     (_COUNTER, _counter),
 )
 """``(pattern, what a matching line says)``: the metrics one line adds to its step."""

@@ -206,10 +206,12 @@ def _zero_grad(steps: list[int], message: str, **evidence: Any) -> Finding:
 def check_overflow(trace: Trace) -> list[Finding]:
     """The largest episode of skipped fp16 steps. Overflows that open the run and leave the scale
     high are the scaler settling (a note); a scale driven below 1, or an overflow the scaler can
-    no longer absorb because it is at its floor, is not."""
+    no longer absorb because it is at its floor, is not; a scaler that says it stopped the run at
+    its minimum (``Exiting run``) is an error whatever its scale."""
     scale = series(trace, S.LOSS_SCALE)
     floored = _floored_steps(trace)
-    if scale and all(v == 1.0 for _, v in scale) and not floored:
+    stopped = [s for s, v in series(trace, S.SCALER_STOPPED) if v > 0]
+    if scale and all(v == 1.0 for _, v in scale) and not floored and not stopped:
         return []  # no loss scaling: skipped steps were non-finite gradients (see nonfinite)
     skipped = {s: v for s, v in series(trace, S.SKIPPED) if v > 0}
     if not skipped:
@@ -219,7 +221,7 @@ def check_overflow(trace: Trace) -> list[Finding]:
     halvings = [b[0] for a, b in itertools.pairwise(scale) if b[1] < a[1]]
     lowest = min((v for _, v in scale), default=math.nan)
     settling = _settling(trace, worst, lowest, scale)
-    severity = _overflow_severity(worst, lowest, floored, settling)
+    severity = "error" if stopped else _overflow_severity(worst, lowest, floored, settling)
     total = sum(skipped.values())
     return [
         Finding(
@@ -228,7 +230,7 @@ def check_overflow(trace: Trace) -> list[Finding]:
             severity,
             f"fp16 overflow from step {worst[0]}: {int(sum(skipped[s] for s in worst))} update(s) skipped on "
             f"{len(worst)} nearby step(s) ({int(total)} in the run), {_scale_path(halvings, lowest)}"
-            f"{_overflow_reading(settling, floored)}.",
+            f"{_overflow_reading(settling, floored, stopped)}.",
             {
                 "skipped_steps": sorted(skipped),
                 "episodes": runs,
@@ -236,6 +238,7 @@ def check_overflow(trace: Trace) -> list[Finding]:
                 "halvings": halvings,
                 "lowest_scale": lowest,
                 "at_floor": floored,
+                "stopped": stopped,
             },
         )
     ]
@@ -249,8 +252,10 @@ def _scale_path(halvings: list[int], lowest: float) -> str:
     return f"the loss scale at its lowest {lowest:.3g}" if math.isfinite(lowest) else "no loss scale logged"
 
 
-def _overflow_reading(settling: bool, floored: list[int]) -> str:
+def _overflow_reading(settling: bool, floored: list[int], stopped: list[int]) -> str:
     """What the episode means, where the numbers alone do not say it."""
+    if stopped:
+        return f"; at step {stopped[0]} the scaler, at its minimum, stopped the run"
     if floored:
         return f"; at step {floored[0]} the scale was already at its floor, so each overflow loses its update"
     return "; the scaler settling at the start of the run" if settling else ""
