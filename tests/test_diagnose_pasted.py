@@ -88,6 +88,7 @@ EXPECTED: dict[str, set[str]] = {
     "modded_llama_pipe_rows_healthy.log": set(),
     "modded_llama_pipe_rows_nan.log": {"nonfinite"},
     "deepspeed_bar_scale_minimum_exit.log": {"overflow"},
+    "caffe_loss_saturated_87.log": {"loss_divergence"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -108,6 +109,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "seqtagging_train_loss_nan_trailer.log": ("nonfinite", 4),  # records in order from 0: the 5th
     "torchforge_kl_divergence_snapshot.log": ("kl_blowup", 0),
     "mmdet_grad_norm_millions.log": ("grad_spike", 2 * 912 + 100),  # Epoch(train) [3][100/912]
+    "caffe_loss_saturated_87.log": ("loss_divergence", 50),
     "modded_llama_pipe_rows_nan.log": ("nonfinite", 150),  # "150 | loss nan | …"
 }
 # file → the finding its evidence makes decisive on its own: error severity
@@ -115,6 +117,7 @@ DECISIVE: dict[str, str] = {
     "torchforge_kl_divergence_snapshot.log": "kl_blowup",  # a per-token KL of 2.3e+06 nats
     "mmdet_grad_norm_millions.log": "grad_spike",  # a gradient norm of 4.8e+06
     "deepspeed_bar_scale_minimum_exit.log": "overflow",  # "... already at minimum ... Exiting run."
+    "caffe_loss_saturated_87.log": "loss_divergence",  # 87.3365 on every record after the jump
 }
 
 

@@ -37,7 +37,8 @@ nothing (negative controls in the tests):
   that is not RL), never on a GRPO policy loss, whose level is near 0 by construction: the
   running median rises ``DIVERGENCE_FACTOR`` times above the early-run baseline and stays there
   (an ``error``); or, within the first ``WINDOW`` values, the next ``SUSTAIN`` values all exceed
-  ``DIVERGENCE_FACTOR`` times everything before them (a ``warning``: a short healthy head); or
+  ``DIVERGENCE_FACTOR`` times everything before them (a ``warning``: a short healthy head; an
+  ``error`` where the loss then holds one value exactly to the end, a saturated net); or
   the last record is ``DIVERGENCE_FACTOR``² times the median of the ``SUSTAIN`` or more before
   it (a ``warning``: a paste stopped where the loss exploded).
 - ``kl_blowup``: KL to the reference jumps above ``KL_BLOWUP_MIN`` nats and ten times its running

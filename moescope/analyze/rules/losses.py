@@ -70,19 +70,33 @@ def _loss_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
     """The first step, within the first ``WINDOW`` values, from which the next ``SUSTAIN`` values
     (or, in a shorter paste, every value to its end, two at least: three records of a run that
     left its level) all exceed ``DIVERGENCE_FACTOR`` times the median of every value before it
-    (a positive one): a warning, as its level rests on few values."""
+    (a positive one): a warning, as its level rests on few values; an error where the loss then
+    stays frozen at one value (:func:`_frozen`)."""
     values = [v for _, v in points]
     for i in range(1, min(WINDOW, len(values) - min(SUSTAIN, 2)) + 1):
         before = statistics.median(values[:i])
         after = min(values[i : i + SUSTAIN])
         if before > 0 and after > DIVERGENCE_FACTOR * before:
             step = points[i][0]
-            message = (
-                f"{key} jumps at step {step} from {before:.3g} to {values[i]:.3g} and stays above "
-                f"{after:.3g} ({after / before:.1f}x what came before): the run left its level."
+            frozen = _frozen(values[i:])
+            message = f"{key} jumps at step {step} from {before:.3g} to {values[i]:.3g} and " + (
+                f"stays at exactly {values[i]:.6g} on all {len(values) - i} records to the end: the "
+                "net saturated (a loss no update moves any more), it diverged."
+                if frozen
+                else f"stays above {after:.3g} ({after / before:.1f}x what came before): the run left its "
+                "level."
             )
-            return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": before})]
+            severity = "error" if frozen else "warning"
+            return [Finding("loss_divergence", step, severity, message, {"key": key, "baseline": before})]
     return _last_record_jump(key, points)
+
+
+def _frozen(after: list[float]) -> bool:
+    """A jumped loss that holds one value exactly on ``SUSTAIN`` or more records to the end of the
+    log: a training loss moves with every batch, so one that repeats to the last digit is pinned
+    at a ceiling (caffe#6047: 87.3365 = −log(FLT_MIN), the softmax loss of a probability that
+    underflowed, on every record after the jump), whatever the few values before it say."""
+    return len(after) >= SUSTAIN and len(set(after)) == 1
 
 
 def _last_record_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
