@@ -89,6 +89,8 @@ EXPECTED: dict[str, set[str]] = {
     "modded_llama_pipe_rows_nan.log": {"nonfinite"},
     "deepspeed_bar_scale_minimum_exit.log": {"overflow"},
     "caffe_loss_saturated_87.log": {"loss_divergence"},
+    "hand4whole_epoch_itr_loss_nan.log": {"nonfinite"},
+    "vmamba_train_brackets_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -110,6 +112,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "torchforge_kl_divergence_snapshot.log": ("kl_blowup", 0),
     "mmdet_grad_norm_millions.log": ("grad_spike", 2 * 912 + 100),  # Epoch(train) [3][100/912]
     "caffe_loss_saturated_87.log": ("loss_divergence", 50),
+    "hand4whole_epoch_itr_loss_nan.log": ("nonfinite", 2 * 2417 + 1209),  # Epoch 2/12 itr 1209/2417
     "modded_llama_pipe_rows_nan.log": ("nonfinite", 150),  # "150 | loss nan | …"
 }
 # file → the finding its evidence makes decisive on its own: error severity
@@ -157,6 +160,12 @@ def test_rows_that_open_with_their_step_before_a_bar_are_steps() -> None:
     trace = read_log(PASTED / "modded_llama_pipe_rows_healthy.log")
     assert [rec["step"] for rec in trace.steps] == list(range(0, 220, 10))
     assert trace.steps[-1]["actor/loss"] < trace.steps[1]["actor/loss"]
+
+
+def test_an_epoch_and_its_iteration_in_brackets_are_one_step() -> None:
+    """Swin's ``Train: [41/300][1840/2502]``, epochs counted from 0: epoch × per-epoch + i."""
+    trace = read_log(PASTED / "vmamba_train_brackets_healthy.log")
+    assert [rec["step"] for rec in trace.steps] == [41 * 2502 + i for i in range(1840, 1900, 10)]
 
 
 def test_a_gradient_nan_the_run_recovers_from_is_a_warning_that_says_so() -> None:

@@ -8,6 +8,8 @@ on the line (or none). The marker is found first, each as its framework prints i
   and ``Epoch(train) [1][200/735]  …`` (step = (epoch − 1) × per-epoch + i); mmcv 1.x's
   ``Iter [10100/316440]\tlr: 3.990e-04, …, loss: nan, grad_norm: nan``;
 - home-made loops: ``Epoch:[0/10](100/500) loss:0.12 lr:1e-4 grad_norm:1.3`` (epoch × n + i);
+- Swin Transformer's loop (VMamba): ``INFO Train: [29/300][2670/2859]  eta 0:01:24 lr 0.000872 …``
+  and Hand4Whole's ``Epoch 0/7 itr 26/3489: lr: 0.0001 … loss_smpl_pose: 0.3386`` (epoch × n + i);
 - PyTorch's ImageNet example, DeiT / MAE's MetricLogger: ``Epoch: [3][ 740/2429]  Time 2.46 (2.27)
   … Loss 1.2 (1.3)`` and ``Epoch: [0]  [ 10/582]  lr: 0.000002  loss: 0.6931 (0.6931)`` (epoch × n + i);
 - NeMo 2.0: ``Training epoch 0, iteration 120/149 | lr: 3e-05 | … | reduced_train_loss: 1.233``;
@@ -78,6 +80,10 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         re.compile(rf"Epoch\s*:?\s*\[{_I}/\s*{INT}\s*\]\s*\({_I}/{_I}\)", re.IGNORECASE),
         _epoch_from_zero,
     ),
+    # Swin Transformer's loop and its offspring (VMamba), epochs from 0: "Train: [29/300][2670/2859]"
+    (None, re.compile(rf"(?<!\w)Train:\s*\[{_I}/\s*{INT}\s*\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
+    # Hand4Whole / I2L-MeshNet's logger, epochs from 0: "Epoch 0/7 itr 26/3489:"
+    (None, re.compile(rf"(?<!\w)Epoch\s+({INT})/{INT}\s+itr\s+({INT})/({INT})"), _epoch_from_zero),
     (
         "nemo",
         re.compile(rf"Training epoch\s+{INT}\s*,\s*iteration\s+({INT})\s*/\s*{INT}"),
