@@ -91,6 +91,7 @@ EXPECTED: dict[str, set[str]] = {
     "caffe_loss_saturated_87.log": {"loss_divergence"},
     "hand4whole_epoch_itr_loss_nan.log": {"nonfinite"},
     "vmamba_train_brackets_healthy.log": set(),
+    "hf_bar_dict_between_overflows.log": {"overflow"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -112,6 +113,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "torchforge_kl_divergence_snapshot.log": ("kl_blowup", 0),
     "mmdet_grad_norm_millions.log": ("grad_spike", 2 * 912 + 100),  # Epoch(train) [3][100/912]
     "caffe_loss_saturated_87.log": ("loss_divergence", 50),
+    "hf_bar_dict_between_overflows.log": ("overflow", 282),  # the bar each overflow line is glued to
     "hand4whole_epoch_itr_loss_nan.log": ("nonfinite", 2 * 2417 + 1209),  # Epoch 2/12 itr 1209/2417
     "modded_llama_pipe_rows_nan.log": ("nonfinite", 150),  # "150 | loss nan | …"
 }
@@ -166,6 +168,20 @@ def test_an_epoch_and_its_iteration_in_brackets_are_one_step() -> None:
     """Swin's ``Train: [41/300][1840/2502]``, epochs counted from 0: epoch × per-epoch + i."""
     trace = read_log(PASTED / "vmamba_train_brackets_healthy.log")
     assert [rec["step"] for rec in trace.steps] == [41 * 2502 + i for i in range(1840, 1900, 10)]
+
+
+def test_a_trainer_record_among_deepspeed_overflow_lines_is_read() -> None:
+    """HF's ``{'loss': …}`` between bars with DeepSpeed's overflow lines glued on: the record is
+    read, each overflow on the step its bar counts."""
+    trace = read_log(PASTED / "hf_bar_dict_between_overflows.log")
+    assert trace.header["format"] == "trl-console"
+    assert [(rec["step"], rec.get("actor/loss")) for rec in trace.steps] == [
+        (282, None),
+        (283, None),
+        (284, 1.8734),
+        (285, None),
+        (286, None),
+    ]
 
 
 def test_a_gradient_nan_the_run_recovers_from_is_a_warning_that_says_so() -> None:

@@ -20,7 +20,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
 - Megatron's counters printed on a line of their own (``number of skipped iterations: 2``,
   ``number of nan iterations: 1``) → ``optim/skipped`` / ``health/nonfinite`` when above 0.
 
-A line belongs to the step its own ``step N`` / ``iteration N`` names, else to the record printed
+A line belongs to the step its own ``step N`` / ``iteration N`` names (or the progress bar it is
+glued behind counts, where the records' steps are that bar's counts), else to the record printed
 after it (frameworks print a step's record once the step is done, so a warning raised during
 the step comes first), else, at the end of the log, to the last record. A log without records
 (only such lines) gives one step per line, indexed in order.
@@ -125,14 +126,15 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
     records = sorted((r for r in parsed.rows if r.line is not None), key=lambda r: r.line)
     starts = [r.line for r in records]
     table = parsed.keymap or parsed.framework
+    bars = _bar_steps(alerts, records)
     for number, text, found in alerts:
         own = STEP_IN_LINE.search(text)
+        step = int(own.group(1)) if own else bars.get(number)
         later = bisect_right(starts, number)  # the first record printed after the line
         after = records[later] if later < len(records) else records[-1] if records else None
-        if own is None and after is not None:
+        if step is None and after is not None:
             _add(after, found, text, table, later=later >= len(records))
             continue
-        step = int(own.group(1)) if own else None
         parsed.rows.append(Row(step, {**found, S.ALERTS: text}, text, number))
     folded = pieces.union(a[0] for a in alerts)  # once: a long log skips many lines
     parsed.skipped = [n for n in parsed.skipped if n not in folded]
@@ -141,6 +143,21 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
         f"(health/alerts; the first is line {alerts[0][0]})"
     )
     return parsed
+
+
+_GLUED_BAR = re.compile(rf"^\s*\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[")
+
+
+def _bar_steps(alerts: list[tuple[int, str, dict[str, Any]]], records: list[Row]) -> dict[int, int]:
+    """The count of the progress bar each alert is glued behind (``14%|█▍ | 378/2724 [13:58:09<…]
+    [deepspeed] OVERFLOW! …``, one overflow a step), by line number, where the records' steps are
+    that bar's counts (a record's step lies within the bars' range, as HF's records take them
+    from the same bar); else none: the alerts then go on the record after them."""
+    counts = {n: int(m.group(1)) for n, text, _ in alerts if (m := _GLUED_BAR.match(text))}
+    steps = [r.step for r in records if r.step is not None]
+    if not counts or not any(min(counts.values()) <= s <= max(counts.values()) for s in steps):
+        return {}
+    return counts
 
 
 def _add(row: Row, found: dict[str, Any], text: str, table: str | None, later: bool = False) -> None:

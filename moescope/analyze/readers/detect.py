@@ -158,12 +158,17 @@ def _vote(lines: list[str]) -> tuple[Counter[str], int]:
 
 
 def _overflows_counted(counts: Counter[str]) -> Counter[str]:
-    """DeepSpeed's overflow lines vote for the format that folds them into its steps: step lines
-    (DeepSpeed-Chat prints them between its ``step: N|…`` lines) where the file has some and no
-    Megatron iteration line, else Megatron's reader, which also reads them alone."""
+    """DeepSpeed's overflow lines vote for the format that folds them into its steps: Megatron's
+    reader where the file has an iteration line (or no other format: it also reads them alone),
+    else step lines (DeepSpeed-Chat prints them between its ``step: N|…`` lines) where it has
+    some, else the file's most common other format, whose skipped lines
+    :mod:`~moescope.analyze.readers.alerts` folds (Chinese-LLaMA-Alpaca#534: five overflow lines
+    outvoted the one HF ``{'loss': …}`` record between them, which Megatron's reader skipped)."""
     if megatron.OVERFLOW_KIND not in counts:
         return counts
-    target = "step-lines" if "step-lines" in counts and "megatron" not in counts else "megatron"
+    others = [name for name in counts if name not in (megatron.OVERFLOW_KIND, "megatron")]
+    target = "step-lines" if "step-lines" in counts else max(others, key=counts.__getitem__, default="")
+    target = "megatron" if "megatron" in counts or not target else target
     out: Counter[str] = Counter()
     for name, count in counts.items():
         out[target if name == megatron.OVERFLOW_KIND else name] += count
