@@ -92,6 +92,7 @@ EXPECTED: dict[str, set[str]] = {
     "hand4whole_epoch_itr_loss_nan.log": {"nonfinite"},
     "vmamba_train_brackets_healthy.log": set(),
     "hf_bar_dict_between_overflows.log": {"overflow"},
+    "yolov3_giou_loss_nan.log": {"nonfinite"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -113,6 +114,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "torchforge_kl_divergence_snapshot.log": ("kl_blowup", 0),
     "mmdet_grad_norm_millions.log": ("grad_spike", 2 * 912 + 100),  # Epoch(train) [3][100/912]
     "caffe_loss_saturated_87.log": ("loss_divergence", 50),
+    "yolov3_giou_loss_nan.log": ("nonfinite", 1215),
     "hf_bar_dict_between_overflows.log": ("overflow", 282),  # the bar each overflow line is glued to
     "hand4whole_epoch_itr_loss_nan.log": ("nonfinite", 2 * 2417 + 1209),  # Epoch 2/12 itr 1209/2417
     "modded_llama_pipe_rows_nan.log": ("nonfinite", 150),  # "150 | loss nan | …"
@@ -182,6 +184,12 @@ def test_a_trainer_record_among_deepspeed_overflow_lines_is_read() -> None:
         (285, None),
         (286, None),
     ]
+
+
+def test_a_detectors_nan_loss_is_no_policy_loss() -> None:
+    """``giou_loss: nan`` in a YOLOv3 log: the message names a loss, not an RL policy's."""
+    (found,) = [f for f in diagnose(read_log(PASTED / "yolov3_giou_loss_nan.log")) if f.type == "nonfinite"]
+    assert " in loss (" in found.message and "policy" not in found.message
 
 
 def test_a_gradient_nan_the_run_recovers_from_is_a_warning_that_says_so() -> None:

@@ -1,6 +1,8 @@
 """``nonfinite``: the first step with a NaN/±Inf, the metric family that went first, and losses
 that vanish from a step (a framework that drops a NaN loss). An error, but a warning when only one
-step's gradients went non-finite and the run went on at once (a skipped update)."""
+step's gradients went non-finite and the run went on at once (a skipped update). The message
+calls the loss family "policy loss" only in an RL log: an SFT ``eval_loss`` or a detector's
+``giou_loss`` is a loss, no policy's."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers._rows import wholly_skipped
+from moescope.analyze.rules.losses import is_rl
 from moescope.analyze.rules.series import is_number, logged_keys, step_of
 from moescope.analyze.rules.thresholds import SUSTAIN
 from moescope.traces import Trace
@@ -136,11 +139,12 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
         if recovered
         else ""
     )
+    named = families if is_rl(trace) else ["loss" if f == "policy loss" else f for f in families]
     return Finding(
         "nonfinite",
         step,
         "warning" if recovered else "error",
-        f"First non-finite value at step {step} in {', '.join(families)} "
+        f"First non-finite value at step {step} in {', '.join(named)} "
         f"({', '.join(sorted(keys)[:4])}){where}; {'persistent' if persistent else 'isolated'}: "
         f"{len(bad_steps)} step(s) with non-finite values.",
         {
