@@ -93,6 +93,7 @@ EXPECTED: dict[str, set[str]] = {
     "vmamba_train_brackets_healthy.log": set(),
     "hf_bar_dict_between_overflows.log": {"overflow"},
     "yolov3_giou_loss_nan.log": {"nonfinite"},
+    "tf_garden_controller_output_dict_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -190,6 +191,16 @@ def test_a_detectors_nan_loss_is_no_policy_loss() -> None:
     """``giou_loss: nan`` in a YOLOv3 log: the message names a loss, not an RL policy's."""
     (found,) = [f for f in diagnose(read_log(PASTED / "yolov3_giou_loss_nan.log")) if f.type == "nonfinite"]
     assert " in loss (" in found.message and "policy" not in found.message
+
+
+def test_a_dict_a_step_line_announces_is_that_steps_metrics() -> None:
+    """``train | step: 300 | … | output:`` over a dict printed one pair a line: its step's metrics."""
+    trace = read_log(PASTED / "tf_garden_controller_output_dict_healthy.log")
+    assert [(rec["step"], rec.get("training_loss")) for rec in trace.steps] == [
+        (300, 0.5128833),
+        (320, 0.50417316),
+        (340, 0.49731052),
+    ]
 
 
 def test_a_gradient_nan_the_run_recovers_from_is_a_warning_that_says_so() -> None:

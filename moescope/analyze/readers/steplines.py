@@ -17,7 +17,9 @@ the step and ``M`` is kept as ``optimizer step`` (:mod:`moescope.analyze.readers
 framework is guessed from the names
 (DeepSpeed-Chat's ``epoch: 0|step: 3|ppo_ep: 1|act_loss: …``, NeMo Automodel's ``step 8 | epoch 0
 | loss 0.78 | grad_norm 1.70``, torchtune's ``Step 1 | loss:2.08 lr:2e-05``), and names its table
-lacks are read through the ``generic`` one (``loss``, ``grad_norm``, ``lr``, ``reward``, …). A line
+lacks are read through the ``generic`` one (``loss``, ``grad_norm``, ``lr``, ``reward``, …). A step
+line that ends in ``:`` over a Python dict printed on the lines below (the TF Model Garden
+controller's ``train | step: 140 | … | output:``) takes that dict's metrics. A line
 without a step whose names are metrics (DeepSpeed-Chat's ``average reward score: 0.2``) joins the
 step before it; DeepSpeed's fp16 overflow lines go on the step line after them, as in
 :mod:`moescope.analyze.readers.megatron` (``optim/skipped``, ``optim/loss_scale``,
@@ -34,6 +36,7 @@ from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile
 from moescope.analyze.readers.keymap import FRAMEWORK_TABLES, MARKERS, guess_beyond_generic
 from moescope.analyze.readers.records import canonical_names, record
+from moescope.analyze.readers.trl import dict_over_lines
 
 _TABLES = tuple(name for name in FRAMEWORK_TABLES if name != "prime-rl")
 _ITER = re.compile(rf"(?<![\w/])iter(?:ation)?\s*[:=#]?\s*({INT})\s+$", re.IGNORECASE)
@@ -65,6 +68,15 @@ def _folded(metrics: dict, pending: list[megatron.Overflow]) -> dict:
     return {**metrics, **found}
 
 
+def _announced(lines: list[str], i: int) -> tuple[dict, int] | None:
+    """The dict a step line ending in ``:`` announces on the lines below it (the TF Model Garden
+    controller's ``train | step: 140 | steps/sec: 0.1 | output:`` over ``{'learning_rate': …,``
+    … ``'training_loss': 0.47}``, hiertext#6): its metrics and the index after it."""
+    if not lines[i].rstrip().endswith(":") or i + 1 >= len(lines):
+        return None
+    return dict_over_lines(lines, i + 1) if lines[i + 1].lstrip().startswith("{") else None
+
+
 def is_record(line: str) -> bool:
     """``step N`` followed by at least one ``name value`` field."""
     return _fields_after_step(line) is not None
@@ -88,7 +100,11 @@ def read(log: LogFile) -> Parsed:
                 if loose is None or loose[0] is not None
                 else ([Row(None, loose[2], lines[i], i + 1)], i + 1)
             )
-        return [Row(found[0], _folded(found[1], pending), lines[i], i + 1)], i + 1
+        step, metrics = found
+        output = _announced(lines, i)
+        end = output[1] if output else i + 1
+        metrics = {**metrics, **output[0]} if output else metrics
+        return [Row(step, _folded(metrics, pending), "\n".join(lines[i:end]), i + 1)], end
 
     parsed = scan(log.lines, parse_at)
     if parsed.rows:

@@ -108,10 +108,10 @@ def read_console(log: LogFile) -> Parsed:
     cut: set[int] = set()  # lines of records the paste cut short
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
-        match = DICT_START.search(lines[i])
-        if match is None:
+        opened = _gathered(lines, i)
+        if opened is None:
             return _bare(lines, i)
-        text, end = gather(lines, i, lambda t: _dict_end(t, match.start()) is not None, _continues)
+        match, text, end = opened
         record = _literal(text, match.start())
         if record is None:
             record = _cut_literal(text, match.start())
@@ -250,6 +250,24 @@ def _agrees(rounded: Any, value: Any) -> bool:
     if math.isnan(rounded) or math.isnan(value):
         return math.isnan(rounded) and math.isnan(value)
     return math.isclose(rounded, value, rel_tol=1e-4, abs_tol=5e-5)
+
+
+def _gathered(lines: list[str], i: int) -> tuple[re.Match[str], str, int] | None:
+    """The dict opening on line ``i``: where it opens, the text of the lines it spans (printed
+    over several lines, or wrapped between its pairs) and the index after them."""
+    match = DICT_START.search(lines[i])
+    if match is None:
+        return None
+    text, end = gather(lines, i, lambda t: _dict_end(t, match.start()) is not None, _continues)
+    return match, text, end
+
+
+def dict_over_lines(lines: list[str], i: int) -> tuple[dict[str, Any], int] | None:
+    """The whole dict record opening on line ``i`` and the index after its last line, or ``None``
+    where none opens there or it does not parse (for a reader whose step line announces it)."""
+    opened = _gathered(lines, i)
+    record = None if opened is None else _literal(opened[1], opened[0].start())
+    return None if record is None or opened is None else (record, opened[2])
 
 
 def _bare(lines: list[str], i: int) -> tuple[list[Row], int] | None:
