@@ -201,6 +201,7 @@ def test_a_dict_a_step_line_announces_is_that_steps_metrics() -> None:
         (320, 0.50417316),
         (340, 0.49731052),
     ]
+    assert not [n for n in trace.notes if "also has" in n]  # the dicts are read, no other format's
 
 
 def test_a_gradient_nan_the_run_recovers_from_is_a_warning_that_says_so() -> None:

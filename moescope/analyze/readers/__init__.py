@@ -60,7 +60,7 @@ from moescope.analyze.readers import (
 )
 from moescope.analyze.readers._rows import Parsed, assemble, split_runs
 from moescope.analyze.readers._text import MAX_LINE, LogFile
-from moescope.analyze.readers.detect import detect_format, sniff
+from moescope.analyze.readers.detect import detect_format, line_kind, sniff
 from moescope.analyze.readers.hints import RATIO_LEVEL, RECOMPUTE, ratio_level, recompute
 from moescope.analyze.readers.keymap import KEY_MAP
 from moescope.errors import MoescopeError
@@ -156,16 +156,15 @@ def read_runs(path: str | Path, format: str | None = None, *, num_experts: int |
 def _parse(path: Path, format: str | None, num_experts: int | None) -> tuple[LogFile, str, Parsed, list[str]]:
     """The log read by its reader: the file, its format, the records found and the notes so far."""
     log = LogFile(path, num_experts=num_experts)
-    notes: list[str] = []
+    others: list[tuple[int, str]] = []  # other formats the file has lines of
     if format is None:
         found = sniff(log)
         format = found.format
         dominant = found.counts[format]
-        others = [(n, f) for f, n in found.counts.items() if f != format and n >= max(2, dominant / 10)]
-        notes += [
-            f"the file also has {n} {f} lines; read them with format={f!r}"
-            for n, f in others
-            if not (f == "megatron" and _all_overflows(log, n))
+        others = [
+            (n, f)
+            for f, n in found.counts.items()
+            if f != format and n >= max(2, dominant / 10) and not (f == "megatron" and _all_overflows(log, n))
         ]
     elif format not in READERS:
         raise MoescopeError(f"unknown log format {format!r}; use one of {', '.join(FORMATS)}.")
@@ -176,7 +175,13 @@ def _parse(path: Path, format: str | None, num_experts: int | None) -> tuple[Log
         if format != "trainer-state" or not state.is_file():
             raise MoescopeError(f"{log.path} is a directory; pass the {format} log file in it.")
         log = LogFile(state)
-    return log, format, READERS[format](log), notes
+    parsed = READERS[format](log)
+    # a format whose lines this reader read too (a step line's dict below it, hiertext#6) needs no note
+    unread = {line_kind(log.lines[n - 1]) for n in parsed.skipped} if others else set()
+    notes = [
+        f"the file also has {n} {f} lines; read them with format={f!r}" for n, f in others if f in unread
+    ]
+    return log, format, parsed, notes
 
 
 def _all_overflows(log: LogFile, megatron_lines: int) -> bool:

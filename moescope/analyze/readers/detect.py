@@ -136,6 +136,16 @@ def _directory(path: Path) -> str:
     )
 
 
+def _kind(line: str) -> str | None:
+    """The first line format of :data:`_LINE_KINDS` that reads ``line``."""
+    return next((k for kind in _LINE_KINDS if (k := kind(line))), None)
+
+
+def line_kind(line: str) -> str | None:
+    """The format the vote counts ``line`` for (``records`` for any other line with a step)."""
+    return _kind(line) or ("records" if records.is_stepped(line) else None)
+
+
 def _vote(lines: list[str]) -> tuple[Counter[str], int]:
     """Lines per format, in order of first appearance (ties go to the earlier format), and the
     record lines without a step (``<time>:INFO: train loss:nan``) that no format took.
@@ -146,7 +156,7 @@ def _vote(lines: list[str]) -> tuple[Counter[str], int]:
     counts: Counter[str] = Counter()
     loose = 0
     for line in lines:
-        found = next((k for kind in _LINE_KINDS if (k := kind(line))), None)
+        found = _kind(line)
         if found is None and (read := records.record(line)) is not None:
             found = "records" if read[0] is not None else None
             loose += found is None
