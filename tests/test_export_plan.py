@@ -80,8 +80,12 @@ def test_a_layer_sequential_original_heals_the_proxy_the_in_memory_one_heals(tmp
         warnings.simplefilter("ignore")
         written = [load_model(r.path, with_tokenizer=False)[0].state_dict() for r in (memory, sequential)]
     trained = {name for name in written[0] if any(part in name for part in memory.healing.trained)}
+    # Adam scales each gradient by its own running size, so float noise in a near-zero gradient
+    # (the two passes sum in another order) moves a weight by a visible share of a step: on an
+    # AVX2-only EPYC 1.2e-5 after three steps of lr 1e-3. Within 1 % of the most a weight can move.
+    moved = memory.healing.steps * memory.healing.lr
     assert trained and all(
-        torch.allclose(written[1][name], written[0][name], rtol=1e-5, atol=1e-5) for name in written[0]
+        torch.allclose(written[1][name], written[0][name], rtol=0, atol=0.01 * moved) for name in written[0]
     )
 
 
@@ -203,6 +207,35 @@ def test_own_completions_are_sampled_as_many_chunks_at_a_time_as_memory_holds() 
     with layer_sequential(resolve_model("toy")) as original:
         assert rl_data.chunks_per_pass(original, 8, available=1 << 30) > 1
     assert rl_data.chunks_per_pass(model, 8) == 1  # in memory: one chunk per call, as ever
+
+
+def test_healing_samples_a_round_ahead_of_a_layer_sequential_original(monkeypatch) -> None:
+    """Rows sampled at once for healing are a round's, not all memory holds: the rest of a
+    pass went unused whenever the proxy passed first."""
+    from moescope.explore import rl_data
+    from moescope.export.healing import training_batches
+
+    _, tokenizer = load_model("toy")
+    data = rl_data.RLCalibration(((1, 2),), ((3,),), 0, 1.0, 8, "add2", tokenizer.eos_token_id)
+    passes: list[int] = []
+
+    def sample(model, tokenizer, prompts, *args):
+        passes.append(len(prompts))
+        return [(tokenizer.eos_token_id,)] * len(prompts)
+
+    monkeypatch.setattr(rl_data, "_sample", sample)
+    shape = {"batch_size": 32, "seq_len": 64, "seed": 0}
+    round_rows = 2 * rl_data._BATCH  # a round of 5 steps of 32 rows, in whole chunks
+    with layer_sequential(resolve_model("toy")) as original:
+        for round_steps in (5, None):
+            passes.clear()
+            batches = training_batches(data, tokenizer, model=original, round_steps=round_steps, **shape)
+            list(itertools.islice(batches, 20))  # 639 fresh rows
+            assert sum(passes) >= 639
+            if round_steps:
+                assert passes == [round_rows] * 3
+            else:
+                assert passes[0] > 10 * round_rows  # memory alone: more at once than healing may use
 
 
 @pytest.mark.parametrize(

@@ -103,6 +103,22 @@ def test_one_decoder_layer_is_in_memory_at_a_time() -> None:
         assert {n for m, n in resident if m == moment} == {loaded}, moment
 
 
+def test_the_heap_is_trimmed_once_the_layers_read_add_up(monkeypatch) -> None:
+    """Freed layers go back to the system every ``TRIM_AFTER`` bytes read, not at every read (a
+    trim per read of a small layer cost more in page faults than the pass's own system time)."""
+    from moescope.models import layer_weights
+
+    trims: list[int] = []
+    monkeypatch.setattr(layer_weights, "release_freed_memory", lambda: trims.append(1))
+    with layer_sequential("toy") as model:
+        weights, layer = model._layer_weights, model._layer_weights.layers[0]
+        size = sum(t.numel() * t.element_size() for t in weights.read(layer).values())
+        monkeypatch.setattr(layer_weights, "TRIM_AFTER", 3 * size)
+        for _ in range(8):
+            weights.read(layer)
+    assert len(trims) == 2  # at the 3rd and the 6th of the 8 reads: three layers read each time
+
+
 def test_untied_embeddings_and_head_are_read_only_when_used(tiny_checkpoint) -> None:
     """Vocabulary-sized matrices stay out of memory while the layers run: the embeddings are in
     memory from the start of a forward to the end of their lookup (the head, inside its forward)."""

@@ -109,19 +109,30 @@ def verify_frozen(before: dict[str, str], model: torch.nn.Module, skip: set[str]
 
 
 def training_batches(
-    data: Any, tokenizer: Any, *, batch_size: int, seq_len: int, seed: int, model: Any = None
+    data: Any,
+    tokenizer: Any,
+    *,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    model: Any = None,
+    round_steps: int | None = None,
 ) -> Iterator[Batch]:
     """Endless calibration batches: the seeded task training stream, or ``data`` again and again.
 
     RL data is scored on its sampled completions, as task data on its answers; given the
     ``model`` it was sampled from (the original), it goes on with fresh samples of the same
-    prompt stream once its own rows are used, else its rows come round again.
+    prompt stream once its own rows are used, else its rows come round again. ``round_steps``:
+    the batches drawn at once (a healing round), which a model read from disk samples no more
+    rows ahead of (:func:`~moescope.explore.rl_data.rl_pairs`).
     """
     if isinstance(data, str) and data == TASKS:
         return task_batches(mixed_examples(seed=seed), tokenizer, n_tokens=2**62, batch_size=batch_size)
     if isinstance(data, RLCalibration):
         pad = getattr(tokenizer, "pad_token_id", None) or 0
-        pairs = itertools.cycle(data.pairs()) if model is None else rl_pairs(data, model, tokenizer)
+        pairs: Iterator[Any] = itertools.cycle(data.pairs())
+        if model is not None:
+            pairs = rl_pairs(data, model, tokenizer, rows=round_steps * batch_size if round_steps else None)
         return (
             pad_scored([list(p) for p in itertools.islice(pairs, batch_size)], pad) for _ in itertools.count()
         )

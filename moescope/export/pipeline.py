@@ -426,11 +426,8 @@ def _healing_data(
         return lambda: training_batches(data(), tokenizer, model=lm, **shape), None
     steps = max(config.heal_steps, config.heal_budget if config.min_capability > 0 else 0, 1)
     size = config.heal_round if config.min_capability > 0 else steps
-    teacher = functools.cache(
-        lambda: TeacherRounds(
-            lm, training_batches(data(), tokenizer, model=lm, **shape), steps=steps, size=size
-        )
-    )
+    rounds = functools.partial(training_batches, model=lm, round_steps=size, **shape)
+    teacher = functools.cache(lambda: TeacherRounds(lm, rounds(data(), tokenizer), steps=steps, size=size))
     return lambda: iter(teacher()), teacher  # every round of every attempt stays within the budget
 
 
