@@ -94,6 +94,9 @@ EXPECTED: dict[str, set[str]] = {
     "hf_bar_dict_between_overflows.log": {"overflow"},
     "yolov3_giou_loss_nan.log": {"nonfinite"},
     "tf_garden_controller_output_dict_healthy.log": set(),
+    "rllm_verl_scores_zero.log": {"no_signal"},
+    "videor1_dict_rewards_zero.log": {"no_signal"},
+    "trl_grpo_zero_std_zero_grad.log": {"no_signal"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -126,6 +129,9 @@ DECISIVE: dict[str, str] = {
     "mmdet_grad_norm_millions.log": "grad_spike",  # a gradient norm of 4.8e+06
     "deepspeed_bar_scale_minimum_exit.log": "overflow",  # "... already at minimum ... Exiting run."
     "caffe_loss_saturated_87.log": "loss_divergence",  # 87.3365 on every record after the jump
+    "rllm_verl_scores_zero.log": "no_signal",  # every score 0 on every step: the reward never paid
+    "videor1_dict_rewards_zero.log": "no_signal",  # reward 0.0, reward_std 0.0, all_wrong 1.0
+    "trl_grpo_zero_std_zero_grad.log": "no_signal",  # frac_reward_zero_std 1.0 and grad_norm 0.0
 }
 
 

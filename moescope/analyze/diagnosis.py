@@ -51,6 +51,8 @@ nothing (negative controls in the tests):
   or every advantage exactly 0, or a reward std of exactly 0) on most steps, dated where
   such steps first follow one another for ``SUSTAIN`` steps; or on the log's last ``SUSTAIN`` or
   more steps (``frac_reward_zero_std`` gone to 1: a run that stalls late), dated where that began.
+  A ``warning``; an ``error`` where those steps are decisive on their own: every response scored
+  exactly 0 on each (the reward never paid), or the gradient norm was exactly 0 on each.
 - ``degenerate_output``: all responses truncated, or a constant response length, for ``SUSTAIN``
   steps.
 

@@ -92,11 +92,14 @@ def _no_signal(rec: dict) -> bool | None:
 def check_no_signal(trace: Trace) -> list[Finding]:
     if first_logged(trace, NO_SIGNAL_KEYS) is None:
         return []  # a log without these metrics says nothing of it: no record need be read
-    points = [
-        (step_of(rec, i), flag) for i, rec in enumerate(trace.steps) if (flag := _no_signal(rec)) is not None
+    records = [
+        (step_of(rec, i), flag, rec)
+        for i, rec in enumerate(trace.steps)
+        if (flag := _no_signal(rec)) is not None
     ]
-    if not points:
+    if not records:
         return []
+    points = [(step, flag) for step, flag, _ in records]
     flags = [flag for _, flag in points]
     dead = [s for s, flag in points if flag]
     excerpt = len(points) < SUSTAIN and len(dead) == len(points)  # a few pasted records, all dead
@@ -117,16 +120,33 @@ def check_no_signal(trace: Trace) -> list[Finding]:
         message = f"No learning signal since step {step} ({gone} steps, to the end of the log)"
     else:
         return []
+    idle = _idle([rec for _, flag, rec in records if flag])
     return [
         Finding(
             "no_signal",
             step,
-            "warning",
+            "error" if idle else "warning",
             f"{message}: every group's rewards were equal, so GRPO advantages were all 0 (prompts too "
-            "easy or too hard, or a policy that collapsed).",
+            f"easy or too hard, or a policy that collapsed){idle}.",
             {"steps": dead},
         )
     ]
+
+
+def _idle(dead: list[dict]) -> str:
+    """What makes the records without a signal decisive (an ``error``), "" when nothing does:
+    every response scored exactly 0 on each (the reward never paid: rllm#54, Video-R1#86), or the
+    gradient norm was exactly 0 on each (the updates did nothing)."""
+
+    def all_zero(*keys: str) -> bool:
+        values = [rec.get(key) for rec in dead for key in keys if key in rec]
+        return bool(values) and all(is_number(v) and float(v) == 0.0 for v in values)
+
+    if all(S.REWARD_MEAN in rec for rec in dead) and all_zero(S.REWARD_MEAN, S.REWARD_MAX):
+        return "; every response scored 0: the reward never paid, so nothing can be learned"
+    if all(S.GRAD_NORM in rec for rec in dead) and all_zero(S.GRAD_NORM):
+        return "; the gradient norm was exactly 0 on each: the updates did nothing"
+    return ""
 
 
 def check_degenerate_output(trace: Trace) -> list[Finding]:
