@@ -14,8 +14,8 @@ GRAD_SPIKE_EXTREME = 1000.0  # with under 3 earlier gradient steps, only this bi
 DIVERGENCE_FACTOR = 5.0  # a loss whose running median rises this many times its early level
 KL_BLOWUP_MIN = 1.0  # nats: a KL jump below this is never a blow-up
 # nats per token: a policy's KL to its reference that no healthy run logs, judged on one record.
-# Healthy GRPO / PPO runs log 1e-4 to about 1; at 10 the policy gives the reference's tokens e^-10
-# of their probability on average, no drift but a blow-up (torchforge#664 logged 1.6e+06)
+# Healthy GRPO / PPO runs log 1e-4 to about 1; at 10 the policy's own tokens are on average e^10
+# times likelier under it than under the reference: no drift but a blow-up (torchforge#664: 1.6e+06)
 KL_CEILING = 10.0
 LOAD_SHARE_FACTOR = 5.0  # an expert above this many times its uniform share is hot
 SETTLED_SCALE = 2.0**10  # an fp16 loss scale still this high after a run's first overflows: the
