@@ -97,6 +97,8 @@ EXPECTED: dict[str, set[str]] = {
     "rllm_verl_scores_zero.log": {"no_signal"},
     "videor1_dict_rewards_zero.log": {"no_signal"},
     "trl_grpo_zero_std_zero_grad.log": {"no_signal"},
+    "mlagents_mean_reward_series_collapse.log": {"reward_collapse"},
+    "mlagents_mean_reward_series_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -122,6 +124,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "hf_bar_dict_between_overflows.log": ("overflow", 282),  # the bar each overflow line is glued to
     "hand4whole_epoch_itr_loss_nan.log": ("nonfinite", 2 * 2417 + 1209),  # Epoch 2/12 itr 1209/2417
     "modded_llama_pipe_rows_nan.log": ("nonfinite", 150),  # "150 | loss nan | …"
+    "mlagents_mean_reward_series_collapse.log": ("reward_collapse", 20),  # the 21st line, counted from 0
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {
@@ -171,6 +174,15 @@ def test_rows_that_open_with_their_step_before_a_bar_are_steps() -> None:
     trace = read_log(PASTED / "modded_llama_pipe_rows_healthy.log")
     assert [rec["step"] for rec in trace.steps] == list(range(0, 220, 10))
     assert trace.steps[-1]["actor/loss"] < trace.steps[1]["actor/loss"]
+
+
+def test_one_metric_repeated_line_after_line_is_a_series() -> None:
+    """``Mean Reward: 66.3`` printed again and again with no step (ml-agents#101): each line a
+    record, steps counted in order, not one snapshot whose last value wins."""
+    trace = read_log(PASTED / "mlagents_mean_reward_series_collapse.log")
+    assert [rec["step"] for rec in trace.steps] == list(range(25))
+    assert [rec["reward/mean"] for rec in trace.steps[4:6]] == [7.392857142857143, 66.31428571428572]
+    assert any("counted" in note for note in trace.notes)
 
 
 def test_an_epoch_and_its_iteration_in_brackets_are_one_step() -> None:

@@ -2,7 +2,9 @@
 
 A user copies a run's latest metrics out of W&B or a console, one ``name: value`` per line
 (``actor/entropy:0.021``, ``  • Loss: 0.0123``; a leading bullet ``•``, ``-``, ``*`` is passed
-over). With no step anywhere, those lines are one step, step 0. NeMo-RL prints a banner before
+over). With no step anywhere, those lines are one step, step 0 — unless a name comes again
+(ML-Agents' ``Mean Reward: 69.94`` printed line after line): then the lines are a series, a new
+record wherever a name repeats, their steps counted 0, 1, 2, … in order. NeMo-RL prints a banner before
 each step's block::
 
     ========================= Step 3/100 =========================
@@ -67,8 +69,14 @@ def read(log: LogFile) -> Parsed:
         return [Row(step if banners else 0, dict([found]), lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
-    parsed.rows = _blocks(parsed.rows)
-    if not banners and parsed.rows:
+    series = [] if banners else _series(parsed.rows)
+    parsed.rows = series if len(series) > 1 else _blocks(parsed.rows)
+    if len(series) > 1:
+        parsed.notes.append(
+            f"the same metrics repeat line after line without steps: read as a series of {len(series)} "
+            "records, their steps counted 0, 1, 2, … (not logged)"
+        )
+    elif not banners and parsed.rows:
         parsed.notes.append(
             f"a snapshot without steps: its {len(parsed.rows[0].metrics)} metrics are read as step 0"
         )
@@ -79,6 +87,21 @@ def read(log: LogFile) -> Parsed:
     parsed.framework = None if guess == "generic" else guess
     parsed.keymap = guess or "generic"
     return parsed
+
+
+def _series(rows: list[Row]) -> list[Row]:
+    """Lines without steps cut into records, a new one wherever a name repeats one the record
+    already holds (ML-Agents' ``Mean Reward: 69.94`` printed line after line, ml-agents#101: a
+    series, not one snapshot whose last value wins); each record's step is its place in order.
+    A snapshot (each name once) stays one record."""
+    out: list[Row] = []
+    for row in rows:
+        if out and not (row.metrics.keys() & out[-1].metrics.keys()):
+            out[-1].metrics.update(row.metrics)
+            out[-1].raw += "\n" + row.raw
+        else:
+            out.append(Row(len(out), dict(row.metrics), row.raw, row.line))
+    return out
 
 
 def _blocks(rows: list[Row]) -> list[Row]:
