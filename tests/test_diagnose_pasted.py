@@ -99,6 +99,7 @@ EXPECTED: dict[str, set[str]] = {
     "trl_grpo_zero_std_zero_grad.log": {"no_signal"},
     "mlagents_mean_reward_series_collapse.log": {"reward_collapse"},
     "mlagents_mean_reward_series_healthy.log": set(),
+    "coursia_episode_rows_reward_decline.log": set(),  # read; a 39 % fall is under reward_collapse's bar
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -183,6 +184,16 @@ def test_one_metric_repeated_line_after_line_is_a_series() -> None:
     assert [rec["step"] for rec in trace.steps] == list(range(25))
     assert [rec["reward/mean"] for rec in trace.steps[4:6]] == [7.392857142857143, 66.31428571428572]
     assert any("counted" in note for note in trace.notes)
+
+
+def test_episode_counters_before_bars_are_steps_and_asides_stay_in_names() -> None:
+    """``Episode  50/500 | Reward moyen (100 ep): 24.1`` (CoursIA#2368): the episode counter is
+    the step, the field keeps its name as logged, aside and all; every row read in order."""
+    trace = read_log(PASTED / "coursia_episode_rows_reward_decline.log")
+    assert trace.header["format"] == "records"
+    rows = [(rec["step"], rec["Reward moyen (100 ep)"]) for rec in trace.steps]
+    assert rows[:3] == [(50, 24.1), (100, 21.7), (150, 18.4)]
+    assert [step for step, _ in rows] == list(range(50, 550, 50)) and rows[-1] == (500, 14.7)
 
 
 def test_an_epoch_and_its_iteration_in_brackets_are_one_step() -> None:

@@ -12,6 +12,8 @@ on the line (or none). The marker is found first, each as its framework prints i
   and Hand4Whole's ``Epoch 0/7 itr 26/3489: lr: 0.0001 … loss_smpl_pose: 0.3386`` (epoch × n + i);
 - PyTorch's ImageNet example, DeiT / MAE's MetricLogger: ``Epoch: [3][ 740/2429]  Time 2.46 (2.27)
   … Loss 1.2 (1.3)`` and ``Epoch: [0]  [ 10/582]  lr: 0.000002  loss: 0.6931 (0.6931)`` (epoch × n + i);
+- an RL loop's ``Episode  50/400 | Reward moyen (100 ep): 22.6`` (CoursIA#2368; a name with an
+  aside in parentheses is kept as logged);
 - NeMo 2.0: ``Training epoch 0, iteration 120/149 | lr: 3e-05 | … | reduced_train_loss: 1.233``;
 - torchtune's progress bar ``1|10|Loss: 1.2345`` (epoch|step|loss);
 - Keras's ``200/200 [======] - 4s 20ms/step - loss: 0.71`` under its ``Epoch 2/10`` header
@@ -90,6 +92,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         lambda m: int(m[1]),
     ),
     ("torchtune", re.compile(rf"(?<![\w|]){INT}\|({INT})\|(?=Loss:)"), lambda m: int(m[1])),
+    # an RL loop's episode counter before "|"-separated fields: "Episode  50/400 | Reward (100 ep): 22.6"
+    (None, re.compile(rf"^\s*Episode\s+({INT})\s*/\s*{INT}(?=\s*\|)", re.IGNORECASE), lambda m: int(m[1])),
     (None, re.compile(rf"\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[[^\]]*?,"), lambda m: int(m[1])),
     # the same bar as a notebook's text output keeps it, the bar itself left out
     (None, re.compile(rf"\d+%\s+({INT})/{INT}\s*\[[^\]<,]*<[^\]]*?,"), lambda m: int(m[1])),
