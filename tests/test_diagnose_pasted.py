@@ -99,7 +99,8 @@ EXPECTED: dict[str, set[str]] = {
     "trl_grpo_zero_std_zero_grad.log": {"no_signal"},
     "mlagents_mean_reward_series_collapse.log": {"reward_collapse"},
     "mlagents_mean_reward_series_healthy.log": set(),
-    "coursia_episode_rows_reward_decline.log": set(),  # read; a 39 % fall is under reward_collapse's bar
+    "coursia_episode_rows_reward_decline.log": set(),
+    "trlx_ppo_bars_ds_overflow.log": {"overflow"},  # read; a 39 % fall is under reward_collapse's bar
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -125,7 +126,11 @@ ONSET: dict[str, tuple[str, int]] = {
     "hf_bar_dict_between_overflows.log": ("overflow", 282),  # the bar each overflow line is glued to
     "hand4whole_epoch_itr_loss_nan.log": ("nonfinite", 2 * 2417 + 1209),  # Epoch 2/12 itr 1209/2417
     "modded_llama_pipe_rows_nan.log": ("nonfinite", 150),  # "150 | loss nan | …"
-    "mlagents_mean_reward_series_collapse.log": ("reward_collapse", 20),  # the 21st line, counted from 0
+    "mlagents_mean_reward_series_collapse.log": ("reward_collapse", 20),
+    "trlx_ppo_bars_ds_overflow.log": (
+        "overflow",
+        1171,
+    ),  # the training bar's count, not the rollout bar's  # the 21st line, counted from 0
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {
@@ -194,6 +199,21 @@ def test_episode_counters_before_bars_are_steps_and_asides_stay_in_names() -> No
     rows = [(rec["step"], rec["Reward moyen (100 ep)"]) for rec in trace.steps]
     assert rows[:3] == [(50, 24.1), (100, 21.7), (150, 18.4)]
     assert [step for step, _ in rows] == list(range(50, 550, 50)) and rows[-1] == (500, 14.7)
+
+
+def test_the_last_bar_of_a_line_counts_and_a_glued_overflow_joins_its_step() -> None:
+    """trlx's ``[rollout 128 / 128]: 100%|…| 128/128 […]`` bar glued before the training bar
+    ``[losses/…]:  18%|…| 1171/6400 […]``, then DeepSpeed's ``OVERFLOW!`` (trlx#342): the step
+    is the training bar's count, the losses its description's, the overflow that step's."""
+    trace = read_log(PASTED / "trlx_ppo_bars_ds_overflow.log")
+    assert [rec["step"] for rec in trace.steps] == [1152, *range(1171, 1176)]
+    second = trace.steps[1]
+    assert (second["losses/value_loss"], second["optim/skipped"], second["optim/loss_scale"]) == (
+        7.88,
+        1,
+        128.0,
+    )
+    assert "OVERFLOW!" in second["health/alerts"] and "optim/skipped" not in trace.steps[0]
 
 
 def test_an_epoch_and_its_iteration_in_brackets_are_one_step() -> None:

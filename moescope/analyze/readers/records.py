@@ -20,6 +20,9 @@ on the line (or none). The marker is found first, each as its framework prints i
   ((epoch − 1) × n + i: each epoch's counter starts over);
 - a tqdm bar with a postfix: ``10%|█ | 10/100 [00:10<01:30, 1.0it/s, loss=0.123, lr=1e-5]``, or
   as a notebook's text output keeps it, without the bar (``10% 10/100 [00:10<01:30, …]``);
+  of several bars on one line the last counts (trlx's rollout bar glued before its training
+  bar, trlx#342), and a framework's warning glued after the bar (DeepSpeed's ``OVERFLOW!``) is
+  read into that step as :mod:`~moescope.analyze.readers.alerts` reads it on a line of its own;
 - any ``step N``, ``global_step: N``, ``iteration N:``, ``iter N``, ``Step: N`` (DeepSpeed-Chat's
   ``epoch: 0|step: 3183|ppo_ep: 1|act_loss: …``, LLaMA-Factory's ``current_steps``, the
   ``iteration 10: load_balancing_loss: 1.09E+00`` of a hand-abbreviated paste);
@@ -46,10 +49,12 @@ from functools import cache, lru_cache
 from itertools import pairwise
 from typing import Any
 
+from moescope import schema as S
 from moescope.analyze.readers import _template, megatron
 from moescope.analyze.readers._fields import HELD_OUT, field
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number, plain_number
+from moescope.analyze.readers.alerts import said
 from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_generic
 from moescope.analyze.readers.verl import RAY_PREFIX
 
@@ -218,16 +223,18 @@ def is_metric(key: str) -> bool:
 def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     """``(step, framework, fields)`` of a record line, or ``None``."""
     line = RAY_PREFIX.sub("", line, count=1)  # "(TaskRunner pid=17)" names no metric "pid"
+    line = _last_bar(line) if line.count("%|") > 1 else line
     found = marker(line)
     if found is not None:
         framework, step, match = found
-        rest = line[: match.start()] + " | " + line[match.end() :]
+        after, glued = _bar_tail(line, match)
+        rest = line[: match.start()] + " | " + after
         bar = _BAR.search(rest) if "%|" in rest else None  # the test first: a search is slow
         if bar:  # a progress bar: the text before it (torchtune's description) and its postfix
             postfix = _BAR_POSTFIX.search(rest, bar.end())
             rest = rest[: bar.start()] + (" | " + postfix.group("postfix") if postfix else "")
         fields = pairs(rest)
-        return (step, framework, fields) if fields else None
+        return (step, framework, {**fields, **glued}) if fields else None
     row = _TABLE_ROW.match(line)  # a two-column table (tabulate, markdown) of one step's stats
     fields = (
         {row.group("key"): parse_number(row.group("value"))} if row else pairs(line) if _numeric(line) else {}
@@ -235,6 +242,31 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     if fields and any(is_metric(k) for k in fields):
         return None, None, fields
     return None
+
+
+_WHOLE_BAR = re.compile(rf"\d+%\|[^|\n]*\|\s*{INT}/{INT}\s*\[[^\]]*\]")
+
+
+def _last_bar(line: str) -> str:
+    """``line`` from the end of its bar before last: trlx prints its rollout bar ``[rollout 128 /
+    128]: 100%|…| 128/128 […]`` glued before the training bar ``[losses/…]:  16%|…| 1044/6400 […]``
+    (trlx#342), and the step is the training bar's count, its description the losses."""
+    bars = list(_WHOLE_BAR.finditer(line))
+    return line[bars[-2].end() :] if len(bars) > 1 else line
+
+
+def _bar_tail(line: str, match: re.Match[str]) -> tuple[str, dict[str, Any]]:
+    """The text after a step marker, and what a framework's warning glued behind it says when the
+    marker is a progress bar: the bar's bracket ends its postfix, and a warning after it
+    (trlx#342: ``…| 1044/6400 [1:16:09<1:07:04,  1.33it/s][…] [deepspeed] OVERFLOW! … reducing
+    to 64.0``) is folded into the step the bar counts, kept verbatim in ``health/alerts``."""
+    after = line[match.end() :]
+    close = after.find("]") if "%|" in match.group(0) else -1
+    tail = after[close + 1 :].strip() if close >= 0 else ""
+    found = said(tail) if tail else {}
+    if not found:
+        return after, {}
+    return after[: close + 1], {**found, S.ALERTS: tail}
 
 
 def is_stepped(line: str) -> bool:
