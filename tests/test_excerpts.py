@@ -32,9 +32,11 @@ TRL_HEALTHY = (
 
 
 def test_one_record_with_no_reward_variance_is_no_signal(tmp_path: Path) -> None:
-    found = findings_of(tmp_path, TRL_DEAD)
-    assert found["no_signal"].step == 0 and found["no_signal"].severity == "warning"
+    found = findings_of(tmp_path, TRL_DEAD)  # every response scored 0, the gradient norm 0: decisive
+    assert found["no_signal"].step == 0 and found["no_signal"].severity == "error"
     assert "zero_grad" not in found  # the zero gradient is explained by the dead groups
+    equal = TRL_DEAD.replace("'grad_norm': 0.0", "'grad_norm': 0.3").replace("'reward': 0.0", "'reward': 0.6")
+    assert findings_of(tmp_path, equal)["no_signal"].severity == "warning"  # equal rewards that paid
     assert "no_signal" not in findings_of(tmp_path, TRL_HEALTHY)
 
 
