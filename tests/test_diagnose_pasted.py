@@ -99,6 +99,8 @@ EXPECTED: dict[str, set[str]] = {
     "trl_grpo_zero_std_zero_grad.log": {"no_signal"},
     "mlagents_mean_reward_series_collapse.log": {"reward_collapse"},
     "mlagents_mean_reward_series_healthy.log": set(),
+    "mlagents_mean_reward_peak_lost.log": {"reward_collapse"},
+    "mlagents_mean_reward_peak_halved_healthy.log": set(),
     "coursia_episode_rows_reward_decline.log": set(),
     "trlx_ppo_bars_ds_overflow.log": {"overflow"},  # read; a 39 % fall is under reward_collapse's bar
 }
@@ -127,6 +129,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "hand4whole_epoch_itr_loss_nan.log": ("nonfinite", 2 * 2417 + 1209),  # Epoch 2/12 itr 1209/2417
     "modded_llama_pipe_rows_nan.log": ("nonfinite", 150),  # "150 | loss nan | …"
     "mlagents_mean_reward_series_collapse.log": ("reward_collapse", 20),
+    "mlagents_mean_reward_peak_lost.log": ("reward_collapse", 15),  # the first line under a fifth of ~70
     "trlx_ppo_bars_ds_overflow.log": (
         "overflow",
         1171,

@@ -240,6 +240,20 @@ def test_reward_collapse_no_signal_and_degenerate_output():
     assert by_type(diagnose(trace(same)))["degenerate_output"].step == 4
 
 
+def test_a_reward_that_rose_and_lost_it_all_collapses_against_its_peak():
+    """ml-agents#101's shape: from 4 up to 70, then down to 0.3 on a few last steps; the early
+    level (4) would need five steps under 0.8, the peak sees the fall from 70."""
+    reward = [4.0] * 5 + [70.0] * 20 + [9.0] * 3 + [0.3] * 2
+    found = by_type(diagnose(trace([{"reward/mean": v} for v in reward])))
+    assert found["reward_collapse"].step == 25 and found["reward_collapse"].evidence["baseline"] == 70.0
+    assert "against a peak of 70" in found["reward_collapse"].message
+    # a sparse reward's one lucky step (0.05 around, 0.9 once) sets no peak to fall from
+    sparse = [0.9 if i == 12 else (0.02, 0.05, 0.08)[i % 3] for i in range(40)]
+    assert "reward_collapse" not in by_type(diagnose(trace([{"reward/mean": v} for v in sparse])))
+    kept = [4.0] * 5 + [70.0] * 20 + [20.0] * 10  # a fall to under a third of the peak, held: a harder stage
+    assert "reward_collapse" not in by_type(diagnose(trace([{"reward/mean": v} for v in kept])))
+
+
 def test_load_collapse_per_layer_and_not_for_experts_never_used():
     uniform = [1 / 8] * 8
     hot = [0.93] + [0.01] * 7  # so hot that a window of mostly hot steps already counts

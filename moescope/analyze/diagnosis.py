@@ -46,7 +46,8 @@ nothing (negative controls in the tests):
 - ``entropy_collapse`` / ``entropy_surge``: the running mean of token entropy falls below half
   the early-run baseline (and under the OPEFO floor, when the run had one) / rises above three
   times it, for ``SUSTAIN`` steps.
-- ``reward_collapse``: the running mean reward falls below a fifth of a positive early baseline.
+- ``reward_collapse``: the running mean reward falls below a fifth of a positive early baseline, or
+  of the peak it reached after.
 - ``no_signal``: every group's rewards were equal (no GRPO gradient: ``frac_reward_zero_std`` at 1,
   or every advantage exactly 0, or a reward std of exactly 0) on most steps, dated where
   such steps first follow one another for ``SUSTAIN`` steps; or on the log's last ``SUSTAIN`` or

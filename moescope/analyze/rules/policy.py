@@ -6,6 +6,7 @@ from __future__ import annotations
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.series import (
+    fall_from_peak,
     first_logged,
     is_number,
     series,
@@ -54,17 +55,24 @@ def check_entropy(trace: Trace) -> list[Finding]:
     return out
 
 
+REWARD_FALL = 0.2  # a running mean reward below this share of its early level, or of its peak
+
+
 def check_reward_collapse(trace: Trace) -> list[Finding]:
     key = first_logged(trace, (S.REWARD_MEAN,))
-    fall = (
-        None if key is None else shift(series(trace, key), lambda v, base: v < 0.2 * base, positive_base=True)
-    )
+    if key is None:
+        return []
+    points = series(trace, key)
+    early = shift(points, lambda v, base: v < REWARD_FALL * base, positive_base=True)
+    fall, against = early, "an early level"
+    if fall is None:
+        fall, against = fall_from_peak(points, REWARD_FALL), "a peak"
     if fall is None:
         return []
     lowest = min(fall.running)
     message = (
-        f"Reward collapses from step {fall.step}: running mean {lowest:.3g} against an early level "
-        f"of {fall.base:.3g}."
+        f"Reward collapses from step {fall.step}: running mean {lowest:.3g} against {against} of "
+        f"{fall.base:.3g}."
     )
     return [fall.finding("reward_collapse", "error", message, key=key, baseline=fall.base, lowest=lowest)]
 

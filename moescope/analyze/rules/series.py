@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -187,3 +188,24 @@ def shift(
     if start is None:
         return None
     return Shift(points[backdate(values, start, lambda v: crossed(v, base))][0], base, trail)
+
+
+def fall_from_peak(points: Series, ratio: float, *, min_points: int = SUSTAIN + 3) -> Shift | None:
+    """Where the running mean falls below ``ratio`` of the highest level the run held before, for
+    ``SUSTAIN`` steps, dated back to the first raw value that fell; the shift's ``base`` is that
+    peak. A run that rose far above its start and then lost it all is judged against what it
+    reached, not the start it passed (a fall back to the early level is a collapse all the same).
+
+    A level is held when ``SUSTAIN`` values in a row reach it (the least of them), so that a noisy
+    reward's lucky step sets no peak; None when the early level is not positive."""
+    values = [v for _, v in points]
+    if len(values) < min_points or baseline(values) <= 0:
+        return None
+    held = map(min, *(values[k : len(values) - SUSTAIN + 1 + k] for k in range(SUSTAIN)))
+    peaks = [-math.inf] * (SUSTAIN - 1) + list(itertools.accumulate(held, max))
+    trail = running(values, SUSTAIN, statistics.fmean)
+    start = sustained([r < ratio * peak for r, peak in zip(trail, peaks, strict=True)])
+    if start is None:
+        return None
+    peak = peaks[start]
+    return Shift(points[backdate(values, start, lambda v: v < ratio * peak)][0], peak, trail)
