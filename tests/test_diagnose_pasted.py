@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from moescope import schema as S
 from moescope.analyze.diagnosis import diagnose
 from moescope.analyze.readers import read_log
 from moescope.cli import main
@@ -103,6 +104,8 @@ EXPECTED: dict[str, set[str]] = {
     "mlagents_mean_reward_peak_halved_healthy.log": set(),
     "coursia_episode_rows_reward_decline.log": set(),
     "trlx_ppo_bars_ds_overflow.log": {"overflow"},  # read; a 39 % fall is under reward_collapse's bar
+    "ds_bar_overflow_scale_one.log": {"overflow"},
+    "ds_bar_overflow_warmup_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -134,6 +137,7 @@ ONSET: dict[str, tuple[str, int]] = {
         "overflow",
         1171,
     ),  # the training bar's count, not the rollout bar's  # the 21st line, counted from 0
+    "ds_bar_overflow_scale_one.log": ("overflow", 212),  # the first bar an overflow is glued to
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {
@@ -144,6 +148,7 @@ DECISIVE: dict[str, str] = {
     "rllm_verl_scores_zero.log": "no_signal",  # every score 0 on every step: the reward never paid
     "videor1_dict_rewards_zero.log": "no_signal",  # reward 0.0, reward_std 0.0, all_wrong 1.0
     "trl_grpo_zero_std_zero_grad.log": "no_signal",  # frac_reward_zero_std 1.0 and grad_norm 0.0
+    "ds_bar_overflow_scale_one.log": "overflow",  # "reducing to 1" from 1 on every step logged
 }
 
 
@@ -281,6 +286,20 @@ def test_overflows_at_the_scalers_floor_are_a_warning_even_at_scale_one() -> Non
     (found,) = diagnose(read_log(PASTED / "deepspeed_overflow_at_floor.log"))
     assert (found.type, found.severity) == ("overflow", "warning")
     assert found.evidence["at_floor"] and "floor" in found.message
+
+
+def test_overflows_glued_to_bars_are_on_their_counts_and_one_before_joins_the_first() -> None:
+    """DeepSpeed's overflow lines behind HF's bare bars, and one on a line of its own before them
+    (transformers#14531): each on the count of its bar, the first on the bar after it."""
+    trace = read_log(PASTED / "ds_bar_overflow_scale_one.log")
+    steps = [(rec["step"], rec[S.SKIPPED]) for rec in trace.steps]
+    assert steps == [(212, 2), *((n, 1) for n in range(213, 217))]
+
+
+def test_the_settling_scaler_behind_bars_stays_a_note() -> None:
+    """The same glued overflows while the scale falls from 65536 (transformers#9996): no error."""
+    (found,) = diagnose(read_log(PASTED / "ds_bar_overflow_warmup_healthy.log"))
+    assert (found.type, found.severity, found.step) == ("overflow", "info", 3)
 
 
 def test_the_first_of_two_pasted_runs_is_read_on_request() -> None:

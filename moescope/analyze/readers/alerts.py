@@ -38,7 +38,7 @@ from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row
 from moescope.analyze.readers._text import INT, NUMBER, parse_number
 from moescope.analyze.readers.keymap import canonical
-from moescope.analyze.readers.megatron import OVERFLOW, SCALES, is_overflow, overflow_event
+from moescope.analyze.readers.megatron import GLUED_BAR, OVERFLOW, SCALES, is_overflow, overflow_event
 from moescope.analyze.readers.plain import STEP_IN_LINE
 
 _COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.IGNORECASE)
@@ -145,15 +145,12 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
     return parsed
 
 
-_GLUED_BAR = re.compile(rf"^\s*\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[")
-
-
 def _bar_steps(alerts: list[tuple[int, str, dict[str, Any]]], records: list[Row]) -> dict[int, int]:
     """The count of the progress bar each alert is glued behind (``14%|█▍ | 378/2724 [13:58:09<…]
     [deepspeed] OVERFLOW! …``, one overflow a step), by line number, where the records' steps are
     that bar's counts (a record's step lies within the bars' range, as HF's records take them
     from the same bar); else none: the alerts then go on the record after them."""
-    counts = {n: int(m.group(1)) for n, text, _ in alerts if (m := _GLUED_BAR.match(text))}
+    counts = {n: int(m.group(1)) for n, text, _ in alerts if (m := GLUED_BAR.match(text))}
     steps = [r.step for r in records if r.step is not None]
     if not counts or not any(min(counts.values()) <= s <= max(counts.values()) for s in steps):
         return {}

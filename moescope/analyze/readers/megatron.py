@@ -27,7 +27,9 @@ overflows (counted on one rank; every rank prints its own), with a note where th
 Megatron's counter stayed 0 in real overflow cases — and ``loss scale`` (→ ``optim/loss_scale``)
 is the reduced scale when the line has none. Overflows after the last iteration line go on the
 step after it; a log with overflow lines only (OpenRLHF, plain DeepSpeed) has one step per
-overflow, indexed in order, unless the line names its iteration.
+overflow, indexed in order, unless the line names its iteration or is glued behind a progress bar
+(``  0%|▋ | 98/24128 [00:40<2:40:10,  2.50it/s][…] [deepscale] OVERFLOW! …``): then it is on that
+step, and one that names none goes on the next step named (or, after the last, on that one).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ SCALES = re.compile(
 )
 _RANK = re.compile(rf"\bRank\s*({INT})", re.IGNORECASE)
 _NAMED_STEP = re.compile(rf"\b(?:iteration|step)[\s:=]+({INT})")
+GLUED_BAR = re.compile(rf"^\s*\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[")  # a bar the line opens with
 _FIELD = re.compile(r"\s*([^|:]*[^|:\s])\s*:\s*(\S+)\s*")
 _PARTIAL_FIELD = re.compile(r"[^|:]*(?::\s*\S*)?\s*")
 SKIPPED_KEY = "number of skipped iterations"
@@ -134,7 +137,7 @@ def overflow_event(lines: list[str], i: int) -> tuple[Overflow, int]:
     text, end = gather(lines, i, _has_scales, _overflow_fits)
     scales = SCALES.search(text)
     attempted, reduced = (scales.group(1), scales.group(2) or scales.group(3)) if scales else (None, None)
-    rank, step = _RANK.search(text), _NAMED_STEP.search(text)
+    rank, step = _RANK.search(text), _NAMED_STEP.search(text) or GLUED_BAR.match(text)
     return Overflow(
         int(rank.group(1)) if rank else None,
         parse_number(attempted) if attempted else None,
@@ -223,13 +226,24 @@ def leftovers(
         notes.append(f"overflow lines after the last {after} were put on step {step}")
         groups = [(step, pending)]
     else:
-        groups = [(e.step, [e]) for e in pending]
+        groups = _on_named_steps(pending)
     out = []
     for step, events in groups:
         metrics: dict[str, Any] = {}
         _apply(metrics, events, step, notes)
         out.append(Row(step, metrics, "\n".join(e.raw for e in events)))
     return out
+
+
+def _on_named_steps(pending: list[Overflow]) -> list[tuple[int | None, list[Overflow]]]:
+    """Overflows each on its own step; where some name theirs, one that names none joins the
+    next that does (or, after the last, that one), as a record takes the warnings printed
+    before it."""
+    named = [i for i, e in enumerate(pending) if e.step is not None]
+    if not named:
+        return [(e.step, [e]) for e in pending]
+    owner = [next((j for j in named if j >= i), named[-1]) for i in range(len(pending))]
+    return [(pending[j].step, [e for e, o in zip(pending, owner, strict=True) if o == j]) for j in named]
 
 
 def _mark_lossless(lines: list[Row], idle: set[int]) -> None:

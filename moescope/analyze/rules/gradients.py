@@ -207,7 +207,8 @@ def check_overflow(trace: Trace) -> list[Finding]:
     """The largest episode of skipped fp16 steps. Overflows that open the run and leave the scale
     high are the scaler settling (a note); a scale driven below 1, or an overflow the scaler can
     no longer absorb because it is at its floor, is not; a scaler that says it stopped the run at
-    its minimum (``Exiting run``) is an error whatever its scale."""
+    its minimum (``Exiting run``), or one at its floor on every step logged from some step on
+    (:func:`_pinned`), is an error whatever its scale."""
     scale = series(trace, S.LOSS_SCALE)
     floored = _floored_steps(trace)
     stopped = [s for s, v in series(trace, S.SCALER_STOPPED) if v > 0]
@@ -221,7 +222,8 @@ def check_overflow(trace: Trace) -> list[Finding]:
     halvings = [b[0] for a, b in itertools.pairwise(scale) if b[1] < a[1]]
     lowest = min((v for _, v in scale), default=math.nan)
     settling = _settling(trace, worst, lowest, scale)
-    severity = "error" if stopped else _overflow_severity(worst, lowest, floored, settling)
+    pinned = _pinned(trace, floored)
+    severity = "error" if stopped or pinned else _overflow_severity(worst, lowest, floored, settling)
     total = sum(skipped.values())
     return [
         Finding(
@@ -230,7 +232,7 @@ def check_overflow(trace: Trace) -> list[Finding]:
             severity,
             f"fp16 overflow from step {worst[0]}: {int(sum(skipped[s] for s in worst))} update(s) skipped on "
             f"{len(worst)} nearby step(s) ({int(total)} in the run), {_scale_path(halvings, lowest)}"
-            f"{_overflow_reading(settling, floored, stopped)}.",
+            f"{_overflow_reading(settling, floored, stopped, pinned)}.",
             {
                 "skipped_steps": sorted(skipped),
                 "episodes": runs,
@@ -239,6 +241,7 @@ def check_overflow(trace: Trace) -> list[Finding]:
                 "lowest_scale": lowest,
                 "at_floor": floored,
                 "stopped": stopped,
+                "pinned": pinned,
             },
         )
     ]
@@ -252,10 +255,15 @@ def _scale_path(halvings: list[int], lowest: float) -> str:
     return f"the loss scale at its lowest {lowest:.3g}" if math.isfinite(lowest) else "no loss scale logged"
 
 
-def _overflow_reading(settling: bool, floored: list[int], stopped: list[int]) -> str:
+def _overflow_reading(settling: bool, floored: list[int], stopped: list[int], pinned: bool) -> str:
     """What the episode means, where the numbers alone do not say it."""
     if stopped:
         return f"; at step {stopped[0]} the scaler, at its minimum, stopped the run"
+    if pinned:
+        return (
+            f"; from step {floored[0]} every step logged overflowed at the scale's floor, so no update "
+            "has gone through since"
+        )
     if floored:
         return f"; at step {floored[0]} the scale was already at its floor, so each overflow loses its update"
     return "; the scaler settling at the start of the run" if settling else ""
@@ -277,6 +285,18 @@ def _floored_steps(trace: Trace) -> list[int]:
     so every further overflow is a lost update (DeepSpeed's ``reducing loss scale from 1 to 1``)."""
     tried = dict(series(trace, S.LOSS_SCALE_TRIED))
     return [s for s, v in series(trace, S.LOSS_SCALE) if tried.get(s) == v]
+
+
+def _pinned(trace: Trace, floored: list[int]) -> bool:
+    """Every step logged from the first at the scale's floor on is skipped at the floor, for
+    :data:`SUSTAIN` steps or more: the scaler can fall no further and nothing trains any more
+    (DeepSpeed's ``Attempted loss scale: 1, reducing to 1`` step after step). Fewer such steps
+    may yet be followed by one that goes through: a warning."""
+    if not floored:
+        return False
+    steps = [step_of(rec, i) for i, rec in enumerate(trace.steps)]
+    since = [s for s in steps if s >= floored[0]]
+    return len(since) >= SUSTAIN and set(since) <= set(floored)
 
 
 def _overflow_severity(worst: list[int], lowest: float, floored: list[int], settling: bool) -> str:
