@@ -106,6 +106,8 @@ EXPECTED: dict[str, set[str]] = {
     "trlx_ppo_bars_ds_overflow.log": {"overflow"},  # read; a 39 % fall is under reward_collapse's bar
     "ds_bar_overflow_scale_one.log": {"overflow"},
     "ds_bar_overflow_warmup_healthy.log": set(),
+    "keras_old_epoch_loss_diverges.log": {"loss_divergence"},
+    "keras_old_epoch_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -138,6 +140,7 @@ ONSET: dict[str, tuple[str, int]] = {
         1171,
     ),  # the training bar's count, not the rollout bar's  # the 21st line, counted from 0
     "ds_bar_overflow_scale_one.log": ("overflow", 212),  # the first bar an overflow is glued to
+    "keras_old_epoch_loss_diverges.log": ("loss_divergence", 8),  # the bare "Epoch 8" above the jump
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {
@@ -149,6 +152,7 @@ DECISIVE: dict[str, str] = {
     "videor1_dict_rewards_zero.log": "no_signal",  # reward 0.0, reward_std 0.0, all_wrong 1.0
     "trl_grpo_zero_std_zero_grad.log": "no_signal",  # frac_reward_zero_std 1.0 and grad_norm 0.0
     "ds_bar_overflow_scale_one.log": "overflow",  # "reducing to 1" from 1 on every step logged
+    "keras_old_epoch_loss_diverges.log": "loss_divergence",  # 0.77 to 24.3 and held there
 }
 
 

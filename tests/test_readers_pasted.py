@@ -467,6 +467,17 @@ def test_a_snapshot_of_metrics_still_outvotes_a_stray_record(tmp_path: Path) -> 
     assert trace.header["format"] == "key-values" and trace.steps[0][S.ENTROPY] == 0.41
 
 
+def test_an_old_keras_bare_epoch_header_is_the_step(tmp_path: Path) -> None:
+    """An old Keras prints ``Epoch 0`` alone over ``600/600 [====] - 1s - loss: …``, the sample
+    counter the same every epoch (keras#21): the epochs are the steps, not one merged record."""
+    text = "".join(
+        f"Epoch {e}\n600/600 [==============================] - 1s - loss: {loss}\n"
+        for e, loss in enumerate((0.9, 0.8, 0.7))
+    )
+    trace = read_text(tmp_path, text)
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(0, 0.9), (1, 0.8), (2, 0.7)]
+
+
 def test_keras_progress_lines_count_on_from_their_epoch_header(tmp_path: Path) -> None:
     """Keras prints ``Epoch e/E`` over each epoch's ``i/n [====] - … - loss: …`` lines: every
     epoch's last line has the same counter, so the header numbers them (epochs from 1)."""

@@ -17,7 +17,8 @@ on the line (or none). The marker is found first, each as its framework prints i
 - NeMo 2.0: ``Training epoch 0, iteration 120/149 | lr: 3e-05 | … | reduced_train_loss: 1.233``;
 - torchtune's progress bar ``1|10|Loss: 1.2345`` (epoch|step|loss);
 - Keras's ``200/200 [======] - 4s 20ms/step - loss: 0.71`` under its ``Epoch 2/10`` header
-  ((epoch − 1) × n + i: each epoch's counter starts over);
+  ((epoch − 1) × n + i: each epoch's counter starts over), and an old Keras's ``61878/61878
+  [======] - 5s - loss: 0.74`` under a bare ``Epoch 9`` (keras#21): the epoch is the step;
 - a tqdm bar with a postfix: ``10%|█ | 10/100 [00:10<01:30, 1.0it/s, loss=0.123, lr=1e-5]``, or
   as a notebook's text output keeps it, without the bar (``10% 10/100 [00:10<01:30, …]``);
   of several bars on one line the last counts (trlx's rollout bar glued before its training
@@ -285,7 +286,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
     frameworks: list[str] = []
     width = wrap_width(log.lines)
 
-    epoch = None  # the epoch of Keras's last "Epoch e/E" header
+    epoch = None  # the epoch of Keras's last "Epoch e/E" (or "Epoch e") header, and whether it has /E
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         nonlocal epoch
@@ -293,7 +294,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         text = lines[i] if end == i + 1 else "".join(lines[i:end])
         header = _KERAS_EPOCH.fullmatch(text)
         if header:
-            epoch = int(header[1])
+            epoch = (int(header[1]), header[2] is not None)
             return [], end
         found = record(text)
         if found is None:
@@ -317,15 +318,20 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
     return parsed
 
 
-_KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})/{INT}\s*")
+_KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})(/{INT})?\s*")
 _KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")
 
 
-def _keras_step(text: str, epoch: int | None, step: int | None) -> int | None:
+def _keras_step(text: str, epoch: tuple[int, bool] | None, step: int | None) -> int | None:
     """A Keras progress line's step: its batch counter ``i/n`` after the epochs before it (Keras
-    counts them from 1), as each epoch's counter starts over; ``step`` for any other line."""
+    counts them from 1), as each epoch's counter starts over; under an old Keras's bare ``Epoch
+    e`` header (epochs from 0, one line an epoch: its sample counter, the same every epoch, is
+    no step) the epoch itself; ``step`` for any other line."""
     bar = _KERAS_BAR.match(text) if epoch is not None else None
-    return (epoch - 1) * int(bar[2]) + int(bar[1]) if bar else step
+    if bar is None or epoch is None:
+        return step
+    number, counted = epoch
+    return (number - 1) * int(bar[2]) + int(bar[1]) if counted else number
 
 
 def _epochs_as_steps(parsed: Parsed) -> None:
