@@ -517,6 +517,15 @@ def test_plain_text_counts_nonfinite_lines_per_step() -> None:
     assert trace.header["framework"] is None
 
 
+def test_plain_text_without_steps_counts_the_finite_prints_of_the_same_shape(tmp_path: Path) -> None:
+    """A bare ``print(loss)`` turning NaN on its third print is on step 2, counted among the prints
+    of its shape only (a line of another shape, its number and all, is no print of the loss)."""
+    text = "tensor(0.52, device='cuda:0')\nsaved 7 files\ntensor(0.49, device='cuda:0')\n"
+    text += "tensor(nan, device='cuda:0')\ntensor(nan, device='cuda:0')\n"
+    trace = read_log(write(tmp_path, "prints.log", text), format="plain")
+    assert sorted(steps_of(trace)) == [2, 3]
+
+
 # --- step lines and pasted key-values ---------------------------------------------------------
 
 

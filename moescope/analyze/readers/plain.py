@@ -5,7 +5,10 @@ What ``grep -i "nan\\|inf" train.log`` finds, made into steps: every line with a
 ``step 12`` / ``iteration=12`` / ``global_step: 12`` in the line names, or on the step of the
 line before it. ``health/nonfinite`` counts those lines per step — a count of log lines, not of
 tensors — and the lines themselves are the step's raw text. Lines before the first step number
-are indexed in order, as every reader does.
+are indexed in order, as every reader does. Where no line names a step, a line is on its place
+among the lines printed in its shape, finite ones counted: a loop that prints its loss bare
+(``tensor(3.2207, device='cuda:0')``, then ``tensor(nan, device='cuda:0')``) turns NaN on its
+second print, not its first.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import re
 
 from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row, scan
-from moescope.analyze.readers._text import INT, LogFile
+from moescope.analyze.readers._text import INT, NUMBER, LogFile
 
 NONFINITE = re.compile(r"(?<![\w.])[-+]?(?:nan|inf|infinity)(?!\w)", re.IGNORECASE)
+_VALUE = re.compile(rf"(?<![\w.])(?:{NUMBER})(?![\w.])")
 STEP_IN_LINE = re.compile(rf"\b(?:global_step|step|iteration|iter)\b\s*[:=#]?\s*({INT})", re.IGNORECASE)
 
 
@@ -35,6 +39,8 @@ def read(log: LogFile) -> Parsed:
         return [Row(int(step.group(1)) if step else None, {S.NONFINITE: 1}, lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
+    if parsed.rows and all(row.step is None for row in parsed.rows):
+        _by_place(parsed, log.lines)
     grouped: dict[int, Row] = {}
     loose: list[Row] = []
     last: int | None = None
@@ -50,3 +56,23 @@ def read(log: LogFile) -> Parsed:
     parsed.rows = loose + list(grouped.values())
     parsed.notes.append("read as plain text: only lines that mention NaN/Inf were kept")
     return parsed
+
+
+def _shape(line: str) -> str:
+    """``line`` with every number (NaN and Inf among them) as ``#``: what one print statement
+    prints whatever its values."""
+    return _VALUE.sub("#", line.strip())
+
+
+def _by_place(parsed: Parsed, lines: list[str]) -> None:
+    """Each row on its place among the lines printed in the shape of some row, finite or not."""
+    shapes = {_shape(row.raw) for row in parsed.rows}
+    places: dict[int, int] = {}
+    for number, line in enumerate(lines, 1):
+        if line.strip() and _shape(line) in shapes:
+            places[number] = len(places)
+    if len(places) == len(parsed.rows):
+        return  # no finite print among them: the order is the place
+    for row in parsed.rows:
+        row.step = places[row.line]
+    parsed.notes.append(f"no step named: each line is on its place among the {len(places)} of its shape")
