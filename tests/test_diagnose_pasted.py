@@ -109,6 +109,7 @@ EXPECTED: dict[str, set[str]] = {
     "keras_old_epoch_loss_diverges.log": {"loss_divergence"},
     "keras_old_epoch_healthy.log": set(),
     "tensor_print_loss_nan.log": {"nonfinite"},
+    "accelerate_bar_loss_nan_repeats.log": {"nonfinite"},
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -143,6 +144,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "ds_bar_overflow_scale_one.log": ("overflow", 212),  # the first bar an overflow is glued to
     "keras_old_epoch_loss_diverges.log": ("loss_divergence", 8),  # the bare "Epoch 8" above the jump
     "tensor_print_loss_nan.log": ("nonfinite", 3),  # after three finite prints, counted from 0
+    "accelerate_bar_loss_nan_repeats.log": ("nonfinite", 34),  # not 36, the last bar showing nan
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {

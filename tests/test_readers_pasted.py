@@ -467,6 +467,22 @@ def test_a_snapshot_of_metrics_still_outvotes_a_stray_record(tmp_path: Path) -> 
     assert trace.header["format"] == "key-values" and trace.steps[0][S.ENTROPY] == 0.41
 
 
+def test_a_postfix_redrawn_around_its_update_is_one_step_and_one_drawn_per_count_is_not(
+    tmp_path: Path,
+) -> None:
+    """OpenRLHF sets a step's postfix, then updates: each postfix shows on two counts, and is the
+    step of the later one. A loop that draws its bar once a step repeats a stuck postfix on
+    every count: each is a step, so a NaN starts on the first bar that shows it."""
+    bar = "Episode [1/1]:  {n}%|#| {n}/50 [00:{n}0<09:00, 30.0s/it, policy_loss={loss}, reward=0.5]\n"
+    redrawn = "".join(bar.format(n=n, loss=loss) for n, loss in [(0, 0.1), (1, 0.1), (1, "nan"), (2, "nan")])
+    assert [s["step"] for s in read_text(tmp_path, redrawn).steps] == [1, 2]
+    once = "".join(
+        f"Steps:   0%|#| {n}/900 [00:{n}0<1:20:00, 2.9s/it, lr=0, step_loss={loss}]\n"
+        for n, loss in [(5, 0.2), (6, "nan"), (7, "nan"), (8, "nan")]
+    )
+    assert [s["step"] for s in read_text(tmp_path, once).steps] == [5, 6, 7, 8]
+
+
 def test_an_old_keras_bare_epoch_header_is_the_step(tmp_path: Path) -> None:
     """An old Keras prints ``Epoch 0`` alone over ``600/600 [====] - 1s - loss: …``, the sample
     counter the same every epoch (keras#21): the epochs are the steps, not one merged record."""

@@ -17,12 +17,15 @@ Other trainers draw the same bars — PyTorch Lightning's ``Epoch 0:  22%|██
 4.47s/it, loss=10.072, v_num=193315]``, a home-made loop's ``tqdm.set_postfix`` — and a paste of
 them often ends before any bar completes. With no ``Episode`` bar and no completed bar, each
 distinct postfix is a step on the bar's count, as for ``Episode``, offset by the epoch a
-description ``Epoch N`` names (``N × total + count``).
+description ``Epoch N`` names (``N × total + count``). A bar drawn once a count (a diffusers
+script's ``Steps:   1%|▏ | 16/6000 […, lr=0, step_loss=nan]``) has no redraw to fold: each count
+is a step, however often its postfix repeats.
 """
 
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row
@@ -94,14 +97,26 @@ def _drawn_only(drawn: list[tuple[int, tuple]], skipped: list[int], lines: int) 
 
 
 def _outer_rows(outer: list[tuple[int, tuple]]) -> list[Row]:
-    """Each distinct postfix once, on the largest count drawn with it."""
+    """Each distinct postfix once, on the largest count drawn with it, where the bar is redrawn
+    around each update (:func:`_redrawn`); else a count that advances is a step of its own, its
+    postfix the same or not (a loss stuck at ``nan`` from step 16 on starts at 16, not at the
+    last bar that shows it)."""
+    redrawn = _redrawn(outer)
     rows: list[Row] = []
     for line, (_, n, _, pairs, text) in outer:
-        if rows and rows[-1].metrics == pairs:
+        if rows and rows[-1].metrics == pairs and (redrawn or n == rows[-1].step):
             rows[-1].step = max(rows[-1].step or 0, n)
             continue
         rows.append(Row(n, dict(pairs), text, line))
     return rows
+
+
+def _redrawn(drawn: list[tuple[int, tuple]]) -> bool:
+    """Whether some count is drawn with two postfixes in a row: the bar is redrawn around each
+    update (OpenRLHF sets the postfix, then updates; Lightning updates, then sets it), so one
+    postfix shows on two counts and only one of them is its step. A loop that sets the postfix
+    once a step draws each count once."""
+    return any(a[1] == b[1] and a[3] != b[3] for (_, a), (_, b) in pairwise(drawn))
 
 
 def _by_epoch(render: tuple) -> tuple:
