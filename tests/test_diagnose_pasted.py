@@ -110,6 +110,8 @@ EXPECTED: dict[str, set[str]] = {
     "keras_old_epoch_healthy.log": set(),
     "tensor_print_loss_nan.log": {"nonfinite"},
     "accelerate_bar_loss_nan_repeats.log": {"nonfinite"},
+    "tqdm_epoch_summary_loss_nan.log": {"nonfinite"},
+    "tqdm_epoch_summary_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -145,6 +147,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "keras_old_epoch_loss_diverges.log": ("loss_divergence", 8),  # the bare "Epoch 8" above the jump
     "tensor_print_loss_nan.log": ("nonfinite", 3),  # after three finite prints, counted from 0
     "accelerate_bar_loss_nan_repeats.log": ("nonfinite", 34),  # not 36, the last bar showing nan
+    "tqdm_epoch_summary_loss_nan.log": ("nonfinite", 4),  # "Epoch 4: 100%|…" and its summary
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {
@@ -157,6 +160,7 @@ DECISIVE: dict[str, str] = {
     "trl_grpo_zero_std_zero_grad.log": "no_signal",  # frac_reward_zero_std 1.0 and grad_norm 0.0
     "ds_bar_overflow_scale_one.log": "overflow",  # "reducing to 1" from 1 on every step logged
     "keras_old_epoch_loss_diverges.log": "loss_divergence",  # 0.77 to 24.3 and held there
+    "tqdm_epoch_summary_loss_nan.log": "nonfinite",  # "Mean Training loss : nan" two epochs running
 }
 
 

@@ -483,6 +483,19 @@ def test_a_postfix_redrawn_around_its_update_is_one_step_and_one_drawn_per_count
     assert [s["step"] for s in read_text(tmp_path, once).steps] == [5, 6, 7, 8]
 
 
+def test_an_epochs_summary_under_its_bar_is_read_into_that_epoch(tmp_path: Path) -> None:
+    """``Mean Training loss : nan`` under ``Epoch 4: 100%|…| 90/90 […, loss=3e+3]``
+    (crossattention_radar_detector#3): that epoch's, the bar's description its step; a
+    framework's own warning among them stays the alerts' to read."""
+    bar = "Epoch {e}: 100%|#####| 90/90 [00:15<00:00,  6.0it/s, loss={loss}]\n"
+    text = bar.format(e=3, loss="2.9e+3") + "Mean Training loss : 2871.5\nnumber of nan iterations: 1\n"
+    text += bar.format(e=4, loss="3.4e+3") + "Training time for one epoch: 15.2 s\nMean Training loss : nan\n"
+    first, second = read_text(tmp_path, text).steps
+    assert (first["step"], first["Mean Training loss"], second["step"]) == (3, 2871.5, 4)
+    assert math.isnan(second["Mean Training loss"]) and "number of nan iterations" not in first
+    assert S.ALERTS in second  # read as the alerts read it: onto the record after it
+
+
 def test_an_old_keras_bare_epoch_header_is_the_step(tmp_path: Path) -> None:
     """An old Keras prints ``Epoch 0`` alone over ``600/600 [====] - 1s - loss: …``, the sample
     counter the same every epoch (keras#21): the epochs are the steps, not one merged record."""

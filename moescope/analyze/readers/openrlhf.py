@@ -19,7 +19,12 @@ them often ends before any bar completes. With no ``Episode`` bar and no complet
 distinct postfix is a step on the bar's count, as for ``Episode``, offset by the epoch a
 description ``Epoch N`` names (``N × total + count``). A bar drawn once a count (a diffusers
 script's ``Steps:   1%|▏ | 16/6000 […, lr=0, step_loss=nan]``) has no redraw to fold: each count
-is a step, however often its postfix repeats.
+is a step, however often its postfix repeats. Completed bars that each name a later epoch than
+the one before (``Epoch 8: 100%|…| 266/266``) are on those epochs.
+
+A loop may print its epoch's summary under the bar, ``Mean Training loss : nan`` (one name and one
+number, nothing else on the line), and that may be the only place a NaN shows: such lines,
+between a step's bar and the next bar, are read into that step where its postfix lacks them.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number
+from moescope.analyze.readers.alerts import said
 from moescope.analyze.readers.keymap import guess_beyond_generic
+from moescope.analyze.readers.keyvalues import line_field
 from moescope.analyze.readers.records import canonical_names
 
 BAR = re.compile(
@@ -75,16 +82,19 @@ def read(log: LogFile) -> Parsed:
     drawn = [(i + 1, r) for i, line in enumerate(log.lines) for r in renders(line)]
     outer = [(n, r) for n, r in drawn if r[0].startswith(OUTER)]
     rows = _outer_rows(outer) if outer else _inner_rows(drawn)
-    notes = [] if outer else ["no Episode bar: one step per completed inner bar, numbered in order"]
-    used = {n for n, _ in drawn}  # inner bars beside an Episode bar are passed over, not unread
-    skipped = [i + 1 for i, line in enumerate(log.lines) if line.strip() and i + 1 not in used]
-    lines = sum(1 for x in log.lines if x.strip())
     if not rows:  # no bar ever completed: another trainer's bars, read as any postfix
-        return _drawn_only(drawn, skipped, lines)
-    return Parsed(rows, "openrlhf", notes=notes, skipped=skipped, lines=lines)
+        parsed = _drawn_only(drawn)
+    else:
+        notes = [] if outer else ["no Episode bar: one step per completed inner bar (or epoch it names)"]
+        parsed = Parsed(rows, "openrlhf", notes=notes)
+    used = {n for n, _ in drawn}  # inner bars beside an Episode bar are passed over, not unread
+    used |= _summaries(parsed.rows, sorted(used), log.lines)
+    parsed.skipped = [i + 1 for i, line in enumerate(log.lines) if line.strip() and i + 1 not in used]
+    parsed.lines = sum(1 for x in log.lines if x.strip())
+    return parsed
 
 
-def _drawn_only(drawn: list[tuple[int, tuple]], skipped: list[int], lines: int) -> Parsed:
+def _drawn_only(drawn: list[tuple[int, tuple]]) -> Parsed:
     """Every postfix drawn, on its bar's count (see the module's docstring), under the generic
     names: bars no completed one vouches for as OpenRLHF's (Lightning's ``loss`` is the loss)."""
     rows = _outer_rows([(n, _by_epoch(r)) for n, r in drawn])
@@ -93,7 +103,7 @@ def _drawn_only(drawn: list[tuple[int, tuple]], skipped: list[int], lines: int) 
     for row in rows:
         row.metrics = canonical_names(framework, row.metrics)
     notes = ["no Episode bar and no completed bar: one step per postfix drawn, on the bar's count"]
-    return Parsed(rows, framework, keymap="moescope", notes=notes, skipped=skipped, lines=lines)
+    return Parsed(rows, framework, keymap="moescope", notes=notes)
 
 
 def _outer_rows(outer: list[tuple[int, tuple]]) -> list[Row]:
@@ -128,10 +138,31 @@ def _by_epoch(render: tuple) -> tuple:
 
 
 def _inner_rows(drawn: list[tuple[int, tuple]]) -> list[Row]:
-    """The last postfix of every completed bar (count = total), numbered from 0."""
+    """The last postfix of every completed bar (count = total), numbered from 0, or by the
+    epochs their descriptions name (``Epoch 8: 100%|…| 266/266``) where each names a later one."""
     done = [(line, r) for line, r in drawn if r[1] == r[2]]
     last: list[tuple[int, tuple]] = []
     for line, r in done:  # a finished bar redrawn with the same postfix counts once
         if not last or last[-1][1][3] != r[3]:
             last.append((line, r))
-    return [Row(i, dict(r[3]), r[4], line) for i, (line, r) in enumerate(last)]
+    epochs = [int(m.group(1)) if (m := _EPOCH.match(r[0])) else None for _, r in last]
+    rising = None not in epochs and all(a < b for a, b in pairwise(epochs))
+    steps = epochs if rising else range(len(last))
+    return [Row(step, dict(r[3]), r[4], line) for step, (line, r) in zip(steps, last, strict=True)]
+
+
+def _summaries(rows: list[Row], bars: list[int], lines: list[str]) -> set[int]:
+    """Read each ``name : value`` line between a row's bar and the next bar into that row, where
+    its postfix lacks the name; the numbers of the lines read. A framework's warning (Megatron's
+    ``number of skipped iterations: 2``) is left to :mod:`~moescope.analyze.readers.alerts`."""
+    read: set[int] = set()
+    for row in rows:
+        start = row.line or 0
+        end = next((n for n in bars if n > start), len(lines) + 1)
+        for number in range(start + 1, end):
+            found = line_field(lines[number - 1])
+            if found and found[0] not in row.metrics and not said(lines[number - 1]):
+                row.metrics[found[0]] = found[1]
+                row.raw += "\n" + lines[number - 1]
+                read.add(number)
+    return read
