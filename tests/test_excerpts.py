@@ -175,6 +175,26 @@ def test_a_framework_warning_is_the_evidence_of_its_finding(tmp_path: Path) -> N
     assert nf.evidence["alerts"][0].startswith("ERROR found NaN")
 
 
+def test_a_preference_trainers_kl_is_not_the_per_token_kl(tmp_path: Path) -> None:
+    """TRL's KTO logs as ``kl`` its loss's reference point, a KL estimate of summed log-probabilities
+    (trl#1447's records: 0, 0, 0.15, 0.44, 1.23): it grows by nats on a healthy run and is kept
+    under its own name; GRPO's ``kl`` is the per-token KL to the reference, judged as ever."""
+    kto = "".join(
+        f"{{'loss': {0.5 - 0.01 * i:.4f}, 'grad_norm': 3.1, 'learning_rate': 5e-07, "
+        f"'rewards/chosen': {0.02 * i}, 'rewards/rejected': {-0.03 * i}, 'kl': {kl}, "
+        "'logps/chosen': -81.2, 'logps/rejected': -95.4, "
+        f"'epoch': {0.01 * i:.2f}}}\n"
+        for i, kl in enumerate((0.0, 0.0, 0.6, 2.1, 5.8, 12.4))
+    )
+    assert findings_of(tmp_path, kto) == {}
+    assert "kl" in read_log(tmp_path / "paste.log").steps[-1]
+    grpo = kto.replace("'rewards/chosen'", "'reward'").replace(
+        "'logps/chosen': -81.2, 'logps/rejected': -95.4, ", ""
+    )
+    grpo = grpo.replace("'rewards/rejected'", "'reward_std'")
+    assert findings_of(tmp_path, grpo)["kl_blowup"].severity == "error"
+
+
 HEALTHY_EXCERPTS = {
     "trl.log": TRL_HEALTHY * 2,
     "prime.log": (

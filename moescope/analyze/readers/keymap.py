@@ -570,8 +570,7 @@ def rename(framework: str | None, metrics: dict[str, Any]) -> tuple[dict[str, An
     out: dict[str, Any] = {}
     source: dict[str, str] = {}
     kept: list[str] = []
-    for key, value in metrics.items():
-        name = _name(framework, key)
+    for key, value, name in zip(keys, metrics.values(), _names(framework, keys), strict=True):
         if name in out:
             if name == key:  # the newcomer is the canonical key itself: the earlier one steps aside
                 earlier = source.pop(name)
@@ -588,8 +587,24 @@ def rename(framework: str | None, metrics: dict[str, Any]) -> tuple[dict[str, An
 @lru_cache(maxsize=1 << 12)  # a log's records repeat one or a few key lists
 def _distinct_names(framework: str | None, keys: tuple[str, ...]) -> tuple[str, ...] | None:
     """The names ``keys`` are kept under when no two of them share one, else ``None``."""
-    names = tuple(_name(framework, key) for key in keys)
+    names = _names(framework, keys)
     return names if len(set(names)) == len(names) else None
+
+
+# a preference trainer's record (TRL's DPO / KTO / ORPO log these): its ``kl`` is no per-token KL
+PREFERENCE_KEYS = frozenset({"rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected"})
+
+
+def _names(framework: str | None, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """Each key's name (:func:`_name`), where the record says what a name means: a preference
+    trainer's ``kl`` keeps its own. TRL's KTO logs as ``kl`` its loss's reference point, the
+    batch's KL estimate from summed (sequence) log-probabilities clamped at 0: it starts at 0
+    and grows by nats as the policy moves, which read as the per-token KL to the reference
+    (``actor/kl``) would be a blow-up on every healthy run."""
+    names = tuple(_name(framework, key) for key in keys)
+    if S.KL not in names or PREFERENCE_KEYS.isdisjoint(keys):
+        return names
+    return tuple(key if name == S.KL and key != S.KL else name for key, name in zip(keys, names, strict=True))
 
 
 @lru_cache(maxsize=1 << 16)
