@@ -112,6 +112,8 @@ EXPECTED: dict[str, set[str]] = {
     "accelerate_bar_loss_nan_repeats.log": {"nonfinite"},
     "tqdm_epoch_summary_loss_nan.log": {"nonfinite"},
     "tqdm_epoch_summary_healthy.log": set(),
+    "ppo_beginners_iteration_nan.log": {"nonfinite"},
+    "ppo_beginners_iteration_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -148,6 +150,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "tensor_print_loss_nan.log": ("nonfinite", 3),  # after three finite prints, counted from 0
     "accelerate_bar_loss_nan_repeats.log": ("nonfinite", 34),  # not 36, the last bar showing nan
     "tqdm_epoch_summary_loss_nan.log": ("nonfinite", 4),  # "Epoch 4: 100%|…" and its summary
+    "ppo_beginners_iteration_nan.log": ("nonfinite", 15),  # "---- Iteration #15 ----", not the 4th block
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {
@@ -209,6 +212,15 @@ def test_one_metric_repeated_line_after_line_is_a_series() -> None:
     assert [rec["step"] for rec in trace.steps] == list(range(25))
     assert [rec["reward/mean"] for rec in trace.steps[4:6]] == [7.392857142857143, 66.31428571428572]
     assert any("counted" in note for note in trace.notes)
+
+
+def test_iteration_banners_with_a_hash_are_the_steps() -> None:
+    """PPO-for-Beginners' ``-------- Iteration #12 --------`` over its ``Average Loss: …`` lines:
+    each banner is its block's step, not the block's place in the paste."""
+    trace = read_log(PASTED / "ppo_beginners_iteration_healthy.log")
+    assert trace.header["format"] == "key-values"
+    assert [rec["step"] for rec in trace.steps] == [12, 13, 14, 15, 16]
+    assert trace.steps[0]["Average Loss"] == 0.00731 and trace.steps[-1]["Timesteps So Far"] == 76800
 
 
 def test_episode_counters_before_bars_are_steps_and_asides_stay_in_names() -> None:

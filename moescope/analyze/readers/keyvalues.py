@@ -16,8 +16,10 @@ each step's block::
 so a banner starts a step and the ``name: value`` lines up to the next banner are its metrics
 (the timing block's durations too, under their own names). rsl-rl (IsaacLab, legged_gym) prints
 the same shape: a centred ``Learning iteration 8391/10000`` over right-aligned ``Value function
-loss: 0.0123`` lines, the banner read as the step. In a log that has banners, lines
-before the first one (a config dump) are skipped. The framework is guessed from the keys
+loss: 0.0123`` lines, the banner read as the step, and so does PPO-for-Beginners: ``------
+Iteration #50 ------`` over ``Average Loss: nan`` (``Epoch #N`` and ``Step #N`` alike, the
+number after ``#`` the step). In a log that has banners, lines before the first one (a config
+dump) are skipped. The framework is guessed from the keys
 against every table of the key map; when none recognises more of them than the ``generic``
 table of common names does, that table renames them and no framework is named.
 
@@ -35,8 +37,11 @@ from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile
 from moescope.analyze.readers.keymap import KEY_MAP, guess_framework
 
+# "Step 3/100", rsl-rl's "Learning iteration 8391/10000", PPO-for-Beginners' "Iteration #50"
 BANNER = re.compile(
-    rf"[\s=#*\-─]*(?:step|learning\s+iteration)\s+({INT})(?:\s*/\s*{INT})?[\s=#*\-─:]*", re.IGNORECASE
+    rf"[\s=#*\-─]*(?:(?:step|learning\s+iteration)\s+|(?:step|iteration|epoch)\s*#\s*)({INT})"
+    rf"(?:\s*/\s*{INT})?[\s=#*\-─:]*",
+    re.IGNORECASE,
 )
 _BULLET = re.compile(r"\s*(?:[•·*\-–]\s*)?")
 _FRAMEWORKS = tuple(name for name in KEY_MAP if name not in ("moescope", "generic"))
