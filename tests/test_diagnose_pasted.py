@@ -117,6 +117,8 @@ EXPECTED: dict[str, set[str]] = {
     "ppo_beginners_iteration_healthy.log": set(),
     "nemo_gpt_bar_global_step_nan.log": {"nonfinite"},
     "nemo_gpt_bar_global_step_healthy.log": set(),
+    "rlkit_sac_tabular_qf_loss_inf.log": {"nonfinite"},
+    "rlkit_sac_tabular_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -155,6 +157,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "tqdm_epoch_summary_loss_nan.log": ("nonfinite", 4),  # "Epoch 4: 100%|…" and its summary
     "ppo_beginners_iteration_nan.log": ("nonfinite", 15),  # "---- Iteration #15 ----", not the 4th block
     "nemo_gpt_bar_global_step_nan.log": ("nonfinite", 3),  # the postfix's global_step=3.000, not its count
+    "rlkit_sac_tabular_qf_loss_inf.log": ("nonfinite", 41),  # the table's closing "Epoch  41" row
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {
@@ -234,6 +237,17 @@ def test_a_postfix_that_logs_its_global_step_is_on_that_step() -> None:
     assert [rec["step"] for rec in trace.steps] == list(range(6))
     assert [rec["reduced_train_loss"] for rec in trace.steps[:3]] == [10.9, 10.71, 10.38]
     assert all(math.isnan(rec["reduced_train_loss"]) for rec in trace.steps[3:])  # "nan.0"
+
+
+def test_a_two_column_table_per_epoch_is_a_record_on_its_epoch() -> None:
+    """rlkit's ``dump_tabular``: ``name   value`` rows between rules of dashes, names with spaces
+    and slashes kept as logged, each table on the epoch its closing ``Epoch`` row names."""
+    trace = read_log(PASTED / "rlkit_sac_tabular_healthy.log")
+    assert trace.header["format"] == "key-values"
+    assert [rec["step"] for rec in trace.steps] == [37, 38, 39, 40, 41]
+    first = trace.steps[0]
+    assert first["trainer/QF1 Loss"] == 3.61204 and first["time/epoch (s)"] == 21.4
+    assert first["exploration/num steps total"] == 38000 and first["trainer/Policy Loss"] == -97.4412
 
 
 def test_episode_counters_before_bars_are_steps_and_asides_stay_in_names() -> None:

@@ -520,3 +520,18 @@ def test_keras_progress_lines_count_on_from_their_epoch_header(tmp_path: Path) -
     assert [s["step"] for s in trace.steps] == [200, 300, 400, 600]
     assert math.isnan(trace.steps[2][S.ACTOR_LOSS]) and trace.steps[3][S.ACTOR_LOSS] == 0.52
     assert not any("appeared in more than one" in n for n in trace.notes)
+
+
+def test_a_pasted_two_column_table_without_an_epoch_is_one_snapshot(tmp_path: Path) -> None:
+    """rlkit's table as a user pastes a part of it (rlkit#50): no rule, no ``Epoch`` row, names
+    with spaces; one record at step 0, each name as logged, and prose left out."""
+    text = (
+        "the critic blows up after a while:\n"
+        "replay_buffer/size                       52000\n"
+        "trainer/QF1 Loss                             7.1e+12\n"
+        "trainer/Policy Loss                         -3.3e+06\n"
+        "exploration/Average Returns              -140.25\n"
+    )
+    (step,) = read_text(tmp_path, text).steps
+    assert step["step"] == 0 and step["trainer/QF1 Loss"] == 7.1e12
+    assert step["exploration/Average Returns"] == -140.25 and step["replay_buffer/size"] == 52000
