@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moescope import schema as S
-from moescope.analyze.readers import keymap, read_log, table
+from moescope.analyze.readers import keymap, read_log, read_runs, table
 from moescope.analyze.readers.records import pairs
 from moescope.errors import MoescopeError
 
@@ -535,3 +535,16 @@ def test_a_pasted_two_column_table_without_an_epoch_is_one_snapshot(tmp_path: Pa
     (step,) = read_text(tmp_path, text).steps
     assert step["step"] == 0 and step["trainer/QF1 Loss"] == 7.1e12
     assert step["exploration/Average Returns"] == -140.25 and step["replay_buffer/size"] == 52000
+
+
+def test_bars_whose_logged_step_starts_over_are_two_runs(tmp_path: Path) -> None:
+    """A postfix's own ``global_step`` is the step, and where it starts over a second run begins:
+    its steps are not merged into the first run's."""
+    bar = "Epoch 0:   0%|          | {n}/500 [00:0{n}<10:00,  1.2s/it, loss={loss}, global_step={step}.000]\n"
+    first = [bar.format(n=n, loss=loss, step=n - 1) for n, loss in ((1, 9.1), (2, 8.7), (3, 8.4))]
+    again = [bar.format(n=n, loss=loss, step=n - 1) for n, loss in ((1, 9.2), (2, "nan"))]
+    path = tmp_path / "bars.log"
+    path.write_text("".join(first + again), encoding="utf-8")
+    runs = read_runs(path)
+    assert [[s["step"] for s in run.steps] for run in runs] == [[0, 1, 2], [0, 1]]
+    assert runs[0].steps[1][S.ACTOR_LOSS] == 8.7 and math.isnan(runs[1].steps[1][S.ACTOR_LOSS])

@@ -123,14 +123,17 @@ def _generic(rows: list[Row], note: str) -> Parsed:
 def _logged_rows(drawn: list[tuple[int, tuple]]) -> list[Row]:
     """One row per step the postfixes log themselves, where every postfix does (NeMo's
     ``global_step=1.000``): the bar's count runs ahead of it as Lightning redraws around each
-    update, and two steps would share a count; of a step drawn again, the last postfix wins."""
+    update, and two steps would share a count; of a step drawn again in a row, the last postfix
+    wins (a step counter that starts over is a second run, not the same steps)."""
     steps = [logged_step(r[3]) for _, r in drawn]
     if not drawn or None in steps:
         return []
-    rows: dict[int, Row] = {}
+    rows: list[Row] = []
     for step, (line, r) in zip(steps, drawn, strict=True):
-        rows[step] = Row(step, dict(r[3]), r[4], line)
-    return list(rows.values())
+        if rows and rows[-1].step == step:
+            rows.pop()
+        rows.append(Row(step, dict(r[3]), r[4], line))
+    return rows
 
 
 def _outer_rows(outer: list[tuple[int, tuple]]) -> list[Row]:
