@@ -4,6 +4,7 @@ runs raise no error-severity finding; bad input is one sentence or findings, nev
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -112,6 +113,12 @@ EXPECTED: dict[str, set[str]] = {
     "accelerate_bar_loss_nan_repeats.log": {"nonfinite"},
     "tqdm_epoch_summary_loss_nan.log": {"nonfinite"},
     "tqdm_epoch_summary_healthy.log": set(),
+    "ppo_beginners_iteration_nan.log": {"nonfinite"},
+    "ppo_beginners_iteration_healthy.log": set(),
+    "nemo_gpt_bar_global_step_nan.log": {"nonfinite"},
+    "nemo_gpt_bar_global_step_healthy.log": set(),
+    "rlkit_sac_tabular_qf_loss_inf.log": {"nonfinite"},
+    "rlkit_sac_tabular_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -148,6 +155,9 @@ ONSET: dict[str, tuple[str, int]] = {
     "tensor_print_loss_nan.log": ("nonfinite", 3),  # after three finite prints, counted from 0
     "accelerate_bar_loss_nan_repeats.log": ("nonfinite", 34),  # not 36, the last bar showing nan
     "tqdm_epoch_summary_loss_nan.log": ("nonfinite", 4),  # "Epoch 4: 100%|…" and its summary
+    "ppo_beginners_iteration_nan.log": ("nonfinite", 15),  # "---- Iteration #15 ----", not the 4th block
+    "nemo_gpt_bar_global_step_nan.log": ("nonfinite", 3),  # the postfix's global_step=3.000, not its count
+    "rlkit_sac_tabular_qf_loss_inf.log": ("nonfinite", 41),  # the table's closing "Epoch  41" row
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {
@@ -209,6 +219,35 @@ def test_one_metric_repeated_line_after_line_is_a_series() -> None:
     assert [rec["step"] for rec in trace.steps] == list(range(25))
     assert [rec["reward/mean"] for rec in trace.steps[4:6]] == [7.392857142857143, 66.31428571428572]
     assert any("counted" in note for note in trace.notes)
+
+
+def test_iteration_banners_with_a_hash_are_the_steps() -> None:
+    """PPO-for-Beginners' ``-------- Iteration #12 --------`` over its ``Average Loss: …`` lines:
+    each banner is its block's step, not the block's place in the paste."""
+    trace = read_log(PASTED / "ppo_beginners_iteration_healthy.log")
+    assert trace.header["format"] == "key-values"
+    assert [rec["step"] for rec in trace.steps] == [12, 13, 14, 15, 16]
+    assert trace.steps[0]["Average Loss"] == 0.00731 and trace.steps[-1]["Timesteps So Far"] == 76800
+
+
+def test_a_postfix_that_logs_its_global_step_is_on_that_step() -> None:
+    """NeMo's Lightning bar redraws each count with the old postfix, then the new one carrying
+    ``global_step=1.000``: every logged step is one record, none merged with the next."""
+    trace = read_log(PASTED / "nemo_gpt_bar_global_step_nan.log")
+    assert [rec["step"] for rec in trace.steps] == list(range(6))
+    assert [rec["reduced_train_loss"] for rec in trace.steps[:3]] == [10.9, 10.71, 10.38]
+    assert all(math.isnan(rec["reduced_train_loss"]) for rec in trace.steps[3:])  # "nan.0"
+
+
+def test_a_two_column_table_per_epoch_is_a_record_on_its_epoch() -> None:
+    """rlkit's ``dump_tabular``: ``name   value`` rows between rules of dashes, names with spaces
+    and slashes kept as logged, each table on the epoch its closing ``Epoch`` row names."""
+    trace = read_log(PASTED / "rlkit_sac_tabular_healthy.log")
+    assert trace.header["format"] == "key-values"
+    assert [rec["step"] for rec in trace.steps] == [37, 38, 39, 40, 41]
+    first = trace.steps[0]
+    assert first["trainer/QF1 Loss"] == 3.61204 and first["time/epoch (s)"] == 21.4
+    assert first["exploration/num steps total"] == 38000 and first["trainer/Policy Loss"] == -97.4412
 
 
 def test_episode_counters_before_bars_are_steps_and_asides_stay_in_names() -> None:

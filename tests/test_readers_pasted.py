@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moescope import schema as S
-from moescope.analyze.readers import keymap, read_log, table
+from moescope.analyze.readers import keymap, read_log, read_runs, table
 from moescope.analyze.readers.records import pairs
 from moescope.errors import MoescopeError
 
@@ -520,3 +520,31 @@ def test_keras_progress_lines_count_on_from_their_epoch_header(tmp_path: Path) -
     assert [s["step"] for s in trace.steps] == [200, 300, 400, 600]
     assert math.isnan(trace.steps[2][S.ACTOR_LOSS]) and trace.steps[3][S.ACTOR_LOSS] == 0.52
     assert not any("appeared in more than one" in n for n in trace.notes)
+
+
+def test_a_pasted_two_column_table_without_an_epoch_is_one_snapshot(tmp_path: Path) -> None:
+    """rlkit's table as a user pastes a part of it (rlkit#50): no rule, no ``Epoch`` row, names
+    with spaces; one record at step 0, each name as logged, and prose left out."""
+    text = (
+        "the critic blows up after a while:\n"
+        "replay_buffer/size                       52000\n"
+        "trainer/QF1 Loss                             7.1e+12\n"
+        "trainer/Policy Loss                         -3.3e+06\n"
+        "exploration/Average Returns              -140.25\n"
+    )
+    (step,) = read_text(tmp_path, text).steps
+    assert step["step"] == 0 and step["trainer/QF1 Loss"] == 7.1e12
+    assert step["exploration/Average Returns"] == -140.25 and step["replay_buffer/size"] == 52000
+
+
+def test_bars_whose_logged_step_starts_over_are_two_runs(tmp_path: Path) -> None:
+    """A postfix's own ``global_step`` is the step, and where it starts over a second run begins:
+    its steps are not merged into the first run's."""
+    bar = "Epoch 0:   0%|          | {n}/500 [00:0{n}<10:00,  1.2s/it, loss={loss}, global_step={step}.000]\n"
+    first = [bar.format(n=n, loss=loss, step=n - 1) for n, loss in ((1, 9.1), (2, 8.7), (3, 8.4))]
+    again = [bar.format(n=n, loss=loss, step=n - 1) for n, loss in ((1, 9.2), (2, "nan"))]
+    path = tmp_path / "bars.log"
+    path.write_text("".join(first + again), encoding="utf-8")
+    runs = read_runs(path)
+    assert [[s["step"] for s in run.steps] for run in runs] == [[0, 1, 2], [0, 1]]
+    assert runs[0].steps[1][S.ACTOR_LOSS] == 8.7 and math.isnan(runs[1].steps[1][S.ACTOR_LOSS])

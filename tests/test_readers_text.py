@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from moescope.analyze.readers import _text, keymap, megatron, records, verl
-from moescope.analyze.readers._text import INT, LogFile, parse_number, plain_number, plain_numbers
+from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number, plain_number, plain_numbers
 
 
 def _line_at_a_time(path: Path, cap: int) -> tuple[list[str], int]:
@@ -50,6 +50,14 @@ def test_plain_numbers_read_as_the_patterns_read_them(token: str) -> None:
 def test_anything_else_is_left_to_the_patterns(token: str) -> None:
     assert plain_number(token) is None
     assert plain_numbers(["0.5", token]) is None
+
+
+@pytest.mark.parametrize(("token", "sign"), [("nan.0", 0), ("NaN.00", 0), ("inf.0", 1), ("-inf.0", -1)])
+def test_lightnings_nan_with_a_zero_tail_is_non_finite(token: str, sign: int) -> None:
+    """Lightning's bar, as NeMo runs it, prints ``reduced_train_loss=nan.0`` (NeMo#5928)."""
+    value = parse_number(token)
+    assert math.isnan(value) if sign == 0 else value == sign * math.inf
+    assert re.fullmatch(NUMBER, token)
 
 
 def test_a_list_of_plain_numbers_reads_as_each_does() -> None:

@@ -70,10 +70,22 @@ class Parsed:
 def flat_row(record: dict[str, Any], raw: str, line: int | None, step: int | None = None) -> Row:
     """A row from a flat ``{key: value}`` record; its step comes from the first step-like key."""
     metrics = {k: v for k, v in record.items() if k != STEP}
-    if step is None:
-        found = (as_step(record.get(k)) for k in STEP_KEYS)
-        step = next((s for s in found if s is not None), None)
-    return Row(step, metrics, raw, line)
+    return Row(logged_step(record) if step is None else step, metrics, raw, line)
+
+
+def epoch_steps(rows: list[Row]) -> list[int] | None:
+    """The epoch counter every row logs (``epoch`` or ``Epoch``), a whole number rising from row
+    to row, else ``None``: a loop that logs once an epoch names no other step."""
+    epochs = [r.metrics.get("epoch", r.metrics.get("Epoch")) for r in rows]
+    whole = all(isinstance(e, int) and not isinstance(e, bool) for e in epochs)
+    return epochs if whole and all(a < b for a, b in pairwise(epochs)) else None
+
+
+def logged_step(record: dict[str, Any]) -> int | None:
+    """The step a record logs itself under the first of :data:`STEP_KEYS` it holds as a whole
+    number (``global_step=1.000`` too), else ``None``."""
+    found = (as_step(record.get(k)) for k in STEP_KEYS)
+    return next((s for s in found if s is not None), None)
 
 
 def scan(lines: list[str], parse_at: Callable[[list[str], int], tuple[list[Row], int] | None]) -> Parsed:

@@ -17,9 +17,10 @@ whole config first) costs a pass, not a guess.
 Columns are ``entropy-log`` or ``expert-load`` by the file name when it says (``entropy_log.txt``,
 ``expert_load.log``), else by their shape. A text log with none of these is ``jsonl`` when it
 holds JSON objects printed over several lines (``json.dumps(..., indent=2)``), else ``key-values``
-when it has ``name: value`` lines (a pasted snapshot, NeMo-RL's console blocks) at least as
-many as its other lines mentioning NaN/Inf, and, against lines that attach numbers to metric
-names, at least as many naming a metric (a config dump outvotes no metrics line), else
+when it has ``name: value`` lines (a pasted snapshot, NeMo-RL's console blocks, rlkit's
+``name   value`` table rows) at least as many as its other lines mentioning NaN/Inf, and,
+against lines that attach numbers to metric names, at least as many naming a metric (a config
+dump outvotes no metrics line), else
 ``records`` when lines without a step name a metric and a number, else ``plain`` when it has
 lines mentioning NaN/Inf.
 """
@@ -101,7 +102,7 @@ def sniff(log: LogFile) -> Sniff:
     spread = jsonl.spread_objects(log.lines)  # JSON objects printed over several lines each
     if spread:
         return Sniff("jsonl", Counter({"jsonl": spread}))
-    read = [(line, keyvalues.line_field(line)) for line in log.lines]
+    read = [(line, keyvalues.snapshot_field(line)) for line in log.lines]
     fields = [found for _, found in read if found is not None]
     rest = [line for line, found in read if found is None]
     loose = sum(1 for line in rest if records.record(line) is not None)

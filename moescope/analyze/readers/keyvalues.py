@@ -2,10 +2,14 @@
 
 A user copies a run's latest metrics out of W&B or a console, one ``name: value`` per line
 (``actor/entropy:0.021``, ``  • Loss: 0.0123``; a leading bullet ``•``, ``-``, ``*`` is passed
-over). With no step anywhere, those lines are one step, step 0 — unless a name comes again
-(ML-Agents' ``Mean Reward: 69.94`` printed line after line): then the lines are a series, a new
-record wherever a name repeats, their steps counted 0, 1, 2, … in order. NeMo-RL prints a banner before
-each step's block::
+over), or as rllab / rlkit's ``dump_tabular`` prints them: a two-column table without a
+separator, ``trainer/QF1 Loss      1.35779e+19`` (a name of words one space apart, the value
+after a gap of two spaces or more), between rules of dashes. With no step anywhere, those lines
+are one step, step 0 — unless a name comes again (ML-Agents' ``Mean Reward: 69.94`` printed line
+after line): then the lines are a series, a new record wherever a name repeats, their steps
+counted 0, 1, 2, … in order, or the epochs they log where each logs one, whole and rising (rlkit
+closes each epoch's table on its ``Epoch  49`` row). NeMo-RL prints a banner before each step's
+block::
 
     ========================= Step 3/100 =========================
     📊 Training Results:
@@ -16,8 +20,10 @@ each step's block::
 so a banner starts a step and the ``name: value`` lines up to the next banner are its metrics
 (the timing block's durations too, under their own names). rsl-rl (IsaacLab, legged_gym) prints
 the same shape: a centred ``Learning iteration 8391/10000`` over right-aligned ``Value function
-loss: 0.0123`` lines, the banner read as the step. In a log that has banners, lines
-before the first one (a config dump) are skipped. The framework is guessed from the keys
+loss: 0.0123`` lines, the banner read as the step, and so does PPO-for-Beginners: ``------
+Iteration #50 ------`` over ``Average Loss: nan`` (``Epoch #N`` and ``Step #N`` alike, the
+number after ``#`` the step). In a log that has banners, lines before the first one (a config
+dump) are skipped. The framework is guessed from the keys
 against every table of the key map; when none recognises more of them than the ``generic``
 table of common names does, that table renames them and no framework is named.
 
@@ -31,20 +37,39 @@ import re
 from typing import Any
 
 from moescope.analyze.readers._fields import field
-from moescope.analyze.readers._rows import Parsed, Row, scan
-from moescope.analyze.readers._text import INT, LogFile
+from moescope.analyze.readers._rows import Parsed, Row, epoch_steps, scan
+from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number
 from moescope.analyze.readers.keymap import KEY_MAP, guess_framework
 
+# "Step 3/100", rsl-rl's "Learning iteration 8391/10000", PPO-for-Beginners' "Iteration #50"
 BANNER = re.compile(
-    rf"[\s=#*\-─]*(?:step|learning\s+iteration)\s+({INT})(?:\s*/\s*{INT})?[\s=#*\-─:]*", re.IGNORECASE
+    rf"[\s=#*\-─]*(?:(?:step|learning\s+iteration)\s+|(?:step|iteration|epoch)\s*#\s*)({INT})"
+    rf"(?:\s*/\s*{INT})?[\s=#*\-─:]*",
+    re.IGNORECASE,
 )
 _BULLET = re.compile(r"\s*(?:[•·*\-–]\s*)?")
+# rllab / rlkit's dump_tabular (tabulate, no header): a name of words one space apart, then the
+# value after tabulate's gap of two or more spaces: "trainer/QF1 Loss      1.35779e+19"
+_TABLE_ROW = re.compile(
+    rf"\s*(?P<key>[A-Za-z_][\w.()/@%+\-]*(?: [\w.()/@%+\-]+)*)(?: {{2,}}|\t+)(?P<value>{NUMBER})\s*"
+)
 _FRAMEWORKS = tuple(name for name in KEY_MAP if name not in ("moescope", "generic"))
 
 
 def line_field(line: str) -> tuple[str, Any] | None:
     """The ``name: value`` a line is (after a bullet), or ``None``."""
     return field(line[_BULLET.match(line).end() :], labelled=True)
+
+
+def table_field(line: str) -> tuple[str, Any] | None:
+    """The ``(name, value)`` of a two-column table row (:data:`_TABLE_ROW`), or ``None``."""
+    row = _TABLE_ROW.fullmatch(line)
+    return (row.group("key"), parse_number(row.group("value"))) if row else None
+
+
+def snapshot_field(line: str) -> tuple[str, Any] | None:
+    """The field a line of a snapshot is: ``name: value``, or a table row ``name   value``."""
+    return line_field(line) or table_field(line)
 
 
 def is_record(line: str) -> bool:
@@ -63,7 +88,7 @@ def read(log: LogFile) -> Parsed:
         if banner:
             step = int(banner.group(1))
             return [], i + 1
-        found = line_field(lines[i])
+        found = snapshot_field(lines[i])
         if found is None or (banners and step is None):
             return None
         return [Row(step if banners else 0, dict([found]), lines[i], i + 1)], i + 1
@@ -71,7 +96,14 @@ def read(log: LogFile) -> Parsed:
     parsed = scan(log.lines, parse_at)
     series = [] if banners else _series(parsed.rows)
     parsed.rows = series if len(series) > 1 else _blocks(parsed.rows)
-    if len(series) > 1:
+    epochs = None if banners or not parsed.rows else epoch_steps(parsed.rows)
+    if epochs is not None:  # rlkit ends each epoch's table on its "Epoch  49" row
+        for row, epoch in zip(parsed.rows, epochs, strict=True):
+            row.step = epoch
+        parsed.notes.append(
+            f"no step named: the epoch counter of each of the {len(epochs)} records is its step"
+        )
+    elif len(series) > 1:
         parsed.notes.append(
             f"the same metrics repeat line after line without steps: read as a series of {len(series)} "
             "records, their steps counted 0, 1, 2, … (not logged)"

@@ -20,7 +20,9 @@ distinct postfix is a step on the bar's count, as for ``Episode``, offset by the
 description ``Epoch N`` names (``N × total + count``). A bar drawn once a count (a diffusers
 script's ``Steps:   1%|▏ | 16/6000 […, lr=0, step_loss=nan]``) has no redraw to fold: each count
 is a step, however often its postfix repeats. Completed bars that each name a later epoch than
-the one before (``Epoch 8: 100%|…| 266/266``) are on those epochs.
+the one before (``Epoch 8: 100%|…| 266/266``) are on those epochs. Where every postfix logs its
+own step (NeMo's ``global_step=1.000``), that is its step, whatever the count: Lightning draws
+each count with the old postfix and then the new one, so a count holds two steps.
 
 A loop may print its epoch's summary under the bar, ``Mean Training loss : nan`` (one name and one
 number, nothing else on the line), and that may be the only place a NaN shows: such lines,
@@ -33,7 +35,7 @@ import re
 from itertools import pairwise
 from typing import Any
 
-from moescope.analyze.readers._rows import Parsed, Row
+from moescope.analyze.readers._rows import Parsed, Row, logged_step
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number
 from moescope.analyze.readers.alerts import said
 from moescope.analyze.readers.keymap import guess_beyond_generic
@@ -80,13 +82,7 @@ def is_record(line: str) -> bool:
 def read(log: LogFile) -> Parsed:
     """One row per Episode-bar postfix, or per completed inner bar when there is no Episode bar."""
     drawn = [(i + 1, r) for i, line in enumerate(log.lines) for r in renders(line)]
-    outer = [(n, r) for n, r in drawn if r[0].startswith(OUTER)]
-    rows = _outer_rows(outer) if outer else _inner_rows(drawn)
-    if not rows:  # no bar ever completed: another trainer's bars, read as any postfix
-        parsed = _drawn_only(drawn)
-    else:
-        notes = [] if outer else ["no Episode bar: one step per completed inner bar (or epoch it names)"]
-        parsed = Parsed(rows, "openrlhf", notes=notes)
+    parsed = _parse(drawn)
     used = {n for n, _ in drawn}  # inner bars beside an Episode bar are passed over, not unread
     used |= _summaries(parsed.rows, sorted(used), log.lines)
     parsed.skipped = [i + 1 for i, line in enumerate(log.lines) if line.strip() and i + 1 not in used]
@@ -94,16 +90,50 @@ def read(log: LogFile) -> Parsed:
     return parsed
 
 
-def _drawn_only(drawn: list[tuple[int, tuple]]) -> Parsed:
-    """Every postfix drawn, on its bar's count (see the module's docstring), under the generic
-    names: bars no completed one vouches for as OpenRLHF's (Lightning's ``loss`` is the loss)."""
+def _parse(drawn: list[tuple[int, tuple]]) -> Parsed:
+    """The rows of the bars drawn, by the first reading of the module's docstring that applies."""
+    outer = [(n, r) for n, r in drawn if r[0].startswith(OUTER)]
+    if outer:
+        return Parsed(_outer_rows(outer), "openrlhf")
+    logged = _logged_rows(drawn)
+    if logged:
+        return _generic(logged, "every postfix logs its step (global_step=…): each is on that step")
+    rows = _inner_rows(drawn)
+    if rows:
+        return Parsed(
+            rows, "openrlhf", notes=["no Episode bar: one step per completed inner bar (or epoch it names)"]
+        )
+    # no bar ever completed: another trainer's bars, read as any postfix
     rows = _outer_rows([(n, _by_epoch(r)) for n, r in drawn])
+    return _generic(
+        rows, "no Episode bar and no completed bar: one step per postfix drawn, on the bar's count"
+    )
+
+
+def _generic(rows: list[Row], note: str) -> Parsed:
+    """``rows`` under the generic names: bars no completed one vouches for as OpenRLHF's
+    (Lightning's ``loss`` is the loss)."""
     keys = {k for row in rows for k in row.metrics}
     framework = guess_beyond_generic(keys)
     for row in rows:
         row.metrics = canonical_names(framework, row.metrics)
-    notes = ["no Episode bar and no completed bar: one step per postfix drawn, on the bar's count"]
-    return Parsed(rows, framework, keymap="moescope", notes=notes)
+    return Parsed(rows, framework, keymap="moescope", notes=[note])
+
+
+def _logged_rows(drawn: list[tuple[int, tuple]]) -> list[Row]:
+    """One row per step the postfixes log themselves, where every postfix does (NeMo's
+    ``global_step=1.000``): the bar's count runs ahead of it as Lightning redraws around each
+    update, and two steps would share a count; of a step drawn again in a row, the last postfix
+    wins (a step counter that starts over is a second run, not the same steps)."""
+    steps = [logged_step(r[3]) for _, r in drawn]
+    if not drawn or None in steps:
+        return []
+    rows: list[Row] = []
+    for step, (line, r) in zip(steps, drawn, strict=True):
+        if rows and rows[-1].step == step:
+            rows.pop()
+        rows.append(Row(step, dict(r[3]), r[4], line))
+    return rows
 
 
 def _outer_rows(outer: list[tuple[int, tuple]]) -> list[Row]:

@@ -47,13 +47,12 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from functools import cache, lru_cache
-from itertools import pairwise
 from typing import Any
 
 from moescope import schema as S
 from moescope.analyze.readers import _template, megatron
 from moescope.analyze.readers._fields import HELD_OUT, field
-from moescope.analyze.readers._rows import Parsed, Row, scan
+from moescope.analyze.readers._rows import Parsed, Row, epoch_steps, scan
 from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number, plain_number
 from moescope.analyze.readers.alerts import said
 from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_generic
@@ -339,12 +338,10 @@ def _epochs_as_steps(parsed: Parsed) -> None:
     counter is the step, when every record has one, a whole number rising from record to record
     (records of a loop that logs within an epoch repeat it and stay indexed in order)."""
     rows = parsed.rows
-    epochs = [r.metrics.get("epoch", r.metrics.get("Epoch")) for r in rows]
     if len(rows) < 2 or any(r.step is not None for r in rows):
         return
-    if all(isinstance(e, int) and not isinstance(e, bool) for e in epochs) and all(
-        a < b for a, b in pairwise(epochs)
-    ):
+    epochs = epoch_steps(rows)
+    if epochs is not None:
         for row, epoch in zip(rows, epochs, strict=True):
             row.step = epoch
         parsed.notes.append("no step named: each record's epoch counter is its step")
