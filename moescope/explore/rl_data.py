@@ -188,8 +188,8 @@ def rl_pairs(data: RLCalibration, model: Any, tokenizer: Any, *, rows: int | Non
     group = None
     if rows is not None and read_per_forward(model):
         group = min(chunks_per_pass(model, answer_budget(data.source)), max(1, -(-rows // _BATCH)))
-    options = {"first": first, "group": group}
-    for chunk in _chunks(model, tokenizer, data.source, data.seed, data.temperature, **options):
+    sampled = _chunks(model, tokenizer, data.source, data.seed, data.temperature, first=first, group=group)
+    for chunk in sampled:
         yield from chunk
 
 

@@ -53,6 +53,8 @@ _ZERO_TAIL = re.compile(r"(?<=nan|inf)\.0+$")
 _INT = re.compile(r"^[-+]?\d{1,300}$")  # longer digit runs are read as floats (inf)
 # a step, layer or expert number: 15 digits at most, so int() never meets Python's digit limit
 INT = r"\d{1,15}(?!\d)"
+# a tqdm bar up to the bracket after its count, the count captured: "14%|█▍ | 378/2724 ["
+BAR_HEAD = rf"\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\["
 _FLOAT = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 # one number as the frameworks print it (Python's repr, E-notation, numpy>=2 reprs); callers build
 # their line patterns from it, and parse_number reads whatever it matches

@@ -50,7 +50,7 @@ BANNER = re.compile(
 _BULLET = re.compile(r"\s*(?:[•·*\-–]\s*)?")
 # rllab / rlkit's dump_tabular (tabulate, no header): a name of words one space apart, then the
 # value after tabulate's gap of two or more spaces: "trainer/QF1 Loss      1.35779e+19"
-_TABLE_ROW = re.compile(
+_TABULAR_ROW = re.compile(
     rf"\s*(?P<key>[A-Za-z_][\w.()/@%+\-]*(?: [\w.()/@%+\-]+)*)(?: {{2,}}|\t+)(?P<value>{NUMBER})\s*"
 )
 _FRAMEWORKS = tuple(name for name in KEY_MAP if name not in ("moescope", "generic"))
@@ -62,8 +62,8 @@ def line_field(line: str) -> tuple[str, Any] | None:
 
 
 def table_field(line: str) -> tuple[str, Any] | None:
-    """The ``(name, value)`` of a two-column table row (:data:`_TABLE_ROW`), or ``None``."""
-    row = _TABLE_ROW.fullmatch(line)
+    """The ``(name, value)`` of a two-column table row (:data:`_TABULAR_ROW`), or ``None``."""
+    row = _TABULAR_ROW.fullmatch(line)
     return (row.group("key"), parse_number(row.group("value"))) if row else None
 
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row, listing, scan, wholly_skipped
-from moescope.analyze.readers._text import INT, NUMBER, LogFile, gather, parse_number, plain_number
+from moescope.analyze.readers._text import BAR_HEAD, INT, NUMBER, LogFile, gather, parse_number, plain_number
 from moescope.analyze.readers.keymap import KEY_MAP
 
 # "iteration" at a word boundary, the literal first (as verl.STEP_START: a search skips to it)
@@ -53,7 +53,7 @@ SCALES = re.compile(
 )
 _RANK = re.compile(rf"\bRank\s*({INT})", re.IGNORECASE)
 _NAMED_STEP = re.compile(rf"\b(?:iteration|step)[\s:=]+({INT})")
-GLUED_BAR = re.compile(rf"^\s*\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[")  # a bar the line opens with
+GLUED_BAR = re.compile(rf"^\s*{BAR_HEAD}")  # a bar the line opens with
 _FIELD = re.compile(r"\s*([^|:]*[^|:\s])\s*:\s*(\S+)\s*")
 _PARTIAL_FIELD = re.compile(r"[^|:]*(?::\s*\S*)?\s*")
 SKIPPED_KEY = "number of skipped iterations"

@@ -32,6 +32,7 @@ between a step's bar and the next bar, are read into that step where its postfix
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from itertools import pairwise
 from typing import Any
 
@@ -188,7 +189,8 @@ def _summaries(rows: list[Row], bars: list[int], lines: list[str]) -> set[int]:
     read: set[int] = set()
     for row in rows:
         start = row.line or 0
-        end = next((n for n in bars if n > start), len(lines) + 1)
+        after = bisect_right(bars, start)  # the bar after the row's own
+        end = bars[after] if after < len(bars) else len(lines) + 1
         for number in range(start + 1, end):
             found = line_field(lines[number - 1])
             if found and found[0] not in row.metrics and not said(lines[number - 1]):

@@ -53,7 +53,15 @@ from moescope import schema as S
 from moescope.analyze.readers import _template, megatron
 from moescope.analyze.readers._fields import HELD_OUT, field
 from moescope.analyze.readers._rows import Parsed, Row, epoch_steps, scan
-from moescope.analyze.readers._text import INT, MAX_PIECES, NUMBER, LogFile, parse_number, plain_number
+from moescope.analyze.readers._text import (
+    BAR_HEAD,
+    INT,
+    MAX_PIECES,
+    NUMBER,
+    LogFile,
+    parse_number,
+    plain_number,
+)
 from moescope.analyze.readers.alerts import said
 from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_generic
 from moescope.analyze.readers.verl import RAY_PREFIX
@@ -99,7 +107,7 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ("torchtune", re.compile(rf"(?<![\w|]){INT}\|({INT})\|(?=Loss:)"), lambda m: int(m[1])),
     # an RL loop's episode counter before "|"-separated fields: "Episode  50/400 | Reward (100 ep): 22.6"
     (None, re.compile(rf"^\s*Episode\s+({INT})\s*/\s*{INT}(?=\s*\|)", re.IGNORECASE), lambda m: int(m[1])),
-    (None, re.compile(rf"\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\[[^\]]*?,"), lambda m: int(m[1])),
+    (None, re.compile(rf"{BAR_HEAD}[^\]]*?,"), lambda m: int(m[1])),
     # the same bar as a notebook's text output keeps it, the bar itself left out
     (None, re.compile(rf"\d+%\s+({INT})/{INT}\s*\[[^\]<,]*<[^\]]*?,"), lambda m: int(m[1])),
     (
@@ -244,7 +252,7 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     return None
 
 
-_WHOLE_BAR = re.compile(rf"\d+%\|[^|\n]*\|\s*{INT}/{INT}\s*\[[^\]]*\]")
+_WHOLE_BAR = re.compile(rf"{BAR_HEAD}[^\]]*\]")
 
 
 def _last_bar(line: str) -> str:

@@ -63,8 +63,8 @@ def check_reward_collapse(trace: Trace) -> list[Finding]:
     if key is None:
         return []
     points = series(trace, key)
-    early = shift(points, lambda v, base: v < REWARD_FALL * base, positive_base=True)
-    fall, against = early, "an early level"
+    fall = shift(points, lambda v, base: v < REWARD_FALL * base, positive_base=True)
+    against = "an early level"
     if fall is None:
         fall, against = fall_from_peak(points, REWARD_FALL), "a peak"
     if fall is None:
