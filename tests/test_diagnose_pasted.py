@@ -119,6 +119,8 @@ EXPECTED: dict[str, set[str]] = {
     "nemo_gpt_bar_global_step_healthy.log": set(),
     "rlkit_sac_tabular_qf_loss_inf.log": {"nonfinite"},
     "rlkit_sac_tabular_healthy.log": set(),
+    "rlkit_sac_tabular_snapshot_qf_loss_1e19.log": {"loss_divergence"},
+    "rlkit_sac_tabular_snapshot_large_q_healthy.log": set(),
 }
 # file → (finding, the step its thread puts the onset at): where the log says it
 ONSET: dict[str, tuple[str, int]] = {
@@ -158,11 +160,13 @@ ONSET: dict[str, tuple[str, int]] = {
     "ppo_beginners_iteration_nan.log": ("nonfinite", 15),  # "---- Iteration #15 ----", not the 4th block
     "nemo_gpt_bar_global_step_nan.log": ("nonfinite", 3),  # the postfix's global_step=3.000, not its count
     "rlkit_sac_tabular_qf_loss_inf.log": ("nonfinite", 41),  # the table's closing "Epoch  41" row
+    "rlkit_sac_tabular_snapshot_qf_loss_1e19.log": ("loss_divergence", 212),
 }
 # file → the finding its evidence makes decisive on its own: error severity
 DECISIVE: dict[str, str] = {
     "torchforge_kl_divergence_snapshot.log": "kl_blowup",  # a per-token KL of 2.3e+06 nats
     "mmdet_grad_norm_millions.log": "grad_spike",  # a gradient norm of 4.8e+06
+    "rlkit_sac_tabular_snapshot_qf_loss_1e19.log": "loss_divergence",  # a Q-loss of 8.9e+18
     "deepspeed_bar_scale_minimum_exit.log": "overflow",  # "... already at minimum ... Exiting run."
     "caffe_loss_saturated_87.log": "loss_divergence",  # 87.3365 on every record after the jump
     "rllm_verl_scores_zero.log": "no_signal",  # every score 0 on every step: the reward never paid
@@ -241,12 +245,13 @@ def test_a_postfix_that_logs_its_global_step_is_on_that_step() -> None:
 
 def test_a_two_column_table_per_epoch_is_a_record_on_its_epoch() -> None:
     """rlkit's ``dump_tabular``: ``name   value`` rows between rules of dashes, names with spaces
-    and slashes kept as logged, each table on the epoch its closing ``Epoch`` row names."""
+    and slashes kept as logged (but the first Q-network's loss, read as the critic's), each table
+    on the epoch its closing ``Epoch`` row names."""
     trace = read_log(PASTED / "rlkit_sac_tabular_healthy.log")
     assert trace.header["format"] == "key-values"
     assert [rec["step"] for rec in trace.steps] == [37, 38, 39, 40, 41]
     first = trace.steps[0]
-    assert first["trainer/QF1 Loss"] == 3.61204 and first["time/epoch (s)"] == 21.4
+    assert first[S.VF_LOSS] == 3.61204 and first["time/epoch (s)"] == 21.4
     assert first["exploration/num steps total"] == 38000 and first["trainer/Policy Loss"] == -97.4412
 
 

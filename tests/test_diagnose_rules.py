@@ -170,6 +170,22 @@ def test_a_paste_that_ends_on_a_loss_far_above_its_level_is_a_divergence(tmp_pat
     assert (found.step, found.severity) == (3, "warning") and "last record" in found.message
 
 
+def test_one_record_with_a_loss_no_healthy_run_reaches_is_an_error(tmp_path: Path) -> None:
+    """A snapshot has no level to rise from: a loss of 1e+19 on it is decisive alone; a large
+    loss a healthy regression or Q-function logs (squared errors of unscaled returns) is not."""
+    found = findings_of(tmp_path, "step 7 | loss 1.36e+19 | lr 3e-04\n")["loss_divergence"]
+    assert (found.step, found.severity) == (7, "error") and "above 1e+12" in found.message
+    assert "loss_divergence" not in findings_of(tmp_path, "step 7 | loss 28412.5 | lr 3e-04\n")
+
+
+def test_a_jump_that_goes_on_past_the_ceiling_is_an_error_where_it_began(tmp_path: Path) -> None:
+    """The jump alone rests on a short head (a warning); the loss it leads to, past any healthy
+    run's, makes it a divergence, dated at the jump."""
+    found = findings_of(tmp_path, _loss_lines([0.85, 2.44, 63118.6, 1.08e13]))["loss_divergence"]
+    assert (found.step, found.severity) == (2, "error")
+    assert "jumps at step 2" in found.message and "1.08e+13 at step 3" in found.message
+
+
 @pytest.mark.parametrize(
     "losses",
     [

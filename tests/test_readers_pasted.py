@@ -524,7 +524,8 @@ def test_keras_progress_lines_count_on_from_their_epoch_header(tmp_path: Path) -
 
 def test_a_pasted_two_column_table_without_an_epoch_is_one_snapshot(tmp_path: Path) -> None:
     """rlkit's table as a user pastes a part of it (rlkit#50): no rule, no ``Epoch`` row, names
-    with spaces; one record at step 0, each name as logged, and prose left out."""
+    with spaces; one record at step 0, each name as logged (the first Q-network's loss as the
+    critic's, rlkit's table of the key map), and prose left out."""
     text = (
         "the critic blows up after a while:\n"
         "replay_buffer/size                       52000\n"
@@ -533,7 +534,7 @@ def test_a_pasted_two_column_table_without_an_epoch_is_one_snapshot(tmp_path: Pa
         "exploration/Average Returns              -140.25\n"
     )
     (step,) = read_text(tmp_path, text).steps
-    assert step["step"] == 0 and step["trainer/QF1 Loss"] == 7.1e12
+    assert step["step"] == 0 and step[S.VF_LOSS] == 7.1e12
     assert step["exploration/Average Returns"] == -140.25 and step["replay_buffer/size"] == 52000
 
 

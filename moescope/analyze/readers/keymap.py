@@ -201,6 +201,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | deepspeed-chat | `average reward score` | `reward/mean` |
 | deepspeed-chat | `Actor Loss` | `actor/pg_loss` |
 | deepspeed-chat | `Critic Loss` | `critic/vf_loss` |
+| rlkit | `trainer/QF1 Loss` | `critic/vf_loss` |
 | generic | `loss_scale` | `optim/loss_scale` |
 | generic | `grad_norm_total` | `actor/grad_norm` |
 | generic | `grad_norm_(total)` | `actor/grad_norm` |
@@ -232,7 +233,8 @@ the mean of the per-prompt reward std, TRL's ``reward_std``); torchforge's GRPO 
 per-token KL to the reference as ``grpo_loss/kl_divergence_mean`` and ``…_max``. slime's ``train/tis``
 is the mean importance weight after its truncation. The ``areal``, ``nemo``, ``nemo-automodel``,
 ``tinker`` and ``deepspeed-chat`` tables serve the free-text records of
-:mod:`moescope.analyze.readers.records` (and any flat JSON lines naming those keys); a key a
+:mod:`moescope.analyze.readers.records` (and any flat JSON lines naming those keys), the ``rlkit``
+table rllab / rlkit's ``dump_tabular`` tables (:mod:`moescope.analyze.readers.keyvalues`); a key a
 framework's table lacks is then looked up in the ``generic`` table. NeMo Automodel's per-layer
 ``moe/layer_<i>/cv`` keys keep their names: the load rule reads them layer by layer. AReaL's
 ``rollout_train_k3_kl`` is its Taylor estimate ``exp(δ) − 1 − δ`` of δ = train − rollout log-prob,
@@ -473,6 +475,9 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "Actor Loss": S.PG_LOSS,
         "Critic Loss": S.VF_LOSS,
     },
+    "rlkit": {  # SAC's first Q-network's TD loss, a squared error as a critic's value loss is
+        "trainer/QF1 Loss": S.VF_LOSS,
+    },
     "generic": {  # looked up normalised (see the module docstring)
         "loss": S.ACTOR_LOSS,
         "policy_loss": S.PG_LOSS,
@@ -530,6 +535,7 @@ MARKERS: dict[str, frozenset[str]] = {
     "nemo-automodel": frozenset({"moe/dead_expert_frac", "num_label_tokens", "moe/layer_0/cv"}),
     "tinker": frozenset({"e_max_violation", "e_frac_with_tokens"}),
     "deepspeed-chat": frozenset({"ppo_ep", "unsuper_loss", "average reward score"}),
+    "rlkit": frozenset({"trainer/QF2 Loss", "trainer/Policy Loss", "replay_buffer/size"}),
     "prime-rl": frozenset(
         {
             "Grad. Norm",

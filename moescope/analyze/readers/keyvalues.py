@@ -100,9 +100,8 @@ def read(log: LogFile) -> Parsed:
     if epochs is not None:  # rlkit ends each epoch's table on its "Epoch  49" row
         for row, epoch in zip(parsed.rows, epochs, strict=True):
             row.step = epoch
-        parsed.notes.append(
-            f"no step named: the epoch counter of each of the {len(epochs)} records is its step"
-        )
+        which = "its one record's" if len(epochs) == 1 else f"each of the {len(epochs)} records'"
+        parsed.notes.append(f"no step named: {which} epoch counter is its step")
     elif len(series) > 1:
         parsed.notes.append(
             f"the same metrics repeat line after line without steps: read as a series of {len(series)} "

@@ -4,11 +4,19 @@ leaving its reference in one step."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.series import above_ceiling, first_logged, is_number, logged_keys, series, shift
-from moescope.analyze.rules.thresholds import DIVERGENCE_FACTOR, KL_BLOWUP_MIN, KL_CEILING, SUSTAIN, WINDOW
+from moescope.analyze.rules.thresholds import (
+    DIVERGENCE_FACTOR,
+    KL_BLOWUP_MIN,
+    KL_CEILING,
+    LOSS_CEILING,
+    SUSTAIN,
+    WINDOW,
+)
 from moescope.traces import Trace
 
 LM_LOSSES = (S.LM_LOSS, S.LM_LOSS_SPACED, S.SFT_LOSS)
@@ -41,29 +49,43 @@ def lm_losses(trace: Trace) -> tuple[str, ...]:
 def check_loss_divergence(trace: Trace) -> list[Finding]:
     """A level loss whose running median rises far above its early-run level; failing that, one
     that jumps far above everything before it and stays there (a paste whose healthy head is a
-    line or two, too short for an early-run level)."""
+    line or two, too short for an early-run level). A loss at or above ``LOSS_CEILING`` on any
+    record is an error on its own (a snapshot of one record has no level to rise from); after a
+    jump, it makes that jump an error where it began."""
     out = []
     for key in level_losses(trace):
         points = series(trace, key)
-        rise = shift(
-            points,
-            lambda v, base: v > DIVERGENCE_FACTOR * base,
-            stat=statistics.median,
-            min_points=2 * SUSTAIN + 3,
-            positive_base=True,
-        )
-        if rise is not None:
-            peak = max(rise.running)
-            message = (
-                f"{key} diverges from step {rise.step}: its running median reaches {peak:.3g}, "
-                f"{peak / rise.base:.1f}x the early-run level {rise.base:.3g}."
-            )
-            out.append(
-                rise.finding("loss_divergence", "error", message, key=key, baseline=rise.base, peak=peak)
-            )
+        absurd = above_ceiling("loss_divergence", key, points, LOSS_CEILING, key, "the weights diverged")
+        left = _level_left(key, points)
+        if absurd is None:
+            out += left
+        elif left and left[0].step < absurd.step:
+            value = absurd.evidence["value"]
+            beyond = f" It reaches {value:.3g} at step {absurd.step}, above {LOSS_CEILING:.3g}: it diverged."
+            out.append(replace(left[0], severity="error", message=left[0].message + beyond))
         else:
-            out += _loss_jump(key, points)
+            out.append(absurd)
     return out
+
+
+def _level_left(key: str, points: list[tuple[int, float]]) -> list[Finding]:
+    """The running median risen ``DIVERGENCE_FACTOR`` times its early-run level (an error), else
+    :func:`_loss_jump`."""
+    rise = shift(
+        points,
+        lambda v, base: v > DIVERGENCE_FACTOR * base,
+        stat=statistics.median,
+        min_points=2 * SUSTAIN + 3,
+        positive_base=True,
+    )
+    if rise is None:
+        return _loss_jump(key, points)
+    peak = max(rise.running)
+    message = (
+        f"{key} diverges from step {rise.step}: its running median reaches {peak:.3g}, "
+        f"{peak / rise.base:.1f}x the early-run level {rise.base:.3g}."
+    )
+    return [rise.finding("loss_divergence", "error", message, key=key, baseline=rise.base, peak=peak)]
 
 
 def _loss_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:

@@ -17,6 +17,11 @@ KL_BLOWUP_MIN = 1.0  # nats: a KL jump below this is never a blow-up
 # Healthy GRPO / PPO runs log 1e-4 to about 1; at 10 the policy's own tokens are on average e^10
 # times likelier under it than under the reference: no drift but a blow-up (torchforge#664: 1.6e+06)
 KL_CEILING = 10.0
+# a loss no healthy run logs, judged on one record: cross-entropies are nats per token (under 20
+# even at initialisation), value and Q losses are squared errors of returns (a radar MSE of 2e4 and
+# SAC Q-losses in the thousands were healthy in pasted logs); rlkit#50's diverged SAC logged a
+# Q-loss of 1.4e+19 on the one snapshot the user pasted, set 10's paste a loss of 1e+13
+LOSS_CEILING = 1e12
 LOAD_SHARE_FACTOR = 5.0  # an expert above this many times its uniform share is hot
 SETTLED_SCALE = 2.0**10  # an fp16 loss scale still this high after a run's first overflows: the
 # scaler settling from its 2^16 or 2^32 start, with headroom left for small gradients
