@@ -18,6 +18,7 @@ from moescope.models.footprint import largest_layer_bytes, layer_activation_byte
 from moescope.models.loading import load_model
 from moescope.models.row_chunks import _rows, chunk_decoder_layers
 from moescope.models.view import adapt
+from moescope.models.zoo import TINY_ARCHS, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -189,3 +190,37 @@ def test_a_table_of_positions_is_not_cut_as_rows_where_the_rows_are_as_many(tiny
     assert first_calls == [8] and calls == [1] * 8
     torch.testing.assert_close(first.log_probs, expected.log_probs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(again.log_probs, expected.log_probs, rtol=1e-5, atol=1e-5)
+
+
+# Run on every position: inkling2's layers take a table of relative distances (positions ×
+# positions); under DeepSeek sparse attention (top-4 keys here) a query's keys can fall on the padding.
+UNTRIMMED = {"inkling2_text", "inkling2_loop_text", "deepseek_v32", "glm_moe_dsa", "dots3_note_text", "hy_v4"}
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_right_padded_rows_run_on_their_real_positions_and_give_the_in_memory_teacher(
+    arch: str, tiny_checkpoint
+) -> None:
+    """The teacher's rows, longest first, run a chunk (here one row) at a time on their real
+    positions alone: each layer call as wide as its row, and the distributions at the scored
+    positions those of the model in memory, in the rows' own order."""
+    from moescope.explore.calibration import pad_scored
+    from moescope.export.teacher import build_teacher_cache
+    from moescope.models.view import decoder_layers
+
+    g = torch.Generator().manual_seed(1)
+    pairs = [
+        (torch.randint(2, 100, (2 + i,), generator=g).tolist(), [7, 9, 11][: 1 + i % 3]) for i in range(6)
+    ]
+    batches = [pad_scored(pairs[:3], 0), pad_scored(pairs[3:], 0)]
+    expected = build_teacher_cache(tiny(arch), batches, k=8)
+    widths: list[int] = []
+    with layer_sequential(tiny_checkpoint(arch), available=1) as loaded:  # a chunk of one row
+        chunked = decoder_layers(loaded)[0]._old_forward
+        forward = chunked.forward
+        chunked.forward = lambda *args, **kwargs: widths.append(args[0].shape[1]) or forward(*args, **kwargs)
+        got = build_teacher_cache(loaded, batches, k=8, available=2**30)
+    lengths = sorted((len(p) + len(c) for p, c in pairs), reverse=True)
+    assert widths == ([lengths[0]] * len(lengths) if arch in UNTRIMMED else lengths)
+    torch.testing.assert_close(got.log_probs, expected.log_probs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.log_rest, expected.log_rest, rtol=1e-5, atol=1e-5)

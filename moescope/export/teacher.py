@@ -51,6 +51,7 @@ from moescope._util.io import write_atomic
 from moescope.errors import MoescopeError
 from moescope.export.fidelity.agreement import Batch, evaluating, kl_loss, scored_log_probs
 from moescope.models.resident import execution_device
+from moescope.models.row_chunks import trailing_padding
 from moescope.provenance import config_hash
 
 if TYPE_CHECKING:
@@ -376,16 +377,36 @@ def _chunks(rows: Iterator[Row], size: int) -> Iterator[list[Row]]:
 
 def _top_k(model: PreTrainedModel, rows: list[Row], k: int) -> tuple[torch.Tensor, ...]:
     """``(log_probs, token_ids, log_rest)`` at the scored positions of ``rows``, in one forward:
-    the rows right-padded to the longest (causal attention: a real token never sees the padding)."""
+    the rows right-padded to the longest (causal attention: a real token never sees the padding),
+    longest first, so that a layer-sequential model's chunks run on their rows' real positions
+    alone (:func:`~moescope.models.row_chunks.trailing_padding`); the results in ``rows``' order."""
+    order = sorted(range(len(rows)), key=lambda i: -_real_length(rows[i][1]))
     width = max(ids.shape[0] for ids, _, _ in rows)
     ids, mask, keep = (
-        torch.stack([torch.nn.functional.pad(row[i], (0, width - row[i].shape[0])) for row in rows])
+        torch.stack([torch.nn.functional.pad(rows[j][i], (0, width - rows[j][i].shape[0])) for j in order])
         for i in range(3)
     )
-    log_p = torch.log_softmax(_head_at(model, {"input_ids": ids, "attention_mask": mask}, keep).float(), -1)
+    with trailing_padding(torch.tensor([_real_length(rows[j][1]) for j in order])):
+        logits = _head_at(model, {"input_ids": ids, "attention_mask": mask}, keep)
+    log_p = torch.log_softmax(logits.float(), -1)
     top, token_ids = log_p.topk(min(k, log_p.shape[-1]), dim=-1)
     log_rest = torch.logsumexp(log_p.scatter(-1, token_ids, -torch.inf), dim=-1)
-    return top.cpu(), token_ids.cpu(), log_rest.cpu()
+    # the scored positions row by row in the sorted order, put back in the rows' own
+    counts = keep.sum(1).tolist()
+    starts = [0, *itertools.accumulate(counts)]
+    back = torch.cat(
+        [
+            torch.arange(starts[r], starts[r] + counts[r])
+            for r in sorted(range(len(order)), key=order.__getitem__)
+        ]
+    )
+    return top[back].cpu(), token_ids[back].cpu(), log_rest[back].cpu()
+
+
+def _real_length(mask: torch.Tensor) -> int:
+    """Positions up to a row's last real token (its right padding left out)."""
+    real = mask.nonzero()
+    return int(real[-1]) + 1 if len(real) else 0
 
 
 def _head_at(model: PreTrainedModel, inputs: Batch, keep: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import math
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -41,6 +42,9 @@ from moescope.models.peak_memory import measurable, peak_allocation
 from moescope.models.resident import read_when_used, resident
 
 _OFFSET: contextvars.ContextVar[int] = contextvars.ContextVar("moescope_row_offset", default=0)
+_LENGTHS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
+    "moescope_row_lengths", default=None
+)
 
 # (a layer's hidden states, backward follows, one row's measured bytes or None) -> rows per chunk
 RowsFor = Callable[[torch.Tensor, bool, "int | None"], int]
@@ -50,6 +54,35 @@ def row_offset() -> int:
     """Rows of the forward before the chunk running now (0 outside a chunked layer): a hook that
     indexes a forward's rows (Taylor importance's per-row multipliers) adds it."""
     return _OFFSET.get()
+
+
+@contextmanager
+def trailing_padding(lengths: torch.Tensor) -> Iterator[None]:
+    """Within it, a chunked layer's forward without a backward whose rows are ``len(lengths)``,
+    right-padded, runs each chunk on its rows' first ``lengths`` positions alone (the longest of
+    the chunk's), sized for that width, and returns zeros at the positions cut off.
+
+    A causal layer's output at a real position never depends on the padding after it, so the
+    real positions come out as before; the padding does not (zeros, not what the layer makes of
+    pad tokens): a caller enters it only where nothing reads the padded positions (the
+    teacher's distributions, taken at the scored positions alone). Rows sorted longest first
+    give chunks of like widths; a layer with a per-position input this module does not know
+    runs as before."""
+    token = _LENGTHS.set(lengths)
+    try:
+        yield
+    finally:
+        _LENGTHS.reset(token)
+
+
+def trimmed_width(config: Any) -> float:
+    """The widest forward whose output at a real position is the same whatever padding follows
+    it, so that :func:`trailing_padding` may cut the padding off: any, but under DeepSeek sparse
+    attention (an ``index_topk``), whose indexer, for a query with fewer earlier keys than its
+    top-k, picks the rest among later positions; up to ``index_topk`` positions it keeps them all."""
+    from moescope.models.support import language_config
+
+    return getattr(language_config(config), "index_topk", None) or math.inf
 
 
 def chunks_rows(model: nn.Module) -> bool:
@@ -75,14 +108,19 @@ def chunk_decoder_layers(model: nn.Module, rows_for: RowsFor) -> None:
         if isinstance(getattr(layer, "_old_forward", None), _ChunkedForward):
             layer._old_forward.rows_for = rows_for  # chunked already: sized anew
         elif read_when_used(layer):
-            layer._old_forward = _ChunkedForward(layer, layer._old_forward, rows_for)
+            layer._old_forward = _ChunkedForward(
+                layer, layer._old_forward, rows_for, trimmed_width(model.config)
+            )
 
 
 class _ChunkedForward:
     """A decoder layer's own forward, run a chunk of rows at a time."""
 
-    def __init__(self, layer: nn.Module, forward: Callable[..., Any], rows_for: RowsFor) -> None:
+    def __init__(
+        self, layer: nn.Module, forward: Callable[..., Any], rows_for: RowsFor, trims: float = math.inf
+    ) -> None:
         self.layer, self.forward, self.rows_for = layer, forward, rows_for
+        self.trims = trims  # the widest forward whose padding may be cut off (trimmed_width)
         self.row_bytes: dict[tuple[int, bool], int] = {}  # (width, backward) -> one row, measured
         self._measuring: tuple[int, bool] | None = None
         self._per_row: dict[tuple, bool] = {}  # an input's path -> one entry a row, where rows ≠ width
@@ -98,6 +136,11 @@ class _ChunkedForward:
         chunks = iter([slice(0, rows)]) if whole is None else self._chunks(hidden, rows, backward, measure)
         if backward:  # checkpointed even whole: autograd would keep the weights to the backward
             return self._checkpointed(chunks, rows, args, kwargs, whole or frozenset())
+        lengths = _LENGTHS.get()
+        if whole is not None and lengths is not None and len(lengths) == rows and 1 < key[0] <= self.trims:
+            cut = _position_cutter(args, kwargs, key[0])
+            if cut is not None:
+                return self._trimmed(args, kwargs, rows, whole, lengths, cut)
         if whole is None or (not measure and self._size(hidden, rows, backward) >= rows):
             return self.forward(*args, **kwargs)
         outputs = (
@@ -139,6 +182,54 @@ class _ChunkedForward:
     def _size(self, hidden: torch.Tensor, rows: int, backward: bool) -> int:
         measured = self.row_bytes.get((row_width(hidden), backward))
         return max(1, self.rows_for(hidden, backward, measured)) if rows > 1 else 1
+
+    def _trimmed(
+        self,
+        args: tuple,
+        kwargs: dict[str, Any],
+        rows: int,
+        whole: frozenset,
+        lengths: torch.Tensor,
+        cut: Cut,
+    ) -> Any:
+        """The forward a chunk at a time, each on its rows' real positions (:func:`trailing_padding`)."""
+        hidden = args[0] if args else kwargs["hidden_states"]
+        width = hidden.shape[1]
+        spans = [max(1, int(n)) for n in lengths.tolist()]
+        longest = list(itertools.accumulate(reversed(spans), max))[
+            ::-1
+        ]  # a chunk from row i: at most this wide
+
+        def chunks() -> Iterator[slice]:
+            start = 0
+            if rows > 1 and (longest[0], False) not in self.row_bytes and measurable(hidden.device):
+                self._measuring = (spans[0], False)  # one row alone, measured at its own width
+                yield slice(0, 1)
+                start = 1
+            while start < rows:
+                stop = min(rows, start + self._size_at(hidden, longest[start]))
+                yield slice(start, stop)
+                start = stop
+
+        def run(part: slice) -> Any:
+            span = max(spans[part])
+            chunk_args, chunk_kwargs = cut(
+                _rows(args, part, rows, whole, (0,)), _rows(kwargs, part, rows, whole, (1,)), span
+            )
+            return _padded(self._chunk(part.start, *chunk_args, **chunk_kwargs), width)
+
+        return _joined((run(part) for part in chunks()), rows)
+
+    def _size_at(self, hidden: torch.Tensor, span: int) -> int:
+        """Rows per chunk of ``span`` positions: what one row measured at that width, or at a
+        wider one scaled down to it (a row's activations grow with its width at least
+        linearly, so the scaled figure is not short of them), allows."""
+        scaled = [
+            measured * span // width
+            for (width, backward), measured in self.row_bytes.items()
+            if not backward and width >= span
+        ]
+        return max(1, self.rows_for(hidden[:, :span], False, min(scaled, default=None)))
 
     def _chunk(self, start: int, *args: Any, **kwargs: Any) -> Any:
         token = _OFFSET.set(start)
@@ -340,3 +431,71 @@ def _cat(outputs: list[Any]) -> Any:
             for i in range(len(first))
         )
     return first
+
+
+Cut = Callable[[tuple, dict[str, Any], int], tuple[tuple, dict[str, Any]]]
+_POSITION_AXES = {  # a decoder layer's per-position inputs as transformers passes them: axes cut
+    "attention_mask": {4: (2, 3), 2: (1,)},  # (rows, 1, query, key); (rows, positions)
+    "position_ids": {2: (1,), 3: (2,)},  # (1 or rows, positions); mrope's (3, rows, positions)
+    "cache_position": {1: (0,)},
+    "conv_mask": {2: (1,)},  # a linear-attention layer's (rows, positions) mask of its causal convolution
+}
+
+
+def _position_cutter(args: tuple, kwargs: dict[str, Any], width: int) -> Cut | None:
+    """A function cutting a layer's inputs to their first ``span`` positions, or ``None`` where one
+    input has ``width`` entries on an axis this module does not know to be one of positions (a
+    table of relative distances, say): the forward then runs untrimmed."""
+    rotary = kwargs.get("position_embeddings")
+    known = {"hidden_states", "position_embeddings", *_POSITION_AXES}
+    for name, value in (*((i, a) for i, a in enumerate(args[1:], 1)), *kwargs.items()):
+        if name in known or not isinstance(value, torch.Tensor | tuple | list):
+            continue
+        if any(width in t.shape for t in _tensors(value)):
+            return None
+    if rotary is not None and not all(t.dim() == 3 and t.shape[1] == width for t in _tensors(rotary)):
+        return None
+    for name, axes in _POSITION_AXES.items():
+        value = kwargs.get(name)
+        if value is not None and (
+            value.dim() not in axes or any(value.shape[a] != width for a in axes[value.dim()])
+        ):
+            return None
+
+    def cut(args: tuple, kwargs: dict[str, Any], span: int) -> tuple[tuple, dict[str, Any]]:
+        kwargs = dict(kwargs)
+        if args:
+            args = (args[0][:, :span], *args[1:])
+        else:
+            kwargs["hidden_states"] = kwargs["hidden_states"][:, :span]
+        rotary = kwargs.get("position_embeddings")
+        if isinstance(rotary, torch.Tensor):  # complex frequencies (DeepSeek-V2, Llama 4)
+            kwargs["position_embeddings"] = rotary[:, :span]
+        elif rotary is not None:  # (cos, sin)
+            kwargs["position_embeddings"] = type(rotary)(t[:, :span] for t in rotary)
+        for name, axes in _POSITION_AXES.items():
+            value = kwargs.get(name)
+            if value is not None:
+                for axis in axes[value.dim()]:
+                    value = value.narrow(axis, 0, span)
+                kwargs[name] = value
+        return args, kwargs
+
+    return cut
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _padded(output: Any, width: int) -> Any:
+    """A chunk's output (hidden states, or a tuple led by them) zero-padded back to ``width`` positions."""
+    if isinstance(output, tuple):
+        return (_padded(output[0], width), *output[1:])
+    full = output.new_zeros((output.shape[0], width, *output.shape[2:]))
+    full[:, : output.shape[1]] = output
+    return full
