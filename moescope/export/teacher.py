@@ -380,13 +380,14 @@ def _top_k(model: PreTrainedModel, rows: list[Row], k: int) -> tuple[torch.Tenso
     the rows right-padded to the longest (causal attention: a real token never sees the padding),
     longest first, so that a layer-sequential model's chunks run on their rows' real positions
     alone (:func:`~moescope.models.row_chunks.trailing_padding`); the results in ``rows``' order."""
-    order = sorted(range(len(rows)), key=lambda i: -_real_length(rows[i][1]))
+    lengths = [_real_length(mask) for _, mask, _ in rows]
+    order = sorted(range(len(rows)), key=lambda i: -lengths[i])
     width = max(ids.shape[0] for ids, _, _ in rows)
     ids, mask, keep = (
         torch.stack([torch.nn.functional.pad(rows[j][i], (0, width - rows[j][i].shape[0])) for j in order])
         for i in range(3)
     )
-    with trailing_padding(torch.tensor([_real_length(rows[j][1]) for j in order])):
+    with trailing_padding(torch.tensor([lengths[j] for j in order])):
         logits = _head_at(model, {"input_ids": ids, "attention_mask": mask}, keep)
     log_p = torch.log_softmax(logits.float(), -1)
     top, token_ids = log_p.topk(min(k, log_p.shape[-1]), dim=-1)
