@@ -108,8 +108,16 @@ def test_bad_step_count_is_one_clear_error(toy, selection) -> None:
 def test_heal_proxy_dir_rewrites_the_directory_and_the_manifest(tmp_path) -> None:
     from transformers import AutoModelForCausalLM
 
+    # measured as heal_proxy_dir measures it below, whose figures replace these in the manifest
+    measure = {"n_tokens": 512, "tasks": ()}
     result = export_proxy(
-        "toy", tmp_path / "proxy", keep="1/4", method="random", min_capability=0, progress=False
+        "toy",
+        tmp_path / "proxy",
+        keep="1/4",
+        method="random",
+        min_capability=0,
+        fidelity=measure,
+        progress=False,
     )
     old = AutoModelForCausalLM.from_pretrained(result.path).state_dict()
     report = heal_proxy_dir(
@@ -118,7 +126,7 @@ def test_heal_proxy_dir_rewrites_the_directory_and_the_manifest(tmp_path) -> Non
         batch_size=16,
         heldout_tokens=512,
         tasks=(),
-        measure={"n_tokens": 512, "tasks": ()},
+        measure=measure,
     )
     manifest = read_manifest(result.path)
     assert manifest["healing"] == report.to_dict()

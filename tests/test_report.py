@@ -316,8 +316,10 @@ def test_notebook_html_inlines_local_assets_only() -> None:
 
 # Lighter than the demo's defaults where a default only buys precision: fewer calibration and
 # held-out tokens, and no healing rounds toward the capability target (healing and targeting are
-# tested in test_healing.py and test_targeting.py). Every notebook and artifact still runs.
-LIGHT = {"n_tokens": 4000, "fidelity_tokens": 1024, "min_capability": 0.0}
+# tested in test_healing.py and test_targeting.py); shorter replays, of fewer prompts per step in
+# 05's validation: 8 steps keep 03's lr_spike@6 and the step after it, and 05's routing_mismatch
+# raises its finding from step 0. Every notebook and artifact still runs.
+LIGHT = {"n_tokens": 2000, "fidelity_tokens": 1024, "min_capability": 0.0, "steps": 8, "prompts_per_step": 2}
 
 
 @pytest.mark.slow

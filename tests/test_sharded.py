@@ -72,7 +72,9 @@ def test_a_sharded_replay_of_toy_v3_keeps_its_faults_and_instruments(tmp_path):
 @pytest.mark.slow
 def test_sharded_healing_equals_one_process_healing(tmp_path):
     proxy = tmp_path / "proxy"
+    # the fewest RL calibration tokens there are (one pass of the prompts): both heal the same proxy
     export = ["export", "toy", "--keep", "1/4", "--method", "frequency", "--min-capability", "0"]
+    export += ["--n-tokens", "2000"]
     run_ok(moescope_process(*export, "--no-fidelity", "--out", str(proxy)))
     shutil.copytree(proxy, tmp_path / "sharded")
     heal = ["--steps", "4", "--batch-size", "8", "--min-capability", "0.95", "--heal-round", "2"]

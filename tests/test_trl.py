@@ -366,8 +366,9 @@ def test_the_recipe_runs_as_a_new_user_would(tmp_path: Path) -> None:
         "HF_HUB_OFFLINE": "1",
         "PYTHON": sys.executable,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        # the export's healing is tested elsewhere; an unhealed proxy keeps this run short
-        "EXPORT_FLAGS": "--min-capability 0 --no-fidelity",
+        # the export's healing is tested elsewhere; an unhealed proxy on the fewest calibration
+        # tokens (one pass of the RL prompts) keeps this run short
+        "EXPORT_FLAGS": "--min-capability 0 --no-fidelity --n-tokens 2000",
     }
     done = subprocess.run(
         ["bash", str(recipe), "toy", "lr_spike@2", "4", str(tmp_path / "r")],
