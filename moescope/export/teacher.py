@@ -387,21 +387,15 @@ def _top_k(model: PreTrainedModel, rows: list[Row], k: int) -> tuple[torch.Tenso
         torch.stack([torch.nn.functional.pad(rows[j][i], (0, width - rows[j][i].shape[0])) for j in order])
         for i in range(3)
     )
-    with trailing_padding(torch.tensor([lengths[j] for j in order])):
+    with trailing_padding([lengths[j] for j in order]):
         logits = _head_at(model, {"input_ids": ids, "attention_mask": mask}, keep)
     log_p = torch.log_softmax(logits.float(), -1)
     top, token_ids = log_p.topk(min(k, log_p.shape[-1]), dim=-1)
     log_rest = torch.logsumexp(log_p.scatter(-1, token_ids, -torch.inf), dim=-1)
-    # the scored positions row by row in the sorted order, put back in the rows' own
-    counts = keep.sum(1).tolist()
-    starts = [0, *itertools.accumulate(counts)]
-    back = torch.cat(
-        [
-            torch.arange(starts[r], starts[r] + counts[r])
-            for r in sorted(range(len(order)), key=order.__getitem__)
-        ]
-    )
-    return top[back].cpu(), token_ids[back].cpu(), log_rest[back].cpu()
+    # the scored positions, row-major in the sorted rows, put in the order of the rows' own
+    row, column = keep.nonzero(as_tuple=True)
+    back = torch.argsort(torch.tensor(order)[row] * width + column)
+    return top.cpu()[back], token_ids.cpu()[back], log_rest.cpu()[back]
 
 
 def _real_length(mask: torch.Tensor) -> int:

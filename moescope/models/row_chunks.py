@@ -29,9 +29,10 @@ at a time would hold each chunk's keys one after another.
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -42,7 +43,7 @@ from moescope.models.peak_memory import measurable, peak_allocation
 from moescope.models.resident import read_when_used, resident
 
 _OFFSET: contextvars.ContextVar[int] = contextvars.ContextVar("moescope_row_offset", default=0)
-_LENGTHS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
+_LENGTHS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
     "moescope_row_lengths", default=None
 )
 
@@ -57,7 +58,7 @@ def row_offset() -> int:
 
 
 @contextmanager
-def trailing_padding(lengths: torch.Tensor) -> Iterator[None]:
+def trailing_padding(lengths: Sequence[int]) -> Iterator[None]:
     """Within it, a chunked layer's forward without a backward whose rows are ``len(lengths)``,
     right-padded, runs each chunk on its rows' first ``lengths`` positions alone (the longest of
     the chunk's), sized for that width, and returns zeros at the positions cut off.
@@ -68,7 +69,7 @@ def trailing_padding(lengths: torch.Tensor) -> Iterator[None]:
     teacher's distributions, taken at the scored positions alone). Rows sorted longest first
     give chunks of like widths; a layer with a per-position input this module does not know
     runs as before."""
-    token = _LENGTHS.set(lengths)
+    token = _LENGTHS.set(tuple(lengths))
     try:
         yield
     finally:
@@ -133,7 +134,9 @@ class _ChunkedForward:
         key = (row_width(hidden), backward)
         whole = self._left_whole((args, kwargs), rows, key[0])
         measure = whole is not None and rows > 1 and key not in self.row_bytes and measurable(hidden.device)
-        chunks = iter([slice(0, rows)]) if whole is None else self._chunks(hidden, rows, backward, measure)
+        size = functools.cache(lambda: self._size(hidden, rows, backward))  # asked after a row is measured
+        measuring = key if measure else None
+        chunks = iter([slice(0, rows)]) if whole is None else self._chunks(rows, measuring, lambda _: size())
         if backward:  # checkpointed even whole: autograd would keep the weights to the backward
             return self._checkpointed(chunks, rows, args, kwargs, whole or frozenset())
         lengths = _LENGTHS.get()
@@ -166,18 +169,22 @@ class _ChunkedForward:
             return None
         return frozenset(path for path, is_rows in sized.items() if is_rows and not self._per_row[path])
 
-    def _chunks(self, hidden: torch.Tensor, rows: int, backward: bool, measure: bool) -> Iterator[slice]:
-        """The forward's chunks of rows, in order; with ``measure`` (no row of this width, and
-        backward, measured yet) the first row is a chunk of its own, measured as it runs, and
-        the rest are sized by what it took."""
+    def _chunks(
+        self, rows: int, measuring: tuple[int, bool] | None, size_at: Callable[[int], int]
+    ) -> Iterator[slice]:
+        """The forward's chunks of rows, in order; with ``measuring`` (a width, and whether a
+        backward follows, of which no row was measured yet) the first row is a chunk of its own,
+        measured as it runs, and the rest are sized by what it took: ``size_at(first row)``
+        rows each, asked once the row before has run."""
         start = 0
-        if measure:
-            self._measuring = (row_width(hidden), backward)
+        if measuring is not None:
+            self._measuring = measuring
             yield slice(0, 1)
             start = 1
-        size = self._size(hidden, rows, backward)
-        for first in range(start, rows, size):
-            yield slice(first, min(first + size, rows))
+        while start < rows:
+            stop = min(rows, start + size_at(start))
+            yield slice(start, stop)
+            start = stop
 
     def _size(self, hidden: torch.Tensor, rows: int, backward: bool) -> int:
         measured = self.row_bytes.get((row_width(hidden), backward))
@@ -189,27 +196,17 @@ class _ChunkedForward:
         kwargs: dict[str, Any],
         rows: int,
         whole: frozenset,
-        lengths: torch.Tensor,
+        lengths: tuple[int, ...],
         cut: Cut,
     ) -> Any:
         """The forward a chunk at a time, each on its rows' real positions (:func:`trailing_padding`)."""
         hidden = args[0] if args else kwargs["hidden_states"]
         width = hidden.shape[1]
-        spans = [max(1, int(n)) for n in lengths.tolist()]
-        longest = list(itertools.accumulate(reversed(spans), max))[
-            ::-1
-        ]  # a chunk from row i: at most this wide
-
-        def chunks() -> Iterator[slice]:
-            start = 0
-            if rows > 1 and (longest[0], False) not in self.row_bytes and measurable(hidden.device):
-                self._measuring = (spans[0], False)  # one row alone, measured at its own width
-                yield slice(0, 1)
-                start = 1
-            while start < rows:
-                stop = min(rows, start + self._size_at(hidden, longest[start]))
-                yield slice(start, stop)
-                start = stop
+        spans = [max(1, n) for n in lengths]
+        longest = list(itertools.accumulate(reversed(spans), max))[::-1]  # a chunk from row i: at most
+        first = (spans[0], False)  # the first row, measured at its own width where none of it was
+        measuring = first if rows > 1 and first not in self.row_bytes and measurable(hidden.device) else None
+        chunks = self._chunks(rows, measuring, lambda start: self._size_at(hidden, longest[start]))
 
         def run(part: slice) -> Any:
             span = max(spans[part])
@@ -218,7 +215,7 @@ class _ChunkedForward:
             )
             return _padded(self._chunk(part.start, *chunk_args, **chunk_kwargs), width)
 
-        return _joined((run(part) for part in chunks()), rows)
+        return _joined((run(part) for part in chunks), rows)
 
     def _size_at(self, hidden: torch.Tensor, span: int) -> int:
         """Rows per chunk of ``span`` positions: what one row measured at that width, or at a

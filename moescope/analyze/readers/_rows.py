@@ -73,12 +73,19 @@ def flat_row(record: dict[str, Any], raw: str, line: int | None, step: int | Non
     return Row(logged_step(record) if step is None else step, metrics, raw, line)
 
 
-def epoch_steps(rows: list[Row]) -> list[int] | None:
-    """The epoch counter every row logs (``epoch`` or ``Epoch``), a whole number rising from row
-    to row, else ``None``: a loop that logs once an epoch names no other step."""
-    epochs = [r.metrics.get("epoch", r.metrics.get("Epoch")) for r in rows]
+def steps_from_epochs(parsed: Parsed) -> bool:
+    """Number ``parsed``'s rows by the epoch counter every one logs (``epoch`` or ``Epoch``),
+    where it is a whole number rising from row to row, and say so; whether it did. A loop that
+    logs once an epoch names no other step."""
+    epochs = [r.metrics.get("epoch", r.metrics.get("Epoch")) for r in parsed.rows]
     whole = all(isinstance(e, int) and not isinstance(e, bool) for e in epochs)
-    return epochs if whole and all(a < b for a, b in pairwise(epochs)) else None
+    if not epochs or not whole or any(a >= b for a, b in pairwise(epochs)):
+        return False
+    for row, epoch in zip(parsed.rows, epochs, strict=True):
+        row.step = epoch
+    which = "its one record's" if len(epochs) == 1 else "each record's"
+    parsed.notes.append(f"no step named: {which} epoch counter is its step")
+    return True
 
 
 def logged_step(record: dict[str, Any]) -> int | None:

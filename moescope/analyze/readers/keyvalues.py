@@ -37,7 +37,7 @@ import re
 from typing import Any
 
 from moescope.analyze.readers._fields import field
-from moescope.analyze.readers._rows import Parsed, Row, epoch_steps, scan
+from moescope.analyze.readers._rows import Parsed, Row, scan, steps_from_epochs
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number
 from moescope.analyze.readers.keymap import KEY_MAP, guess_framework
 
@@ -96,13 +96,20 @@ def read(log: LogFile) -> Parsed:
     parsed = scan(log.lines, parse_at)
     series = [] if banners else _series(parsed.rows)
     parsed.rows = series if len(series) > 1 else _blocks(parsed.rows)
-    epochs = None if banners or not parsed.rows else epoch_steps(parsed.rows)
-    if epochs is not None:  # rlkit ends each epoch's table on its "Epoch  49" row
-        for row, epoch in zip(parsed.rows, epochs, strict=True):
-            row.step = epoch
-        which = "its one record's" if len(epochs) == 1 else f"each of the {len(epochs)} records'"
-        parsed.notes.append(f"no step named: {which} epoch counter is its step")
-    elif len(series) > 1:
+    if banners or not steps_from_epochs(parsed):  # rlkit closes each epoch's table on "Epoch  49"
+        _note_steps_counted(parsed, series, banners)
+    keys = {key for row in parsed.rows for key in row.metrics}
+    guess = guess_framework(
+        keys, (*_FRAMEWORKS, "generic")
+    )  # a framework must name more than the common names
+    parsed.framework = None if guess == "generic" else guess
+    parsed.keymap = guess or "generic"
+    return parsed
+
+
+def _note_steps_counted(parsed: Parsed, series: list[Row], banners: bool) -> None:
+    """Say how steps were given to records that log none: counted in order, or one snapshot at 0."""
+    if len(series) > 1:
         parsed.notes.append(
             f"the same metrics repeat line after line without steps: read as a series of {len(series)} "
             "records, their steps counted 0, 1, 2, … (not logged)"
@@ -111,13 +118,6 @@ def read(log: LogFile) -> Parsed:
         parsed.notes.append(
             f"a snapshot without steps: its {len(parsed.rows[0].metrics)} metrics are read as step 0"
         )
-    keys = {key for row in parsed.rows for key in row.metrics}
-    guess = guess_framework(
-        keys, (*_FRAMEWORKS, "generic")
-    )  # a framework must name more than the common names
-    parsed.framework = None if guess == "generic" else guess
-    parsed.keymap = guess or "generic"
-    return parsed
 
 
 def _series(rows: list[Row]) -> list[Row]:

@@ -52,7 +52,7 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.readers import _template, megatron
 from moescope.analyze.readers._fields import HELD_OUT, field
-from moescope.analyze.readers._rows import Parsed, Row, epoch_steps, scan
+from moescope.analyze.readers._rows import Parsed, Row, scan, steps_from_epochs
 from moescope.analyze.readers._text import (
     BAR_HEAD,
     INT,
@@ -345,14 +345,8 @@ def _epochs_as_steps(parsed: Parsed) -> None:
     """A loop that logs once an epoch (``epoch: 3451 loss: nan``) and names no step: its epoch
     counter is the step, when every record has one, a whole number rising from record to record
     (records of a loop that logs within an epoch repeat it and stay indexed in order)."""
-    rows = parsed.rows
-    if len(rows) < 2 or any(r.step is not None for r in rows):
-        return
-    epochs = epoch_steps(rows)
-    if epochs is not None:
-        for row, epoch in zip(rows, epochs, strict=True):
-            row.step = epoch
-        parsed.notes.append("no step named: each record's epoch counter is its step")
+    if len(parsed.rows) >= 2 and all(r.step is None for r in parsed.rows):
+        steps_from_epochs(parsed)
 
 
 def wrap_width(lines: list[str]) -> int | None:
