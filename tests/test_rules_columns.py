@@ -13,7 +13,7 @@ import pytest
 
 from moescope import schema as S
 from moescope.analyze.rules import gradients, nonfinite
-from moescope.analyze.rules.series import running, series, step_of
+from moescope.analyze.rules.series import first_logged, reading_once, running, series, step_of
 from moescope.analyze.rules.thresholds import GRAD_SPIKE_EXTREME, GRAD_SPIKE_FACTOR, GRAD_SPIKE_Z, WINDOW
 from moescope.traces import Trace
 
@@ -59,6 +59,21 @@ def test_series_reads_what_a_record_by_record_reading_reads(seed: int) -> None:
         for finite in (True, False):
             want = _outcome(_record_by_record, trace, key, finite)
             assert repr(_outcome(series, trace, key, finite=finite)) == repr(want)
+            with reading_once():  # what the checks of one diagnosis share: read once, the same
+                shared = [_outcome(series, trace, key, finite=finite) for _ in range(2)]
+            assert [repr(got) for got in shared] == [repr(want)] * 2
+
+
+def test_what_one_diagnosis_shares_is_kept_within_it_and_no_longer() -> None:
+    trace = Trace(header={}, steps=[{"step": 0, "a": 1.0}, {"step": 1, "a": 2.0}])
+    with reading_once():
+        first = series(trace, "a")
+        first.append((9, 9.0))  # a rule's own copy: changing it changes nothing shared
+        trace.steps.append({"step": 2, "a": 3.0, "b": 1.0})
+        assert series(trace, "a") == [(0, 1.0), (1, 2.0)]
+        assert first_logged(trace, ("b", "a")) == "a"
+    assert series(trace, "a") == [(0, 1.0), (1, 2.0), (2, 3.0)]  # outside, every call reads the records
+    assert first_logged(trace, ("b", "a")) == "b"
 
 
 def _spikes_one_window_at_a_time(points: list[tuple[int, float]]) -> list[tuple[int, float, float]]:

@@ -96,6 +96,7 @@ from moescope.analyze.rules.policy import (
     check_no_signal,
     check_reward_collapse,
 )
+from moescope.analyze.rules.series import reading_once
 from moescope.analyze.rules.wiring import check_aux_doubled, check_optimizer_reset, check_route_overlap
 from moescope.traces import Trace
 
@@ -121,6 +122,7 @@ CHECKS: tuple[Callable[[Trace], list[Finding]], ...] = (
 def diagnose(trace: Trace) -> list[Finding]:
     """All findings of ``trace``, ordered by onset step (findings without a step last)."""
     findings: list[Finding] = []
-    for check in CHECKS:
-        findings += check(trace)
+    with reading_once():  # the checks share the columns they read
+        for check in CHECKS:
+            findings += check(trace)
     return sorted(findings, key=lambda f: (f.step is None, f.step if f.step is not None else 0, f.type))

@@ -16,12 +16,14 @@ from moescope.analyze.findings import Finding
 from moescope.analyze.rules.losses import LM_LOSSES, lm_losses
 from moescope.analyze.rules.series import (
     above_ceiling,
+    column,
     episodes,
+    finite_rows,
     first_logged,
     held_to_end,
     is_number,
     series,
-    step_of,
+    steps_of,
 )
 from moescope.analyze.rules.thresholds import (
     GRAD_NORM_CEILING,
@@ -109,7 +111,9 @@ def check_zero_grad(trace: Trace) -> list[Finding]:
 
 
 def _unexplained_zero_norm(trace: Trace, key: str) -> list[Finding]:
-    hits = [(step_of(rec, i), rec) for i, rec in enumerate(trace.steps) if _no_update(rec, key)]
+    zeros = [i for i, value in enumerate(column(trace, key)) if value == 0]  # few records, if any
+    steps = steps_of(trace)
+    hits = [(steps[i], trace.steps[i]) for i in zeros if _no_update(trace.steps[i], key)]
     if not hits:
         return []
     steps, blind = [s for s, _ in hits], _reward_varies(hits[0][1]) is None
@@ -190,13 +194,11 @@ def _zero_with_a_small_norm(rec: dict[str, Any], loss: str, norm: str | None) ->
 def _ending_run(trace: Trace, key: str, flag: Callable[[dict[str, Any]], bool], least: int = 1) -> list[int]:
     """The steps of the flagged run a log ends on (:func:`held_to_end`), among the records that
     log ``key`` as a finite number; empty when there is none."""
-    rows = [
-        (step_of(rec, i), rec)
-        for i, rec in enumerate(trace.steps)
-        if is_number(rec.get(key)) and math.isfinite(rec[key])
-    ]
-    start = held_to_end([flag(rec) for _, rec in rows], least=least)
-    return [] if start is None else [s for s, _ in rows[start:]]
+    rows = finite_rows(trace, key)
+    run = sum(1 for _ in itertools.takewhile(flag, map(trace.steps.__getitem__, reversed(rows))))
+    start = held_to_end(run, len(rows), least=least)
+    steps = steps_of(trace)
+    return [] if start is None else [steps[i] for i in rows[start:]]
 
 
 def _zero_grad(steps: list[int], message: str, **evidence: Any) -> Finding:
@@ -274,7 +276,7 @@ def _settling(trace: Trace, worst: list[int], lowest: float, scale: list[tuple[i
     down from its 2^16 or 2^32 start, as it does in every healthy fp16 run. Settling only lowers
     the scale: one that rises within the episode was raised (a scaler reset, or a scale set too
     high on purpose) and overflowed again, which is no settling."""
-    first = min((step_of(rec, i) for i, rec in enumerate(trace.steps)), default=worst[0])
+    first = min(steps_of(trace), default=worst[0])
     within = [v for s, v in scale if worst[0] <= s <= worst[-1]]
     falls_only = all(b <= a for a, b in itertools.pairwise(within))
     return worst[0] == first and lowest >= SETTLED_SCALE and falls_only
@@ -294,8 +296,7 @@ def _pinned(trace: Trace, floored: list[int]) -> bool:
     may yet be followed by one that goes through: a warning."""
     if not floored:
         return False
-    steps = [step_of(rec, i) for i, rec in enumerate(trace.steps)]
-    since = [s for s in steps if s >= floored[0]]
+    since = [s for s in steps_of(trace) if s >= floored[0]]
     return len(since) >= SUSTAIN and set(since) <= set(floored)
 
 

@@ -8,7 +8,16 @@ from dataclasses import replace
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.series import above_ceiling, first_logged, is_number, logged_keys, series, shift
+from moescope.analyze.rules.series import (
+    above_ceiling,
+    column,
+    first_logged,
+    is_number,
+    logged_key_set,
+    logged_keys,
+    series,
+    shift,
+)
 from moescope.analyze.rules.thresholds import (
     DIVERGENCE_FACTOR,
     KL_BLOWUP_MIN,
@@ -29,7 +38,8 @@ PREFERENCE_PREFIXES = ("rewards/", "logps/")  # TRL's DPO / KTO / ORPO metrics: 
 def is_rl(trace: Trace) -> bool:
     """Whether a record logs a reward, a policy-gradient loss, a KL or the no-signal share as a
     number: LLaMA-Factory's SFT ``trainer_log.jsonl`` writes ``"reward": null`` on every line."""
-    return any(is_number(rec.get(key)) for rec in trace.steps for key in RL_SIGNS)
+    logged = logged_key_set(trace)
+    return any(any(map(is_number, column(trace, key))) for key in RL_SIGNS if key in logged)
 
 
 def level_losses(trace: Trace) -> tuple[str, ...]:

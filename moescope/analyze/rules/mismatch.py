@@ -55,7 +55,16 @@ from dataclasses import dataclass, replace
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers.hints import RATIO_LEVEL
-from moescope.analyze.rules.series import series, shift, step_of, sustained, throughout
+from moescope.analyze.rules.series import (
+    column,
+    first_logged,
+    logged_key_set,
+    series,
+    shift,
+    step_of,
+    sustained,
+    throughout,
+)
 from moescope.analyze.rules.thresholds import (
     CLIPFRAC_HIGH,
     IS_ESS_LOW,
@@ -101,7 +110,7 @@ def check_rollout_mismatch(trace: Trace) -> list[Finding]:
 
 
 def _judge(trace: Trace, gauge: Gauge) -> list[Finding]:
-    key = next((k for k in gauge.keys if any(k in rec for rec in trace.steps)), None)
+    key = first_logged(trace, gauge.keys)
     if key is None:
         return []
     points = series(trace, key)
@@ -141,7 +150,7 @@ def _judge(trace: Trace, gauge: Gauge) -> list[Finding]:
 
 def _clipping(trace: Trace) -> list[Finding]:
     """A token-level clip fraction held at its level (never an error: clipping bounds the update)."""
-    if sequence_level(trace) or not any(S.CLIPFRAC in rec for rec in trace.steps):
+    if sequence_level(trace) or S.CLIPFRAC not in logged_key_set(trace):
         return []
     why = " of tokens, outside the clip range around the sampler's probabilities, as large updates also cause"
     found = _level(S.CLIPFRAC, series(trace, S.CLIPFRAC), CLIPPING, why)
@@ -150,7 +159,7 @@ def _clipping(trace: Trace) -> list[Finding]:
 
 def _sample_size(trace: Trace) -> list[Finding]:
     """The importance weights' effective sample size held low: a few samples carry the update."""
-    if not any(S.IS_ESS in rec for rec in trace.steps):
+    if S.IS_ESS not in logged_key_set(trace):
         return []
     why = " of the batch: a few samples' importance weights carry the update"
     return _level(S.IS_ESS, series(trace, S.IS_ESS), SAMPLE_SIZE, why)
@@ -201,7 +210,7 @@ def _unexpected(points: list[tuple[int, float]]) -> int | None:
 
 def _onset(trace: Trace, key: str) -> int | None:
     """The step a metric absent or 0 on the first ``SUSTAIN`` records turns positive for good."""
-    values = [rec.get(key) for rec in trace.steps]
+    values = column(trace, key)
     positive = [isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in values]
     if len(positive) < 2 * SUSTAIN or any(positive[:SUSTAIN]):
         return None

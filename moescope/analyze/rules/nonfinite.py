@@ -14,7 +14,7 @@ from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers._rows import wholly_skipped
 from moescope.analyze.rules.losses import is_rl
-from moescope.analyze.rules.series import is_number, logged_keys, step_of
+from moescope.analyze.rules.series import column, is_number, logged_key_set, logged_keys, step_of, steps_of
 from moescope.analyze.rules.thresholds import SUSTAIN
 from moescope.traces import Trace
 
@@ -120,10 +120,9 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
     order = [name for name, _ in FAMILIES] + ["other"]
     families = sorted({_family(k) for k in keys}, key=order.index)
     later = [s for s, _ in bad_steps[1:]]
-    steps = [step_of(r, i) for i, r in enumerate(trace.steps)]
-    following = next((s for s in steps if s > step), None)  # the next record, however far its step
+    following = next((s for s in steps_of(trace) if s > step), None)  # the next record, however far its step
     persistent = len(later) >= SUSTAIN or bool(later and later[0] == following)
-    record = next(r for i, r in enumerate(trace.steps) if step_of(r, i) == step)
+    record = trace.steps[_index_of(trace, step)]
     module = record.get(S.FIRST_NONFINITE_MODULE)
     where = f", first in module {module}" if module else ""
     alerts = str(record.get(S.ALERTS) or "").splitlines()
@@ -179,7 +178,7 @@ def _skipped_update(trace: Trace, step: int, keys: list[str]) -> bool:
 
 def _index_of(trace: Trace, step: int) -> int:
     """Where ``step``'s record is in ``trace.steps``."""
-    return next(i for i, r in enumerate(trace.steps) if step_of(r, i) == step)
+    return steps_of(trace).index(step)
 
 
 def _finite_loss(record: dict[str, Any]) -> bool:
@@ -237,10 +236,10 @@ def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
     (:func:`~moescope.analyze.readers._rows.wholly_skipped`) had no loss to log."""
     out = []
     n = len(trace.steps)
-    all_skipped = wholly_skipped(
-        [step_of(r, i) for i, r in enumerate(trace.steps)], [r.get(S.SKIPPED) for r in trace.steps]
-    )
+    all_skipped = wholly_skipped(steps_of(trace), column(trace, S.SKIPPED))
     for key in (S.ACTOR_LOSS, S.PG_LOSS, S.VF_LOSS):
+        if key not in logged_key_set(trace):
+            continue
         present = [key in rec for rec in trace.steps]
         if not any(present) or all(present) or 2 * sum(present) < n:
             continue

@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import is_not, truediv
@@ -34,15 +36,17 @@ def series(trace: Trace, key: str, *, finite: bool = True) -> Series:
 
     Every rule reads its series from every record, so a log whose values are all plain ``float``
     / ``int`` (or absent) and whose steps are ``int`` is read a column at a time in C, and a
-    metric the log lacks costs one pass."""
-    values = [rec.get(key) for rec in trace.steps]
+    metric the log lacks costs one pass (once within :func:`reading_once`)."""
+    return list(shared(trace, ("series", key, finite), lambda: _series(trace, key, finite)))
+
+
+def _series(trace: Trace, key: str, finite: bool) -> Series:
+    values = column(trace, key)
     if values.count(None) == len(values):
         return []
-    steps = [rec.get("step") for rec in trace.steps]
+    steps = column(trace, "step")
     if set(map(type, values)) <= _PLAIN and set(map(type, steps)) == {int}:
-        kept = list(compress(range(len(values)), map(is_not, values, repeat(None))))
-        if finite:
-            kept = list(compress(kept, map(math.isfinite, map(values.__getitem__, kept))))
+        kept = finite_rows(trace, key) if finite else _logged(values)
         return list(zip(map(steps.__getitem__, kept), map(float, map(values.__getitem__, kept)), strict=True))
     out = []
     for i, (rec, v) in enumerate(zip(trace.steps, values, strict=True)):
@@ -60,12 +64,83 @@ _PLAIN = {float, int, type(None)}  # value types read by the column path (not bo
 def logged_keys(trace: Trace) -> list[str]:
     """Every key the records log, in the order first logged (each key once, however many
     records log it: a rule that tests keys tests each once)."""
-    return list(dict.fromkeys(chain.from_iterable(trace.steps)))
+    return list(shared(trace, ("keys",), lambda: tuple(dict.fromkeys(chain.from_iterable(trace.steps)))))
+
+
+def logged_key_set(trace: Trace) -> frozenset[str]:
+    """The keys the records log, for membership tests."""
+    return shared(trace, ("key set",), lambda: frozenset(logged_keys(trace)))
 
 
 def first_logged(trace: Trace, keys: Sequence[str]) -> str | None:
     """The first of ``keys`` the trace logs at all."""
-    return next((k for k in keys if any(k in rec for rec in trace.steps)), None)
+    logged = logged_key_set(trace)
+    return next((k for k in keys if k in logged), None)
+
+
+def column(trace: Trace, key: str) -> list[Any]:
+    """Every record's value of ``key`` (``None`` where a record lacks it), in record order; one
+    list shared by the rules within :func:`reading_once`, which must not change it."""
+    return shared(trace, ("column", key), lambda: _column(trace, key))
+
+
+def _column(trace: Trace, key: str) -> list[Any]:
+    if _READING.get() is not None and key not in logged_key_set(trace):  # the keys known: no pass
+        return [None] * len(trace.steps)
+    return [rec.get(key) for rec in trace.steps]
+
+
+def finite_rows(trace: Trace, key: str) -> list[int]:
+    """Where in the records ``key`` is logged as a finite number (shared as :func:`column` is);
+    a column of plain ``float`` / ``int`` / ``None`` is tested in C."""
+    return shared(trace, ("finite", key), lambda: _finite_rows(column(trace, key)))
+
+
+def _finite_rows(values: list[Any]) -> list[int]:
+    if set(map(type, values)) <= _PLAIN:
+        kept = _logged(values)
+        return list(compress(kept, map(math.isfinite, map(values.__getitem__, kept))))
+    return [i for i, value in enumerate(values) if is_number(value) and math.isfinite(value)]
+
+
+def _logged(values: list[Any]) -> list[int]:
+    """Where ``values`` is not ``None``."""
+    return list(compress(range(len(values)), map(is_not, values, repeat(None))))
+
+
+def steps_of(trace: Trace) -> list[int]:
+    """:func:`step_of` of every record, in record order (shared as :func:`column` is)."""
+    return shared(trace, ("steps",), lambda: [step_of(rec, i) for i, rec in enumerate(trace.steps)])
+
+
+_READING: ContextVar[dict[tuple[int, tuple[Any, ...]], tuple[Trace, Any]] | None] = ContextVar(
+    "moescope_reading_once", default=None
+)
+
+
+@contextmanager
+def reading_once() -> Iterator[None]:
+    """Within it, what the rules derive from a trace (its keys, a column, a series) is derived
+    once and shared: a diagnosis runs fifteen checks over the same records, which would each walk
+    a million-step log again for the same column. Outside it nothing is kept, since a caller may
+    change a trace's records between two checks."""
+    token = _READING.set({})
+    try:
+        yield
+    finally:
+        _READING.reset(token)
+
+
+def shared(trace: Trace, what: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+    """``compute()``, kept for ``trace`` within :func:`reading_once` (the trace is held beside
+    its entries, so that its ``id`` cannot be reused by another while they live)."""
+    memo = _READING.get()
+    if memo is None:
+        return compute()
+    entry = memo.get((id(trace), what))
+    if entry is None:
+        entry = memo[(id(trace), what)] = (trace, compute())
+    return entry[1]
 
 
 def running(values: Sequence[float], width: int, fn: Callable[[Sequence[float]], float]) -> list[float]:
@@ -134,13 +209,13 @@ def throughout(flags: Sequence[bool], length: int = SUSTAIN) -> int | None:
     return 0 if start is None and 0 < len(flags) < length and all(flags) else start
 
 
-def held_to_end(flags: Sequence[bool], length: int = SUSTAIN, least: int = 1) -> int | None:
-    """Where the run of True flags that ends the series starts, when it holds ``length`` flags or,
-    in a paste shorter than twice that, ``least`` (the records a short paste ends on say it); else
-    None. A state the log ends in, not one it passed through."""
-    run = next((n for n, flag in enumerate(reversed(flags)) if not flag), len(flags))
-    enough = run >= length or (len(flags) < 2 * length and run >= least)
-    return len(flags) - run if run and enough else None
+def held_to_end(run: int, total: int, length: int = SUSTAIN, least: int = 1) -> int | None:
+    """Where the ``run`` of flagged records that ends a series of ``total`` starts, when it holds
+    ``length`` records or, in a paste shorter than twice that, ``least`` (the records a short
+    paste ends on say it); else None. A state the log ends in, not one it passed through: the
+    caller counts the run from the end back, so a long log costs its run, not its length."""
+    enough = run >= length or (total < 2 * length and run >= least)
+    return total - run if run and enough else None
 
 
 def episodes(steps: Sequence[int], gap: int = 2) -> list[list[int]]:
