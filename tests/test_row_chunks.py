@@ -201,9 +201,10 @@ UNTRIMMED = {"inkling2_text", "inkling2_loop_text", "deepseek_v32", "glm_moe_dsa
 def test_right_padded_rows_run_on_their_real_positions_and_give_the_in_memory_teacher(
     arch: str, tiny_checkpoint
 ) -> None:
-    """The teacher's rows, longest first, run a chunk (here one row) at a time on their real
-    positions alone: each layer call as wide as its row, and the distributions at the scored
-    positions those of the model in memory, in the rows' own order."""
+    """The teacher's rows, longest first, run a chunk at a time on their real positions alone:
+    here one row, or as many as the widest row's positions hold (the rows of 5 and 3 positions
+    together, the widest holding 10), each layer call as wide as its longest row, and the
+    distributions at the scored positions those of the model in memory, in the rows' own order."""
     from moescope.explore.calibration import pad_scored
     from moescope.export.teacher import build_teacher_cache
     from moescope.models.view import decoder_layers
@@ -221,6 +222,7 @@ def test_right_padded_rows_run_on_their_real_positions_and_give_the_in_memory_te
         chunked.forward = lambda *args, **kwargs: widths.append(args[0].shape[1]) or forward(*args, **kwargs)
         got = build_teacher_cache(loaded, batches, k=8, available=2**30)
     lengths = sorted((len(p) + len(c) for p, c in pairs), reverse=True)
-    assert widths == ([lengths[0]] * len(lengths) if arch in UNTRIMMED else lengths)
+    assert lengths == [10, 8, 7, 6, 5, 3]
+    assert widths == ([lengths[0]] * len(lengths) if arch in UNTRIMMED else [10, 8, 7, 6, 5])
     torch.testing.assert_close(got.log_probs, expected.log_probs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.log_rest, expected.log_rest, rtol=1e-5, atol=1e-5)

@@ -90,8 +90,8 @@ def test_sums_add_over_sequences_and_score_only_the_completions(rl_rows) -> None
 
 
 def test_rl_rows_are_batched_in_order_of_length_and_sum_as_sampled() -> None:
-    """Rows of 3 to 12 ids: batched in order of length, two rows a batch pad 5 positions where
-    batched as sampled they padded 21, and the sums are those of one row a batch."""
+    """Rows of 3 to 12 ids: batched in order of length, longest first, two rows a batch pad 5
+    positions where batched as sampled they padded 21, and the sums are those of one row a batch."""
     from moescope.explore import taylor as taylor_module
     from moescope.explore.rl_data import RLCalibration
 
@@ -106,8 +106,8 @@ def test_rl_rows_are_batched_in_order_of_length_and_sum_as_sampled() -> None:
         max_new_tokens=4,
     )
     batches = list(taylor_module._scored_batches(data, None, 0, 2, 0, 0))
-    assert [b["input_ids"].shape[1] for b in batches] == [4, 8, 12]  # as sampled: 12, 8, 12
-    assert sum(int((b["attention_mask"] == 0).sum()) for b in batches) == 1 + 4 + 0  # as sampled: 9 + 4 + 8
+    assert [b["input_ids"].shape[1] for b in batches] == [12, 8, 4]  # as sampled: 12, 8, 12
+    assert sum(int((b["attention_mask"] == 0).sum()) for b in batches) == 0 + 4 + 1  # as sampled: 9 + 4 + 8
     model = _model("deepseek_v3")
     one_by_one = taylor_importance(model, data, batch_size=1)
     np.testing.assert_allclose(taylor_importance(model, data, batch_size=2).sums, one_by_one.sums, rtol=1e-5)

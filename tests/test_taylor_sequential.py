@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from moescope.errors import MoescopeError
+from moescope.explore.rl_data import RLCalibration
 from moescope.explore.sequential import (
     forward_row_bytes,
     largest_layer_bytes,
@@ -57,6 +58,37 @@ def test_sums_equal_the_in_memory_pass(arch: str, tiny_checkpoint) -> None:
     assert got.config_hash == expected.config_hash and expected.sums.max() > 0
     for sums in (got.sums, chunked.sums):
         np.testing.assert_allclose(sums, expected.sums, rtol=1e-5, atol=1e-6 * expected.sums.max())
+
+
+def _ragged(vocab: int) -> RLCalibration:
+    """Six rows of 3 to 12 ids, right-padded in a batch of all six."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [(8, 4), (2, 1), (6, 2), (2, 2), (9, 3), (3, 1)]
+    rows = [torch.randint(3, vocab, (p + c,), generator=g).tolist() for p, c in lengths]
+    prompts = tuple(tuple(r[:p]) for r, (p, _) in zip(rows, lengths, strict=True))
+    completions = tuple(tuple(r[p:]) for r, (p, _) in zip(rows, lengths, strict=True))
+    return RLCalibration(prompts, completions, seed=0, temperature=1.0, max_new_tokens=4)
+
+
+def test_padded_rows_run_on_their_real_positions_through_the_backward(tiny_checkpoint) -> None:
+    """A batch of rows of 12, 12, 8, 4, 4 and 3 ids in chunks of one row: each chunk runs on its
+    rows' real positions, in the forward and again in the backward, the three shortest in one
+    chunk (the widest row's 12 positions hold them), and the sums are the in-memory ones."""
+    path = tiny_checkpoint("deepseek_v3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, _ = load_model(path, dtype="auto", with_tokenizer=False)
+    data = _ragged(model.config.vocab_size)
+    expected = taylor_importance(model, data, batch_size=2)
+    widths: list[int] = []
+    with layer_sequential(path, dtype="auto") as loaded:
+        chunk_decoder_layers(loaded, lambda *_: 1)
+        chunked = decoder_layers(loaded)[-1]._old_forward  # an MoE layer, which the backward reaches
+        forward = chunked.forward
+        chunked.forward = lambda *args, **kwargs: widths.append(args[0].shape[1]) or forward(*args, **kwargs)
+        got = taylor_importance(loaded, data, batch_size=6)
+    assert sorted(widths) == sorted([12, 12, 8, 4] * 2)  # each chunk twice: its forward and its backward
+    np.testing.assert_allclose(got.sums, expected.sums, rtol=1e-5, atol=1e-6 * expected.sums.max())
 
 
 @pytest.mark.parametrize(("rows", "chunks"), [(3, 2), (1, 1)])  # batches of 3 rows in 2 chunks; of 1 row

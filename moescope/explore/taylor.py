@@ -29,7 +29,10 @@ would keep every layer's weights (autograd saves what each product's gradient ne
 each decoder layer runs its rows in chunks under activation checkpointing
 (:mod:`moescope.models.row_chunks`): the forward keeps a layer's input only, and the backward
 reads the layer once more and runs each chunk again from its input before its gradients; one
-layer's weights are in memory at a time and the sums are the same. The LM head then runs in
+layer's weights are in memory at a time and the sums are the same. Each chunk runs on its rows'
+real positions alone (:func:`~moescope.models.row_chunks.trailing_padding`; the likelihood reads
+no padded one), so a chunk of short rows holds more of them: toy-v3 under 4 MB ran its 1,152
+calibration rows a row a chunk, each padded to the longest's 31 positions. The LM head then runs in
 chunks of rows too (:func:`head_runs_apart`), so a batch holds every layer's input but not every
 position's logits, and one batch can hold many rows: each batch reads every layer twice.
 Llama 4 scales each expert's *input* by its routing score, where scaling the score does not take
@@ -53,9 +56,11 @@ from moescope.explore.rl_data import RLCalibration
 from moescope.models.lm_head import head_input, head_rows, head_runs_apart, own_forward
 from moescope.models.resident import execution_device, resident
 from moescope.models.row_chunks import (
+    chunk_width,
     layers_read_for_backward,
     read_again_for_backward,
     row_offset,
+    trailing_padding,
 )
 from moescope.models.view import MoEModel, adapt
 from moescope.provenance import config_hash
@@ -158,11 +163,13 @@ def _scored_batches(
     data: Any, tokenizer: Any, n_tokens: int, batch_size: int, seq_len: int, seed: int
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Right-padded batches with ``scored``: RL completions, else every real token. RL rows are
-    batched in order of length: each row's sum is its own, so the order changes no figure, and
-    rows of one length waste no position on padding (the toy-v3 calibration's 1,152 rows of
-    10 to 31 tokens: 1.62 positions per real token in batches of 16 as sampled, 1.01 sorted)."""
+    batched in order of length, longest first: each row's sum is its own, so the order changes
+    no figure, and rows of one length waste no position on padding (the toy-v3 calibration's
+    1,152 rows of 10 to 31 tokens: 1.62 positions per real token in batches of 16 as sampled,
+    1.01 sorted); a layer-sequential model's batch, which takes many, runs its chunks of
+    shorter rows on their own positions (:func:`~moescope.models.row_chunks.trailing_padding`)."""
     if isinstance(data, RLCalibration):
-        pairs = sorted(data.pairs(), key=lambda pair: len(pair[0]) + len(pair[1]))
+        pairs = sorted(data.pairs(), key=lambda pair: len(pair[0]) + len(pair[1]))[::-1]
         pad = getattr(tokenizer, "pad_token_id", None) or 0
         yield from (pad_scored(pairs[i : i + batch_size], pad) for i in range(0, len(pairs), batch_size))
         return
@@ -192,7 +199,8 @@ def _scale_gradients(
     )  # a layer run again would write twice
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], **extra}
     ids, scored = batch["input_ids"], batch["scored"]
-    with _scaled_experts(moe, scales, width), layers_read_for_backward():
+    lengths = _real_lengths(batch["attention_mask"])  # the likelihood reads no padded position
+    with _scaled_experts(moe, scales, width), layers_read_for_backward(), trailing_padding(lengths):
         if not head_runs_apart(model):
             return torch.autograd.grad(
                 _log_likelihood(model(**inputs).logits, ids, scored, dtype), scales, allow_unused=True
@@ -204,6 +212,12 @@ def _scale_gradients(
                 head, hidden, lambda h: _chunked_likelihood(model, own_forward(head), h, ids, scored, dtype)
             )
         return torch.autograd.grad(likelihood, scales, allow_unused=True)
+
+
+def _real_lengths(mask: torch.Tensor) -> list[int]:
+    """Each right-padded row's positions up to its last real token."""
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return (mask.bool() * positions).amax(dim=1).tolist()
 
 
 def _log_likelihood(
@@ -279,7 +293,7 @@ def _scaling_hook(scale: torch.Tensor, width: int) -> Any:
     def hook(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         values = [*args, *(kwargs[name] for name in _WEIGHTS[len(args) :] if name in kwargs)]
         index, weights = values[1], values[2]
-        sequence = torch.arange(index.shape[0], device=index.device) // width + row_offset()
+        sequence = torch.arange(index.shape[0], device=index.device) // chunk_width(width) + row_offset()
         scaled = weights * scale[sequence[:, None], index].to(weights.dtype)
         if len(args) > 2:
             return (*args[:2], scaled, *args[3:]), kwargs

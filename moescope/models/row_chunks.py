@@ -43,6 +43,7 @@ from moescope.models.peak_memory import measurable, peak_allocation
 from moescope.models.resident import read_when_used, resident
 
 _OFFSET: contextvars.ContextVar[int] = contextvars.ContextVar("moescope_row_offset", default=0)
+_WIDTH: contextvars.ContextVar[int] = contextvars.ContextVar("moescope_row_width", default=0)
 _LENGTHS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
     "moescope_row_lengths", default=None
 )
@@ -57,16 +58,24 @@ def row_offset() -> int:
     return _OFFSET.get()
 
 
+def chunk_width(width: int) -> int:
+    """Positions per row of the chunk running now, ``width`` (the forward's) outside a chunked
+    layer: a chunk cut to its rows' real positions (:func:`trailing_padding`) is narrower."""
+    return _WIDTH.get() or width
+
+
 @contextmanager
 def trailing_padding(lengths: Sequence[int]) -> Iterator[None]:
-    """Within it, a chunked layer's forward without a backward whose rows are ``len(lengths)``,
-    right-padded, runs each chunk on its rows' first ``lengths`` positions alone (the longest of
-    the chunk's), sized for that width, and returns zeros at the positions cut off.
+    """Within it, a chunked layer's forward whose rows are ``len(lengths)``, right-padded, runs
+    each chunk on its rows' first ``lengths`` positions alone (the longest of the chunk's), sized
+    for that width, and returns zeros at the positions cut off; where a backward follows, each
+    such chunk is checkpointed and run again on them.
 
     A causal layer's output at a real position never depends on the padding after it, so the
     real positions come out as before; the padding does not (zeros, not what the layer makes of
     pad tokens): a caller enters it only where nothing reads the padded positions (the
-    teacher's distributions, taken at the scored positions alone). Rows sorted longest first
+    teacher's distributions and Taylor importance's likelihood, taken at the scored positions
+    alone). A hook that indexes positions within a chunk asks :func:`chunk_width`. Rows sorted longest first
     give chunks of like widths; a layer with a per-position input this module does not know
     runs as before."""
     token = _LENGTHS.set(tuple(lengths))
@@ -137,13 +146,13 @@ class _ChunkedForward:
         size = functools.cache(lambda: self._size(hidden, rows, backward))  # asked after a row is measured
         measuring = key if measure else None
         chunks = iter([slice(0, rows)]) if whole is None else self._chunks(rows, measuring, lambda _: size())
-        if backward:  # checkpointed even whole: autograd would keep the weights to the backward
-            return self._checkpointed(chunks, rows, args, kwargs, whole or frozenset())
         lengths = _LENGTHS.get()
         if whole is not None and lengths is not None and len(lengths) == rows and 1 < key[0] <= self.trims:
             cut = _position_cutter(args, kwargs, key[0])
             if cut is not None:
                 return self._trimmed(args, kwargs, rows, whole, lengths, cut)
+        if backward:  # checkpointed even whole: autograd would keep the weights to the backward
+            return self._checkpointed(chunks, rows, args, kwargs, whole or frozenset())
         if whole is None or (not measure and self._size(hidden, rows, backward) >= rows):
             return self.forward(*args, **kwargs)
         outputs = (
@@ -199,42 +208,69 @@ class _ChunkedForward:
         lengths: tuple[int, ...],
         cut: Cut,
     ) -> Any:
-        """The forward a chunk at a time, each on its rows' real positions (:func:`trailing_padding`)."""
+        """The forward a chunk at a time, each on its rows' real positions (:func:`trailing_padding`),
+        each chunk checkpointed where a backward follows (:meth:`_checkpointed`).
+
+        A chunk takes as many rows as the memory given holds at their span, and at least as many
+        as the widest row's positions hold (``widest // span``): that row runs in a chunk of its
+        own at the least, and a row's activations grow at least linearly with its width, so such
+        a chunk holds no more than it and the forward's peak is unchanged. Where the memory given
+        holds one row or none (toy-v3 under 4 MB with its proxy beside it), a chunk a row would
+        cost the teacher a layer call per row, a call of one short row costing about what one of
+        three does."""
         hidden = args[0] if args else kwargs["hidden_states"]
-        width = hidden.shape[1]
+        width, backward = hidden.shape[1], torch.is_grad_enabled()
         spans = [max(1, n) for n in lengths]
         longest = list(itertools.accumulate(reversed(spans), max))[::-1]  # a chunk from row i: at most
-        first = (spans[0], False)  # the first row, measured at its own width where none of it was
+        first = (spans[0], backward)  # the first row, measured at its own width where none of it was
         measuring = first if rows > 1 and first not in self.row_bytes and measurable(hidden.device) else None
-        chunks = self._chunks(rows, measuring, lambda start: self._size_at(hidden, longest[start]))
+        chunks = self._chunks(
+            rows,
+            measuring,
+            lambda start: max(self._size_at(hidden, longest[start], backward), longest[0] // longest[start]),
+        )
 
-        def run(part: slice) -> Any:
-            span = max(spans[part])
-            chunk_args, chunk_kwargs = cut(
-                _rows(args, part, rows, whole, (0,)), _rows(kwargs, part, rows, whole, (1,)), span
-            )
-            return _padded(self._chunk(part.start, *chunk_args, **chunk_kwargs), width)
+        def rows_of(part: slice) -> tuple[tuple, dict[str, Any]]:
+            return _rows(args, part, rows, whole, (0,)), _rows(kwargs, part, rows, whole, (1,))
 
-        return _joined((run(part) for part in chunks), rows)
+        def run(part: slice, chunk_args: tuple, chunk_kwargs: dict[str, Any]) -> Any:
+            chunk_args, chunk_kwargs = cut(chunk_args, chunk_kwargs, max(spans[part]))
+            if not backward:
+                return _padded(self._chunk(part.start, *chunk_args, **chunk_kwargs), width)
+            from torch.utils.checkpoint import checkpoint
 
-    def _size_at(self, hidden: torch.Tensor, span: int) -> int:
+            out = checkpoint(self._chunk, part.start, *chunk_args, use_reentrant=False, **chunk_kwargs)
+            return _padded(out, width)
+
+        if not backward:
+            return _joined((run(part, *rows_of(part)) for part in chunks), rows)
+
+        def every(h: torch.Tensor) -> Any:
+            pieces = _row_pieces(h, chunks)
+            return _cat([run(part, *_with_hidden(*rows_of(part), piece)) for part, piece in pieces])
+
+        return read_again_for_backward(self.layer, hidden, every)
+
+    def _size_at(self, hidden: torch.Tensor, span: int, backward: bool = False) -> int:
         """Rows per chunk of ``span`` positions: what one row measured at that width, or at a
         wider one scaled down to it (a row's activations grow with its width at least
         linearly, so the scaled figure is not short of them), allows."""
         scaled = [
             measured * span // width
-            for (width, backward), measured in self.row_bytes.items()
-            if not backward and width >= span
+            for (width, after), measured in self.row_bytes.items()
+            if after == backward and width >= span
         ]
-        return max(1, self.rows_for(hidden[:, :span], False, min(scaled, default=None)))
+        return max(1, self.rows_for(hidden[:, :span], backward, min(scaled, default=None)))
 
     def _chunk(self, start: int, *args: Any, **kwargs: Any) -> Any:
-        token = _OFFSET.set(start)
+        hidden = args[0] if args else kwargs["hidden_states"]
+        token, width = _OFFSET.set(start), _WIDTH.set(row_width(hidden))
         try:
             if self._measuring is None:
                 return self.forward(*args, **kwargs)
             return self._measured(*args, **kwargs)
         finally:
+            _WIDTH.reset(width)
             _OFFSET.reset(token)
 
     def _measured(self, *args: Any, **kwargs: Any) -> Any:
@@ -254,20 +290,34 @@ class _ChunkedForward:
         from torch.utils.checkpoint import checkpoint
 
         def run(hidden: torch.Tensor) -> Any:
-            every = ((hidden, *args[1:]), kwargs) if args else ((), {**kwargs, "hidden_states": hidden})
-            outputs = [
-                checkpoint(
-                    self._chunk,
-                    part.start,
-                    *_rows(every[0], part, rows, whole, (0,)),
-                    use_reentrant=False,
-                    **_rows(every[1], part, rows, whole, (1,)),
+            outputs = []
+            for part, piece in _row_pieces(hidden, chunks):
+                chunk_args, chunk_kwargs = _with_hidden(
+                    _rows(args, part, rows, whole, (0,)), _rows(kwargs, part, rows, whole, (1,)), piece
                 )
-                for part in chunks
-            ]
+                outputs.append(
+                    checkpoint(self._chunk, part.start, *chunk_args, use_reentrant=False, **chunk_kwargs)
+                )
             return _cat(outputs)
 
         return read_again_for_backward(self.layer, args[0] if args else kwargs["hidden_states"], run)
+
+
+def _row_pieces(hidden: torch.Tensor, chunks: Iterator[slice]) -> Iterator[tuple[slice, torch.Tensor]]:
+    """Each chunk with its rows of ``hidden``, split off in two splits: the first chunk (measured,
+    perhaps, as it runs), then the rest, sized once it has run. Cut a chunk at a time, each
+    chunk's gradient would come back as a tensor of every row, zeros but its own: toy-v3's
+    Taylor pass of 1,152 rows a chunk of one row filled 18 MB a chunk, most of its backward."""
+    first = next(chunks)
+    mine, rest = hidden.split([first.stop, len(hidden) - first.stop])
+    yield first, mine
+    parts = list(chunks)
+    yield from zip(parts, rest.split([part.stop - part.start for part in parts]), strict=True)
+
+
+def _with_hidden(args: tuple, kwargs: dict[str, Any], hidden: torch.Tensor) -> tuple[tuple, dict[str, Any]]:
+    """A layer's inputs with ``hidden`` for its hidden states."""
+    return ((hidden, *args[1:]), kwargs) if args else ((), {**kwargs, "hidden_states": hidden})
 
 
 def read_again_for_backward(
