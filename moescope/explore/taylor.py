@@ -59,6 +59,7 @@ from moescope.models.row_chunks import (
     chunk_width,
     layers_read_for_backward,
     read_again_for_backward,
+    real_lengths,
     row_offset,
     trailing_padding,
 )
@@ -199,7 +200,7 @@ def _scale_gradients(
     )  # a layer run again would write twice
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], **extra}
     ids, scored = batch["input_ids"], batch["scored"]
-    lengths = _real_lengths(batch["attention_mask"])  # the likelihood reads no padded position
+    lengths = real_lengths(batch["attention_mask"])  # the likelihood reads no padded position
     with _scaled_experts(moe, scales, width), layers_read_for_backward(), trailing_padding(lengths):
         if not head_runs_apart(model):
             return torch.autograd.grad(
@@ -212,12 +213,6 @@ def _scale_gradients(
                 head, hidden, lambda h: _chunked_likelihood(model, own_forward(head), h, ids, scored, dtype)
             )
         return torch.autograd.grad(likelihood, scales, allow_unused=True)
-
-
-def _real_lengths(mask: torch.Tensor) -> list[int]:
-    """Each right-padded row's positions up to its last real token."""
-    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
-    return (mask.bool() * positions).amax(dim=1).tolist()
 
 
 def _log_likelihood(

@@ -51,7 +51,7 @@ from moescope._util.io import write_atomic
 from moescope.errors import MoescopeError
 from moescope.export.fidelity.agreement import Batch, evaluating, kl_loss, scored_log_probs
 from moescope.models.resident import execution_device
-from moescope.models.row_chunks import trailing_padding
+from moescope.models.row_chunks import real_lengths, trailing_padding
 from moescope.provenance import config_hash
 
 if TYPE_CHECKING:
@@ -380,13 +380,14 @@ def _top_k(model: PreTrainedModel, rows: list[Row], k: int) -> tuple[torch.Tenso
     the rows right-padded to the longest (causal attention: a real token never sees the padding),
     longest first, so that a layer-sequential model's chunks run on their rows' real positions
     alone (:func:`~moescope.models.row_chunks.trailing_padding`); the results in ``rows``' order."""
-    lengths = [_real_length(mask) for _, mask, _ in rows]
-    order = sorted(range(len(rows)), key=lambda i: -lengths[i])
     width = max(ids.shape[0] for ids, _, _ in rows)
     ids, mask, keep = (
-        torch.stack([torch.nn.functional.pad(rows[j][i], (0, width - rows[j][i].shape[0])) for j in order])
+        torch.stack([torch.nn.functional.pad(row[i], (0, width - row[i].shape[0])) for row in rows])
         for i in range(3)
     )
+    lengths = real_lengths(mask)
+    order = sorted(range(len(rows)), key=lambda i: -lengths[i])
+    ids, mask, keep = ids[order], mask[order], keep[order]
     with trailing_padding([lengths[j] for j in order]):
         logits = _head_at(model, {"input_ids": ids, "attention_mask": mask}, keep)
     log_p = torch.log_softmax(logits.float(), -1)
@@ -396,12 +397,6 @@ def _top_k(model: PreTrainedModel, rows: list[Row], k: int) -> tuple[torch.Tenso
     row, column = keep.nonzero(as_tuple=True)
     back = torch.argsort(torch.tensor(order)[row] * width + column)
     return top.cpu()[back], token_ids.cpu()[back], log_rest.cpu()[back]
-
-
-def _real_length(mask: torch.Tensor) -> int:
-    """Positions up to a row's last real token (its right padding left out)."""
-    real = mask.nonzero()
-    return int(real[-1]) + 1 if len(real) else 0
 
 
 def _head_at(model: PreTrainedModel, inputs: Batch, keep: torch.Tensor) -> torch.Tensor:

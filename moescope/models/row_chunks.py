@@ -85,6 +85,13 @@ def trailing_padding(lengths: Sequence[int]) -> Iterator[None]:
         _LENGTHS.reset(token)
 
 
+def real_lengths(mask: torch.Tensor) -> list[int]:
+    """Each right-padded row's positions up to its last real token (0 for a row of padding): the
+    ``lengths`` :func:`trailing_padding` takes, from the rows' attention mask."""
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return (mask.bool() * positions).amax(dim=1).tolist()
+
+
 def trimmed_width(config: Any) -> float:
     """The widest forward whose output at a real position is the same whatever padding follows
     it, so that :func:`trailing_padding` may cut the padding off: any, but under DeepSeek sparse
@@ -152,16 +159,10 @@ class _ChunkedForward:
             if cut is not None:
                 return self._trimmed(args, kwargs, rows, whole, lengths, cut)
         if backward:  # checkpointed even whole: autograd would keep the weights to the backward
-            return self._checkpointed(chunks, rows, args, kwargs, whole or frozenset())
+            return self._run_chunks(chunks, rows, args, kwargs, whole or frozenset(), checkpointed=True)
         if whole is None or (not measure and self._size(hidden, rows, backward) >= rows):
             return self.forward(*args, **kwargs)
-        outputs = (
-            self._chunk(
-                part.start, *_rows(args, part, rows, whole, (0,)), **_rows(kwargs, part, rows, whole, (1,))
-            )
-            for part in chunks
-        )
-        return _joined(outputs, rows)
+        return self._run_chunks(chunks, rows, args, kwargs, whole)
 
     def _left_whole(self, inputs: tuple[tuple, dict[str, Any]], rows: int, width: int) -> frozenset | None:
         """The paths of the inputs whose first axis has ``rows`` entries but not one a row. Where
@@ -209,7 +210,7 @@ class _ChunkedForward:
         cut: Cut,
     ) -> Any:
         """The forward a chunk at a time, each on its rows' real positions (:func:`trailing_padding`),
-        each chunk checkpointed where a backward follows (:meth:`_checkpointed`).
+        each chunk checkpointed where a backward follows (:meth:`_run_chunks`).
 
         A chunk takes as many rows as the memory given holds at their span, and at least as many
         as the widest row's positions hold (``widest // span``): that row runs in a chunk of its
@@ -219,7 +220,7 @@ class _ChunkedForward:
         cost the teacher a layer call per row, a call of one short row costing about what one of
         three does."""
         hidden = args[0] if args else kwargs["hidden_states"]
-        width, backward = hidden.shape[1], torch.is_grad_enabled()
+        backward = torch.is_grad_enabled()
         spans = [max(1, n) for n in lengths]
         longest = list(itertools.accumulate(reversed(spans), max))[::-1]  # a chunk from row i: at most
         first = (spans[0], backward)  # the first row, measured at its own width where none of it was
@@ -230,26 +231,10 @@ class _ChunkedForward:
             lambda start: max(self._size_at(hidden, longest[start], backward), longest[0] // longest[start]),
         )
 
-        def rows_of(part: slice) -> tuple[tuple, dict[str, Any]]:
-            return _rows(args, part, rows, whole, (0,)), _rows(kwargs, part, rows, whole, (1,))
+        def fit(part: slice, chunk_args: tuple, chunk_kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+            return cut(chunk_args, chunk_kwargs, max(spans[part]))
 
-        def run(part: slice, chunk_args: tuple, chunk_kwargs: dict[str, Any]) -> Any:
-            chunk_args, chunk_kwargs = cut(chunk_args, chunk_kwargs, max(spans[part]))
-            if not backward:
-                return _padded(self._chunk(part.start, *chunk_args, **chunk_kwargs), width)
-            from torch.utils.checkpoint import checkpoint
-
-            out = checkpoint(self._chunk, part.start, *chunk_args, use_reentrant=False, **chunk_kwargs)
-            return _padded(out, width)
-
-        if not backward:
-            return _joined((run(part, *rows_of(part)) for part in chunks), rows)
-
-        def every(h: torch.Tensor) -> Any:
-            pieces = _row_pieces(h, chunks)
-            return _cat([run(part, *_with_hidden(*rows_of(part), piece)) for part, piece in pieces])
-
-        return read_again_for_backward(self.layer, hidden, every)
+        return self._run_chunks(chunks, rows, args, kwargs, whole, fit, checkpointed=backward)
 
     def _size_at(self, hidden: torch.Tensor, span: int, backward: bool = False) -> int:
         """Rows per chunk of ``span`` positions: what one row measured at that width, or at a
@@ -283,24 +268,63 @@ class _ChunkedForward:
             self.row_bytes[key] = peak.bytes
         return out
 
-    def _checkpointed(
-        self, chunks: Iterator[slice], rows: int, args: tuple, kwargs: dict[str, Any], whole: frozenset
+    def _run_chunks(
+        self,
+        chunks: Iterator[slice],
+        rows: int,
+        args: tuple,
+        kwargs: dict[str, Any],
+        whole: frozenset,
+        fit: Fit | None = None,
+        *,
+        checkpointed: bool = False,
     ) -> Any:
-        """Each chunk under activation checkpointing, the layer read again for the backward."""
-        from torch.utils.checkpoint import checkpoint
+        """Each chunk's forward, the outputs joined: ``checkpointed``, each under activation
+        checkpointing and the layer read again for the backward; with ``fit``, each chunk's
+        inputs cut to its rows' real positions and its output padded back (:meth:`_trimmed`)."""
+        hidden = args[0] if args else kwargs["hidden_states"]
+        width = row_width(hidden)
+        if not checkpointed:
+            inputs = ((part, *_chunk_inputs(args, kwargs, part, rows, whole)) for part in chunks)
+            return _joined((self._run_chunk(*chunk, fit, width) for chunk in inputs), rows)
 
-        def run(hidden: torch.Tensor) -> Any:
-            outputs = []
-            for part, piece in _row_pieces(hidden, chunks):
-                chunk_args, chunk_kwargs = _with_hidden(
-                    _rows(args, part, rows, whole, (0,)), _rows(kwargs, part, rows, whole, (1,)), piece
-                )
-                outputs.append(
-                    checkpoint(self._chunk, part.start, *chunk_args, use_reentrant=False, **chunk_kwargs)
-                )
-            return _cat(outputs)
+        def run(read_again: torch.Tensor) -> Any:
+            return _cat(
+                [
+                    self._run_chunk(
+                        part,
+                        *_with_hidden(*_chunk_inputs(args, kwargs, part, rows, whole), piece),
+                        fit,
+                        width,
+                        checkpointed=True,
+                    )
+                    for part, piece in _row_pieces(read_again, chunks)
+                ]
+            )
 
-        return read_again_for_backward(self.layer, args[0] if args else kwargs["hidden_states"], run)
+        return read_again_for_backward(self.layer, hidden, run)
+
+    def _run_chunk(
+        self,
+        part: slice,
+        chunk_args: tuple,
+        chunk_kwargs: dict[str, Any],
+        fit: Fit | None,
+        width: int,
+        *,
+        checkpointed: bool = False,
+    ) -> Any:
+        """One chunk's forward (under activation checkpointing where asked), its inputs cut by
+        ``fit`` and its output padded back to ``width`` positions where one is given."""
+        if fit is not None:
+            chunk_args, chunk_kwargs = fit(part, chunk_args, chunk_kwargs)
+        if checkpointed:
+            from torch.utils.checkpoint import checkpoint
+
+            out = checkpoint(self._chunk, part.start, *chunk_args, use_reentrant=False, **chunk_kwargs)
+        else:
+            out = self._chunk(part.start, *chunk_args, **chunk_kwargs)
+        return out if fit is None else _padded(out, width)
 
 
 def _row_pieces(hidden: torch.Tensor, chunks: Iterator[slice]) -> Iterator[tuple[slice, torch.Tensor]]:
@@ -313,6 +337,13 @@ def _row_pieces(hidden: torch.Tensor, chunks: Iterator[slice]) -> Iterator[tuple
     yield first, mine
     parts = list(chunks)
     yield from zip(parts, rest.split([part.stop - part.start for part in parts]), strict=True)
+
+
+def _chunk_inputs(
+    args: tuple, kwargs: dict[str, Any], part: slice, rows: int, whole: frozenset
+) -> tuple[tuple, dict[str, Any]]:
+    """A layer's inputs for the rows of ``part`` (those in ``whole`` left whole: :func:`_rows`)."""
+    return _rows(args, part, rows, whole, (0,)), _rows(kwargs, part, rows, whole, (1,))
 
 
 def _with_hidden(args: tuple, kwargs: dict[str, Any], hidden: torch.Tensor) -> tuple[tuple, dict[str, Any]]:
@@ -481,6 +512,7 @@ def _cat(outputs: list[Any]) -> Any:
 
 
 Cut = Callable[[tuple, dict[str, Any], int], tuple[tuple, dict[str, Any]]]
+Fit = Callable[[slice, tuple, dict[str, Any]], tuple[tuple, dict[str, Any]]]  # a chunk's inputs, cut
 _POSITION_AXES = {  # a decoder layer's per-position inputs as transformers passes them: axes cut
     "attention_mask": {4: (2, 3), 2: (1,)},  # (rows, 1, query, key); (rows, positions)
     "position_ids": {2: (1,), 3: (2,)},  # (1 or rows, positions); mrope's (3, rows, positions)
