@@ -4,6 +4,7 @@ chunks sized within the pass's memory, and generation (a key/value cache) left w
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -39,7 +40,12 @@ def _ragged_rows() -> RLCalibration:
 
 def test_padded_rows_in_chunks_give_the_in_memory_statistics_and_sums_in_one_read_per_forward() -> None:
     """Chunks of 2 rows: padding is found per chunk (the observer reads each chunk's share of
-    the mask), a forward still reads each layer once, and Taylor's backward once more."""
+    the mask), a forward still reads each layer once, and Taylor's backward once more. Each
+    layer call of the routing pass is as wide as its chunk's longest real row, not the batch."""
+    from moescope.explore.calibration import calibration_batches
+    from moescope.models.row_chunks import real_lengths
+    from moescope.models.view import decoder_layers
+
     data = _ragged_rows()
     options = {"n_tokens": 10_000, "batch_size": 7, "seq_len": 64}
     with warnings.catch_warnings():
@@ -47,13 +53,23 @@ def test_padded_rows_in_chunks_give_the_in_memory_statistics_and_sums_in_one_rea
         model, _ = load_model("toy")
     expected = collect_routing(model, data, progress=False, **options)
     expected_taylor = taylor_importance(model, data, batch_size=7)
+    calls: list[tuple[int, int]] = []  # (rows, positions) of each call of the first layer
     with layer_sequential("toy") as loaded:
         chunk_decoder_layers(loaded, lambda *_: 2)
+        chunked = decoder_layers(loaded)[0]._old_forward
+        forward = chunked.forward
+        chunked.forward = lambda *args, **kw: calls.append(tuple(args[0].shape[:2])) or forward(*args, **kw)
         got = collect_routing(loaded, data, progress=False, **options)
         assert checkpoint_reads(loaded) == 1  # one forward of 7 rows, four chunks
+        chunked.forward = forward
         taylor = taylor_importance(loaded, data, batch_size=7)
         assert checkpoint_reads(loaded) == 3  # its forward and its backward
     assert got.n_tokens == expected.n_tokens == sum(len(r) for r in data.rows())
+    (batch,) = calibration_batches(data, None, **options)
+    lengths, starts = real_lengths(batch["attention_mask"]), [0, *np.cumsum([rows for rows, _ in calls])]
+    assert starts[-1] == len(lengths) == 7 and max(lengths) == batch["input_ids"].shape[1]
+    assert [width for _, width in calls] == [max(lengths[a:b]) for a, b in itertools.pairwise(starts)]
+    assert min(width for _, width in calls) < max(lengths)  # some chunk ran on fewer positions
     for name in ARRAYS:
         np.testing.assert_allclose(
             getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-5, err_msg=name

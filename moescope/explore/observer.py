@@ -9,7 +9,8 @@ from the attention mask, and its forward hook folds the pass into
 :class:`~moescope.explore.routing_sums.RoutingSums`.
 Until then a pass holds, per layer, its routed-context sums ``(E, H)`` in float32 (not the
 hidden states), so a pass that fails half-way adds nothing. A layer-sequential model's layers
-may run a forward's rows in chunks (:mod:`moescope.models.row_chunks`): the hooks then fire once
+may run a forward's rows in chunks (:mod:`moescope.models.row_chunks`), each on its rows' real
+positions alone (:func:`~moescope.models.row_chunks.trailing_padding`): the hooks then fire once
 per chunk, read the padding of the chunk's rows, and the chunks are joined into one pass.
 """
 
@@ -30,7 +31,7 @@ from moescope.explore.routing_sums import (
 )
 from moescope.explore.stats import RoutingStats
 from moescope.models.resident import execution_device
-from moescope.models.row_chunks import row_offset
+from moescope.models.row_chunks import chunk_width, row_offset
 from moescope.models.view import decoder_model
 from moescope.provenance import config_hash
 
@@ -46,10 +47,14 @@ class _Pending:
     index: torch.Tensor  # (T, k) chosen experts
     saliency: torch.Tensor | None = None  # (T, k) gate weight × ‖expert output‖ per slot
     context: tuple[torch.Tensor, torch.Tensor] | None = None  # (E, H), (E,): see routed_context
+    width: int = 0  # positions per row, where a chunk ran on fewer than its forward's (0: all)
 
     @staticmethod
-    def joined(parts: list[_Pending]) -> _Pending:
-        """One layer's routing of a forward whose rows ran in chunks, in row order."""
+    def joined(parts: list[_Pending], width: int) -> _Pending:
+        """One layer's routing of a forward whose rows ran in chunks, in row order, each chunk
+        cut to its rows' real positions padded back to the forward's ``width`` (the padding's
+        routing is zeros, left out by the forward's attention mask)."""
+        parts = [part.padded(width) for part in parts]
         if len(parts) == 1:
             return parts[0]
         saliency = None if any(p.saliency is None for p in parts) else torch.cat([p.saliency for p in parts])
@@ -58,6 +63,20 @@ class _Pending:
         return _Pending(
             torch.cat([p.logits for p in parts]), torch.cat([p.index for p in parts]), saliency, context
         )
+
+    def padded(self, width: int) -> _Pending:
+        """This chunk's routing at ``width`` positions a row, zeros after its rows' real positions
+        (:func:`~moescope.models.row_chunks.trailing_padding`)."""
+        if not self.width or self.width == width or not width:
+            return self
+
+        def pad(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            rows = t.reshape(-1, self.width, t.shape[-1])
+            return torch.nn.functional.pad(rows, (0, 0, 0, width - self.width)).reshape(-1, t.shape[-1])
+
+        return _Pending(pad(self.logits), pad(self.index), pad(self.saliency), self.context)
 
 
 class RoutingObserver:
@@ -194,8 +213,9 @@ class RoutingObserver:
             elif not row_offset():  # the layers before this one are done: folded now, not held to the end
                 self._flush()
             logits, index = layer.router_choice(out)
+            width = chunk_width(self._width)
             if layer.spec.combine == "output":
-                self._pending[layer.index] = _Pending(logits.detach(), index.detach())
+                self._pending[layer.index] = _Pending(logits.detach(), index.detach(), width=width)
                 return
             scores = out[0]  # Llama 4: dense sigmoid scores (0 off the top-k)
             hidden = args[0].detach().reshape(-1, args[0].shape[-1])
@@ -204,7 +224,7 @@ class RoutingObserver:
             saliency = recomputed_norms(layer, hidden, index, valid) * weights
             self.saliency_source[layer.index] = "recomputed"
             context = routed_context(hidden, index, weights, valid, layer.num_experts)
-            self._pending[layer.index] = _Pending(logits.detach(), index, saliency, context)
+            self._pending[layer.index] = _Pending(logits.detach(), index, saliency, context, width)
 
         return hook
 
@@ -242,19 +262,22 @@ class RoutingObserver:
         return hook
 
     def _chunk_valid(self, tokens: int) -> torch.Tensor | None:
-        """The padding mask of the ``tokens`` the running chunk's rows hold (all rows outside a
-        chunked layer)."""
+        """The padding mask of the ``tokens`` the running chunk's rows hold, on their real
+        positions where the chunk was cut to them (all rows outside a chunked layer)."""
         if self._valid is None:
             return None
-        start = row_offset() * self._width
-        return self._valid[start : start + tokens]
+        width = chunk_width(self._width)
+        rows = self._valid.view(-1, self._width)[row_offset() : row_offset() + tokens // width, :width]
+        return rows.reshape(-1)
 
     def _flush(self) -> None:
         """Fold the queued pass into the sums: one stacked update when all layers saw one shape."""
-        pending, self._pending = self._pending, {}
-        for index, parts in self._chunks.items():
-            pending[index] = _Pending.joined([*parts, pending[index]])
-        self._chunks = {}
+        chunks, self._chunks = self._chunks, {}
+        pending = {
+            index: _Pending.joined([*chunks.get(index, []), last], self._width)
+            for index, last in self._pending.items()
+        }
+        self._pending = {}
         shapes = {p.logits.shape for p in pending.values()}
         groups = [list(pending)] if len(shapes) == 1 else [[i] for i in pending]
         for group in groups if pending else []:

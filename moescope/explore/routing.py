@@ -46,6 +46,7 @@ from moescope.explore.observer import RoutingObserver
 from moescope.explore.routing_sums import ENTROPY_BINS
 from moescope.explore.stats import RoutingStats
 from moescope.models.resident import execution_device
+from moescope.models.row_chunks import real_lengths, trailing_padding
 from moescope.models.view import adapt
 
 __all__ = [
@@ -110,6 +111,8 @@ def collect_routing(
     seed : task-suite seed.
 
     The model runs in eval mode under ``torch.no_grad()``; its training flag is restored after.
+    A layer-sequential model's layers run each chunk of a batch's rows on their real positions
+    alone (:func:`~moescope.models.row_chunks.trailing_padding`): the padding is not counted anyway.
     """
     from tqdm.auto import tqdm
 
@@ -129,7 +132,8 @@ def collect_routing(
         ):
             for batch in batches:
                 _check_ids(batch["input_ids"], vocab)
-                model(**{name: t.to(device) for name, t in batch.items()}, **extra)
+                with trailing_padding(real_lengths(batch["attention_mask"])):  # padding is left out anyway
+                    model(**{name: t.to(device) for name, t in batch.items()}, **extra)
                 bar.update(int(batch["attention_mask"].sum()))
     finally:
         model.train(was_training)
