@@ -33,7 +33,12 @@ def check_entropy(trace: Trace) -> list[Finding]:
         return []
     points, floor = series(trace, key), _floor(trace)
     out = []
-    low = shift(points, lambda v, base: v < 0.5 * base and (floor is None or v < floor), positive_base=True)
+    low = shift(
+        points,
+        lambda v, base: v < 0.5 * base and (floor is None or v < floor),
+        positive_base=True,
+        gap=lambda base: 0.5 * base,
+    )
     if low is not None:
         lowest = min(low.running)
         message = (
@@ -42,7 +47,7 @@ def check_entropy(trace: Trace) -> list[Finding]:
         )
         evidence = {"key": key, "baseline": low.base, "lowest": lowest, "floor": floor}
         out.append(low.finding("entropy_collapse", "warning", message, **evidence))
-    high = shift(points, lambda v, base: v > max(3 * base, base + 0.5))
+    high = shift(points, lambda v, base: v > max(3 * base, base + 0.5), gap=lambda base: max(2 * base, 0.5))
     if high is not None:
         highest = max(high.running)
         message = (
@@ -63,7 +68,12 @@ def check_reward_collapse(trace: Trace) -> list[Finding]:
     if key is None:
         return []
     points = series(trace, key)
-    fall = shift(points, lambda v, base: v < REWARD_FALL * base, positive_base=True)
+    fall = shift(
+        points,
+        lambda v, base: v < REWARD_FALL * base,
+        positive_base=True,
+        gap=lambda base: (1 - REWARD_FALL) * base,
+    )
     against = "an early level"
     if fall is None:
         fall, against = fall_from_peak(points, REWARD_FALL), "a peak"

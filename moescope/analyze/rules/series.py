@@ -14,7 +14,7 @@ from operator import is_not, truediv
 from typing import Any
 
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.thresholds import SUSTAIN
+from moescope.analyze.rules.thresholds import NOISE_MARGIN, SUSTAIN
 from moescope.traces import Trace
 
 Series = list[tuple[int, float]]
@@ -242,6 +242,23 @@ class Shift:
         return Finding(type, self.step, severity, message, data)
 
 
+def noise_window(values: Sequence[float], gap: float) -> int:
+    """Values a running mean takes so that the series' own noise, at the extremes a series of its
+    length reaches by chance, moves it by less than ``gap``: :data:`SUSTAIN` for a series whose
+    steps agree (most logged means), more for one whose step-to-step noise is of the size of the
+    shift judged. The noise is read from second differences (their median), which neither a
+    trend nor a shift itself moves much."""
+    n = len(values)
+    if n < 3 or not gap > 0:
+        return SUSTAIN
+    second = (abs(values[i + 1] - 2 * values[i] + values[i - 1]) for i in range(1, n - 1))
+    sigma = statistics.median(second) / (0.6745 * math.sqrt(6))
+    root = math.sqrt(2 * math.log(n))
+    largest = root - (math.log(math.log(n)) + math.log(4 * math.pi)) / (2 * root)  # of n normal draws
+    width = math.ceil((2 * max(largest, 0.0) * NOISE_MARGIN * sigma / gap) ** 2)
+    return max(SUSTAIN, min(width, n))  # at most the series: a mean of all of it
+
+
 def shift(
     points: Series,
     crossed: Callable[[float, float], bool],
@@ -249,16 +266,19 @@ def shift(
     stat: Callable[[Sequence[float]], float] = statistics.fmean,
     min_points: int = SUSTAIN + 3,
     positive_base: bool = False,
+    gap: Callable[[float], float] | None = None,
 ) -> Shift | None:
     """Where ``crossed(running value, baseline)`` first holds for ``SUSTAIN`` steps, dated back to
-    the first raw value that crossed; None when it never does."""
+    the first raw value that crossed; None when it never does. With ``gap`` (the baseline → how
+    far the running value must move to cross), the running mean spans :func:`noise_window` steps."""
     values = [v for _, v in points]
     if len(values) < min_points:
         return None
     base = baseline(values)
     if positive_base and base <= 0:
         return None
-    trail = running(values, SUSTAIN, stat)
+    width = SUSTAIN if gap is None else noise_window(values, gap(base))
+    trail = running(values, width, stat)
     start = sustained([crossed(r, base) for r in trail])
     if start is None:
         return None
@@ -272,13 +292,15 @@ def fall_from_peak(points: Series, ratio: float, *, min_points: int = SUSTAIN + 
     reached, not the start it passed (a fall back to the early level is a collapse all the same).
 
     A level is held when ``SUSTAIN`` values in a row reach it (the least of them), so that a noisy
-    reward's lucky step sets no peak; None when the early level is not positive."""
+    reward's lucky step sets no peak; in a series whose steps are as noisy as the fall, as many
+    values as its running mean spans (:func:`noise_window`). None when the early level is not positive."""
     values = [v for _, v in points]
     if len(values) < min_points or baseline(values) <= 0:
         return None
-    held = map(min, *(values[k : len(values) - SUSTAIN + 1 + k] for k in range(SUSTAIN)))
-    peaks = [-math.inf] * (SUSTAIN - 1) + list(itertools.accumulate(held, max))
-    trail = running(values, SUSTAIN, statistics.fmean)
+    width = noise_window(values, (1 - ratio) * baseline(values))
+    held = map(min, *(values[k : len(values) - width + 1 + k] for k in range(width)))
+    peaks = [-math.inf] * (width - 1) + list(itertools.accumulate(held, max))
+    trail = running(values, width, statistics.fmean)
     start = sustained([r < ratio * peak for r, peak in zip(trail, peaks, strict=True)])
     if start is None:
         return None

@@ -8,6 +8,13 @@ from __future__ import annotations
 
 WINDOW = 10  # steps of history a spike or a jump is measured against
 SUSTAIN = 3  # steps a shift must hold before it counts (and a flag run, for degenerate output)
+# a level shift's running mean spans enough steps that the series' own step-to-step noise moves
+# it by less than the shift: a per-step reward as noisy as its mean (a tiny batch) dipped by
+# chance for three steps in a run of 20,000, read as a collapse. The noise is taken at the extremes
+# a series of its length reaches by chance (the expected largest of n normal draws: 1.8 standard
+# deviations for 25 steps, 3.9 for 20,000), at both ends (a lucky peak, then an unlucky trough),
+# times NOISE_MARGIN
+NOISE_MARGIN = 1.0
 GRAD_SPIKE_FACTOR = 10.0  # a gradient-norm spike: this many times the running median...
 GRAD_SPIKE_Z = 6.0  # ...and this many robust deviations (MAD of log norms) above it
 GRAD_SPIKE_EXTREME = 1000.0  # with under 3 earlier gradient steps, only this big a jump counts
