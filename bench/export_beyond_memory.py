@@ -9,8 +9,10 @@ are the same, the capability check and the fidelity KL, how many times the check
 (the manifest's ``"original"`` record), how the proxy was read to be measured (whole, or a
 decoder layer at a time from its cut, and how often: ``"proxy_read"``), the peak RSS of each
 process (``os.wait4``'s rusage) and its wall time (start-up included), then the ratios against
-issue 43's cost goals: at most 6 reads of the checkpoint, at most 1/6 of the in-memory export's
-peak RSS, and on toy-v3 at most 2x its wall time. It reports; it does not pass or fail.
+issue 43's cost goals, each where it is set: on the bench checkpoint at most 6 reads of it and at
+most 1/6 of the in-memory export's peak RSS, on toy-v3 at most 2x its wall time (the exports run
+one after the other, each with the machine's threads: other work on the CPUs moves the ratio; two
+exports started together, one core each, compare steadier). It reports; it does not pass or fail.
 
     PYTHONPATH=. .venv/bin/python bench/export_beyond_memory.py [--gb 1.0] [--models toy-v3,bench]
         [--keep 1/4] [--budget 0.6] [--flags "--min-capability 0"]
@@ -44,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export import write_checkpoint  # bench/export.py: the same synthetic checkpoint
 
 READS_GOAL, MEMORY_GOAL, WALL_GOAL, CAPABILITY_GOAL = 6, 1 / 6, 2.0, 0.03
+COST_GOALS = {"bench": ("reads", "memory"), "toy-v3": ("wall",)}  # which goal is set on which model
 RUNS = ("in memory", "layer-sequential")
 EMBEDDED = ("toy", "toy-v3")
 
@@ -95,7 +98,11 @@ def compare(model: str, keep: str, budget: int, flags: list[str], work: Path) ->
     return {name: row(result) for name, result in runs.items()}
 
 
-def report(name: str, weights: int, budget: int, rows: dict[str, dict[str, Any]], wall_goal: bool) -> None:
+def report(
+    name: str, weights: int, budget: int, rows: dict[str, dict[str, Any]], goals: tuple[str, ...]
+) -> None:
+    """The two exports side by side; ``goals``: the cost goals that apply to this model (``reads``,
+    ``memory``: the bench checkpoint's; ``wall``: toy-v3's), the others' figures shown without one."""
     memory, sequential = rows[RUNS[0]], rows[RUNS[1]]
     print(f"\n## {name}: {weights / 1e6:.1f} MB of weights, --max-memory {budget / 1e6:.1f} MB")
     print(f"{'':24}{RUNS[0]:>28}{RUNS[1]:>28}")
@@ -118,15 +125,15 @@ def report(name: str, weights: int, budget: int, rows: dict[str, dict[str, Any]]
         shown = f"capability ratio {memory['ratio']:.3f} vs {sequential['ratio']:.3f}"
         print(f"{shown}: difference {gap:.3f} (goal <= {CAPABILITY_GOAL}: {met})")
     reads = sequential["reads"]
-    met = _met(isinstance(reads, int) and reads <= READS_GOAL)
-    print(f"checkpoint reads: {reads} (goal <= {READS_GOAL}: {met})")
+    goal = f" (goal <= {READS_GOAL}: {_met(isinstance(reads, int) and reads <= READS_GOAL)})"
+    print(f"checkpoint reads: {reads}{goal if 'reads' in goals else ''}")
     ratio = sequential["peak"] / memory["peak"]
-    met = _met(ratio <= MEMORY_GOAL)
     shown = f"1/{1 / ratio:.1f} of" if ratio < 1 else f"{ratio:.2f}x"
-    print(f"peak RSS: {shown} the in-memory export's (goal <= 1/6: {met})")
+    goal = f" (goal <= 1/6: {_met(ratio <= MEMORY_GOAL)})"
+    print(f"peak RSS: {shown} the in-memory export's{goal if 'memory' in goals else ''}")
     wall = sequential["wall"] / memory["wall"]
-    goal = f" (goal <= {WALL_GOAL:g}x: {_met(wall <= WALL_GOAL)})" if wall_goal else ""
-    print(f"wall: {wall:.2f}x the in-memory export's{goal}")
+    goal = f" (goal <= {WALL_GOAL:g}x: {_met(wall <= WALL_GOAL)})"
+    print(f"wall: {wall:.2f}x the in-memory export's{goal if 'wall' in goals else ''}")
 
 
 def _proxy_read(read: dict[str, Any] | None) -> str:
@@ -167,7 +174,7 @@ def main() -> None:
             budget = int(weights * args.budget)
             for keep in args.keep.split(","):
                 rows = compare(model, keep, budget, flags, work / name / keep.replace("/", "-"))
-                report(f"{name} at {keep}", weights, budget, rows, wall_goal=name == "toy-v3")
+                report(f"{name} at {keep}", weights, budget, rows, COST_GOALS.get(name, ()))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
