@@ -48,6 +48,9 @@ nothing (negative controls in the tests):
   times it, for ``SUSTAIN`` steps.
 - ``reward_collapse``: the running mean reward falls below a fifth of a positive early baseline, or
   of the peak it reached after.
+- These running means span ``SUSTAIN`` steps, or more where the series' own step-to-step noise
+  (at the extremes a series of its length reaches by chance) is of the size of the shift: a reward
+  drawn afresh each step from a batch of one dips by chance somewhere in a long run.
 - ``no_signal``: every group's rewards were equal (no GRPO gradient: ``frac_reward_zero_std`` at 1,
   or every advantage exactly 0, or a reward std of exactly 0) on most steps, dated where
   such steps first follow one another for ``SUSTAIN`` steps; or on the log's last ``SUSTAIN`` or
