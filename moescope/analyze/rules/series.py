@@ -13,6 +13,8 @@ from itertools import chain, compress, repeat
 from operator import is_not, truediv
 from typing import Any
 
+import numpy as np
+
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.thresholds import NOISE_MARGIN, SUSTAIN
 from moescope.traces import Trace
@@ -251,8 +253,8 @@ def noise_window(values: Sequence[float], gap: float) -> int:
     n = len(values)
     if n < 3 or not gap > 0:
         return SUSTAIN
-    second = (abs(values[i + 1] - 2 * values[i] + values[i - 1]) for i in range(1, n - 1))
-    sigma = statistics.median(second) / (0.6745 * math.sqrt(6))
+    second = np.abs(np.diff(np.asarray(values, dtype=np.float64), 2))
+    sigma = float(np.median(second)) / (0.6745 * math.sqrt(6))
     root = math.sqrt(2 * math.log(n))
     largest = root - (math.log(math.log(n)) + math.log(4 * math.pi)) / (2 * root)  # of n normal draws
     width = math.ceil((2 * max(largest, 0.0) * NOISE_MARGIN * sigma / gap) ** 2)
