@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections.abc import Callable, Iterator, Sequence
@@ -300,8 +299,8 @@ def fall_from_peak(points: Series, ratio: float, *, min_points: int = SUSTAIN + 
     if len(values) < min_points or baseline(values) <= 0:
         return None
     width = noise_window(values, (1 - ratio) * baseline(values))
-    held = map(min, *(values[k : len(values) - width + 1 + k] for k in range(width)))
-    peaks = [-math.inf] * (width - 1) + list(itertools.accumulate(held, max))
+    held = np.lib.stride_tricks.sliding_window_view(np.asarray(values, dtype=np.float64), width).min(axis=1)
+    peaks = [-math.inf] * (width - 1) + np.maximum.accumulate(held).tolist()
     trail = running(values, width, statistics.fmean)
     start = sustained([r < ratio * peak for r, peak in zip(trail, peaks, strict=True)])
     if start is None:
