@@ -14,7 +14,13 @@ import pytest
 from moescope import schema as S
 from moescope.analyze.rules import gradients, nonfinite
 from moescope.analyze.rules.series import first_logged, reading_once, running, series, step_of
-from moescope.analyze.rules.thresholds import GRAD_SPIKE_EXTREME, GRAD_SPIKE_FACTOR, GRAD_SPIKE_Z, WINDOW
+from moescope.analyze.rules.thresholds import (
+    GRAD_SPIKE_EXTREME,
+    GRAD_SPIKE_FACTOR,
+    GRAD_SPIKE_Z,
+    SUSTAIN,
+    WINDOW,
+)
 from moescope.traces import Trace
 
 VALUES = (0.5, 2, 0.0, -1.5, math.nan, math.inf, -math.inf, None, True, "0.3")
@@ -130,8 +136,16 @@ def test_the_running_mean_is_the_mean_of_each_window(seed: int) -> None:
         rng.choice([rng.uniform(-5, 5), 1e300, -1e-300, 3, math.nan]) for _ in range(rng.randint(0, 12))
     ]
     values += [math.inf, -math.inf] * (seed % 5 == 0)  # fsum refuses inf - inf, as fmean does
-    for width in range(1, 6):
+    for width in range(1, SUSTAIN + 1):
         want = _outcome(
             lambda w=width: [statistics.fmean(values[max(0, i - w + 1) : i + 1]) for i in range(len(values))]
         )
         assert repr(_outcome(running, values, width, statistics.fmean)) == repr(want)
+    # a wider window (a noisy series', noise_window) is numpy's mean: fmean's to rounding, on the
+    # finite values the rules read
+    finite = [v for v in values if math.isfinite(v)]
+    for width in range(SUSTAIN + 1, SUSTAIN + 4):
+        want = [statistics.fmean(finite[max(0, i - width + 1) : i + 1]) for i in range(len(finite))]
+        got = running(finite, width, statistics.fmean)
+        assert len(got) == len(want)
+        assert all(math.isclose(g, w, rel_tol=1e-12, abs_tol=1e-285) for g, w in zip(got, want, strict=True))

@@ -148,14 +148,19 @@ def running(values: Sequence[float], width: int, fn: Callable[[Sequence[float]],
     """``fn`` over the trailing window of ``width`` values at every position.
 
     The mean most rules take (:func:`statistics.fmean`) is each window's ``fsum`` over its length,
-    as ``fmean`` computes it, mapped in C instead of a call per position."""
+    as ``fmean`` computes it, mapped in C instead of a call per position; over a window wider than
+    :data:`SUSTAIN` (a noisy series', :func:`noise_window`), numpy's mean of each window."""
     if fn is not statistics.fmean or width < 1:
         return [fn(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
     head = [values[: i + 1] for i in range(min(width - 1, len(values)))]
+    means = [*map(truediv, map(math.fsum, head), map(len, head))]
+    if len(values) < width:
+        return means
+    if width > SUSTAIN:
+        windows = np.lib.stride_tricks.sliding_window_view(np.asarray(values, dtype=np.float64), width)
+        return [*means, *windows.mean(axis=1).tolist()]
     shifted = (values[k : len(values) - width + 1 + k] for k in range(width))
-    full = zip(*shifted, strict=True) if len(values) >= width else ()
-    means = map(truediv, map(math.fsum, head), map(len, head))
-    return [*means, *map(truediv, map(math.fsum, full), repeat(width))]
+    return [*means, *map(truediv, map(math.fsum, zip(*shifted, strict=True)), repeat(width))]
 
 
 def above_ceiling(kind: str, key: str, points: Series, ceiling: float, what: str, why: str) -> Finding | None:
