@@ -157,10 +157,14 @@ def running(values: Sequence[float], width: int, fn: Callable[[Sequence[float]],
     if len(values) < width:
         return means
     if width > SUSTAIN:
-        windows = np.lib.stride_tricks.sliding_window_view(np.asarray(values, dtype=np.float64), width)
-        return [*means, *windows.mean(axis=1).tolist()]
+        return [*means, *_windows(values, width).mean(axis=1).tolist()]
     shifted = (values[k : len(values) - width + 1 + k] for k in range(width))
     return [*means, *map(truediv, map(math.fsum, zip(*shifted, strict=True)), repeat(width))]
+
+
+def _windows(values: Sequence[float] | np.ndarray, width: int) -> np.ndarray:
+    """``(n - width + 1, width)``: every full window of ``width`` values, a view, not a copy."""
+    return np.lib.stride_tricks.sliding_window_view(np.asarray(values, dtype=np.float64), width)
 
 
 def above_ceiling(kind: str, key: str, points: Series, ceiling: float, what: str, why: str) -> Finding | None:
@@ -248,7 +252,7 @@ class Shift:
         return Finding(type, self.step, severity, message, data)
 
 
-def noise_window(values: Sequence[float], gap: float) -> int:
+def noise_window(values: Sequence[float] | np.ndarray, gap: float) -> int:
     """Values a running mean takes so that the series' own noise, at the extremes a series of its
     length reaches by chance, moves it by less than ``gap``: :data:`SUSTAIN` for a series whose
     steps agree (most logged means), more for one whose step-to-step noise is of the size of the
@@ -303,9 +307,9 @@ def fall_from_peak(points: Series, ratio: float, *, min_points: int = SUSTAIN + 
     values = [v for _, v in points]
     if len(values) < min_points or baseline(values) <= 0:
         return None
-    width = noise_window(values, (1 - ratio) * baseline(values))
-    held = np.lib.stride_tricks.sliding_window_view(np.asarray(values, dtype=np.float64), width).min(axis=1)
-    peaks = [-math.inf] * (width - 1) + np.maximum.accumulate(held).tolist()
+    array = np.asarray(values, dtype=np.float64)  # read once for the noise and the held levels
+    width = noise_window(array, (1 - ratio) * baseline(values))
+    peaks = [-math.inf] * (width - 1) + np.maximum.accumulate(_windows(array, width).min(axis=1)).tolist()
     trail = running(values, width, statistics.fmean)
     start = sustained([r < ratio * peak for r, peak in zip(trail, peaks, strict=True)])
     if start is None:
