@@ -190,6 +190,27 @@ def test_kmedoids_finds_planted_groups() -> None:
     assert labels.tolist() == [0, 0, 0, 1, 1, 1]
 
 
+def test_kmedoids_does_not_move_with_float_noise() -> None:
+    """The same distances up to relative noise of 1e-9 (what computing the routing sums at
+    other shapes leaves) give the same clusters; FasterPAM alone, on the unrounded distances,
+    lands elsewhere on this problem (a swap gaining exactly nothing taken by one float sum's
+    last bit and not by the other's)."""
+    import kmedoids
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 8))
+    d = np.sqrt(((x[:, None] - x[None]) ** 2).sum(-1))
+    d /= d.mean()
+    noise = rng.normal(size=(16, 16)) * 1e-9
+    noisy = np.abs(d + (noise + noise.T) / 2)
+    np.fill_diagonal(noisy, 0.0)
+    worth = np.arange(16, 0, -1, dtype=float)  # starts from experts 0..7
+    raw = [kmedoids.fasterpam(m, np.arange(8), max_iter=100, n_cpu=1).medoids for m in (d, noisy)]
+    assert sorted(raw[0].tolist()) != sorted(raw[1].tolist())
+    clean, jittered = (paper.kmedoids_clusters(m, 8, worth) for m in (d, noisy))
+    assert [a.tolist() for a in clean] == [a.tolist() for a in jittered]  # labels and medoids
+
+
 def test_each_cluster_keeps_its_most_important_member() -> None:
     labels = np.array([0, 0, 1, 1, 1, 2])
     medoids = np.array([0, 3, 5])
