@@ -33,11 +33,12 @@ toy, routed tokens as importance kept 0.10 of the accuracy at keep 1/2 where the
 contribution kept 0.56 (three views, equal weights), and frequency alone is the weakest
 baseline there. The default views depend on the router (:func:`default_views`). Under a
 softmax (or any non-sigmoid) router, the router view alone: on the toy it kept 0.78 (1/2) and
-0.35 (1/4), all three views at equal weights 0.56 and 0.14, co-activation alone 0.31 and 0.23,
-router and context 0.59 and 0.13 (``bench/paper_selection.py``; the documentation's *The method*,
-*the paper's selection*). Under a sigmoid router (DeepSeek-V3's family), router and context together: on
-toy-v3 (top-6 of 64) they kept 0.32 against the router's 0.24 at 1/4 and 0.60 against 0.47 at
-1/2 (``--model toy-v3 --calibration rl``), and healed to the capability target in fewer steps.
+0.35 (1/4), all three views at equal weights 0.56 and 0.14, co-activation alone 0.24 and 0.23,
+router and context (calibrated on the replay's RL data) 0.59 and 0.14 (``bench/paper_selection.py``;
+the documentation's *The method*, *the paper's selection*). Under a sigmoid router (DeepSeek-V3's
+family), router and context together: on toy-v3 (top-6 of 64) they kept 0.32 against the
+router's 0.24 at 1/4 and 0.60 against 0.48 at 1/2 (``--model toy-v3 --calibration rl``), and
+healed to the capability target in fewer steps.
 One model of each family decided this; name the views to choose otherwise.
 
 Under grouped routing every contiguous expert group is clustered on its own into its equal
