@@ -22,6 +22,10 @@ before the log, several runs one after another (``run=``).
 Lines between the records where the framework itself warns (Megatron's NaN checks, DeepSpeed
 overflows, PyTorch's anomaly mode) are folded into their steps (:mod:`~moescope.analyze.readers.alerts`).
 
+A large log that is nothing but one format's step lines (verl's console, Megatron's iteration
+lines, mmengine's ``Iter(train)`` lines) is read a column at a time instead, to the same trace
+(:mod:`~moescope.analyze.readers.vectorized`); any other log is read line by line.
+
 Bad input — a missing path, an empty or binary file, a log with no step a reader recognises —
 raises a :class:`~moescope.errors.MoescopeError` whose message names the problem and the fix.
 
@@ -55,6 +59,7 @@ from moescope.analyze.readers import (
     tensorboard,
     topk,
     trl,
+    vectorized,
     verl,
     wandb,
 )
@@ -111,6 +116,9 @@ def read_log(
         Which run to read when the log holds several pasted one after another (the step counter
         starts over): 0 the first, -1 (the default) the last. :func:`read_runs` reads them all.
     """
+    fast = vectorized.read(Path(path), format, _reference)  # a large log of one line shape
+    if fast is not None:
+        return fast
     log, format, parsed, notes = _parse(Path(path), format, num_experts)
     runs = _runs(parsed)
     if len(runs) > 1:
@@ -134,6 +142,9 @@ def read_runs(path: str | Path, format: str | None = None, *, num_experts: int |
     that says where it starts. A log of one run gives one trace. Parameters as in
     :func:`read_log`.
     """
+    fast = vectorized.read(Path(path), format, _reference)  # one run: its steps only rise
+    if fast is not None:
+        return [fast]
     log, format, parsed, notes = _parse(Path(path), format, num_experts)
     runs = _runs(parsed)
     if len(runs) == 1:
@@ -182,6 +193,12 @@ def _parse(path: Path, format: str | None, num_experts: int | None) -> tuple[Log
         f"the file also has {n} {f} lines; read them with format={f!r}" for n, f in others if f in unread
     ]
     return log, format, parsed, notes
+
+
+def _reference(log: LogFile, format: str) -> Trace:
+    """The line reader's trace of ``log`` in ``format``: what the fast path's rows are checked
+    against (:mod:`~moescope.analyze.readers.vectorized`)."""
+    return _trace(log, format, READERS[format](log), log.path, [])
 
 
 def _all_overflows(log: LogFile, megatron_lines: int) -> bool:
