@@ -5,12 +5,14 @@ mmengine / XTuner records), each line a realistic record with a NaN now and then
 read three ways, in alternation, ``--repeats`` times:
 
 - **lines**: the file read line by line and decoded, nothing parsed (the floor any reader pays);
-- **read_log**: :func:`moescope.analyze.readers.read_log`, detection included;
+- **read_log**: :func:`moescope.analyze.readers.read_log`, detection included (a log of one
+  line shape read column-wise: :mod:`moescope.analyze.readers.vectorized`);
+- **line reader**: ``read_log`` with that fast path switched off (every line read in Python);
 - **diagnose**: ``read_log`` and then :func:`moescope.analyze.diagnosis.diagnose`;
 - **rules**: ``diagnose`` alone, on the file's trace read once before (diagnose's own share).
 
 Prints the CPU, then per format the median of each, read_log's speed, and the ratio to lines
-of read_log (against the 2x goal), diagnose and rules, by wall-clock time and by the process's
+of read_log (against the 2x goal), the line reader, diagnose and rules, by wall-clock time and by the process's
 CPU time (steadier where other work shares the CPUs), and the peak Python memory of one read_log
 over the file's size. It reports; it does not pass or fail.
 
@@ -97,6 +99,17 @@ def read_lines(path: Path) -> int:
         return sum(1 for line in f if line.decode("utf-8", errors="replace"))
 
 
+def line_reader(path: Path) -> object:
+    """``read_log`` with the column-wise fast path off: what every log took before it."""
+    from moescope.analyze.readers import read_log, vectorized
+
+    vectorized.ENABLED = False
+    try:
+        return read_log(path)
+    finally:
+        vectorized.ENABLED = True
+
+
 def timed(fn: Callable[[], object]) -> tuple[float, float]:
     """Wall-clock and CPU seconds of one call."""
     wall, cpu = time.perf_counter(), time.process_time()
@@ -150,6 +163,7 @@ def main() -> None:
             runs = {
                 "lines": lambda p=path: read_lines(p),
                 "read_log": lambda p=path: read_log(p),
+                "line reader": lambda p=path: line_reader(p),
                 "diagnose": lambda p=path: diagnose(read_log(p)),
                 "rules": lambda t=trace: diagnose(t),
             }
@@ -166,7 +180,8 @@ def main() -> None:
             print(
                 f"{fmt}: {mib:.0f} MiB, {lines} lines; lines {med['lines']:.2f} s, read_log "
                 f"{med['read_log']:.2f} s = {mib / med['read_log']:.0f} MiB/s ({ratio:.1f}x lines{verdict}; "
-                f"CPU {cpu['read_log'] / cpu['lines']:.1f}x), {_against_lines('diagnose', med, cpu)} "
+                f"CPU {cpu['read_log'] / cpu['lines']:.1f}x), {_against_lines('line reader', med, cpu)}, "
+                f"{_against_lines('diagnose', med, cpu)} "
                 f"of which {_against_lines('rules', med, cpu)}; "
                 f"peak memory {peak_mib(path) / mib:.1f}x the file"
             )

@@ -225,3 +225,18 @@ def test_whatever_the_fast_path_takes_it_reads_as_the_line_reader(
         slow = _slow(path, monkeypatch, format=fmt)
         _assert_same(read_log(path, format=fmt), slow)
     assert len(taken) == 10
+
+
+def test_one_huge_line_is_declined_before_the_file_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, taken: list[bool]
+) -> None:
+    """A step line followed by 3 MiB without a newline: declined a block in, and read by the line
+    reader (which reads 1 MiB of such a line) as with the fast path off."""
+    path, lines = _log(tmp_path, "verl-console", 300)
+    path.write_text("".join(lines) + "x" * (3 << 20) + "\n")
+    reads: list[Path] = []
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or b"")
+    assert not vectorized._plain_text(path)
+    fast = read_log(path)
+    assert taken == [False] and reads == []
+    _assert_same(fast, _slow(path, monkeypatch))

@@ -159,12 +159,10 @@ def read(path: Path, format: str | None, reference: Reference) -> Trace | None:
     if not ENABLED or pa is None or (format is not None and format not in SHAPES):
         return None
     try:
-        if not path.is_file() or path.stat().st_size < MIN_BYTES:
+        if not path.is_file() or path.stat().st_size < MIN_BYTES or not _plain_text(path):
             return None
         data = path.read_bytes()
     except OSError:
-        return None
-    if data.translate(None, _PRINTABLE):  # a byte that is not printable ASCII: the line reader
         return None
     offsets = _line_offsets(data)
     if offsets is None:
@@ -192,6 +190,17 @@ def read(path: Path, format: str | None, reference: Reference) -> Trace | None:
     raws = _raw_lines(data, offsets)
     del data  # the lines' text is in raws now: the file's bytes are not held beside the trace
     return _trace(path, format, shape, columns, raws, head[:SAMPLE], reference)
+
+
+def _plain_text(path: Path) -> bool:
+    """Whether the file is printable ASCII whose every :data:`MAX_LINE` bytes hold a newline,
+    read a block at a time: a binary file or one line of a gigabyte is declined before the file
+    is read whole (the line reader reads at most ``MAX_LINE`` bytes of a line)."""
+    with path.open("rb") as f:
+        while block := f.read(MAX_LINE):
+            if block.translate(None, _PRINTABLE) or (len(block) == MAX_LINE and b"\n" not in block):
+                return False
+    return True
 
 
 def _line_offsets(data: bytes) -> np.ndarray | None:
