@@ -12,9 +12,9 @@ read three ways, in alternation, ``--repeats`` times:
 - **rules**: ``diagnose`` alone, on the file's trace read once before (diagnose's own share).
 
 Prints the CPU, then per format the median of each, read_log's speed, and the ratio to lines
-of read_log (against the 2x goal), the line reader, diagnose and rules, by wall-clock time and by the process's
-CPU time (steadier where other work shares the CPUs), and the peak Python memory of one read_log
-over the file's size. It reports; it does not pass or fail.
+of read_log (against the 2x goal), the line reader, diagnose and rules, by wall-clock time and
+by the process's CPU time (steadier where other work shares the CPUs), and the peak Python
+memory of one read_log over the file's size. It reports; it does not pass or fail.
 
     .venv/bin/python bench/diagnose_read.py [--mb 64] [--repeats 3]
 """
