@@ -82,12 +82,12 @@ _MAX_ITER = 100  # FasterPAM swap rounds; it stops earlier when no swap improves
 
 GRID = 2.0**-20
 """The step the fused distances (averaging 1) are rounded to before K-Medoids. A swap that gains
-exactly nothing (two experts trading places as the medoid of their cluster) sums to ±1 ulp in
-float arithmetic, and FasterPAM takes it or not by that last bit, which the order of float sums
-decides: the same routing sums computed at other shapes (a model read a layer at a time) then
-ended in another local optimum. On the grid the sums are exact and such a swap is never taken:
-under symmetric relative noise of 1e-9 to 1e-6, FasterPAM's medoids moved on 64–72 of 400
-random 16-expert problems, on the grid on none."""
+nothing (two experts trading places as the medoid of a two-expert cluster, say) sums to ±1 ulp
+in float arithmetic, and FasterPAM takes it or not by that last bit, which the order of float
+sums decides: the same routing sums computed at other shapes (a model read a layer at a time)
+then ended in another local optimum. On the grid the sums are exact and such a swap is never
+taken: under symmetric relative noise of 1e-9 to 1e-6, FasterPAM's medoids moved on 64–72 of
+400 random 16-expert problems, on the grid on none."""
 
 
 def default_views(scoring: str | None) -> tuple[str, ...]:
