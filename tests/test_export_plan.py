@@ -163,6 +163,25 @@ def test_healing_a_cut_proxy_larger_than_the_budget_is_refused_and_nothing_is_wr
     assert not list(tmp_path.iterdir())
 
 
+def test_a_proxy_too_large_to_heal_is_measured_and_refused_only_when_short_of_the_target(
+    tmp_path: Path, capsys
+) -> None:
+    """A half proxy (4.0 MB) cannot be trained within 4 MB, but a target asks for healing only
+    where the proxy falls short of it: one that passes is read a layer at a time, measured and
+    written; one that falls short is the one sentence, with nothing written."""
+    argv = ["export", "toy", "--keep", "1/2", "--max-memory", TOY_BUDGET, "--method", "reap"]
+    quick = ["--calibration", "tasks", "--n-tokens", "1000"]
+    assert main([*argv, *quick, "--min-capability", "0.3", "--out", str(tmp_path / "passes")]) == 0
+    manifest = read_manifest(tmp_path / "passes")
+    assert manifest["proxy_read"]["read"] == LAYER_SEQUENTIAL
+    assert manifest["targeting"]["passed"] and "after 0 healing steps, pass" in capsys.readouterr().out
+    assert main([*argv, *quick, "--min-capability", "0.99", "--out", str(tmp_path / "short")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the proxy (4.0 MB) does not fit --max-memory (4.0 MB), and healing it loads it whole" in err, err
+    assert err.count("\n") == 0 and not (tmp_path / "short").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["passes"]
+
+
 def test_a_budget_below_one_layer_is_refused(tmp_path: Path, capsys) -> None:
     out = tmp_path / "proxy"
     argv = [

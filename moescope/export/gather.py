@@ -237,9 +237,11 @@ class Gathered:
     ``cut(selection)`` returns the proxy of that selection: loaded whole, or, cut from a
     layer-sequential original's shards and too large to sit beside it within the budget, read a
     decoder layer at a time from the cut (:func:`proxy_fits`). ``heals``: whether the export
-    may heal the proxies it cuts (set before the first cut; healing trains a proxy whole).
-    ``proxy_read`` says how the last proxy cut was read, and why (empty for a proxy built in
-    memory).
+    heals the proxies it cuts (set before the first cut; healing trains a proxy whole);
+    ``targets``: whether it heals them only if measured short of a capability target, so that a
+    proxy too large to be trained is measured all the same, and refused only when it falls short
+    (:func:`~moescope.export.healing.check_trainable`). ``proxy_read`` says how the last proxy
+    cut was read, and why (empty for a proxy built in memory).
     """
 
     original: PreTrainedModel
@@ -247,6 +249,7 @@ class Gathered:
     placement: Placement
     cut: Callable[[Selection], PreTrainedModel]
     heals: bool = False
+    targets: bool = False
     proxy_read: dict[str, str] = field(default_factory=dict)
 
 
@@ -316,6 +319,7 @@ def _shard_cutter(
     closes. The original's passes then share the budget with what the proxy holds: they are
     sized within what it leaves. ``got.proxy_read`` is told how the proxy was read, and why."""
     from moescope.explore.sequential import largest_layer_bytes, layer_sequential
+    from moescope.export.healing import UNTRAINABLE
     from moescope.export.streaming.export import write_selected
     from moescope.models.loading import load_model, weight_files
 
@@ -331,10 +335,11 @@ def _shard_cutter(
         limit, named = (budget, "--max-memory") if budget else (available_memory(), "the memory available")
         if got.heals and size > limit:
             raise _proxy_too_large(format_size(size), named, limit)
+        trained = got.heals or (got.targets and size <= limit)  # loaded whole to be trained
         held = f"the proxy ({format_size(size)})"
-        if not got.heals:
+        if not trained:
             held += f" and the original's layer twice ({format_size(2 * layer)})"
-        if proxy_fits(size, layer, limit, trained=got.heals):
+        if proxy_fits(size, layer, limit, trained=trained):
             proxy, _ = load_model(scratch, dtype=compute.torch_dtype(), with_tokenizer=False, **placed)
             shutil.rmtree(scratch, ignore_errors=True)
             got.proxy_read.update(read=IN_MEMORY, why=f"{held} fit {named} ({format_size(limit)})")
@@ -344,6 +349,8 @@ def _shard_cutter(
             )
             proxy = opened.enter_context(sequential)
             got.proxy_read.update(read=LAYER_SEQUENTIAL, why=f"{held} exceed {named} ({format_size(limit)})")
+        if got.targets and not trained:  # measured as it is; healing it would load it whole
+            setattr(proxy, UNTRAINABLE, _proxy_too_large(format_size(size), named, limit))
         if budget is not None:
             got.original._pass_memory = budget - resident_bytes(proxy)
         return proxy

@@ -217,6 +217,18 @@ def distil_step(
     return float(loss.detach())
 
 
+UNTRAINABLE = "_moescope_untrainable"
+"""The attribute of a proxy too large to be trained whole: the error that says so, raised when
+healing it is first needed (:func:`check_trainable`), not when it is cut: it may pass unhealed."""
+
+
+def check_trainable(proxy: PreTrainedModel) -> None:
+    """Raise the refusal ``proxy`` carries where it was cut too large to be trained whole."""
+    refusal = getattr(proxy, UNTRAINABLE, None)
+    if refusal is not None:
+        raise refusal
+
+
 class Distillation:
     """A healing run that pauses: :meth:`train` some steps, measure the proxy, train on.
 
@@ -235,6 +247,7 @@ class Distillation:
         *,
         lr: float,
     ) -> None:
+        check_trainable(proxy)
         self.original, self.proxy, self.batches = original, proxy, batches
         self.params = trainable_tensors(adapt(proxy))
         self._frozen = frozen_digests(proxy, set(self.params))

@@ -387,7 +387,8 @@ def _cut_and_heal(
     ``measure``: the capability probe, taken only where there is a target to measure."""
     lm, tokenizer = got.original, got.tokenizer
     probe = None if config.min_capability <= 0 or _unmeasured(lm, tokenizer, config) else measure()
-    got.heals = bool(config.heal_steps) or probe is not None  # a target is reached by healing
+    got.heals = bool(config.heal_steps)
+    got.targets = probe is not None  # a target is reached by healing, where the proxy falls short
     batches, teacher = _healing_data(got, config, data)
     if keep is not None and keep.searched:
         assert probe is not None  # refused before the calibration pass otherwise

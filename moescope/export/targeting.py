@@ -37,7 +37,7 @@ from moescope._util.records import check_kind, jsonable, read_record, write_reco
 from moescope.export.fidelity.measure import pair_accuracy
 from moescope.export.fidelity.records import Check
 from moescope.export.fidelity.validity import capability_of, capability_rows
-from moescope.export.healing import Distillation
+from moescope.export.healing import Distillation, check_trainable
 from moescope.export.surgery import build_proxy, keep_of
 from moescope.keep import AUTO, Keep
 from moescope.models.accuracy import model_accuracy
@@ -252,7 +252,9 @@ def reach_target(
     curve = [(0, ratio_of(check))]
     run, spent = None, 0
     while not check.passed and spent < config.heal_budget and not math.isnan(curve[-1][1]):
-        run = run or Distillation(teacher() if teacher else original, proxy, batches, lr=config.heal_lr)
+        if run is None:
+            check_trainable(proxy)  # before the teacher's pass
+            run = Distillation(teacher() if teacher else original, proxy, batches, lr=config.heal_lr)
         steps = min(config.heal_round, config.heal_budget - spent)
         run.train(steps)
         spent += steps
