@@ -247,7 +247,6 @@ class Distillation:
         *,
         lr: float,
     ) -> None:
-        check_trainable(proxy)
         self.original, self.proxy, self.batches = original, proxy, batches
         self.params = trainable_tensors(adapt(proxy))
         self._frozen = frozen_digests(proxy, set(self.params))

@@ -159,10 +159,10 @@ def read(path: Path, format: str | None, reference: Reference) -> Trace | None:
     if not ENABLED or pa is None or (format is not None and format not in SHAPES):
         return None
     try:
-        if not path.is_file() or path.stat().st_size < MIN_BYTES or not _plain_text(path):
-            return None
-        data = path.read_bytes()
+        data = _plain_text(path) if path.is_file() and path.stat().st_size >= MIN_BYTES else None
     except OSError:
+        return None
+    if data is None:
         return None
     offsets = _line_offsets(data)
     if offsets is None:
@@ -192,18 +192,21 @@ def read(path: Path, format: str | None, reference: Reference) -> Trace | None:
     return _trace(path, format, shape, columns, raws, head[:SAMPLE], reference)
 
 
-def _plain_text(path: Path) -> bool:
-    """Whether the file is printable ASCII whose every :data:`MAX_LINE` bytes hold a newline,
-    read a block at a time: a binary file or one line of a gigabyte is declined before the file
-    is read whole (the line reader reads at most ``MAX_LINE`` bytes of a line)."""
+def _plain_text(path: Path) -> bytearray | None:
+    """The file's bytes where it is printable ASCII whose every :data:`MAX_LINE` bytes hold a
+    newline, read a block at a time: a binary file or one line of a gigabyte is declined
+    (``None``) a block in, not read whole (the line reader reads at most ``MAX_LINE`` bytes of a
+    line)."""
+    data = bytearray()
     with path.open("rb") as f:
         while block := f.read(MAX_LINE):
             if block.translate(None, _PRINTABLE) or (len(block) == MAX_LINE and b"\n" not in block):
-                return False
-    return True
+                return None
+            data += block
+    return data
 
 
-def _line_offsets(data: bytes) -> np.ndarray | None:
+def _line_offsets(data: bytes | bytearray) -> np.ndarray | None:
     """Where each line starts, as Arrow offsets: every line but the first starts at the newline
     before it (so no line ends in one), the last ends where the text does. ``None`` for a file
     with a blank line or a line of ``MAX_LINE`` bytes or more."""
@@ -221,7 +224,7 @@ def _line_offsets(data: bytes) -> np.ndarray | None:
     return offsets
 
 
-def _parse(data: bytes, offsets: np.ndarray, shape: _Shape) -> _Columns | None:
+def _parse(data: bytes | bytearray, offsets: np.ndarray, shape: _Shape) -> _Columns | None:
     """The columns of every line, a chunk of lines at a time; ``None`` where a line is not the
     shape's or a chunk's keys differ from the first's."""
     n = len(offsets) - 1
@@ -407,7 +410,7 @@ def _trace(
     return Trace(header=dict(expected.header), steps=steps, path=path, notes=[])
 
 
-def _raw_lines(data: bytes, offsets: np.ndarray) -> list[str]:
+def _raw_lines(data: bytes | bytearray, offsets: np.ndarray) -> list[str]:
     """Each line's text (a step's ``raw``), decoded a chunk of lines at a time: the whole text is
     never held as one string beside its lines."""
     raws: list[str] = []
