@@ -13,6 +13,7 @@ import pytest
 
 from moescope import schema as S
 from moescope.analyze.rules import gradients, nonfinite
+from moescope.analyze.rules import series as series_module
 from moescope.analyze.rules.series import first_logged, reading_once, running, series, step_of
 from moescope.analyze.rules.thresholds import (
     GRAD_SPIKE_EXTREME,
@@ -99,12 +100,15 @@ def _spikes_one_window_at_a_time(points: list[tuple[int, float]]) -> list[tuple[
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_the_sliding_median_finds_the_spikes_each_window_finds(seed: int) -> None:
+def test_the_sliding_median_finds_the_spikes_each_window_finds(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rng = random.Random(seed)
     levels = [0.0, 1.0, 1.0, 2.0, 0.5, math.nan] + [rng.uniform(0.1, 3) for _ in range(4)]
     jumps = [rng.choice([1, 1, 1, 50, 1000]) if rng.random() < 0.1 else 1 for _ in range(80)]
     norms = [rng.choice(levels) * jump for jump in jumps]
     trace = Trace(header={}, steps=[{"step": i, S.GRAD_NORM: v} for i, v in enumerate(norms)])
+    monkeypatch.setattr(series_module, "BLOCK_VALUES", 1 + 7 * seed)  # windows read a few at a time
     spikes = _spikes_one_window_at_a_time([(s, v) for s, v in series(trace, S.GRAD_NORM) if v > 0])
     want = [([s for s, _, _ in spikes], spikes[0][1], spikes[0][2])] if spikes else []
     found = gradients.check_grad_spike(trace)  # every norm below the ceiling judged without history
@@ -149,3 +153,15 @@ def test_the_running_mean_is_the_mean_of_each_window(seed: int) -> None:
         got = running(finite, width, statistics.fmean)
         assert len(got) == len(want)
         assert all(math.isclose(g, w, rel_tol=1e-12, abs_tol=1e-285) for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_running_median_is_the_median_of_each_window(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(series_module, "BLOCK_VALUES", 1 + seed)  # windows read a few at a time
+    rng = random.Random(seed)
+    pool = [rng.uniform(-5, 5), 1e300, -1e-300, 0.25, 0.25, math.nan, math.inf, 3]
+    finite = seed % 2 == 0  # what the rules read; else a NaN, an inf or an int now and then
+    values = [rng.choice(pool[:5] if finite else pool) for _ in range(rng.randint(0, 40))]
+    for width in range(1, 12):
+        want = [statistics.median(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
+        assert repr(running(values, width, statistics.median)) == repr(want)

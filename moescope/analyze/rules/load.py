@@ -12,7 +12,16 @@ from dataclasses import replace
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers.hints import RECOMPUTE
-from moescope.analyze.rules.series import first_logged, logged_keys, series, shift, step_of, throughout
+from moescope.analyze.rules.series import (
+    column,
+    first_logged,
+    logged_key_set,
+    logged_keys,
+    series,
+    shift,
+    steps_of,
+    throughout,
+)
 from moescope.analyze.rules.thresholds import (
     LBL_IMBALANCED,
     LOAD_SHARE_FACTOR,
@@ -83,11 +92,13 @@ def _held(trace: Trace, key: str, bad: Callable[[float], bool], what: str) -> li
 
 def _load_windows(trace: Trace) -> tuple[list[int], list[list[list[float]]]]:
     """Steps that log the per-layer expert load, and those loads."""
-    steps, loads = [], []
-    for i, rec in enumerate(trace.steps):
-        load = rec.get(S.EXPERT_LOAD)
+    steps: list[int] = []
+    loads: list[list[list[float]]] = []
+    if S.EXPERT_LOAD not in logged_key_set(trace):
+        return steps, loads
+    for step, load in zip(steps_of(trace), column(trace, S.EXPERT_LOAD), strict=True):
         if isinstance(load, list) and load and all(isinstance(row, list) for row in load):
-            steps.append(step_of(rec, i))
+            steps.append(step)
             loads.append(load)
     return steps, loads
 

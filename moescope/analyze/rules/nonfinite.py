@@ -97,11 +97,14 @@ def _suspects(trace: Trace, numeric: set[str]) -> list[int]:
     """Where a record may hold a non-finite value: a key at a time over every record (a
     million-step log has a handful of such records; the keys of those are then read in order)."""
     absent = 0.0  # a key the record lacks: not a null
-    found = {i for i, rec in enumerate(trace.steps) if rec.get(S.NONFINITE)}
-    for key in numeric:
-        column = [rec.get(key, absent) for rec in trace.steps]
-        if not _all_finite(column):
-            found.update(compress(range(len(column)), map(_bad, column)))
+    found = set(compress(range(len(trace.steps)), column(trace, S.NONFINITE)))
+    logged = logged_key_set(trace)
+    for key in numeric & logged:  # a key no record logs holds nothing non-finite
+        if _all_finite(column(trace, key)):  # the shared column: logged by every record, all finite
+            continue
+        values = [rec.get(key, absent) for rec in trace.steps]
+        if not _all_finite(values):
+            found.update(compress(range(len(values)), map(_bad, values)))
     return sorted(found)
 
 
@@ -209,10 +212,9 @@ def _unlogged_losses(trace: Trace, seen: set[int]) -> list[Finding]:
     """Steps a reader marked ``health/loss_missing`` (a Megatron line that made updates but logs
     no loss: its NaN loss was dropped), not already reported: a suspected non-finite loss, even
     on a one-line excerpt."""
+    steps = steps_of(trace)
     missing = [
-        step_of(rec, i)
-        for i, rec in enumerate(trace.steps)
-        if rec.get(S.LOSS_MISSING) and step_of(rec, i) not in seen
+        steps[i] for i in compress(range(len(steps)), column(trace, S.LOSS_MISSING)) if steps[i] not in seen
     ]
     if not missing:
         return []
@@ -236,7 +238,6 @@ def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
     (:func:`~moescope.analyze.readers._rows.wholly_skipped`) had no loss to log."""
     out = []
     n = len(trace.steps)
-    all_skipped = wholly_skipped(steps_of(trace), column(trace, S.SKIPPED))
     for key in (S.ACTOR_LOSS, S.PG_LOSS, S.VF_LOSS):
         if key not in logged_key_set(trace):
             continue
@@ -250,7 +251,9 @@ def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
             for i, rec in enumerate(trace.steps)
             if not present[i] and peers and 2 * len(peers & rec.keys()) >= len(peers)
         ]
-        missing = [s for s in missing if s not in known_bad and s not in all_skipped]
+        if missing:  # the steps that made no update, read only where a loss went missing
+            skipped = wholly_skipped(steps_of(trace), column(trace, S.SKIPPED))
+            missing = [s for s in missing if s not in known_bad and s not in skipped]
         if missing:
             out.append(
                 Finding(

@@ -59,6 +59,7 @@ def _series(trace: Trace, key: str, finite: bool) -> Series:
     return out
 
 
+BLOCK_VALUES = 1 << 22  # values of the windows a statistic reads at a time (:func:`window_blocks`)
 _PLAIN = {float, int, type(None)}  # value types read by the column path (not bool, not subclasses)
 
 
@@ -111,7 +112,14 @@ def _logged(values: list[Any]) -> list[int]:
 
 def steps_of(trace: Trace) -> list[int]:
     """:func:`step_of` of every record, in record order (shared as :func:`column` is)."""
-    return shared(trace, ("steps",), lambda: [step_of(rec, i) for i, rec in enumerate(trace.steps)])
+    return shared(trace, ("steps",), lambda: _steps_of(trace))
+
+
+def _steps_of(trace: Trace) -> list[int]:
+    steps = column(trace, "step")
+    if set(map(type, steps)) == {int}:  # every record logs an int step (the readers' traces): as is
+        return list(steps)
+    return [step_of(rec, i) for i, rec in enumerate(trace.steps)]
 
 
 _READING: ContextVar[dict[tuple[int, tuple[Any, ...]], tuple[Trace, Any]] | None] = ContextVar(
@@ -149,22 +157,53 @@ def running(values: Sequence[float], width: int, fn: Callable[[Sequence[float]],
 
     The mean most rules take (:func:`statistics.fmean`) is each window's ``fsum`` over its length,
     as ``fmean`` computes it, mapped in C instead of a call per position; over a window wider than
-    :data:`SUSTAIN` (a noisy series', :func:`noise_window`), numpy's mean of each window."""
-    if fn is not statistics.fmean or width < 1:
+    :data:`SUSTAIN` (a noisy series', :func:`noise_window`), numpy's mean of each window. A running
+    :func:`statistics.median` is :func:`running_median`'s."""
+    if fn not in (statistics.fmean, statistics.median) or width < 1:
         return [fn(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
     head = [values[: i + 1] for i in range(min(width - 1, len(values)))]
+    if fn is statistics.median:
+        return [*map(statistics.median, head), *running_median(values, width)]
     means = [*map(truediv, map(math.fsum, head), map(len, head))]
     if len(values) < width:
         return means
     if width > SUSTAIN:
-        return [*means, *_windows(values, width).mean(axis=1).tolist()]
+        return [*means, *windows(values, width).mean(axis=1).tolist()]
     shifted = (values[k : len(values) - width + 1 + k] for k in range(width))
     return [*means, *map(truediv, map(math.fsum, zip(*shifted, strict=True)), repeat(width))]
 
 
-def _windows(values: Sequence[float] | np.ndarray, width: int) -> np.ndarray:
+def windows(values: Sequence[float] | np.ndarray, width: int) -> np.ndarray:
     """``(n - width + 1, width)``: every full window of ``width`` values, a view, not a copy."""
     return np.lib.stride_tricks.sliding_window_view(np.asarray(values, dtype=np.float64), width)
+
+
+def window_blocks(full: np.ndarray) -> Iterator[np.ndarray]:
+    """:func:`windows`' rows a block at a time, each block of about :data:`BLOCK_VALUES` values:
+    what a statistic copies of them stays small however long the series."""
+    rows = max(1, BLOCK_VALUES // max(1, full.shape[1]))
+    for lo in range(0, len(full), rows):
+        yield full[lo : lo + rows]
+
+
+def running_median(values: Sequence[float], width: int) -> list[float]:
+    """:func:`statistics.median` of every full window of ``width`` values: by numpy
+    (:func:`row_medians`) where every value is a finite ``float``,
+    else a window at a time (NaN has no place in an order, and numpy's median of one is NaN)."""
+    if len(values) < width:
+        return []
+    array = np.asarray(values, dtype=np.float64)
+    if set(map(type, values)) != {float} or not np.isfinite(array).all():
+        return [statistics.median(values[i - width + 1 : i + 1]) for i in range(width - 1, len(values))]
+    return [m for block in window_blocks(windows(array, width)) for m in row_medians(block).tolist()]
+
+
+def row_medians(rows: np.ndarray) -> np.ndarray:
+    """:func:`statistics.median` of each row, with its arithmetic: the middle value, or the two
+    middle ones' sum halved (numpy's sort of short rows is faster than its partition)."""
+    ordered = np.sort(rows, axis=1)
+    half = rows.shape[1] // 2
+    return ordered[:, half] if rows.shape[1] % 2 else (ordered[:, half - 1] + ordered[:, half]) / 2
 
 
 def above_ceiling(kind: str, key: str, points: Series, ceiling: float, what: str, why: str) -> Finding | None:
@@ -309,7 +348,7 @@ def fall_from_peak(points: Series, ratio: float, *, min_points: int = SUSTAIN + 
         return None
     array = np.asarray(values, dtype=np.float64)  # read once for the noise and the held levels
     width = noise_window(array, (1 - ratio) * baseline(values))
-    peaks = [-math.inf] * (width - 1) + np.maximum.accumulate(_windows(array, width).min(axis=1)).tolist()
+    peaks = [-math.inf] * (width - 1) + np.maximum.accumulate(windows(array, width).min(axis=1)).tolist()
     trail = running(values, width, statistics.fmean)
     start = sustained([r < ratio * peak for r, peak in zip(trail, peaks, strict=True)])
     if start is None:
