@@ -74,8 +74,8 @@ def _spikes(norms: list[float]) -> list[tuple[int, float]]:
     and by ``GRAD_SPIKE_Z`` robust deviations of them (at least three of them); or stands ten times
     above every earlier one however spread they were (a history that stepped up once, 0.3 then
     1.2, widens the spread the robust test divides by), with little history (fewer than three)
-    only when it is also ``GRAD_SPIKE_EXTREME`` times their median. The windows' statistics are
-    taken by numpy a block of windows at a time (a million-step log in a second), with the
+    only when it is also ``GRAD_SPIKE_EXTREME`` times their median. The full windows' statistics
+    are taken by numpy a block of windows at a time, not a window per step in Python, with the
     arithmetic :func:`statistics.median` does."""
     logs = np.asarray(list(map(math.log, norms)), dtype=np.float64)  # math.log: the same last bit
     n = len(logs)
