@@ -257,6 +257,33 @@ def test_a_zero_norm_held_under_a_nonzero_loss_is_zero_grad(tmp_path: Path) -> N
     assert "zero_grad" not in findings_of(tmp_path, once)  # one exact 0 among tiny norms
 
 
+def _iterations(losses: list[float]) -> str:
+    return "".join(
+        f"iter {76 + i} step {38 + i // 2}: loss {x}, iter time: 197.87ms\n" for i, x in enumerate(losses)
+    )
+
+
+def test_a_loss_pinned_on_every_record_is_zero_grad(tmp_path: Path) -> None:
+    """litgpt's loss at 10.8259 on 23 iterations (the log of a 50,304-token vocabulary): no batch moved it."""
+    found = findings_of(tmp_path, _iterations([10.8259] * 23))["zero_grad"]
+    assert (found.step, found.severity, found.evidence["value"]) == (76, "warning", 10.8259)
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        [2.3] * 20,  # printed to two digits: a plateau may repeat
+        [10.8259] * 9,  # too few records to say
+        [10.8259] * 19 + [10.8258],  # it moved
+        [2.1043, 1.9981, 2.0412] + [87.3365] * 12,  # a jump that stays: loss_divergence's
+    ],
+)
+def test_a_loss_that_repeats_without_being_pinned_is_no_zero_grad(
+    tmp_path: Path, losses: list[float]
+) -> None:
+    assert "zero_grad" not in findings_of(tmp_path, _iterations(losses))
+
+
 def test_a_null_reward_does_not_make_an_sft_log_rl(tmp_path: Path) -> None:
     """LLaMA-Factory's SFT trainer_log.jsonl writes ``"reward": null`` on every line."""
     line = '{{"current_steps": {0}, "loss": {1}, "reward": null, "learning_rate": 3e-05, "epoch": 1.37}}\n'

@@ -333,6 +333,18 @@ def test_an_iteration_printed_before_its_step_is_the_step(tmp_path: Path) -> Non
     assert by_step == {7: (2.5, 1), 8: (2.4, 1)}
 
 
+def test_deepspeed_pipeline_steps_lines_are_step_lines(tmp_path: Path) -> None:
+    # DeepSpeed's pipeline engine prints "steps:" (plural); a NaN loss on the second is its own step's
+    text = (
+        "steps: 227 loss: 7.4369 iter time (s): 34.995 samples/sec: 73.153\n"
+        "steps: 228 loss: nan iter time (s): 34.890 samples/sec: 73.373\n"
+    )
+    trace = read_log(write(tmp_path, "pipe.log", text))
+    assert trace.header["format"] == "step-lines"
+    assert [s["step"] for s in trace.steps] == [227, 228]
+    assert trace.steps[0][S.ACTOR_LOSS] == 7.4369 and math.isnan(trace.steps[1][S.ACTOR_LOSS])
+
+
 def test_overflow_lines_fold_into_the_step_line_after_them(tmp_path: Path) -> None:
     overflow = "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: {}, reducing to 1"
     lines = [
@@ -647,6 +659,16 @@ def test_full_width_colons_and_commas_read_as_ascii(tmp_path: Path) -> None:
     text = "训练次数：100，Loss：1.98\n训练次数：200，Loss：1.75\n"
     trace = read_log(write(tmp_path, "cjk.log", text))
     assert [s[S.ACTOR_LOSS] for s in trace.steps] == [1.98, 1.75]
+
+
+def test_a_character_that_shows_as_nothing_does_not_hide_a_record(tmp_path: Path) -> None:
+    # copied from a web page: a variation selector after a colon, a zero-width space in a key
+    text = (
+        "{'loss': 0.5, 'epoch': 0.1}\n{'loss':\ufe0f 0.4, 'epoch': 0.2}\n{'lo\u200bss': 0.3, 'epoch': 0.3}\n"
+    )
+    trace = read_log(write(tmp_path, "pasted.log", text))
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [0.5, 0.4, 0.3]
+    assert not any("skipped" in note for note in trace.notes)  # no line left out
 
 
 def test_a_megatron_line_that_made_updates_without_a_loss_is_marked(tmp_path: Path) -> None:

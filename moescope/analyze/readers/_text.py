@@ -31,7 +31,11 @@ RANK_STARTS = frozenset(" [0123456789")
 # full-width punctuation a CJK input method types ("Loss：1.98，lr：1e-4"), as ASCII with the space a
 # field separator needs: every reader then splits and labels such a line as any other
 FULL_WIDTH = str.maketrans({"\uff1a": ": ", "\uff0c": ", ", "\uff1d": "=", "\uff5c": "|", "\uff1b": "; "})
-_FULL_WIDTH_CHARS = re.compile("[\uff1a\uff0c\uff1d\uff5c\uff1b]")
+# characters that show as nothing yet split a key from its colon when a log is copied from a web
+# page: an emoji's variation selectors, zero-width spaces and joiners, a byte-order mark mid-text
+INVISIBLE = "".join(map(chr, [*range(0xFE00, 0xFE10), 0x200B, 0x200C, 0x200D, 0x2060, 0xFEFF]))
+_CLEANED = FULL_WIDTH | str.maketrans(dict.fromkeys(INVISIBLE))
+_TO_CLEAN = re.compile("[" + "".join(map(chr, _CLEANED)) + "]")
 _NP_CALL = re.compile(r"^np\.[a-z]+\d*_?\((.*)\)$")
 _NP_BOOL = {"np.True_": True, "np.False_": False}
 _WORDS: dict[str, float | bool | None] = {
@@ -192,9 +196,7 @@ class LogFile:
     def lines(self) -> list[str]:
         head = self.data
         if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # PowerShell's `>` writes UTF-16
-            text = ascii_punctuation(
-                self.path.read_bytes().decode("utf-16", errors="replace").replace("\r\n", "\n")
-            )
+            text = cleaned(self.path.read_bytes().decode("utf-16", errors="replace").replace("\r\n", "\n"))
             raw = text.split("\n")
         elif looks_binary(head):
             raise MoescopeError(
@@ -247,16 +249,17 @@ class LogFile:
             text = text.replace("\r\n", "\n")
         if "\x1b" in text:  # colour codes never span a line end
             text = ANSI.sub("", text)
-        text = ascii_punctuation(text)
+        text = cleaned(text)
         lines = text.split("\n")
         lines[-1] = lines[-1].removesuffix("\r")
         return lines
 
 
-def ascii_punctuation(text: str) -> str:
+def cleaned(text: str) -> str:
     """``text`` with full-width colons, commas, equals signs, bars and semicolons as ASCII (see
-    :data:`FULL_WIDTH`); text without any is returned as is, untouched by the translation."""
-    return text.translate(FULL_WIDTH) if _FULL_WIDTH_CHARS.search(text) else text
+    :data:`FULL_WIDTH`) and the :data:`INVISIBLE` characters dropped; text without any is
+    returned as is, untouched by the translation."""
+    return text.translate(_CLEANED) if _TO_CLEAN.search(text) else text
 
 
 def _unlabelled(line: str) -> str:

@@ -10,7 +10,8 @@ when run with it)::
 (newer trainers drop the colons and print the time bare: ``Step 12 |   3.21s | Loss 0.0123``).
 The trainer's and the orchestrator's line of one step are merged. Any other trainer that prints
 ``step N[/M]`` and then ``name value`` fields separated by ``|``, ``,`` or `` - ``
-(``step 10/100 | loss 0.51 | grad_norm 1.2 | lr 1e-5``, ``Step 3: loss=0.5, reward=0.2``) is read
+(``step 10/100 | loss 0.51 | grad_norm 1.2 | lr 1e-5``, ``Step 3: loss=0.5, reward=0.2``, DeepSpeed's
+pipeline engine's ``steps: 227 loss: 7.4369 iter time (s): 34.995``) is read
 the same way; where ``iter N`` comes right before ``step M`` (litgpt logs every micro-batch as
 ``iter 1151 step 144: loss 1.70, iter time: …``), the iteration, which advances every line, is
 the step and ``M`` is kept as ``optimizer step`` (:mod:`moescope.analyze.readers._fields`); the
@@ -41,7 +42,7 @@ from moescope.analyze.readers.trl import dict_over_lines
 _TABLES = tuple(name for name in FRAMEWORK_TABLES if name != "prime-rl")
 _ITER = re.compile(rf"(?<![\w/])iter(?:ation)?\s*[:=#]?\s*({INT})\s+$", re.IGNORECASE)
 OPTIMIZER_STEP = "optimizer step"  # the coarser counter of a line that also names its iteration
-STEP = re.compile(rf"(?<![\w/])step\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.])\s*[|,:\-]?", re.IGNORECASE)
+STEP = re.compile(rf"(?<![\w/])steps?\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.])\s*[|,:\-]?", re.IGNORECASE)
 
 
 def _fields_after_step(line: str) -> tuple[int, dict] | None:

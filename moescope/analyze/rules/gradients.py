@@ -34,6 +34,7 @@ from moescope.analyze.rules.thresholds import (
     GRAD_SPIKE_EXTREME,
     GRAD_SPIKE_FACTOR,
     GRAD_SPIKE_Z,
+    PINNED_DIGITS,
     SETTLED_SCALE,
     SUSTAIN,
     WINDOW,
@@ -117,10 +118,11 @@ def _reward_varies(rec: dict[str, Any]) -> bool | None:
 def check_zero_grad(trace: Trace) -> list[Finding]:
     """A gradient norm of exactly 0 that no reward statistic explains; failing that, one held to
     the end of the log under a non-zero loss, or a language-modelling loss held at 0 there (no
-    token scored: the updates carry no signal, whatever norm is logged)."""
+    token scored: the updates carry no signal, whatever norm is logged), or pinned at one value
+    on every record."""
     key = first_logged(trace, (S.GRAD_NORM,))
     found = [] if key is None else _unexplained_zero_norm(trace, key) or _zero_norm_under_loss(trace, key)
-    return found or _loss_at_zero(trace, key)
+    return found or _loss_at_zero(trace, key) or _loss_pinned(trace)
 
 
 def _unexplained_zero_norm(trace: Trace, key: str) -> list[Finding]:
@@ -195,6 +197,33 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
             )
             return [_zero_grad(steps, message, key=key, loss_zero=True)]
     return []
+
+
+def _loss_pinned(trace: Trace) -> list[Finding]:
+    """A language-modelling loss that holds one value other than 0, to its last digit, on every
+    record of a log of ``WINDOW`` or more, printed with ``PINNED_DIGITS`` significant digits or
+    more: a loss moves with every batch, so one that never does is not computed from what the
+    model learns (constant outputs: 10.8259 is the log of a 50,304-token vocabulary, the loss of
+    a uniform guess). A loss that jumps to a value and stays there is ``loss_divergence``'s."""
+    for key in lm_losses(trace):
+        values = [v for _, v in series(trace, key)]
+        if len(values) < WINDOW or values[0] == 0 or _significant_digits(values[0]) < PINNED_DIGITS:
+            continue
+        if values.count(values[0]) == len(values):
+            steps = steps_of(trace)
+            rows = [steps[i] for i in finite_rows(trace, key)]
+            message = (
+                f"{key} is exactly {values[0]:.6g} on all {len(values)} records, from step {rows[0]}: a "
+                "loss that no batch moves is not computed from what the model learns (constant "
+                "outputs, an output layer zeroed or detached from the graph, frozen weights)."
+            )
+            return [_zero_grad(rows, message, key=key, value=values[0])]
+    return []
+
+
+def _significant_digits(value: float) -> int:
+    """The significant digits of ``value`` as Python prints it (``10.8259``: 6, ``2.3``: 2)."""
+    return len(repr(abs(value)).split("e")[0].replace(".", "").lstrip("0"))
 
 
 def _zero_with_a_small_norm(rec: dict[str, Any], loss: str, norm: str | None) -> bool:

@@ -37,6 +37,9 @@ GRAD_NORM_CEILING = 1e5  # a gradient norm no healthy run logs: judged on one re
 # 0.009-0.017, a Qwen SFT one 4e-6); a norm this large beside a loss of 0 is a loss that is 0 by
 # construction (a GRPO policy loss whose keys the paste left out)
 ZERO_LOSS_GRAD_MAX = 0.1
+# a loss printed with this many significant digits never repeats exactly batch after batch: one
+# that does on every record is pinned (a loss printed to 1-3 digits may repeat on a plateau)
+PINNED_DIGITS = 4
 LBL_IMBALANCED = 2.0  # Megatron's load-balancing loss (logged unscaled) is 1 when balanced, E/top-k at
 # worst; 2 is as unbalanced as half the experts idle and the rest evenly loaded
 RECOMPUTE_DOUBLE_MAX = 2.5  # Megatron's LBL below this could be a balanced router's counted twice (recompute)
