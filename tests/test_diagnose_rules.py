@@ -31,6 +31,13 @@ def test_a_skipped_step_is_nonfinite_and_says_so(tmp_path: Path) -> None:
     assert not findings_of(tmp_path, moved)["nonfinite"].evidence["skipped_update"]
 
 
+def test_nan_lines_of_plain_text_name_no_metric_family(tmp_path: Path) -> None:
+    """The plain-text reader keeps lines that mention NaN: which metric went is not known."""
+    text = "35000 35% (1m 4s) nan Nam / Russian\n40000 40% (1m 13s) nan Assaf / Russian\n"
+    found = findings_of(tmp_path, text)["nonfinite"]
+    assert found.evidence["families"] == ["the log's text"] and "in the log's text" in found.message
+
+
 def test_one_record_with_a_null_gradient_norm_is_decisive(tmp_path: Path) -> None:
     found = findings_of(tmp_path, "{'loss': 0.0, 'grad_norm': None, 'learning_rate': 1e-06}\n")
     assert found["nonfinite"].step == 0

@@ -538,6 +538,23 @@ def test_plain_text_without_steps_counts_the_finite_prints_of_the_same_shape(tmp
     assert sorted(steps_of(trace)) == [2, 3]
 
 
+def test_plain_text_lines_that_start_with_a_rising_count_are_on_it(tmp_path: Path) -> None:
+    """PyTorch's char-RNN tutorial prints ``iter percent (time) loss guess``: each line names
+    another word, so no two share a shape, but the count they start with rises."""
+    names = ["Coelho / Portuguese", "Desrochers / Dutch", "Minitsky / Polish", "Nam / Russian", "Ko / Korean"]
+    losses = ["2.4177", "2.5862", "1.1451", "nan", "nan"]
+    text = "".join(
+        f"{5000 * (i + 1)} {5 * (i + 1)}% (0m 12s) {x} {n}\n"
+        for i, (x, n) in enumerate(zip(losses, names, strict=True))
+    )
+    trace = read_log(write(tmp_path, "tutorial.log", text), format="plain")
+    assert sorted(steps_of(trace)) == [20000, 25000]
+    falling = text.replace("25000 ", "1000 ")  # a count that does not rise is no step: indexed
+    assert sorted(steps_of(read_log(write(tmp_path, "falling.log", falling), format="plain"))) == [0, 1]
+    dated = "".join(f"2024 06 12 {x} nan\n" for x in ("a", "b", "c"))  # a repeated leading number
+    assert sorted(steps_of(read_log(write(tmp_path, "dated.log", dated), format="plain"))) == [0, 1, 2]
+
+
 # --- step lines and pasted key-values ---------------------------------------------------------
 
 

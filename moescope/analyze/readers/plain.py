@@ -8,12 +8,14 @@ tensors — and the lines themselves are the step's raw text. Lines before the f
 are indexed in order, as every reader does. Where no line names a step, a line is on its place
 among the lines printed in its shape, finite ones counted: a loop that prints its loss bare
 (``tensor(3.2207, device='cuda:0')``, then ``tensor(nan, device='cuda:0')``) turns NaN on its
-second print, not its first.
+second print, not its first; a loop that starts each line with its iteration bare (``35000 35%
+(1m 4s) nan``), on that count.
 """
 
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row, scan
@@ -21,6 +23,7 @@ from moescope.analyze.readers._text import INT, NUMBER, LogFile
 
 NONFINITE = re.compile(r"(?<![\w.])[-+]?(?:nan|inf|infinity)(?!\w)", re.IGNORECASE)
 _VALUE = re.compile(rf"(?<![\w.])(?:{NUMBER})(?![\w.])")
+_COUNTER = re.compile(r"\s*(\d+)\s")  # a line that starts with a bare count (no date, no decimal point)
 STEP_IN_LINE = re.compile(rf"\b(?:global_step|step|iteration|iter)\b\s*[:=#]?\s*({INT})", re.IGNORECASE)
 
 
@@ -39,7 +42,7 @@ def read(log: LogFile) -> Parsed:
         return [Row(int(step.group(1)) if step else None, {S.NONFINITE: 1}, lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
-    if parsed.rows and all(row.step is None for row in parsed.rows):
+    if parsed.rows and all(row.step is None for row in parsed.rows) and not _by_counter(parsed, log.lines):
         _by_place(parsed, log.lines)
     grouped: dict[int, Row] = {}
     loose: list[Row] = []
@@ -56,6 +59,20 @@ def read(log: LogFile) -> Parsed:
     parsed.rows = loose + list(grouped.values())
     parsed.notes.append("read as plain text: only lines that mention NaN/Inf were kept")
     return parsed
+
+
+def _by_counter(parsed: Parsed, lines: list[str]) -> bool:
+    """Each row on the count its line starts with, where every row's line starts with one and the
+    lines that start with a count (finite ones among them, three at least) count upwards: a loop
+    that prints its iteration bare (``35000 35% (1m 4s) nan Nam / Russian``). Whether it did."""
+    counts = [int(found.group(1)) for line in lines if (found := _COUNTER.match(line))]
+    firsts = [_COUNTER.match(row.raw) for row in parsed.rows]
+    if len(counts) < 3 or any(a >= b for a, b in pairwise(counts)) or None in firsts:
+        return False
+    for row, found in zip(parsed.rows, firsts, strict=True):
+        row.step = int(found.group(1))
+    parsed.notes.append(f"no step named: each line is on the count it starts with ({len(counts)} such lines)")
+    return True
 
 
 def _shape(line: str) -> str:

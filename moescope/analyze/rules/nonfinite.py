@@ -28,6 +28,7 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("critic", (S.VF_LOSS, S.CRITIC_LOSS, S.CRITIC_VALUES)),
     ("gradients", (S.GRAD_NORM, S.CRITIC_GRAD_NORM, S.NONFINITE)),
 )
+TEXT_ONLY = "the log's text"  # the family of a plain-text read: lines that mention NaN/Inf, no metric
 SKIP_KEYS = {S.STEP, S.KIND, S.RAW, *S.TIMING_KEYS}
 ALWAYS_NUMERIC = (S.ACTOR_LOSS, S.PG_LOSS, S.GRAD_NORM, S.VF_LOSS, S.CRITIC_GRAD_NORM)
 
@@ -120,8 +121,9 @@ def _all_finite(column: list[Any]) -> bool:
 
 def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Finding:
     step, keys = bad_steps[0]
-    order = [name for name, _ in FAMILIES] + ["other"]
-    families = sorted({_family(k) for k in keys}, key=order.index)
+    order = [name for name, _ in FAMILIES] + ["other", TEXT_ONLY]
+    plain = trace.header.get("format") == "plain"  # lines that mention NaN/Inf: no metric named
+    families = sorted({TEXT_ONLY if plain else _family(k) for k in keys}, key=order.index)
     later = [s for s, _ in bad_steps[1:]]
     following = next((s for s in steps_of(trace) if s > step), None)  # the next record, however far its step
     persistent = len(later) >= SUSTAIN or bool(later and later[0] == following)
