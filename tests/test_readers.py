@@ -260,6 +260,13 @@ def test_ms_swift_jsonl_step_from_global_step_and_summary_row() -> None:
     assert any("1 records without a step number (line 3)" in n for n in trace.notes)
 
 
+def test_a_nan_a_joining_line_cannot_put_on_its_step_is_noted(tmp_path: Path) -> None:
+    text = "step 3 loss: 7.4369\nloss: nan samples/sec: 73.373\nstep 4 loss: 7.1\n"
+    trace = read_log(write(tmp_path, "joined.log", text))
+    assert steps_of(trace)[3][S.ACTOR_LOSS] == 7.4369  # the step's own value stays
+    assert any("actor/loss is NaN/Inf on line 2" in note for note in trace.notes)
+
+
 def test_roll_metrics_tag_lines() -> None:
     _, steps = read_fixture("roll_stdout.log", "roll", [0, 1])
     assert steps[0][S.ACTOR_LOSS] == -0.0119 and steps[0][S.KL] == 0.0004 and steps[0][S.PPO_KL] == 0.0002

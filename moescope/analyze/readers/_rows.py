@@ -20,6 +20,7 @@ all formats share, so they hold the same everywhere:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -160,6 +161,7 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
     merged: dict[int, dict[str, Any]] = {}
     repeated: dict[int, None] = {}  # in order of first repeat; a dict, as a log may repeat every step
     kept: set[str] = set()
+    hidden: list[tuple[str, int | None]] = []  # a joined line's non-finite value its step logs finite
     for step, row in zip(steps, parsed.rows, strict=True):
         metrics, lost = rename(table, row.metrics)
         row.metrics = {}  # handed over: a large log's records are not held twice
@@ -176,6 +178,11 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
         if row.step is not None:  # an explicit step seen before, not a row that joined its step
             repeated[step] = None
         else:  # joined the step before: adds to it, never replaces what the step logged
+            hidden += [
+                (key, row.line)
+                for key, value in metrics.items()
+                if key in record and _hides(value, record[key])
+            ]
             metrics = {key: value for key, value in metrics.items() if key not in record}
         raw = record.pop(RAW) + "\n" + row.raw
         record.update(metrics)
@@ -185,6 +192,13 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
         notes.append(
             f"step {listing(duplicates)} appeared in more than one record (e.g. a validation line and a "
             "training line); merged them, a later value wins"
+        )
+    if hidden:
+        keys = listing(list(dict.fromkeys(key for key, _ in hidden)))
+        lines = listing([line for _, line in hidden if line is not None]) or "?"
+        notes.append(
+            f"{keys} is NaN/Inf on line {lines}, a line without a step number that joined a step "
+            "already logging it finite: the step keeps the finite value (a joining line never replaces one)"
         )
     if kept:
         notes.append(
@@ -204,6 +218,15 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
         "framework": parsed.framework,
     }
     return Trace(header=header, steps=[merged[s] for s in sorted(merged)], path=path, notes=notes)
+
+
+def _hides(joined: Any, own: Any) -> bool:
+    """A joined line's value that is not finite where the step's own is a finite number."""
+
+    def finite(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+    return isinstance(joined, float) and not finite(joined) and finite(own)
 
 
 def _assign_steps(rows: list[Row], path: Path, notes: list[str]) -> list[int]:
