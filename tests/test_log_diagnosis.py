@@ -17,11 +17,20 @@ def test_the_text_names_the_run_each_finding_and_what_to_try_next() -> None:
     result = diagnose_log(LOGS / "xtuner_iter.log")
     lines = result.text().splitlines()
     assert lines[0] == f"{LOGS / 'xtuner_iter.log'}: records, 4 steps"
-    assert lines[1].startswith("  [error] step 510 nonfinite: First non-finite value at step 510")
+    assert lines[1].startswith("  note: 4 record(s): too few for the rules that judge a trend")
+    assert lines[2].startswith("  [error] step 510 nonfinite: First non-finite value at step 510")
     assert "        $ moescope validate PROXY --fault nan_op --fix grad_clip" in lines[-3]
     assert result.comparison is None and "comparison" not in result.to_dict()
     (finding,) = result.to_dict()["findings"]
     assert finding["next"]["fault"] == "nan_op"
+
+
+def test_a_run_too_short_for_a_trend_says_so_and_a_longer_one_does_not(tmp_path: Path) -> None:
+    for steps, short in ((9, True), (10, False)):
+        log = tmp_path / f"{steps}.log"
+        log.write_text("".join(f"step:{i} - actor/entropy:0.5 - actor/lr:1e-06\n" for i in range(steps)))
+        notes = diagnose_log(log).to_dict()["notes"]
+        assert any(note.startswith(f"{steps} record(s): too few") for note in notes) is short
 
 
 def test_against_a_proxys_run_the_verdict_and_its_reasons_come_last() -> None:

@@ -31,6 +31,7 @@ from moescope.analyze.diagnosis import diagnose
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers import read_log, read_runs
 from moescope.analyze.remedies import next_steps, next_steps_text
+from moescope.analyze.rules.thresholds import WINDOW
 from moescope.analyze.verdict import Comparison, compare, compare_healthy
 from moescope.errors import MoescopeError
 from moescope.replay.faults import parse_faults
@@ -46,19 +47,32 @@ class RunDiagnosis:
     trace: Trace
     findings: list[Finding]
 
+    @property
+    def notes(self) -> list[str]:
+        """The reading's notes, and one saying so where the run is too short for a trend: "no
+        findings" on three records says less than on three hundred."""
+        steps = len(self.trace.steps)
+        if steps >= WINDOW:
+            return list(self.trace.notes)
+        short = (
+            f"{steps} record(s): too few for the rules that judge a trend (a rise, a collapse, a spike "
+            f"against a running median need {WINDOW} or so); what a single record shows was judged"
+        )
+        return [*self.trace.notes, short]
+
     def to_dict(self) -> dict[str, Any]:
         """``format``, ``steps``, ``findings`` (each with its ``next`` steps) and ``notes``."""
         return {
             "format": self.trace.header.get("format"),
             "steps": len(self.trace.steps),
             "findings": [{**f.to_dict(), "next": next_steps(f)} for f in self.findings],
-            "notes": list(self.trace.notes),
+            "notes": self.notes,
         }
 
     def text(self, title: str) -> str:
         """``title``, the run's notes, and each finding with what to try next (an ``info``, the
         fp16 scaler settling say, needs nothing fixed)."""
-        lines = [title, *(f"  note: {note}" for note in self.trace.notes)]
+        lines = [title, *(f"  note: {note}" for note in self.notes)]
         if not self.findings:
             lines.append("  no findings")
         for f in self.findings:
