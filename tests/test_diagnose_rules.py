@@ -31,6 +31,18 @@ def test_a_skipped_step_is_nonfinite_and_says_so(tmp_path: Path) -> None:
     assert not findings_of(tmp_path, moved)["nonfinite"].evidence["skipped_update"]
 
 
+def test_a_nan_in_reward_statistics_alone_is_a_warning(tmp_path: Path) -> None:
+    """ml-agents prints ``Mean Reward: nan`` while no episode has ended (a mean of an empty slice);
+    a loss that goes NaN beside it keeps the error."""
+    rewards = "".join(
+        f"step {i} | Mean Reward {r}\n" for i, r in enumerate(["-82.99", "-48.5", "nan", "nan"])
+    )
+    found = findings_of(tmp_path, rewards)["nonfinite"]
+    assert (found.step, found.severity, found.evidence["rewards_only"]) == (2, "warning", True)
+    losses = "".join(f"step {i} | reward {r} | loss {r}\n" for i, r in enumerate(["0.5", "0.4", "nan"]))
+    assert findings_of(tmp_path, losses)["nonfinite"].severity == "error"
+
+
 def test_nan_lines_of_plain_text_name_no_metric_family(tmp_path: Path) -> None:
     """The plain-text reader keeps lines that mention NaN: which metric went is not known."""
     text = "35000 35% (1m 4s) nan Nam / Russian\n40000 40% (1m 13s) nan Assaf / Russian\n"
@@ -289,6 +301,18 @@ def test_a_loss_that_repeats_without_being_pinned_is_no_zero_grad(
     tmp_path: Path, losses: list[float]
 ) -> None:
     assert "zero_grad" not in findings_of(tmp_path, _iterations(losses))
+
+
+def test_a_preference_run_whose_log_probs_are_exactly_zero_is_zero_grad(tmp_path: Path) -> None:
+    """ETO's DPO run: loss 0.6931 with every reward, margin and log-probability at 0 (no token scored)."""
+    record = (
+        "{{'loss': {loss}, 'learning_rate': 5e-07, 'rewards/chosen': 0.0, 'rewards/rejected': 0.0, "
+        "'rewards/margins': 0.0, 'logps/rejected': {logps}, 'logps/chosen': {logps}, 'epoch': 0.59}}\n"
+    )
+    found = findings_of(tmp_path, record.format(loss=0.6931, logps=0.0))["zero_grad"]
+    assert (found.step, found.evidence["key"]) == (0, "logps/chosen")
+    scored = record.format(loss=0.6931, logps=-120.5)  # the first step of a healthy run
+    assert "zero_grad" not in findings_of(tmp_path, scored)
 
 
 def test_a_null_reward_does_not_make_an_sft_log_rl(tmp_path: Path) -> None:

@@ -352,6 +352,20 @@ def test_deepspeed_pipeline_steps_lines_are_step_lines(tmp_path: Path) -> None:
     assert trace.steps[0][S.ACTOR_LOSS] == 7.4369 and math.isnan(trace.steps[1][S.ACTOR_LOSS])
 
 
+def test_apex_s_older_overflow_lines_are_skipped_updates(tmp_path: Path) -> None:
+    """apex's FP16_Optimizer: "Grad overflow on iteration N", then the reduced scale on a line of its own."""
+    text = "".join(
+        f"Grad overflow on iteration {i}\nUsing dynamic loss scale of {scale}\n"
+        f"  1% {i + 1}/184 [00:00<01:34,  1.93it/s, loss={loss}]\n"
+        for i, scale, loss in ((0, 65536, 4.215), (1, 32768.0, 4.174))
+    )
+    trace = read_log(write(tmp_path, "apex.log", text))
+    assert [(s["step"], s[S.SKIPPED], s[S.LOSS_SCALE]) for s in trace.steps] == [
+        (1, 1, 65536),
+        (2, 1, 32768.0),
+    ]
+
+
 def test_overflow_lines_fold_into_the_step_line_after_them(tmp_path: Path) -> None:
     overflow = "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: {}, reducing to 1"
     lines = [

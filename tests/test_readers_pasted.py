@@ -69,6 +69,13 @@ def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -
             50,
             {S.ACTOR_LOSS: 4.162, S.GRAD_NORM: 37.2051},
         ),
+        # keras-rl's episode line: its counter before the colon; "episode steps: 144" is no step
+        (
+            "  9140/50000: episode: 64, duration: 4.841s, episode steps: 144, steps per second: 30, "
+            "episode reward: -225.739, loss: 16017920.000000, mean_q: -207.461914",
+            9140,
+            {S.ACTOR_LOSS: 16017920.0},
+        ),
         # PyTorch's ImageNet ProgressMeter and DeiT / MAE's MetricLogger count epochs from 0
         (
             "Epoch: [2][ 900/1251]\tTime  0.412 ( 0.420)\tLoss 2.1843e+00 (2.2310e+00)",
@@ -87,6 +94,20 @@ def test_step_markers_of_home_made_loops_and_frameworks(tmp_path: Path, line: st
     assert trace.header["format"] == "records"
     assert trace.steps[0]["step"] == step
     assert {k: trace.steps[0][k] for k in values} == values
+
+
+def test_keras_rl_intervals_count_on_as_keras_epochs_do(tmp_path: Path) -> None:
+    interval = (
+        "Interval {} ({} steps performed)\n10000/10000 [==============================] - 44s - reward: {}\n"
+    )
+    episodes = "50 episodes - episode_reward: {} [-954.513, -2.126] - loss: 3.513 - mean_q: -74.608\n\n"
+    text = "Training for 1000000 steps ...\n" + "".join(
+        interval.format(k, 10000 * (k - 1), r) + episodes.format(e)
+        for k, r, e in ((1, -6.69, -1338.7), (2, "nan", "nan"))
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [10000, 20000]
+    assert math.isnan(trace.steps[1][S.REWARD_MEAN]) and trace.steps[0][S.ACTOR_LOSS] == 3.513
 
 
 def test_one_metric_a_line_of_one_step_is_one_record(tmp_path: Path) -> None:

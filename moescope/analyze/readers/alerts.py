@@ -38,7 +38,14 @@ from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row
 from moescope.analyze.readers._text import INT, NUMBER, parse_number
 from moescope.analyze.readers.keymap import canonical
-from moescope.analyze.readers.megatron import GLUED_BAR, OVERFLOW, SCALES, is_overflow, overflow_event
+from moescope.analyze.readers.megatron import (
+    GLUED_BAR,
+    OVERFLOW,
+    SCALES,
+    is_overflow,
+    overflow_event,
+    reduced_scale,
+)
 from moescope.analyze.readers.plain import STEP_IN_LINE
 
 _COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.IGNORECASE)
@@ -57,7 +64,7 @@ def _count(key: str) -> Callable[[re.Match[str], str], dict[str, Any]]:
 
 def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
     scales = SCALES.search(line)
-    return _skipped(scales and (scales.group(2) or scales.group(3)))
+    return _skipped(scales and reduced_scale(scales))
 
 
 def _scale_set(match: re.Match[str], line: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ its interval) has lost its loss the same way, however many lines the paste has: 
 DeepSpeed's ``[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing
 to 32768`` (its older fused optimizer's ``[Rank 0] Overflow detected. Skipping step. Attempted loss
 scale: 1, reducing to 1``, apex's ``Gradient overflow. Skipping step, … reducing loss scale to
-32768.0``),
+32768.0``, its older ``Using dynamic loss scale of 4096.0`` after ``Grad overflow on iteration 8``),
 possibly wrapped over two lines, carries no step number. It is put on the **next** iteration
 line: Megatron prints an iteration's line after that iteration's optimizer step, so overflows
 printed before a line happened in the interval it reports. On that step ``number of skipped
@@ -47,9 +47,15 @@ from moescope.analyze.readers.keymap import KEY_MAP
 # "iteration" at a word boundary, the literal first (as verl.STEP_START: a search skips to it)
 ITERATION = re.compile(rf"iteration(?<=\biteration)\s+({INT})\s*/\s*\d+\s*\|")
 _NEMO = re.compile(r"Training epoch\s+\d+\s*,\s*iteration")  # NeMo 2.0's line: read as records
-OVERFLOW = re.compile(r"OVERFLOW!|overflow!|Gradient overflow\.|Overflow detected\.")
+# apex's older FP16_Optimizer prints "Grad overflow on iteration 8" and then the reduced scale,
+# "Using dynamic loss scale of 4096.0": the event read is the second (DeepSpeed's fused optimizer
+# prints the first before its own "Overflow detected." line, which is the one read there)
+OVERFLOW = re.compile(
+    r"OVERFLOW!|overflow!|Gradient overflow\.|Overflow detected\.|Using dynamic loss scale of"
+)
 SCALES = re.compile(
     rf"Attempted\s*loss\s*scale:\s*({NUMBER})\s*,\s*reducing\s*to\s*({NUMBER})|reducing\s*loss\s*scale\s*to\s*({NUMBER})"
+    rf"|Using\s*dynamic\s*loss\s*scale\s*of\s*({NUMBER})"
 )
 _RANK = re.compile(rf"\bRank\s*({INT})", re.IGNORECASE)
 _NAMED_STEP = re.compile(rf"\b(?:iteration|step)[\s:=]+({INT})")
@@ -84,9 +90,11 @@ def kind(line: str) -> str | None:
 
 
 def is_overflow(line: str) -> bool:
-    """A DeepSpeed / apex overflow line (the start of one). Every match holds ``OVERFLOW`` or
-    ``overflow``: looking for those first is several times faster than the search alone."""
-    return ("OVERFLOW" in line or "verflow" in line) and OVERFLOW.search(line) is not None
+    """A DeepSpeed / apex overflow line (the start of one). Every match holds ``OVERFLOW``,
+    ``overflow`` or apex's ``loss scale of``: looking for those first is several times faster
+    than the search alone."""
+    marked = "OVERFLOW" in line or "verflow" in line or "scale of" in line
+    return marked and OVERFLOW.search(line) is not None
 
 
 def _iteration(line: str) -> re.Match[str] | None:
@@ -136,7 +144,7 @@ def overflow_event(lines: list[str], i: int) -> tuple[Overflow, int]:
     """The overflow line at ``lines[i]`` (rejoined if wrapped) and the index after it."""
     text, end = gather(lines, i, _has_scales, _overflow_fits)
     scales = SCALES.search(text)
-    attempted, reduced = (scales.group(1), scales.group(2) or scales.group(3)) if scales else (None, None)
+    attempted, reduced = (scales.group(1), reduced_scale(scales)) if scales else (None, None)
     rank, step = _RANK.search(text), _NAMED_STEP.search(text) or GLUED_BAR.match(text)
     return Overflow(
         int(rank.group(1)) if rank else None,
@@ -145,6 +153,11 @@ def overflow_event(lines: list[str], i: int) -> tuple[Overflow, int]:
         int(step.group(1)) if step else None,
         "\n".join(lines[i:end]),
     ), end
+
+
+def reduced_scale(scales: re.Match[str]) -> str | None:
+    """The loss scale an overflow line (a :data:`SCALES` match) says it reduced to."""
+    return scales.group(2) or scales.group(3) or scales.group(4)
 
 
 def _apply(metrics: dict[str, Any], events: list[Overflow], step: int | None, notes: list[str]) -> None:

@@ -120,9 +120,10 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         lambda m: int(m[1]),
     ),
     # without a step word, a home-made loop's counter opening the line: "268/446 (epoch 0),
-    # train_loss = 2.097" (not a date: "2024/06/12" has a second "/", "10/30 22:18:02" a clock
-    # time after it), or its step in brackets: "[5000] model_grad_norm nan / …"
-    (None, re.compile(rf"^\s*({INT})/{INT}(?=[\s,(])(?!\s+\d{{1,2}}:\d\d)"), lambda m: int(m[1])),
+    # train_loss = 2.097", keras-rl's "8996/50000: episode: 63, …" (not a date: "2024/06/12" has a
+    # second "/", "10/30 22:18:02" a clock time after it), or its step in brackets: "[5000]
+    # model_grad_norm nan / …"
+    (None, re.compile(rf"^\s*({INT})/{INT}(?=[\s,(]|:\s)(?!\s+\d{{1,2}}:\d\d)"), lambda m: int(m[1])),
     (None, re.compile(rf"^\s*\[({INT})\](?=\s)"), lambda m: int(m[1])),
     # or its step before "|"-separated "name value" fields: "250 | loss 4.09 | lr 3e-04 | 13707ms"
     (None, re.compile(rf"^\s*({INT})\s*\|(?=\s*[A-Za-z_])"), lambda m: int(m[1])),
@@ -303,6 +304,10 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         if header:
             epoch = (int(header[1]), header[2] is not None)
             return [], end
+        interval = _KERAS_INTERVAL.fullmatch(text)  # keras-rl: its bar counts the interval's steps
+        if interval:
+            epoch = (int(interval[1]), True)
+            return [], end
         found = record(text)
         if found is None:
             mark = marker(text)  # "Train step 5/1000 done.": the step the lines below belong to
@@ -326,12 +331,14 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
 
 
 _KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})(/{INT})?\s*")
+_KERAS_INTERVAL = re.compile(rf"\s*Interval\s+({INT})\s+\({INT} steps performed\)\s*")
 _KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")
 
 
 def _keras_step(text: str, epoch: tuple[int, bool] | None, step: int | None) -> int | None:
     """A Keras progress line's step: its batch counter ``i/n`` after the epochs before it (Keras
-    counts them from 1), as each epoch's counter starts over; under an old Keras's bare ``Epoch
+    counts them from 1; keras-rl's ``Interval 5 (40000 steps performed)`` alike), as each epoch's
+    counter starts over; under an old Keras's bare ``Epoch
     e`` header (epochs from 0, one line an epoch: its sample counter, the same every epoch, is
     no step) the epoch itself; ``step`` for any other line."""
     bar = _KERAS_BAR.match(text) if epoch is not None else None

@@ -23,6 +23,7 @@ from moescope.analyze.rules.series import (
     first_logged,
     held_to_end,
     is_number,
+    logged_key_set,
     row_medians,
     series,
     steps_of,
@@ -119,10 +120,10 @@ def check_zero_grad(trace: Trace) -> list[Finding]:
     """A gradient norm of exactly 0 that no reward statistic explains; failing that, one held to
     the end of the log under a non-zero loss, or a language-modelling loss held at 0 there (no
     token scored: the updates carry no signal, whatever norm is logged), or pinned at one value
-    on every record."""
+    on every record, or a preference run's log-probabilities at exactly 0."""
     key = first_logged(trace, (S.GRAD_NORM,))
     found = [] if key is None else _unexplained_zero_norm(trace, key) or _zero_norm_under_loss(trace, key)
-    return found or _loss_at_zero(trace, key) or _loss_pinned(trace)
+    return found or _loss_at_zero(trace, key) or _loss_pinned(trace) or _preference_unscored(trace)
 
 
 def _unexplained_zero_norm(trace: Trace, key: str) -> list[Finding]:
@@ -219,6 +220,26 @@ def _loss_pinned(trace: Trace) -> list[Finding]:
             )
             return [_zero_grad(rows, message, key=key, value=values[0])]
     return []
+
+
+def _preference_unscored(trace: Trace) -> list[Finding]:
+    """A preference run (DPO and kin) whose chosen and rejected log-probabilities are exactly 0 on
+    the records it ends on: a log-probability summed or averaged over a response is below 0 as
+    soon as one token is scored, so none is (every label masked, responses cut off by the length
+    limits), and the loss sits at log 2 = 0.6931 with every reward and margin at 0."""
+    chosen, rejected = "logps/chosen", "logps/rejected"
+    if not {chosen, rejected} <= logged_key_set(trace):
+        return []
+    steps = _ending_run(trace, chosen, lambda rec: rec[chosen] == 0 and rec.get(rejected) == 0)
+    if not steps:
+        return []
+    message = (
+        f"{chosen} and {rejected} are exactly 0 from step {steps[0]} to the end of the log ({len(steps)} "
+        "record(s)): a log-probability over a response is below 0 once one token is scored, so no "
+        "token is (every label masked, responses cut off by the length limits); the preference loss "
+        "sits at log 2 and nothing is learned."
+    )
+    return [_zero_grad(steps, message, key=chosen)]
 
 
 def _significant_digits(value: float) -> int:

@@ -30,6 +30,7 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 TEXT_ONLY = "the log's text"  # the family of a plain-text read: lines that mention NaN/Inf, no metric
 SKIP_KEYS = {S.STEP, S.KIND, S.RAW, *S.TIMING_KEYS}
+_REWARD_STATISTICS = {S.REWARD_MEAN, S.REWARD_STD, S.REWARD_MIN, S.REWARD_MAX}
 ALWAYS_NUMERIC = (S.ACTOR_LOSS, S.PG_LOSS, S.GRAD_NORM, S.VF_LOSS, S.CRITIC_GRAD_NORM)
 
 
@@ -143,11 +144,19 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
         if recovered
         else ""
     )
+    no_data = all(_reward_statistic(k) for _, bad in bad_steps for k in bad)
+    where += (
+        "; only reward statistics went non-finite, no loss or gradient did: a mean over no finished "
+        "episode (numpy's mean of an empty slice is NaN, which says nothing of the updates), or "
+        "rewards the environment or the reward function returned as NaN"
+        if no_data
+        else ""
+    )
     named = families if is_rl(trace) else ["loss" if f == "policy loss" else f for f in families]
     return Finding(
         "nonfinite",
         step,
-        "warning" if recovered else "error",
+        "warning" if recovered or no_data else "error",
         f"First non-finite value at step {step} in {', '.join(named)} "
         f"({', '.join(sorted(keys)[:4])}){where}; {'persistent' if persistent else 'isolated'}: "
         f"{len(bad_steps)} step(s) with non-finite values.",
@@ -161,9 +170,18 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
             "null_only": all(record.get(k) is None for k in keys if k != S.NONFINITE),
             "skipped_update": skipped,
             "recovered": recovered,
+            "rewards_only": no_data,
             "alerts": alerts,
         },
     )
+
+
+def _reward_statistic(key: str) -> bool:
+    """A key that averages rewards or returns over episodes or responses: RL libraries log NaN
+    there while no episode has finished (ml-agents' ``Mean Reward``, Stable Baselines'
+    ``ep_rewmean``, RLlib's ``episode_reward_mean``)."""
+    low = key.lower()
+    return key in _REWARD_STATISTICS or (("reward" in low or "return" in low) and "loss" not in low)
 
 
 def _skipped_update(trace: Trace, step: int, keys: list[str]) -> bool:
