@@ -338,9 +338,9 @@ _KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")
 def _keras_step(text: str, epoch: tuple[int, bool] | None, step: int | None) -> int | None:
     """A Keras progress line's step: its batch counter ``i/n`` after the epochs before it (Keras
     counts them from 1; keras-rl's ``Interval 5 (40000 steps performed)`` alike), as each epoch's
-    counter starts over; under an old Keras's bare ``Epoch
-    e`` header (epochs from 0, one line an epoch: its sample counter, the same every epoch, is
-    no step) the epoch itself; ``step`` for any other line."""
+    counter starts over; under an old Keras's bare ``Epoch e`` header (epochs from 0, one line an
+    epoch: its sample counter, the same every epoch, is no step) the epoch itself; ``step`` for
+    any other line."""
     bar = _KERAS_BAR.match(text) if epoch is not None else None
     if bar is None or epoch is None:
         return step
