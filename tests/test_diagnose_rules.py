@@ -315,6 +315,19 @@ def test_a_preference_run_whose_log_probs_are_exactly_zero_is_zero_grad(tmp_path
     assert "zero_grad" not in findings_of(tmp_path, scored)
 
 
+@pytest.mark.parametrize(("q_values", "judged"), [(", mean_q: -207.46", True), ("", False)])
+def test_a_value_based_rl_loss_is_a_level(tmp_path: Path, q_values: str, judged: bool) -> None:
+    """keras-rl's DQN logs its temporal-difference loss as ``loss`` beside ``mean_q``: its blow-up
+    is a divergence; a policy-gradient loss beside a reward (no Q-values) has no level to leave."""
+    line = "{}/50000: episode: {}, episode steps: 144, mean reward: -1.568, loss: {}{}\n"
+    losses = (8734.29, 16017920.0, 11685805.0, 3477850.5)
+    text = "".join(line.format(8996 + 200 * i, 63 + i, x, q_values) for i, x in enumerate(losses))
+    found = findings_of(tmp_path, text)
+    assert ("loss_divergence" in found) is judged
+    if judged:
+        assert found["loss_divergence"].step == 9196
+
+
 def test_a_null_reward_does_not_make_an_sft_log_rl(tmp_path: Path) -> None:
     """LLaMA-Factory's SFT trainer_log.jsonl writes ``"reward": null`` on every line."""
     line = '{{"current_steps": {0}, "loss": {1}, "reward": null, "learning_rate": 3e-05, "epoch": 1.37}}\n'

@@ -44,8 +44,14 @@ def is_rl(trace: Trace) -> bool:
 
 def level_losses(trace: Trace) -> tuple[str, ...]:
     """Losses whose level means something: critic and LM losses; ``actor/loss`` only when the run
-    is not RL (a Megatron pre-training or SFT log maps its ``lm loss`` there)."""
-    return LEVEL_LOSSES if is_rl(trace) else (*LEVEL_LOSSES, S.ACTOR_LOSS)
+    is not RL (a Megatron pre-training or SFT log maps its ``lm loss`` there) or is value-based
+    RL, whose one loss is a temporal-difference loss (keras-rl's DQN and DDPG log ``loss`` beside
+    their ``mean_q``)."""
+    value_based = not logged_key_set(trace).isdisjoint(Q_VALUES)
+    return LEVEL_LOSSES if is_rl(trace) and not value_based else (*LEVEL_LOSSES, S.ACTOR_LOSS)
+
+
+Q_VALUES = ("mean_q",)  # the mean Q-value keras-rl logs beside its critic's loss
 
 
 def lm_losses(trace: Trace) -> tuple[str, ...]:
