@@ -43,6 +43,18 @@ def test_a_nan_in_reward_statistics_alone_is_a_warning(tmp_path: Path) -> None:
     assert findings_of(tmp_path, losses)["nonfinite"].severity == "error"
 
 
+def test_a_record_of_another_kind_sharing_one_name_with_the_loss_lines_is_no_vanished_loss(
+    tmp_path: Path,
+) -> None:
+    """acme interleaves episode lines and learner lines, both with ``Steps``: an episode line has
+    no loss to lose."""
+    episode = "[Environment Loop] Episode Length = 764 | Episode Return = -21.0 | Steps = {} | "
+    episode += "Steps Per Second = 37.3\n"
+    learner = "[Learner] Loss = {} | Steps = {} | Walltime = {}\n"
+    text = episode.format(1528) + "".join(learner.format(0.058, 70 + 17 * i, 4.2 + i) for i in range(6))
+    assert "nonfinite" not in findings_of(tmp_path, text)
+
+
 def test_nan_lines_of_plain_text_name_no_metric_family(tmp_path: Path) -> None:
     """The plain-text reader keeps lines that mention NaN: which metric went is not known."""
     text = "35000 35% (1m 4s) nan Nam / Russian\n40000 40% (1m 13s) nan Assaf / Russian\n"

@@ -366,6 +366,13 @@ def test_apex_s_older_overflow_lines_are_skipped_updates(tmp_path: Path) -> None
     ]
 
 
+def test_a_log_of_fairseq_overflow_notes_alone_is_read(tmp_path: Path) -> None:
+    note = "2022-05-16 22:34:05 - INFO: NOTE: gradient overflow detected, ignoring gradient, "
+    text = "".join(f"{note}setting loss scale to: {scale}\n" for scale in (64.0, 32.0, 16.0))
+    trace = read_log(write(tmp_path, "ofa.log", text))
+    assert [(s[S.SKIPPED], s[S.LOSS_SCALE]) for s in trace.steps] == [(1, 64.0), (1, 32.0), (1, 16.0)]
+
+
 def test_overflow_lines_fold_into_the_step_line_after_them(tmp_path: Path) -> None:
     overflow = "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: {}, reducing to 1"
     lines = [

@@ -96,6 +96,19 @@ def test_step_markers_of_home_made_loops_and_frameworks(tmp_path: Path, line: st
     assert {k: trace.steps[0][k] for k in values} == values
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Episode: 4 | Return: -80.337008 | Learner steps: 40 | Actor steps: 4995",  # acme
+        "step = 126000: Average Return = 15.300000190734863",  # tf-agents
+        "| ep_rewmean | 21.4 |",  # Stable Baselines' table row
+    ],
+)
+def test_classic_rl_returns_are_the_mean_reward(tmp_path: Path, line: str) -> None:
+    trace = read_text(tmp_path, line + "\n")
+    assert isinstance(trace.steps[0][S.REWARD_MEAN], float)
+
+
 def test_keras_rl_intervals_count_on_as_keras_epochs_do(tmp_path: Path) -> None:
     interval = (
         "Interval {} ({} steps performed)\n10000/10000 [==============================] - 44s - reward: {}\n"

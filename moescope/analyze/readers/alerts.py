@@ -49,13 +49,8 @@ from moescope.analyze.readers.megatron import (
 from moescope.analyze.readers.plain import STEP_IN_LINE
 
 _COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.IGNORECASE)
-# fairseq: "overflow detected, [ignoring gradient, ]setting loss scale to: X", then "Minimum loss
-# scale reached (X)" as it gives up
-_SCALE_SET = re.compile(
-    rf"overflow detected,(?: ignoring gradient,)? setting loss scale to:\s*({NUMBER})"
-    rf"|minimum loss scale reached \(({NUMBER})\)",
-    re.IGNORECASE,
-)
+# fairseq's "Minimum loss scale reached (X)" as it gives up (its overflow lines are OVERFLOW's)
+_SCALE_FLOOR = re.compile(rf"minimum loss scale reached \(({NUMBER})\)", re.IGNORECASE)
 
 
 def _count(key: str) -> Callable[[re.Match[str], str], dict[str, Any]]:
@@ -67,9 +62,9 @@ def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
     return _skipped(scales and reduced_scale(scales))
 
 
-def _scale_set(match: re.Match[str], line: str) -> dict[str, Any]:
-    stopped = {S.SCALER_STOPPED: 1} if match.group(2) else {}  # fairseq gives up at its minimum
-    return {**_skipped(match.group(1) or match.group(2)), **stopped}
+def _scale_floor(match: re.Match[str], line: str) -> dict[str, Any]:
+    """fairseq's scaler giving up at its minimum: one more update lost, and the run stopped."""
+    return {**_skipped(match.group(1)), S.SCALER_STOPPED: 1}
 
 
 def _scaler_stopped(match: re.Match[str], line: str) -> dict[str, Any]:
@@ -98,7 +93,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     (re.compile(r"grad_?norm is not finite", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"loss became infinite or nan", re.IGNORECASE), _count(S.NONFINITE)),
     (OVERFLOW, _overflow),
-    (_SCALE_SET, _scale_set),
+    (_SCALE_FLOOR, _scale_floor),
     (re.compile(r"loss scale already at minimum", re.IGNORECASE), _scaler_stopped),
     (_COUNTER, _counter),
 )

@@ -211,6 +211,17 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `total_loss` | `actor/loss` |
 | generic | `avg_reward` | `reward/mean` |
 | generic | `mean_reward` | `reward/mean` |
+| generic | `average_reward` | `reward/mean` |
+| generic | `return` | `reward/mean` |
+| generic | `average_return` | `reward/mean` |
+| generic | `averagereturn` | `reward/mean` |
+| generic | `avg_return` | `reward/mean` |
+| generic | `mean_return` | `reward/mean` |
+| generic | `episode_return` | `reward/mean` |
+| generic | `episode_reward` | `reward/mean` |
+| generic | `episode_reward_mean` | `reward/mean` |
+| generic | `ep_rewmean` | `reward/mean` |
+| generic | `ep_rew_mean` | `reward/mean` |
 | generic | `kl_loss` | `actor/kl` |
 | generic | `aux_loss` | `moe/aux_loss` |
 | generic | `dead_expert_frac` | `moe/dead_expert_frac` |
@@ -503,6 +514,20 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "total_loss": S.ACTOR_LOSS,
         "avg_reward": S.REWARD_MEAN,
         "mean_reward": S.REWARD_MEAN,
+        "average_reward": S.REWARD_MEAN,
+        # classic RL libraries log an episode's return (its summed rewards), averaged over the
+        # episodes of the interval: tf-agents "Average Return", acme "Return", rllab "AverageReturn",
+        # Stable Baselines "ep_rewmean" / "ep_rew_mean", RLlib "episode_reward_mean"
+        "return": S.REWARD_MEAN,
+        "average_return": S.REWARD_MEAN,
+        "averagereturn": S.REWARD_MEAN,
+        "avg_return": S.REWARD_MEAN,
+        "mean_return": S.REWARD_MEAN,
+        "episode_return": S.REWARD_MEAN,
+        "episode_reward": S.REWARD_MEAN,
+        "episode_reward_mean": S.REWARD_MEAN,
+        "ep_rewmean": S.REWARD_MEAN,
+        "ep_rew_mean": S.REWARD_MEAN,
         "kl_loss": S.KL,
         "aux_loss": S.AUX_LOSS,
         "dead_expert_frac": S.DEAD_EXPERT_FRAC,

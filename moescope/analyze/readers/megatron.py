@@ -18,7 +18,8 @@ its interval) has lost its loss the same way, however many lines the paste has: 
 DeepSpeed's ``[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing
 to 32768`` (its older fused optimizer's ``[Rank 0] Overflow detected. Skipping step. Attempted loss
 scale: 1, reducing to 1``, apex's ``Gradient overflow. Skipping step, … reducing loss scale to
-32768.0``, its older ``Using dynamic loss scale of 4096.0`` after ``Grad overflow on iteration 8``),
+32768.0``, its older ``Using dynamic loss scale of 4096.0`` after ``Grad overflow on iteration 8``;
+fairseq's ``NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0``),
 possibly wrapped over two lines, carries no step number. It is put on the **next** iteration
 line: Megatron prints an iteration's line after that iteration's optimizer step, so overflows
 printed before a line happened in the interval it reports. On that step ``number of skipped
@@ -50,12 +51,15 @@ _NEMO = re.compile(r"Training epoch\s+\d+\s*,\s*iteration")  # NeMo 2.0's line: 
 # apex's older FP16_Optimizer prints "Grad overflow on iteration 8" and then the reduced scale,
 # "Using dynamic loss scale of 4096.0": the event read is the second (DeepSpeed's fused optimizer
 # prints the first before its own "Overflow detected." line, which is the one read there)
+# fairseq: "NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0"
+# (older: "| WARNING: overflow detected, setting loss scale to: 0.25")
 OVERFLOW = re.compile(
     r"OVERFLOW!|overflow!|Gradient overflow\.|Overflow detected\.|Using dynamic loss scale of"
+    r"|overflow detected,(?: ignoring gradient,)? setting loss scale to"
 )
 SCALES = re.compile(
     rf"Attempted\s*loss\s*scale:\s*({NUMBER})\s*,\s*reducing\s*to\s*({NUMBER})|reducing\s*loss\s*scale\s*to\s*({NUMBER})"
-    rf"|Using\s*dynamic\s*loss\s*scale\s*of\s*({NUMBER})"
+    rf"|Using\s*dynamic\s*loss\s*scale\s*of\s*({NUMBER})|setting\s*loss\s*scale\s*to:\s*({NUMBER})"
 )
 _RANK = re.compile(rf"\bRank\s*({INT})", re.IGNORECASE)
 _NAMED_STEP = re.compile(rf"\b(?:iteration|step)[\s:=]+({INT})")
@@ -157,7 +161,7 @@ def overflow_event(lines: list[str], i: int) -> tuple[Overflow, int]:
 
 def reduced_scale(scales: re.Match[str]) -> str | None:
     """The loss scale an overflow line (a :data:`SCALES` match) says it reduced to."""
-    return scales.group(2) or scales.group(3) or scales.group(4)
+    return scales.group(2) or scales.group(3) or scales.group(4) or scales.group(5)
 
 
 def _apply(metrics: dict[str, Any], events: list[Overflow], step: int | None, notes: list[str]) -> None:

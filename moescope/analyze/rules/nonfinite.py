@@ -253,7 +253,7 @@ def _unlogged_losses(trace: Trace, seen: set[int]) -> list[Finding]:
 
 def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
     """A loss logged on at least as many steps as it is missing from, missing from a step that
-    logs the same other metrics (the same kind of record, not an evaluation line): a suspected
+    logs most of the same other metrics (the same kind of record, not an evaluation line): a suspected
     non-finite loss. One such step in a two-line excerpt counts; a step that made no update at all
     (:func:`~moescope.analyze.readers._rows.wholly_skipped`) had no loss to log."""
     out = []
@@ -269,7 +269,7 @@ def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
         missing = [
             step_of(rec, i)
             for i, rec in enumerate(trace.steps)
-            if not present[i] and peers and 2 * len(peers & rec.keys()) >= len(peers)
+            if not present[i] and peers and 2 * len(peers & rec.keys()) > len(peers)
         ]
         if missing:  # the steps that made no update, read only where a loss went missing
             skipped = wholly_skipped(steps_of(trace), column(trace, S.SKIPPED))
