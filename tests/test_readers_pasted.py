@@ -109,6 +109,13 @@ def test_classic_rl_returns_are_the_mean_reward(tmp_path: Path, line: str) -> No
     assert isinstance(trace.steps[0][S.REWARD_MEAN], float)
 
 
+def test_fairseq_s_validation_line_keeps_its_loss_apart(tmp_path: Path) -> None:
+    train = "| epoch 028 | loss 3.976 | nll_loss 2.204 | num_updates 9165 | lr 0.000330319 | gnorm 0.635\n"
+    valid = "| epoch 028 | valid on 'valid' subset | loss 9.329 | nll_loss 8.088 | num_updates 9165\n"
+    (step,) = read_text(tmp_path, train + valid).steps
+    assert (step["step"], step[S.ACTOR_LOSS], step["valid/loss"]) == (9165, 3.976, 9.329)
+
+
 def test_keras_rl_intervals_count_on_as_keras_epochs_do(tmp_path: Path) -> None:
     interval = (
         "Interval {} ({} steps performed)\n10000/10000 [==============================] - 44s - reward: {}\n"

@@ -36,8 +36,11 @@ metric some key map knows (``average reward score: 0.2``), and joins the step be
 a log without any marker, counts as its own step in order — unless every record carries an
 ``epoch`` counter that rises from record to record (a loop that logs once an epoch, ``epoch:
 3451 loss: nan``): then that counter is the step. Records of one step that follow each
-other (one metric a line) are one record. The framework is named by the marker where it is a
-framework's own (mmengine, NeMo, torchtune), else guessed from the names against every key map;
+other (one metric a line) are one record. fairseq's validation line (``| valid on 'valid' subset |
+loss 9.329 | … | num_updates 9165``) keeps its names under ``valid/``: on the step of the
+training line before it, its loss would stand in for the training loss. The framework is named
+by the marker where it is a framework's own (mmengine, NeMo, torchtune), else guessed from the
+names against every key map;
 names the framework's table lacks are read through the ``generic`` one.
 """
 
@@ -315,6 +318,8 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         step, framework, fields = found
         if framework:
             frameworks.append(framework)
+        if _HELD_OUT_LINE.search(text):  # fairseq's validation line: its loss is no training loss
+            fields = {f"valid/{key}": value for key, value in fields.items()}
         return [Row(_keras_step(text, epoch, step), fields, text, i + 1)], end
 
     fast = _template.bulk(log.lines, parse_at, template, took=frameworks.extend) if bulk else parse_at
@@ -330,6 +335,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
     return parsed
 
 
+_HELD_OUT_LINE = re.compile(r"\|\s*valid on '[^']*' subset\s*\|")  # fairseq: "| valid on 'valid' subset |"
 _KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})(/{INT})?\s*")
 _KERAS_INTERVAL = re.compile(rf"\s*Interval\s+({INT})\s+\({INT} steps performed\)\s*")
 _KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")
