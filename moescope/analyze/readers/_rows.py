@@ -222,11 +222,8 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
 
 def _hides(joined: Any, own: Any) -> bool:
     """A joined line's value that is not finite where the step's own is a finite number."""
-
-    def finite(value: Any) -> bool:
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-    return isinstance(joined, float) and not finite(joined) and finite(own)
+    own_finite = isinstance(own, int | float) and not isinstance(own, bool) and math.isfinite(own)
+    return own_finite and isinstance(joined, float) and not math.isfinite(joined)
 
 
 def _assign_steps(rows: list[Row], path: Path, notes: list[str]) -> list[int]:

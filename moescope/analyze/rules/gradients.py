@@ -207,18 +207,18 @@ def _loss_pinned(trace: Trace) -> list[Finding]:
     model learns (constant outputs: 10.8259 is the log of a 50,304-token vocabulary, the loss of
     a uniform guess). A loss that jumps to a value and stays there is ``loss_divergence``'s."""
     for key in lm_losses(trace):
-        values = [v for _, v in series(trace, key)]
-        if len(values) < WINDOW or values[0] == 0 or _significant_digits(values[0]) < PINNED_DIGITS:
+        points = series(trace, key)
+        first = points[0][1] if points else 0
+        if len(points) < WINDOW or first == 0 or _significant_digits(first) < PINNED_DIGITS:
             continue
-        if values.count(values[0]) == len(values):
-            steps = steps_of(trace)
-            rows = [steps[i] for i in finite_rows(trace, key)]
+        if all(v == first for _, v in points):
+            steps = [s for s, _ in points]
             message = (
-                f"{key} is exactly {values[0]:.6g} on all {len(values)} records, from step {rows[0]}: a "
+                f"{key} is exactly {first:.6g} on all {len(points)} records, from step {steps[0]}: a "
                 "loss that no batch moves is not computed from what the model learns (constant "
                 "outputs, an output layer zeroed or detached from the graph, frozen weights)."
             )
-            return [_zero_grad(rows, message, key=key, value=values[0])]
+            return [_zero_grad(steps, message, key=key, value=first)]
     return []
 
 
