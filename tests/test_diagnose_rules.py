@@ -245,6 +245,22 @@ def test_overflows_opening_a_run_are_settling_only_while_the_scale_falls(
     assert found.severity == severity and ("settling" in found.message) == (severity == "info")
 
 
+@pytest.mark.parametrize(("scale", "found"), [("0.000", True), ("0.25", True), ("1", False), ("4096", False)])
+def test_a_loss_scale_below_one_is_an_overflow_where_no_skipped_step_is_logged(
+    tmp_path: Path, scale: str, found: bool
+) -> None:
+    """fairseq's epoch summary shows ``loss_scale 0.000`` without an overflow line before it stops at
+    its minimum scale: a dynamic scaler only falls on overflows."""
+    text = (
+        "| epoch 028 | loss 3.976 | nll_loss 2.204 | ppl 4.61 | num_updates 9165 | lr 0.000330319 | "
+        f"gnorm 0.635 | clip 0.000 | oom 0.000 | loss_scale {scale} | wall 4043\n"
+    )
+    overflow = findings_of(tmp_path, text).get("overflow")
+    assert (overflow is not None) == found
+    if found:
+        assert (overflow.step, overflow.severity) == (9165, "error") and "below 1" in overflow.message
+
+
 def _dicts(rows: list[tuple[float, float]], extra: str = "") -> str:
     line = "{{'loss': {}, 'grad_norm': {}, 'learning_rate': 1e-05{}}}\n"
     return "".join(line.format(loss, norm, extra) for loss, norm in rows)

@@ -281,7 +281,7 @@ def check_overflow(trace: Trace) -> list[Finding]:
         return []  # no loss scaling: skipped steps were non-finite gradients (see nonfinite)
     skipped = {s: v for s, v in series(trace, S.SKIPPED) if v > 0}
     if not skipped:
-        return []
+        return _scale_below_one(scale)
     runs = episodes(sorted(skipped))
     worst = max(runs, key=lambda run: (sum(skipped[s] for s in run), -run[0]))
     halvings = [b[0] for a, b in itertools.pairwise(scale) if b[1] < a[1]]
@@ -310,6 +310,24 @@ def check_overflow(trace: Trace) -> list[Finding]:
             },
         )
     ]
+
+
+def _scale_below_one(scale: list[tuple[int, float]]) -> list[Finding]:
+    """A loss scale below 1 in a log that names no skipped step. A dynamic scaler starts at 2^7 to
+    2^32 and falls only on an overflow, so below 1 it has overflowed again and again with the
+    gradients already scaled down; the log printed its summaries, not the overflow lines
+    (fairseq's epoch record ``loss_scale 0.000`` before ``Minimum loss scale reached``)."""
+    below = [s for s, v in scale if v < 1]
+    if not below:
+        return []
+    lowest = min(v for _, v in scale)
+    message = (
+        f"fp16 overflow by step {below[0]}: the loss scale is {lowest:.3g}, below 1; a dynamic scaler "
+        "falls only on an overflow, so the gradients overflowed fp16 even scaled down (the log names "
+        "no skipped step itself)."
+    )
+    evidence = {"skipped_steps": [], "skipped": 0, "lowest_scale": lowest, "below_one": below}
+    return [Finding("overflow", below[0], "error", message, evidence)]
 
 
 def _scale_path(halvings: list[int], lowest: float) -> str:
