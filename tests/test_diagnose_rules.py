@@ -331,6 +331,31 @@ def test_a_loss_that_repeats_without_being_pinned_is_no_zero_grad(
     assert "zero_grad" not in findings_of(tmp_path, _iterations(losses))
 
 
+_EPOCH = [0.9741, 1.3742, 1.2390, 0.9670, 1.0386, 1.1681, 1.2240, 0.9610]  # TRACE#5's first epoch
+
+
+@pytest.mark.parametrize(
+    ("losses", "step"),
+    [
+        (_EPOCH + _EPOCH[:6], 76),  # the next epoch scores the same batches the same
+        ([2.0871, 2.0533] + _EPOCH[:5] * 3, 78),  # a loop over five batches, after two that learned
+        (_EPOCH + _EPOCH[:4], None),  # four in a row: too few to say
+        (_EPOCH + _EPOCH[:6] + [0.9411], None),  # the repeat broke off before the log ended
+        ([round(x, 2) for x in _EPOCH + _EPOCH[:6]], None),  # printed to three digits: chance repeats
+        ([x - 0.0001 * i for i, x in enumerate(_EPOCH + _EPOCH[:6])], None),  # it learns a little
+    ],
+)
+def test_a_loss_that_replays_its_own_earlier_values_is_zero_grad(
+    tmp_path: Path, losses: list[float], step: int | None
+) -> None:
+    """TRACE#5: each epoch's per-step losses repeat the previous epoch's to the last digit, since
+    the LoRA adapters never updated."""
+    found = findings_of(tmp_path, _iterations(losses)).get("zero_grad")
+    assert (found and found.step) == step
+    if found:
+        assert found.severity == "warning" and "repeats, to the last digit" in found.message
+
+
 def test_a_preference_run_whose_log_probs_are_exactly_zero_is_zero_grad(tmp_path: Path) -> None:
     """ETO's DPO run: loss 0.6931 with every reward, margin and log-probability at 0 (no token scored)."""
     record = (

@@ -307,6 +307,25 @@ def test_two_pasted_runs_are_split_and_the_last_is_read(tmp_path: Path) -> None:
         read_log(path, run=2)
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Epoch {e}, Step {s}, Loss: {x}:   1%|          | 2/144 [00:02<02:20,  1.01it/s]",
+        "epoch: {e}|step: {s}|ppo_ep: 1|act_loss: {x}|cri_loss: 0.2",  # DeepSpeed-Chat
+    ],
+)
+def test_a_step_counted_within_its_epoch_is_counted_on_across_epochs(tmp_path: Path, line: str) -> None:
+    """TRACE's loop and DeepSpeed-Chat start the step over each epoch: one run, not a run per epoch."""
+    rows = [(1, s, 1.0 + s / 10) for s in range(3)] + [(2, s, 0.5 + s / 10) for s in range(2)]
+    trace = read_text(tmp_path, "\n".join(line.format(e=e, s=s, x=x) for e, s, x in rows) + "\n")
+    assert [s["step"] for s in trace.steps] == [0, 1, 2, 3, 4]
+    assert trace.steps[3]["raw"] == line.format(e=2, s=0, x=0.5) and trace.steps[3]["epoch"] == 2
+    assert any("counted on across epochs" in n for n in trace.notes)
+    again = [(1, s, 1.0 + s / 10) for s in range(3)] * 2  # the same epoch pasted twice: two runs
+    pasted = read_text(tmp_path, "\n".join(line.format(e=e, s=s, x=x) for e, s, x in again) + "\n")
+    assert any("holds 2 runs" in n for n in pasted.notes)
+
+
 def test_every_pasted_run_is_read_as_its_own_trace() -> None:
     from moescope.analyze.readers import read_runs
 

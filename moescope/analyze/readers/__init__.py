@@ -63,7 +63,7 @@ from moescope.analyze.readers import (
     verl,
     wandb,
 )
-from moescope.analyze.readers._rows import Parsed, assemble, split_runs
+from moescope.analyze.readers._rows import Parsed, assemble, split_runs, steps_across_epochs
 from moescope.analyze.readers._text import MAX_LINE, LogFile
 from moescope.analyze.readers.detect import detect_format, line_kind, sniff
 from moescope.analyze.readers.hints import RATIO_LEVEL, RECOMPUTE, ratio_level, recompute
@@ -237,6 +237,7 @@ def _trace(log: LogFile, format: str, parsed: Parsed, path: Path, notes: list[st
 def _runs(parsed: Parsed) -> list[Parsed]:
     """``parsed`` split into the runs pasted one after another (itself alone for a log of one):
     each with its own rows and the skipped lines between its first line and the next run's."""
+    steps_across_epochs(parsed)
     runs = split_runs(parsed.rows)
     if len(runs) == 1:
         return [parsed]

@@ -89,6 +89,31 @@ def steps_from_epochs(parsed: Parsed) -> bool:
     return True
 
 
+def steps_across_epochs(parsed: Parsed) -> bool:
+    """Number ``parsed``'s steps across epochs where the step counter starts over each time the
+    epoch counter every stepped row logs rises (``Epoch 2, Step 0``, DeepSpeed-Chat's ``epoch: 1|step:
+    0|``), and say so; whether it did. Such a step counts within its epoch: the restart is the next
+    epoch of one run, not a second run pasted after the first (whose epoch does not rise)."""
+    stepped = [(row, row.step) for row in parsed.rows if row.step is not None]
+    epochs = [row.metrics.get("epoch", row.metrics.get("Epoch")) for row, _ in stepped]
+    whole = all(isinstance(e, int) and not isinstance(e, bool) for e in epochs)
+    if len(stepped) < 2 or not whole or any(b < a for a, b in pairwise(epochs)):
+        return False
+    restarts = [i for i in range(1, len(stepped)) if stepped[i][1] <= stepped[i - 1][1]]
+    if not restarts or any(epochs[i] == epochs[i - 1] for i in restarts):
+        return False
+    offset, counted, starts = 0, -1, set(restarts)
+    for i, (row, step) in enumerate(stepped):
+        if i in starts:
+            offset = counted + 1 - step
+        row.step = counted = step + offset
+    parsed.notes.append(
+        f"the step counter starts over as the epoch rises (line {stepped[restarts[0]][0].line or '?'}): "
+        "steps are counted on across epochs"
+    )
+    return True
+
+
 def logged_step(record: dict[str, Any]) -> int | None:
     """The step a record logs itself under the first of :data:`STEP_KEYS` it holds as a whole
     number (``global_step=1.000`` too), else ``None``."""

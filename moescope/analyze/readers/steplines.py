@@ -49,15 +49,23 @@ STEP = re.compile(
 )
 
 
+_EPOCH = re.compile(rf"(?<![\w/])epoch\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.])", re.IGNORECASE)
+
+
 def _fields_after_step(line: str) -> tuple[int, dict] | None:
     """The line's step and its fields; a finer ``iter N`` counter printed before ``step M`` (litgpt's
-    ``iter 1151 step 144: loss 1.70``, one line per micro-batch) is the step, ``M`` kept as a field."""
+    ``iter 1151 step 144: loss 1.70``, one line per micro-batch) is the step, ``M`` kept as a field;
+    an epoch printed before the step (``Epoch 2, Step 0, Loss: …``) is kept as ``epoch``, since
+    such a step may count within its epoch (:func:`~moescope.analyze.readers._rows.steps_across_epochs`)."""
     match = STEP.search(line)
     if match is None:
         return None
     found = fields(line[match.end() :])
     if not found:
         return None
+    epoch = _EPOCH.search(line, 0, match.start())
+    if epoch is not None and "epoch" not in found:
+        found["epoch"] = int(epoch.group(1))
     finer = _ITER.search(line, 0, match.start())
     if finer is None:
         return int(match.group(1)), found

@@ -14,6 +14,7 @@ import numpy as np
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
+from moescope.analyze.rules.frozen import unmoved_loss, zero_grad
 from moescope.analyze.rules.losses import LM_LOSSES, lm_losses
 from moescope.analyze.rules.series import (
     above_ceiling,
@@ -35,7 +36,6 @@ from moescope.analyze.rules.thresholds import (
     GRAD_SPIKE_EXTREME,
     GRAD_SPIKE_FACTOR,
     GRAD_SPIKE_Z,
-    PINNED_DIGITS,
     SETTLED_SCALE,
     SUSTAIN,
     WINDOW,
@@ -123,7 +123,7 @@ def check_zero_grad(trace: Trace) -> list[Finding]:
     on every record, or a preference run's log-probabilities at exactly 0."""
     key = first_logged(trace, (S.GRAD_NORM,))
     found = [] if key is None else _unexplained_zero_norm(trace, key) or _zero_norm_under_loss(trace, key)
-    return found or _loss_at_zero(trace, key) or _loss_pinned(trace) or _preference_unscored(trace)
+    return found or _loss_at_zero(trace, key) or unmoved_loss(trace) or _preference_unscored(trace)
 
 
 def _unexplained_zero_norm(trace: Trace, key: str) -> list[Finding]:
@@ -143,7 +143,7 @@ def _unexplained_zero_norm(trace: Trace, key: str) -> list[Finding]:
         f"Gradient norm is exactly 0 at step {steps[0]} {why} ({len(steps)} such step(s)): the "
         "update saw no signal (a detached loss, a masked batch)."
     )
-    return [_zero_grad(steps, message, key=key, rewards_logged=not blind)]
+    return [zero_grad(steps, message, key=key, rewards_logged=not blind)]
 
 
 def _no_update(rec: dict[str, Any], key: str) -> bool:
@@ -169,7 +169,7 @@ def _zero_norm_under_loss(trace: Trace, key: str) -> list[Finding]:
         "records) while the loss is not: no update reaches the weights (a loss detached from "
         "the graph, frozen or unregistered parameters)."
     )
-    return [_zero_grad(steps, message, key=key, rewards_logged=False)]
+    return [zero_grad(steps, message, key=key, rewards_logged=False)]
 
 
 def _stuck_under_loss(rec: dict[str, Any], key: str) -> bool:
@@ -196,29 +196,7 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
                 "updates carry no signal (every label masked, a template that drops the response, "
                 "an fp16 overflow reported as 0)."
             )
-            return [_zero_grad(steps, message, key=key, loss_zero=True)]
-    return []
-
-
-def _loss_pinned(trace: Trace) -> list[Finding]:
-    """A language-modelling loss that holds one value other than 0, to its last digit, on every
-    record of a log of ``WINDOW`` or more, printed with ``PINNED_DIGITS`` significant digits or
-    more: a loss moves with every batch, so one that never does is not computed from what the
-    model learns (constant outputs: 10.8259 is the log of a 50,304-token vocabulary, the loss of
-    a uniform guess). A loss that jumps to a value and stays there is ``loss_divergence``'s."""
-    for key in lm_losses(trace):
-        points = series(trace, key)
-        first = points[0][1] if points else 0
-        if len(points) < WINDOW or first == 0 or _significant_digits(first) < PINNED_DIGITS:
-            continue
-        if all(v == first for _, v in points):
-            steps = [s for s, _ in points]
-            message = (
-                f"{key} is exactly {first:.6g} on all {len(points)} records, from step {steps[0]}: a "
-                "loss that no batch moves is not computed from what the model learns (constant "
-                "outputs, an output layer zeroed or detached from the graph, frozen weights)."
-            )
-            return [_zero_grad(steps, message, key=key, value=first)]
+            return [zero_grad(steps, message, key=key, loss_zero=True)]
     return []
 
 
@@ -239,12 +217,7 @@ def _preference_unscored(trace: Trace) -> list[Finding]:
         "token is (every label masked, responses cut off by the length limits); the preference loss "
         "sits at log 2 and nothing is learned."
     )
-    return [_zero_grad(steps, message, key=chosen)]
-
-
-def _significant_digits(value: float) -> int:
-    """The significant digits of ``value`` as Python prints it (``10.8259``: 6, ``2.3``: 2)."""
-    return len(repr(abs(value)).split("e")[0].replace(".", "").lstrip("0"))
+    return [zero_grad(steps, message, key=chosen)]
 
 
 def _zero_with_a_small_norm(rec: dict[str, Any], loss: str, norm: str | None) -> bool:
@@ -262,10 +235,6 @@ def _ending_run(trace: Trace, key: str, flag: Callable[[dict[str, Any]], bool], 
     start = held_to_end(run, len(rows), least=least)
     steps = steps_of(trace)
     return [] if start is None else [steps[i] for i in rows[start:]]
-
-
-def _zero_grad(steps: list[int], message: str, **evidence: Any) -> Finding:
-    return Finding("zero_grad", steps[0], "warning", message, {**evidence, "steps": steps})
 
 
 def check_overflow(trace: Trace) -> list[Finding]:

@@ -40,6 +40,9 @@ ZERO_LOSS_GRAD_MAX = 0.1
 # a loss printed with this many significant digits never repeats exactly batch after batch: one
 # that does on every record is pinned (a loss printed to 1-3 digits may repeat on a plateau)
 PINNED_DIGITS = 4
+# ...and one whose last records repeat, value for value, those a fixed number of steps before them
+# (an epoch's batches scored again by a model that did not change): this many records at least
+REPLAYED_RUN = 5
 LBL_IMBALANCED = 2.0  # Megatron's load-balancing loss (logged unscaled) is 1 when balanced, E/top-k at
 # worst; 2 is as unbalanced as half the experts idle and the rest evenly loaded
 RECOMPUTE_DOUBLE_MAX = 2.5  # Megatron's LBL below this could be a balanced router's counted twice (recompute)
