@@ -331,6 +331,20 @@ def test_a_loss_that_repeats_without_being_pinned_is_no_zero_grad(
     assert "zero_grad" not in findings_of(tmp_path, _iterations(losses))
 
 
+@pytest.mark.parametrize(("drift", "found"), [(6e-7, True), (2e-5, False)])
+def test_a_loss_held_to_its_fifth_digit_is_pinned_where_printed_finer(
+    tmp_path: Path, drift: float, found: bool
+) -> None:
+    """DINO's collapsed run (dino#246): ``train_loss`` 11.090327 to 11.090333 over 11 epochs, one
+    JSON record an epoch; the epoch is the step."""
+    line = '{{"train_loss": {}, "train_lr": 0.00026, "epoch": {}}}\n'
+    text = "".join(line.format(repr(11.090327262878418 * (1 + drift * i / 10)), 201 + i) for i in range(11))
+    zero = findings_of(tmp_path, text, "log.txt").get("zero_grad")
+    assert (zero is not None) == found
+    if found:
+        assert zero.step == 201 and "11.090 to 5 digits" in zero.message
+
+
 _EPOCH = [0.9741, 1.3742, 1.2390, 0.9670, 1.0386, 1.1681, 1.2240, 0.9610]  # TRACE#5's first epoch
 
 

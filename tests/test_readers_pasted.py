@@ -55,7 +55,7 @@ def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -
         ("Epoch 1:  45% 45/100 [01:10<01:25,  1.55s/it, loss=0.523, v_num=3]", 45, {S.ACTOR_LOSS: 0.523}),
         ("iteration 30: load_balancing_loss: 2.120842E+00", 30, {S.AUX_LOSS: 2.120842}),
         ("2025-03-01 10:00:00 | INFO | iter 7 | gnorm=0.5 | loss=1.5", 7, {S.GRAD_NORM: 0.5}),
-        ("268/446 (epoch 0), train_loss = 2.097, time/batch = 0.194", 268, {"train_loss": 2.097}),
+        ("268/446 (epoch 0), train_loss = 2.097, time/batch = 0.194", 268, {S.ACTOR_LOSS: 2.097}),
         ("[5000] expl_amount 0.3 / model_grad_norm 61.0 / value_loss 6.3", 5000, {"model_grad_norm": 61.0}),
         (
             "INFO:mlagents.trainers: PPO-0: Learner: Step: 19000. Mean Reward: -57.270. "
@@ -216,12 +216,12 @@ def test_a_wandb_run_summary_is_one_record_on_its_global_step() -> None:
 
 
 def test_a_wandb_summary_key_with_a_space_keeps_its_value(tmp_path: Path) -> None:
-    """A loop that logs ``{"train loss": …}`` gets the key printed with its space."""
+    """A loop that logs ``{"train loss": …}`` gets the key printed with its space: its training loss."""
     text = "wandb: Run summary:\nwandb:      epoch 0\nwandb:       step 458\nwandb: train loss nan\n"
     trace = read_text(tmp_path, text)
     assert trace.header["format"] == "wandb-summary"
     (step,) = trace.steps
-    assert step["step"] == 458 and math.isnan(step["train loss"])
+    assert step["step"] == 458 and math.isnan(step[S.ACTOR_LOSS])
     assert read_text(tmp_path, "wandb: Tracking run with wandb version 0.12.11\n" + text).steps == trace.steps
 
 

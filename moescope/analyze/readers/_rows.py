@@ -89,6 +89,15 @@ def steps_from_epochs(parsed: Parsed) -> bool:
     return True
 
 
+def epochs_as_steps(parsed: Parsed) -> None:
+    """A loop that logs once an epoch (``epoch: 3451 loss: nan``, DINO's ``{"train_loss": …,
+    "epoch": 201}``) and names no step: its epoch counter is the step, when every record has one,
+    a whole number rising from record to record (records of a loop that logs within an epoch
+    repeat it and stay indexed in order)."""
+    if len(parsed.rows) >= 2 and all(r.step is None for r in parsed.rows):
+        steps_from_epochs(parsed)
+
+
 def steps_across_epochs(parsed: Parsed) -> bool:
     """Number ``parsed``'s steps across epochs where the step counter starts over each time the
     epoch counter every stepped row logs rises (``Epoch 2, Step 0``, DeepSpeed-Chat's ``epoch: 1|step:

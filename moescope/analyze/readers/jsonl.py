@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from moescope.analyze.readers._rows import Parsed, Row, flat_row, scan
+from moescope.analyze.readers._rows import Parsed, Row, epochs_as_steps, flat_row, scan
 from moescope.analyze.readers._text import MAX_PIECES, LogFile, as_step
 from moescope.analyze.readers.keymap import guess_beyond_generic, guess_framework
 from moescope.analyze.readers.records import canonical_names
@@ -138,6 +138,7 @@ def read_roll(log: LogFile) -> Parsed:
 def read_flat(log: LogFile) -> Parsed:
     """Flat JSON lines (ms-swift ``logging.jsonl`` and the like); the framework is guessed."""
     parsed = scan(log.lines, _reader("jsonl"))
+    epochs_as_steps(parsed)
     keys = {k for row in parsed.rows for k in row.metrics}
     parsed.framework = guess_beyond_generic(keys, LISTED_ELSEWHERE) or guess_framework(keys, FLAT_FRAMEWORKS)
     for row in parsed.rows:  # names the framework's table lacks: the generic ones (LLaMA-Factory's lr)

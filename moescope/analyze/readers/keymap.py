@@ -209,6 +209,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `total_grad_norm` | `actor/grad_norm` |
 | generic | `reduced_train_loss` | `actor/loss` |
 | generic | `total_loss` | `actor/loss` |
+| generic | `train_loss` | `actor/loss` |
 | generic | `avg_reward` | `reward/mean` |
 | generic | `mean_reward` | `reward/mean` |
 | generic | `average_reward` | `reward/mean` |
@@ -512,6 +513,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "total_grad_norm": S.GRAD_NORM,
         "reduced_train_loss": S.ACTOR_LOSS,
         "total_loss": S.ACTOR_LOSS,
+        "train_loss": S.ACTOR_LOSS,  # DINO's / DeiT's log.txt records (train_lr, train_wd beside it)
         "avg_reward": S.REWARD_MEAN,
         "mean_reward": S.REWARD_MEAN,
         "average_reward": S.REWARD_MEAN,

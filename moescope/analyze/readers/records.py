@@ -55,7 +55,7 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.readers import _template, megatron
 from moescope.analyze.readers._fields import HELD_OUT, field
-from moescope.analyze.readers._rows import Parsed, Row, scan, steps_from_epochs
+from moescope.analyze.readers._rows import Parsed, Row, epochs_as_steps, scan
 from moescope.analyze.readers._text import (
     BAR_HEAD,
     INT,
@@ -326,7 +326,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
     fast = _template.bulk(log.lines, parse_at, template, took=frameworks.extend) if bulk else parse_at
     parsed = scan(log.lines, fast)
     parsed.rows = [r for r in _merge_runs(parsed.rows) if r.metrics]
-    _epochs_as_steps(parsed)
+    epochs_as_steps(parsed)
     keys = {k for row in parsed.rows for k in row.metrics}
     named = max(set(frameworks), key=frameworks.count) if frameworks else None
     parsed.framework = named or guess_beyond_generic(keys)
@@ -353,14 +353,6 @@ def _keras_step(text: str, epoch: tuple[int, bool] | None, step: int | None) -> 
         return step
     number, counted = epoch
     return (number - 1) * int(bar[2]) + int(bar[1]) if counted else number
-
-
-def _epochs_as_steps(parsed: Parsed) -> None:
-    """A loop that logs once an epoch (``epoch: 3451 loss: nan``) and names no step: its epoch
-    counter is the step, when every record has one, a whole number rising from record to record
-    (records of a loop that logs within an epoch repeat it and stay indexed in order)."""
-    if len(parsed.rows) >= 2 and all(r.step is None for r in parsed.rows):
-        steps_from_epochs(parsed)
 
 
 def wrap_width(lines: list[str]) -> int | None:
@@ -424,7 +416,10 @@ def canonical_names(framework: str | None, metrics: dict[str, Any]) -> dict[str,
 @lru_cache(maxsize=1 << 12)  # a log's records repeat one or a few key lists
 def _canonical_keys(framework: str | None, keys: tuple[str, ...]) -> tuple[str, ...]:
     """The names ``keys`` are kept under, in order (a name given twice: the later value wins, as
-    a later assignment would)."""
+    a later assignment would). The HF Trainer's end-of-run summary (``train_runtime`` beside its
+    ``train_loss``, the run's mean) keeps its names: its loss is no step's."""
+    if "train_runtime" in keys:
+        return keys
     names: list[str] = []
     for key in keys:
         name = (framework and canonical(framework, key)) or canonical("generic", key) or key

@@ -11,7 +11,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.losses import lm_losses
 from moescope.analyze.rules.series import series
-from moescope.analyze.rules.thresholds import PINNED_DIGITS, REPLAYED_RUN, WINDOW
+from moescope.analyze.rules.thresholds import FINE_DIGITS, PINNED_DIGITS, PINNED_SPREAD, REPLAYED_RUN, WINDOW
 from moescope.traces import Trace
 
 
@@ -21,20 +21,25 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
 
 
 def _pinned(trace: Trace) -> list[Finding]:
-    """A language-modelling loss that holds one value other than 0, to its last digit, on every
-    record of a log of ``WINDOW`` or more, printed with ``PINNED_DIGITS`` significant digits or
-    more: a loss moves with every batch, so one that never does is not computed from what the
-    model learns (constant outputs: 10.8259 is the log of a 50,304-token vocabulary, the loss of
-    a uniform guess). A loss that jumps to a value and stays there is ``loss_divergence``'s."""
+    """A language-modelling loss that holds one value other than 0 on every record of a log of
+    ``WINDOW`` or more, printed with ``PINNED_DIGITS`` significant digits or more: to its last
+    digit, or, printed with ``FINE_DIGITS`` or more, to within ``PINNED_SPREAD`` of it. A loss
+    moves with every batch, so one that never does is not computed from what the model learns
+    (constant outputs: 10.8259 is the log of a 50,304-token vocabulary, the loss of a uniform
+    guess; DINO's 11.0903 of its 65,536 prototypes, moving in the seventh digit). A loss that
+    jumps to a value and stays there is ``loss_divergence``'s."""
     for key in lm_losses(trace):
         points = series(trace, key)
         first = points[0][1] if points else 0
         if len(points) < WINDOW or first == 0 or significant_digits(first) < PINNED_DIGITS:
             continue
-        if all(v == first for _, v in points):
+        values = [v for _, v in points]
+        fine = max(significant_digits(v) for v in values[:WINDOW]) >= FINE_DIGITS
+        if max(values) - min(values) <= (abs(first) * PINNED_SPREAD if fine else 0):
             steps = [s for s, _ in points]
+            held = f"exactly {first:.6g}" if min(values) == max(values) else f"{first:#.5g} to 5 digits"
             message = (
-                f"{key} is exactly {first:.6g} on all {len(points)} records, from step {steps[0]}: a "
+                f"{key} is {held} on all {len(points)} records, from step {steps[0]}: a "
                 "loss that no batch moves is not computed from what the model learns (constant "
                 "outputs, an output layer zeroed or detached from the graph, frozen weights)."
             )

@@ -40,6 +40,11 @@ ZERO_LOSS_GRAD_MAX = 0.1
 # a loss printed with this many significant digits never repeats exactly batch after batch: one
 # that does on every record is pinned (a loss printed to 1-3 digits may repeat on a plateau)
 PINNED_DIGITS = 4
+# ...or, printed with FINE_DIGITS or more (a print ten times finer than the spread), within this
+# share of its value on every record (DINO's collapsed run, dino#246: 11.090327 to 11.090333 over
+# 11 epochs, 5e-7 of itself); printed coarser, a change in the last digit is a change
+PINNED_SPREAD = 1e-5
+FINE_DIGITS = 7
 # ...and one whose last records repeat, value for value, those a fixed number of steps before them
 # (an epoch's batches scored again by a model that did not change): this many records at least
 REPLAYED_RUN = 5
