@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from moescope import schema as S
+from moescope.analyze.diagnosis import diagnose
 from moescope.analyze.readers import keymap, read_log, read_runs, table
 from moescope.analyze.readers.records import pairs
 from moescope.errors import MoescopeError
@@ -382,6 +383,28 @@ def test_a_pipe_table_without_a_step_column_is_read_row_by_row(tmp_path: Path) -
     trace = read_text(tmp_path, text)
     assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == [0, 1]
     assert trace.steps[1][S.KL] == 0.0035 and trace.steps[1]["vf_loss"] == 48.0
+
+
+_YOLO_HEADER = "     Epoch   gpu_mem       box       obj       cls     total    labels  img_size\n"
+_YOLO_ROW = "    {}/299     65.1G       {}   0.01516         0       {}      1869       320: 100%|███| 7/7\n"
+_YOLO_VALIDATION = (
+    "               Class      Images      Labels           P           R      mAP@.5  mAP@.5:.95: "
+    "100%|███| 41/41\n                 all       20987      129965       0.848       0.542       0.609"
+    "       0.332\n\n"
+)
+
+
+def test_yolo_epoch_rows_under_their_header_are_read_on_their_epoch(tmp_path: Path) -> None:
+    """YOLOv5 / v7 print a header over each epoch's row and a validation table below it; a paste
+    may start at a row, above the first header (yolov7#613: box and total loss nan from epoch 41)."""
+    text = _YOLO_ROW.format(40, 0.0312, 0.0464) + _YOLO_VALIDATION
+    text += "".join(_YOLO_HEADER + _YOLO_ROW.format(e, "nan", "nan") + _YOLO_VALIDATION for e in (41, 42))
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == [40, 41, 42]
+    assert trace.steps[0][S.ACTOR_LOSS] == 0.0464 and trace.steps[0]["box_loss"] == 0.0312
+    assert math.isnan(trace.steps[1][S.ACTOR_LOSS]) and "gpu_mem" not in trace.steps[1]  # 65.1G: a size
+    (found,) = [f for f in diagnose(trace) if f.type == "nonfinite"]
+    assert (found.step, found.severity) == (41, "error")
 
 
 @pytest.mark.parametrize(

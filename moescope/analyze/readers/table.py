@@ -14,7 +14,20 @@ tabs). ``No Log`` and empty cells are absent values.
 A table without a step column is read too when its cells are split at ``|``: a header row of
 names only, then rows of numbers only, as the width of the header — OpenAI baselines' PPO prints
 one a iteration, a row per optimisation epoch (``pol_surr | pol_entpen | vf_loss | kl | ent``).
-Its rows name no step and are indexed in order. Column names are read as the Trainer logged
+Its rows name no step and are indexed in order.
+
+YOLOv5 / v7 / ultralytics print a header over each epoch's row, the row ending in the epoch's
+progress bar, and a validation table below it::
+
+     Epoch   gpu_mem       box       obj       cls     total    labels  img_size
+    41/299     65.1G       nan   0.01516         0       nan      1869       320: 100%|███| 729/729
+               Class      Images      Labels           P           R      mAP@.5  mAP@.5:.95: 100%|███|
+
+An ``Epoch`` header's rows start with ``e/E`` and hold as many whitespace-separated cells as the
+header before the bar's ``:``; the epoch is the step (a bar redrawn on the same epoch is merged),
+a cell with a unit (``65.1G``) is no value, and YOLOv5's loss columns ``box``, ``obj``, ``cls``
+and ``total`` are named as the later versions name them (``box_loss``, …). Rows pasted above the
+first header are read under it. Column names are read as the Trainer logged
 them — the HTML table prints ``completions / mean_length`` for ``completions/mean_length`` and
 ``Training Loss`` for ``loss`` — so both are put back before the key map (TRL's, then the
 generic names) renames them.
@@ -33,6 +46,8 @@ from moescope.analyze.readers.records import canonical_names
 _CELLS = re.compile(r"\s*\|\s*|\t+|\s{2,}")
 _HEADER = re.compile(r"^\s*\|?\s*step\s*(?:\||\t|\s{2,})", re.IGNORECASE)
 _RULE = re.compile(r"^[\s|:\-=+]+$")
+_EPOCH_HEADER = re.compile(r"^\s*epoch\s{2,}[A-Za-z_]", re.IGNORECASE)
+_EPOCH_ROW = re.compile(rf"^\s*({INT})/{INT}\s+([^:]*?)\s*(?::|$)")
 _STEP = re.compile(rf"^{INT}$")
 _RENAMED = {"training loss": "loss", "validation loss": "eval_loss"}
 _LETTER = re.compile(r"[A-Za-z_]")
@@ -48,6 +63,11 @@ def header(lines: list[str]) -> int | None:
     """The index of a header row followed by a row of its width, else ``None``: a ``Step | …``
     row over rows that start with a step, or a ``|`` row of names over rows of numbers."""
     for i, line in enumerate(lines[:5000]):
+        if _EPOCH_HEADER.match(line):
+            width = len(line.split())
+            if any(_epoch_row(x, width) for x in lines[i + 1 : i + 4]):
+                return i
+            continue
         stepped = _HEADER.match(line) is not None
         if not stepped and not _names_only(line):
             continue
@@ -56,6 +76,15 @@ def header(lines: list[str]) -> int | None:
         if len(names) >= 2 and any(len(r) == len(names) and _fits(r, stepped) for r in rows):
             return i
     return None
+
+
+def _epoch_row(line: str, width: int) -> tuple[int, list[str]] | None:
+    """The epoch and cells of a row under an ``Epoch`` header ``width`` names wide, else ``None``."""
+    match = _EPOCH_ROW.match(line)
+    if match is None:
+        return None
+    values = match[2].split()
+    return (int(match[1]), values) if len(values) == width - 1 else None
 
 
 def _names_only(line: str) -> bool:
@@ -86,13 +115,36 @@ def _value(cell: str) -> Any:
         return None  # "No Log", an empty cell: not logged
 
 
+_YOLO_LOSSES = {"box", "obj", "cls", "total"}  # YOLOv5 / v7's columns; ultralytics 8 says box_loss
+
+
+def _epoch_names(line: str) -> list[str]:
+    return [f"{name}_loss" if name.lower() in _YOLO_LOSSES else name for name in line.split()]
+
+
+def _epoch_rows(lines: list[str], i: int, names: list[str]) -> tuple[list[Row], int] | None:
+    """The row at line ``i`` under an ``Epoch`` header, on its epoch."""
+    found = _epoch_row(lines[i], len(names))
+    if found is None:
+        return None
+    epoch, values = found
+    metrics = {n: v for n, c in zip(names[1:], values, strict=True) if (v := _value(c)) is not None}
+    return [Row(epoch, metrics, lines[i], i + 1)], i + 1
+
+
 def read(log: LogFile) -> Parsed:
     """One row per table row under the header (a second header, another table, resets the names)."""
-    names: list[str] = []
+    first = next((line for line in log.lines if _EPOCH_HEADER.match(line)), None)
+    names: list[str] = [] if first is None else _epoch_names(first)
     stepped = True
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         nonlocal names, stepped
+        if _EPOCH_HEADER.match(lines[i]):
+            names, stepped = _epoch_names(lines[i]), True
+            return [], i + 1
+        if names and names[0].lower() == "epoch":
+            return _epoch_rows(lines, i, names)
         if _HEADER.match(lines[i]) or _names_only(lines[i]):
             names, stepped = [_name(c) for c in cells(lines[i])], _HEADER.match(lines[i]) is not None
             return [], i + 1
