@@ -184,6 +184,31 @@ def _loss_lines(losses: list[float]) -> str:
     return "".join(f"step {i} | loss {v} | lr 1e-05\n" for i, v in enumerate(losses))
 
 
+@pytest.mark.parametrize(
+    ("losses", "step"),
+    [
+        ([15.5, 13.0, 3.8, 2.39, 1.43, 5.82, 7.05, 10.03], 5),  # entrenar#274: back toward 11.93
+        ([15.5, 13.0, 3.8, 2.39, 1.43, 2.1, 3.0, 6.0, 5.9], None),  # the climb broke off
+        ([15.5, 13.0, 3.8, 2.39, 1.43, 2.5, 4.8], None),  # two rises: too few
+        ([15.5, 13.0, 1.2, 3.8, 1.43, 5.82, 7.05, 10.03], None),  # not from the lowest
+        ([15.5, 13.0, 3.8, 2.39, 1.43, 2.82, 4.05, 6.03], None),  # under five times the lowest
+    ],
+)
+def test_a_loss_that_climbs_from_its_lowest_to_the_end_is_a_divergence(
+    tmp_path: Path, losses: list[float], step: int | None
+) -> None:
+    found = findings_of(tmp_path, _loss_lines(losses)).get("loss_divergence")
+    assert (found and (found.step, found.severity)) == (step and (step, "warning"))
+
+
+def test_a_critics_loss_that_climbs_as_its_values_grow_is_no_divergence(tmp_path: Path) -> None:
+    """keras-rl's DDPG: the temporal-difference loss grows with the Q-values while the return improves."""
+    line = "step {} | episode_reward {} | loss {} | mean_q {}\n"
+    rows = [(-1338.7, 0.804, -31.1), (-647.9, 1.6, -70.3), (-339.9, 3.513, -74.6), (-132.5, 6.544, -59.4)]
+    text = "".join(line.format(10000 * (i + 1), *row) for i, row in enumerate(rows))
+    assert "loss_divergence" not in findings_of(tmp_path, text)
+
+
 def test_a_loss_that_jumps_after_a_short_head_and_stays_is_a_divergence(tmp_path: Path) -> None:
     """Too few values before the jump for an early-run level: the jump itself is the evidence."""
     found = findings_of(tmp_path, _loss_lines([1.5, 9.0, 9.5, 9.2, 9.8, 9.1]))["loss_divergence"]
@@ -259,6 +284,17 @@ def test_a_loss_scale_below_one_is_an_overflow_where_no_skipped_step_is_logged(
     assert (overflow is not None) == found
     if found:
         assert (overflow.step, overflow.severity) == (9165, "error") and "below 1" in overflow.message
+
+
+def test_overflows_at_a_scale_that_never_moves_are_no_settling() -> None:
+    """Megatron-LM#602: every iteration skipped at a loss scale of 16384 (a fixed scale: a dynamic
+    one falls within a few overflows), so the optimizer never stepped."""
+    steps = [{"step": i, S.LOSS_SCALE: 16384.0, S.SKIPPED: 1} for i in range(1, 5)]
+    (found,) = [f for f in diagnose(Trace(header={}, steps=steps)) if f.type == "overflow"]
+    assert found.severity == "warning" and "settling" not in found.message
+    steps[-1][S.LOSS_SCALE] = 8192.0  # the scale fell: the scaler settling
+    (found,) = [f for f in diagnose(Trace(header={}, steps=steps)) if f.type == "overflow"]
+    assert found.severity == "info" and "settling" in found.message
 
 
 def _dicts(rows: list[tuple[float, float]], extra: str = "") -> str:

@@ -90,6 +90,12 @@ def test_column_files_are_told_apart_by_name_then_by_shape(tmp_path: Path) -> No
     assert detect_format(write(tmp_path, "entropy_per_step.txt", columns)) == "entropy-log"
     assert detect_format(write(tmp_path, "routing.txt", columns)) == "expert-load"
     assert detect_format(write(tmp_path, "curve.txt", "1 0.52\n2 0.50\n")) == "entropy-log"
+    labelled = "step=1    loss=15.50  gnorm=42.7\nstep=55   loss=13.00  gnorm=14.0\n"  # entrenar#274
+    assert detect_format(write(tmp_path, "train.log", labelled)) == "step-lines"
+    assert (
+        detect_format(write(tmp_path, "ent.txt", "step=1 entropy=0.52\nstep=2 entropy=0.50\n"))
+        == "entropy-log"
+    )
 
 
 def test_a_checkpoint_directory_reads_its_trainer_state(tmp_path: Path) -> None:

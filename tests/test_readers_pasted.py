@@ -327,6 +327,23 @@ def test_a_step_counted_within_its_epoch_is_counted_on_across_epochs(tmp_path: P
     assert any("holds 2 runs" in n for n in pasted.notes)
 
 
+def test_olmo_step_lines_take_the_metric_lines_below_them(tmp_path: Path) -> None:
+    """OLMo's trainer prints ``[step=N/M,epoch=E]`` over one indented ``name=value`` line a metric
+    (OLMo#692: the cross-entropy falls to 0 within three steps)."""
+    record = (
+        "2024-08-06 09:59:26.181 intern-studio-160750:0  olmo.train:908  INFO    [step={}/739328,epoch=0]\n"
+        "    optim/total_grad_norm={}\n    train/CrossEntropyLoss={}\n    train/Perplexity=195,153\n"
+        "    throughput/total_tokens=1,048,576\n"
+    )
+    text = (
+        record.format(1, 231.7, 12.18) + record.format(2, 0.0002, 1.79e-06) + record.format(3, 7.7e-08, 0.0)
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [1, 2, 3]
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [12.18, 1.79e-06, 0.0]
+    assert trace.steps[0][S.GRAD_NORM] == 231.7
+
+
 def test_every_pasted_run_is_read_as_its_own_trace() -> None:
     from moescope.analyze.readers import read_runs
 

@@ -62,6 +62,12 @@ def _opens_with_a_step(token: str) -> bool:
     return as_step(_number(token)) is not None and (label is None or label in STEP_KEYS)
 
 
+def _names_another_metric(token: str) -> bool:
+    """A token labelled with a metric's name other than the entropy (``loss=15.50``)."""
+    label, _ = unlabel(token)
+    return label is not None and "entropy" not in label.lower() and is_metric(label)
+
+
 def kind(line: str) -> str | None:
     """``"expert-load"`` for three or more integer columns, ``"entropy-log"`` for a step and a
     number, else ``None`` (the file name breaks ties; see :mod:`moescope.analyze.readers.detect`)."""
@@ -71,6 +77,8 @@ def kind(line: str) -> str | None:
     values = [_number(t) for t in tokens]
     if any(v is None and is_metric(t) for t, v in zip(tokens, values, strict=True)):
         return None  # a metric's bare name among the numbers: "0 | loss 11.62 | lr 3e-04" is a record
+    if any(_names_another_metric(t) for t in tokens[1:]):
+        return None  # "step=1  loss=15.50  gnorm=42.7" is a record, its last column no entropy
     if len(tokens) >= 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         return "expert-load"
     last = values[-1]

@@ -202,6 +202,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | deepspeed-chat | `Actor Loss` | `actor/pg_loss` |
 | deepspeed-chat | `Critic Loss` | `critic/vf_loss` |
 | rlkit | `trainer/QF1 Loss` | `critic/vf_loss` |
+| olmo | `train/CrossEntropyLoss` | `actor/loss` |
+| olmo | `optim/total_grad_norm` | `actor/grad_norm` |
 | generic | `loss_scale` | `optim/loss_scale` |
 | generic | `grad_norm_total` | `actor/grad_norm` |
 | generic | `grad_norm_(total)` | `actor/grad_norm` |
@@ -490,6 +492,10 @@ KEY_MAP: dict[str, dict[str, str]] = {
     "rlkit": {  # SAC's first Q-network's TD loss, a squared error as a critic's value loss is
         "trainer/QF1 Loss": S.VF_LOSS,
     },
+    "olmo": {  # OLMo's trainer: a "[step=N/M,epoch=E]" line over one "    name=value" line a metric
+        "train/CrossEntropyLoss": S.ACTOR_LOSS,
+        "optim/total_grad_norm": S.GRAD_NORM,
+    },
     "generic": {  # looked up normalised (see the module docstring)
         "loss": S.ACTOR_LOSS,
         "policy_loss": S.PG_LOSS,
@@ -563,6 +569,7 @@ MARKERS: dict[str, frozenset[str]] = {
     "tinker": frozenset({"e_max_violation", "e_frac_with_tokens"}),
     "deepspeed-chat": frozenset({"ppo_ep", "unsuper_loss", "average reward score"}),
     "rlkit": frozenset({"trainer/QF2 Loss", "trainer/Policy Loss", "replay_buffer/size"}),
+    "olmo": frozenset({"train/CrossEntropyLoss", "train/Perplexity", "optim/total_grad_norm"}),
     "prime-rl": frozenset(
         {
             "Grad. Norm",

@@ -325,11 +325,14 @@ def _settling(trace: Trace, worst: list[int], lowest: float, scale: list[tuple[i
     """Overflows opening the run that leave the scale high: dynamic loss scaling finding its level
     down from its 2^16 or 2^32 start, as it does in every healthy fp16 run. Settling only lowers
     the scale: one that rises within the episode was raised (a scaler reset, or a scale set too
-    high on purpose) and overflowed again, which is no settling."""
+    high on purpose) and overflowed again, which is no settling; nor is a scale that does not move
+    over more than ``SUSTAIN`` skipped steps (a fixed loss scale: Megatron-LM#602 skipped every
+    iteration at 16384, the optimizer never stepped)."""
     first = min(steps_of(trace), default=worst[0])
     within = [v for s, v in scale if worst[0] <= s <= worst[-1]]
     falls_only = all(b <= a for a, b in itertools.pairwise(within))
-    return worst[0] == first and lowest >= SETTLED_SCALE and falls_only
+    unmoved = len(within) > SUSTAIN and within[-1] == within[0]
+    return worst[0] == first and lowest >= SETTLED_SCALE and falls_only and not unmoved
 
 
 def _floored_steps(trace: Trace) -> list[int]:

@@ -69,10 +69,11 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
     record is an error on its own (a snapshot of one record has no level to rise from); after a
     jump, it makes that jump an error where it began."""
     out = []
+    scores_tokens = lm_losses(trace)
     for key in level_losses(trace):
         points = series(trace, key)
         absurd = above_ceiling("loss_divergence", key, points, LOSS_CEILING, key, "the weights diverged")
-        left = _level_left(key, points)
+        left = _level_left(key, points) or (_climb_to_end(key, points) if key in scores_tokens else [])
         if absurd is None:
             out += left
         elif left and left[0].step < absurd.step:
@@ -153,6 +154,34 @@ def _last_record_jump(key: str, points: list[tuple[int, float]]) -> list[Finding
         f"({last / before:.0f}x what came before): the paste ends as the run leaves its level."
     )
     return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": before})]
+
+
+def _climb_to_end(key: str, points: list[tuple[int, float]]) -> list[Finding]:
+    """A paste that ends on ``SUSTAIN`` or more rises in a row from the lowest loss of the log to
+    ``DIVERGENCE_FACTOR`` times it: a language-modelling loss that learned, then climbs back
+    toward where it started (entrenar#274: 1.43 → 5.82 → 7.05 → 10.03, the random baseline
+    11.93), record after record. Not a critic's: its temporal-difference loss grows with the
+    values it learns (keras-rl's DDPG, 0.8 → 6.7 while the return improves)."""
+    values = [v for _, v in points]
+    if len(values) <= SUSTAIN:
+        return []
+    start = len(values) - 1
+    while start > 0 and values[start - 1] < values[start]:
+        start -= 1
+    trough = values[start]
+    if (
+        len(values) - 1 - start < SUSTAIN
+        or not 0 < trough <= min(values)
+        or values[-1] < DIVERGENCE_FACTOR * trough
+    ):
+        return []
+    step = points[start + 1][0]
+    message = (
+        f"{key} climbs on every record from step {step} to the end of the log, from its lowest "
+        f"{trough:.3g} to {values[-1]:.3g} ({values[-1] / trough:.1f}x): the run is leaving the level it "
+        "had learned."
+    )
+    return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": trough})]
 
 
 def check_kl_blowup(trace: Trace) -> list[Finding]:
