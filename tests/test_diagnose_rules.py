@@ -31,6 +31,17 @@ def test_a_skipped_step_is_nonfinite_and_says_so(tmp_path: Path) -> None:
     assert not findings_of(tmp_path, moved)["nonfinite"].evidence["skipped_update"]
 
 
+def test_losses_named_by_their_suffix_are_read_and_judged(tmp_path: Path) -> None:
+    """CSDN#6 (a re-id model): no name a key map knows, no step marker, two test lines after it;
+    every ``*_loss`` is NaN."""
+    text = (
+        "Time: 2024-10-31 18:32:24; Epoch: 69; LR, 3e-05; pid_loss: nan;  triplet_loss: nan;  "
+        "msel_loss: nan;\nTime: 2024-10-31 18:32:58; Test on Dataset: sysu, \nmINP: 0.0419 \nmAP: 0.036 \n"
+    )
+    found = findings_of(tmp_path, text)["nonfinite"]
+    assert found.severity == "error" and {"pid_loss", "triplet_loss"} <= set(found.evidence["keys"])
+
+
 def test_a_nan_in_reward_statistics_alone_is_a_warning(tmp_path: Path) -> None:
     """ml-agents prints ``Mean Reward: nan`` while no episode has ended (a mean of an empty slice);
     a loss that goes NaN beside it keeps the error."""
@@ -352,13 +363,23 @@ def test_a_loss_pinned_on_every_record_is_zero_grad(tmp_path: Path) -> None:
     assert (found.step, found.severity, found.evidence["value"]) == (76, "warning", 10.8259)
 
 
+def test_a_loss_that_falls_once_then_holds_to_the_end_is_zero_grad(tmp_path: Path) -> None:
+    """InsightFace_Pytorch#71: ``print(loss)`` shows 34.6456, then 3.6976 batch after batch (the
+    ArcFace head's weights not updating)."""
+    line = "tensor({}, device='cuda:0', grad_fn=<NllLossBackward>)\n"
+    text = "".join(line.format(v) for v in [34.6456] + [3.6976] * 9)
+    found = findings_of(tmp_path, text)["zero_grad"]
+    assert (found.step, found.evidence["value"]) == (1, 3.6976) and "its last 9 records" in found.message
+
+
 @pytest.mark.parametrize(
     "losses",
     [
         [2.3] * 20,  # printed to two digits: a plateau may repeat
-        [10.8259] * 9,  # too few records to say
+        [10.8259] * 4,  # too few records to say
         [10.8259] * 19 + [10.8258],  # it moved
         [2.1043, 1.9981, 2.0412] + [87.3365] * 12,  # a jump that stays: loss_divergence's
+        [3.5625, 3.2812, 3.3281] + [3.2969] * 6,  # bf16 printed to four decimals: 1/64 apart near 3
     ],
 )
 def test_a_loss_that_repeats_without_being_pinned_is_no_zero_grad(

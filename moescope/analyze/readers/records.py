@@ -144,6 +144,9 @@ _BAR = re.compile(r"\d+%\|")
 _BAR_POSTFIX = re.compile(r"\[[^\]]*?<[^\]]*?,\s*(?P<postfix>[^\]]*)\]")
 
 
+# a scalar tensor that autograd produced, printed alone on its line: a training loop's print(loss)
+# (``tensor(3.6976, device='cuda:0', grad_fn=<NllLossBackward0>)``)
+_LOSS_TENSOR = re.compile(rf"^\s*tensor\(\s*(?P<value>{NUMBER}|nan|-?inf)\s*,[^()]*grad_fn=<\w+>\s*\)\s*$")
 _TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
 
 
@@ -227,9 +230,12 @@ def _normal(key: str) -> str:
 
 
 def is_metric(key: str) -> bool:
-    """A name some key map knows (as given, normalised, or behind a ``train/`` prefix)."""
-    known = _known_names()
-    return key in known or _normal(key) in known or key.removeprefix("train/") in known
+    """A name some key map knows (as given, normalised, or behind a ``train/`` prefix), or a
+    code name that says it is a loss (``pid_loss``, ``triplet_loss``: a detector's or a re-id
+    model's; words with spaces, ``mean center loss``, may be prose)."""
+    known, normal = _known_names(), _normal(key)
+    named_loss = key.endswith("_loss") and " " not in key
+    return key in known or normal in known or key.removeprefix("train/") in known or named_loss
 
 
 def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
@@ -248,6 +254,9 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
         fields = pairs(rest)
         return (step, framework, {**fields, **glued}) if fields else None
     row = _TABLE_ROW.match(line)  # a two-column table (tabulate, markdown) of one step's stats
+    printed = _LOSS_TENSOR.match(line) if row is None and "grad_fn=" in line else None
+    if printed:  # print(loss) in a training loop
+        return None, None, {"loss": parse_number(printed.group("value"))}
     fields = (
         {row.group("key"): parse_number(row.group("value"))} if row else pairs(line) if _numeric(line) else {}
     )

@@ -3,6 +3,7 @@ logs that print no gradient norm (or a norm that a frozen model still has)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,14 @@ from numpy.lib.stride_tricks import sliding_window_view
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.losses import lm_losses
 from moescope.analyze.rules.series import series
-from moescope.analyze.rules.thresholds import FINE_DIGITS, PINNED_DIGITS, PINNED_SPREAD, REPLAYED_RUN, WINDOW
+from moescope.analyze.rules.thresholds import (
+    BF16_DIGITS,
+    FINE_DIGITS,
+    PINNED_DIGITS,
+    PINNED_SPREAD,
+    REPLAYED_RUN,
+    WINDOW,
+)
 from moescope.traces import Trace
 
 
@@ -21,30 +29,50 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
 
 
 def _pinned(trace: Trace) -> list[Finding]:
-    """A language-modelling loss that holds one value other than 0 on every record of a log of
-    ``WINDOW`` or more, printed with ``PINNED_DIGITS`` significant digits or more: to its last
+    """A language-modelling loss that holds one value other than 0 on the ``REPLAYED_RUN`` or more
+    records a log ends on, printed with ``PINNED_DIGITS`` significant digits or more: to its last
     digit, or, printed with ``FINE_DIGITS`` or more, to within ``PINNED_SPREAD`` of it. A loss
-    moves with every batch, so one that never does is not computed from what the model learns
-    (constant outputs: 10.8259 is the log of a 50,304-token vocabulary, the loss of a uniform
-    guess; DINO's 11.0903 of its 65,536 prototypes, moving in the seventh digit). A loss that
-    jumps to a value and stays there is ``loss_divergence``'s."""
+    moves with every batch, so one that stops moving is no longer computed from what the model
+    learns (constant outputs: 10.8259 is the log of a 50,304-token vocabulary, the loss of a
+    uniform guess; DINO's 11.0903 of its 65,536 prototypes, moving in the seventh digit; an
+    ArcFace head whose loss falls once, then prints 3.6976 batch after batch). A loss that jumps
+    above everything before it and stays there is ``loss_divergence``'s."""
     for key in lm_losses(trace):
         points = series(trace, key)
-        first = points[0][1] if points else 0
-        if len(points) < WINDOW or first == 0 or significant_digits(first) < PINNED_DIGITS:
-            continue
         values = [v for _, v in points]
-        fine = max(significant_digits(v) for v in values[:WINDOW]) >= FINE_DIGITS
-        if max(values) - min(values) <= (abs(first) * PINNED_SPREAD if fine else 0):
-            steps = [s for s, _ in points]
-            held = f"exactly {first:.6g}" if min(values) == max(values) else f"{first:#.5g} to 5 digits"
-            message = (
-                f"{key} is {held} on all {len(points)} records, from step {steps[0]}: a "
-                "loss that no batch moves is not computed from what the model learns (constant "
-                "outputs, an output layer zeroed or detached from the graph, frozen weights)."
-            )
-            return [zero_grad(steps, message, key=key, value=first)]
+        start = _held_from(values)
+        if start is None:
+            continue
+        steps, last = [s for s, _ in points[start:]], values[-1]
+        tail = values[start:]
+        held = f"exactly {last:.6g}" if min(tail) == max(tail) else f"{last:#.5g} to 5 digits"
+        where = f"all {len(tail)} records" if start == 0 else f"its last {len(tail)} records"
+        message = (
+            f"{key} is {held} on {where}, from step {steps[0]}: a loss that no batch moves is not "
+            "computed from what the model learns (constant outputs, an output layer zeroed or "
+            "detached from the graph, frozen weights)."
+        )
+        return [zero_grad(steps, message, key=key, value=last)]
     return []
+
+
+def _held_from(values: list[float]) -> int | None:
+    """Where the run of values a series ends on, held as :func:`_pinned` says, starts; ``None``
+    where it is shorter than ``REPLAYED_RUN``, is 0, or was reached by a jump above all before it."""
+    if len(values) < REPLAYED_RUN or not values[-1] or not np.isfinite(values[-1]):
+        return None
+    recent = values[-WINDOW:]
+    digits = printed_digits([v for v in recent if np.isfinite(v)])
+    if digits < PINNED_DIGITS:
+        return None
+    spread = abs(values[-1]) * PINNED_SPREAD if digits >= FINE_DIGITS else 0.0
+    start, low, high = len(values) - 1, values[-1], values[-1]
+    while start > 0 and max(high, values[start - 1]) - min(low, values[start - 1]) <= spread:
+        start -= 1
+        low, high = min(low, values[start]), max(high, values[start])
+    if len(values) - start < REPLAYED_RUN or (start and values[-1] > max(values[:start])):
+        return None
+    return start
 
 
 def _replayed(trace: Trace) -> list[Finding]:
@@ -82,11 +110,34 @@ def _period_of_tail(values: np.ndarray) -> int | None:
     tail = values[-REPLAYED_RUN:]
     if len(values) <= REPLAYED_RUN or not np.isfinite(tail).all() or len(set(tail.tolist())) == 1:
         return None
-    if max(significant_digits(v) for v in tail.tolist()) < PINNED_DIGITS:  # printed: 0.9670 reads 0.967
+    if printed_digits(tail.tolist()) < PINNED_DIGITS:
         return None
     earlier = sliding_window_view(values[:-1], REPLAYED_RUN)
     found = np.flatnonzero((earlier == tail).all(axis=1))
     return None if not len(found) else len(values) - REPLAYED_RUN - int(found[-1])
+
+
+def printed_digits(values: list[float]) -> int:
+    """The significant digits a series' print carries: the most among its values (one precision
+    for all: ``0.9670`` reads ``0.967``), or a bfloat16's 3 where every value is a bfloat16 number
+    rounded to the decimals printed (modded-llama2's ``3.2812``, ``3.3281``, ``3.3281``: a loss
+    computed in bf16, 1/64 apart near 3, repeats by chance however many decimals it shows)."""
+    digits = max((significant_digits(v) for v in values), default=0)
+    decimals = max((_decimals(v) for v in values), default=0)
+    return min(digits, BF16_DIGITS) if values and all(_bf16(v, decimals) for v in values) else digits
+
+
+def _decimals(value: float) -> int:
+    text = repr(abs(value))
+    return len(text.split(".")[1]) if "." in text and "e" not in text else 0
+
+
+def _bf16(value: float, decimals: int) -> bool:
+    """Whether ``value`` is a bfloat16 number (8 significant bits) rounded to ``decimals``."""
+    if value == 0 or not math.isfinite(value):
+        return value == 0
+    quantum = 2.0 ** (math.floor(math.log2(abs(value))) - 7)
+    return abs(round(value / quantum) * quantum - value) <= 0.5 * 10.0**-decimals + 1e-12
 
 
 def significant_digits(value: float) -> int:
