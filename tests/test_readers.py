@@ -843,6 +843,16 @@ def test_overflow_anomaly_and_counter_lines_in_other_formats(tmp_path: Path) -> 
     assert S.ALERTS not in steps[1]
 
 
+def test_detectrons_diverged_boxes_check_is_a_nonfinite_alert(tmp_path: Path) -> None:
+    """DeFRCN (detectron2) stops on its box check after one record: the record the alert follows."""
+    text = (
+        "iter: 1  total_loss: 4.02e+06  loss_cls: 3.218e+06  loss_box_reg: 4.646e+05  lr: 2e-05\n"
+        "FloatingPointError: Predicted boxes or scores contain Inf/NaN. Training has diverged.\n"
+    )
+    (step,) = read_log(write(tmp_path, "log.txt", text)).steps
+    assert step["step"] == 1 and step[S.NONFINITE] == 1 and "Training has diverged" in step[S.ALERTS]
+
+
 # --- the key map ----------------------------------------------------------------------------------
 
 

@@ -88,6 +88,12 @@ def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -
             592,
             {S.GRAD_NORM: 0.3857},
         ),
+        (  # WS-DAN's loop: a bar an epoch, its count starting over (read from epoch 0)
+            "Epoch 85/300: 100%|██████████| 8144/8144 [1:24:14<00:00, 1.61 batches/s, Loss 6.2739]",
+            86 * 8144,
+            {S.ACTOR_LOSS: 6.2739},
+        ),
+        ("epoch:\t5\treward:\t0.978083610534668", 0, {S.REWARD_MEAN: 0.978083610534668}),  # sep="\t"
     ],
 )
 def test_step_markers_of_home_made_loops_and_frameworks(tmp_path: Path, line: str, step: int, values) -> None:

@@ -8,8 +8,9 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
 - Megatron's NaN checks (``Bad grad_norm detected (grad_norm=nan)``, ``found NaN in local grad
   norm …``, ``found NaN in local forward loss …``), verl's ``WARN: rank 0 grad_norm is not
   finite: nan`` (the update skipped), PyTorch's anomaly mode (``Function 'MulBackward0'
-  returned nan values in its 0th output``) and detectron2's check (``FloatingPointError: Loss
-  became infinite or NaN at iteration=2137!``) → ``health/nonfinite``;
+  returned nan values in its 0th output``) and detectron2's checks (``FloatingPointError: Loss
+  became infinite or NaN at iteration=2137!``, ``Predicted boxes or scores contain Inf/NaN.
+  Training has diverged.``) → ``health/nonfinite``;
 - DeepSpeed / apex overflow lines in a log of another format (``[deepspeed] OVERFLOW! Rank 0
   Skipping step. Attempted loss scale: 65536, reducing to 32768``) → ``optim/skipped``, and the
   reduced scale as ``optim/loss_scale``; so are fairseq's (``NOTE: gradient overflow detected,
@@ -92,6 +93,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     (re.compile(r"returned (?:nan|inf) values in its \d+\w* output", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"grad_?norm is not finite", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"loss became infinite or nan", re.IGNORECASE), _count(S.NONFINITE)),
+    (re.compile(r"contain Inf/NaN\. Training has diverged"), _count(S.NONFINITE)),
     (OVERFLOW, _overflow),
     (_SCALE_FLOOR, _scale_floor),
     (re.compile(r"loss scale already at minimum", re.IGNORECASE), _scaler_stopped),

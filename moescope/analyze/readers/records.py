@@ -110,6 +110,15 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ("torchtune", re.compile(rf"(?<![\w|]){INT}\|({INT})\|(?=Loss:)"), lambda m: int(m[1])),
     # an RL loop's episode counter before "|"-separated fields: "Episode  50/400 | Reward (100 ep): 22.6"
     (None, re.compile(rf"^\s*Episode\s+({INT})\s*/\s*{INT}(?=\s*\|)", re.IGNORECASE), lambda m: int(m[1])),
+    # a bar an epoch's loop draws, "Epoch 85/300: 100%|…| 8144/8144 [..., Loss 6.2739, …]": its count
+    # starts over each epoch (read from 0, as Lightning counts; a loop counting from 1 one epoch on)
+    (
+        None,
+        re.compile(
+            rf"(?<!\w)Epoch\s+({INT})(?:\s*/\s*{INT})?\s*:\s*\d+%\|[^|\n]*\|\s*({INT})/({INT})\s*\[[^\]]*?,"
+        ),
+        _epoch_from_zero,
+    ),
     (None, re.compile(rf"{BAR_HEAD}[^\]]*?,"), lambda m: int(m[1])),
     # the same bar as a notebook's text output keeps it, the bar itself left out
     (None, re.compile(rf"\d+%\s+({INT})/{INT}\s*\[[^\]<,]*<[^\]]*?,"), lambda m: int(m[1])),
@@ -133,8 +142,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
 )
 # the lookahead only skips the positions no separator starts at (most of them) before the
 # alternatives are tried: the same splits, in half the time; a number ending a sentence ("Mean
-# Reward: -57.270. Std of Reward: 0.000.", ML-Agents' summary) ends its field
-_SPLIT = re.compile(r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|\t+|\s{2,}|[\[\]]|(?<=\d)\.\s+)")
+# Reward: -57.270. Std of Reward: 0.000.", ML-Agents' summary) ends its field; a tab after a
+# name's colon is the gap before its value ("epoch:\t0\treward:\t0.10", a print with sep="\t")
+_SPLIT = re.compile(r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=])\t+|\s{2,}|[\[\]]|(?<=\d)\.\s+)")
 _LABELLED = re.compile(
     rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>{NUMBER})(?=[\s,;|)\]}}]|$)"
 )
