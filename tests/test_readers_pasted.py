@@ -350,6 +350,18 @@ def test_olmo_step_lines_take_the_metric_lines_below_them(tmp_path: Path) -> Non
     assert trace.steps[0][S.GRAD_NORM] == 231.7
 
 
+def test_log_history_elements_pasted_without_their_head_are_records(tmp_path: Path) -> None:
+    """open_llama#63: a ``trainer_state.json`` pasted from its fields on, each record an element of
+    ``log_history`` ending in ``},``."""
+    element = '    {{\n      "epoch": {},\n      "learning_rate": 0.0002,\n'
+    element += '      "loss": {},\n      "step": {}\n    }},\n'
+    text = '  "global_step": 750,\n  "log_history": [\n' + "".join(
+        element.format(round(0.05 * k, 2), loss, 10 * k) for k, loss in enumerate([1.1005, 1.0258, 0.9423], 1)
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [10, 20, 30] and trace.steps[2][S.ACTOR_LOSS] == 0.9423
+
+
 def test_every_pasted_run_is_read_as_its_own_trace() -> None:
     from moescope.analyze.readers import read_runs
 

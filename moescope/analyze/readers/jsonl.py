@@ -76,14 +76,15 @@ def spread_object(lines: list[str], i: int) -> tuple[dict[str, Any], int] | None
     """The JSON object printed over the lines from ``lines[i]`` (which opens it) and the index
     after it, or ``None``. Braces are counted to find where it may end, so a dump of
     ``MAX_PIECES`` lines costs one parse, not one per line; a brace inside a string only delays
-    the parse to a later balanced line."""
+    the parse to a later balanced line. An element of a list (``trainer_state.json``'s
+    ``log_history`` pasted without its head) is read without the comma after it."""
     if not lines[i].lstrip().startswith("{"):
         return None
     depth = 0
     for end in range(i, min(len(lines), i + MAX_PIECES)):
         depth += lines[end].count("{") - lines[end].count("}")
-        if depth <= 0 and end > i:
-            obj = load_json("\n".join(lines[i : end + 1]))
+        if depth <= 0 and end > i:  # an element of a pasted JSON list ends "}," (log_history's)
+            obj = load_json("\n".join([*lines[i:end], lines[end].rstrip().removesuffix(",")]))
             if isinstance(obj, dict):
                 return obj, end + 1
             if depth < 0:
