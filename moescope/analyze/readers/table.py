@@ -1,4 +1,5 @@
-"""The progress table HF Trainer (TRL, unsloth) draws in a notebook, as users copy it out.
+"""Rows of numbers under a header row: the progress table HF Trainer (TRL, unsloth) draws in a
+notebook, as users copy it out, and the tables other trainers print.
 
 ::
 
@@ -14,7 +15,10 @@ tabs). ``No Log`` and empty cells are absent values.
 A table without a step column is read too when its cells are split at ``|``: a header row of
 names only, then rows of numbers only, as the width of the header — OpenAI baselines' PPO prints
 one a iteration, a row per optimisation epoch (``pol_surr | pol_entpen | vf_loss | kl | ent``).
-Its rows name no step and are indexed in order.
+Its rows name no step and are indexed in order. Column names are read as the Trainer logged
+them — the HTML table prints ``completions / mean_length`` for ``completions/mean_length`` and
+``Training Loss`` for ``loss`` — so both are put back before the key map (TRL's, then the
+generic names) renames them.
 
 YOLOv5 / v7 / ultralytics print a header over each epoch's row, the row ending in the epoch's
 progress bar, and a validation table below it::
@@ -27,10 +31,7 @@ An ``Epoch`` header's rows start with ``e/E`` and hold as many whitespace-separa
 header before the bar's ``:``; the epoch is the step (a bar redrawn on the same epoch is merged),
 a cell with a unit (``65.1G``) is no value, and YOLOv5's loss columns ``box``, ``obj``, ``cls``
 and ``total`` are named as the later versions name them (``box_loss``, …). Rows pasted above the
-first header are read under it. Column names are read as the Trainer logged
-them — the HTML table prints ``completions / mean_length`` for ``completions/mean_length`` and
-``Training Loss`` for ``loss`` — so both are put back before the key map (TRL's, then the
-generic names) renames them.
+first header are read under it.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def cells(line: str) -> list[str]:
 
 def header(lines: list[str]) -> int | None:
     """The index of a header row followed by a row of its width, else ``None``: a ``Step | …``
-    row over rows that start with a step, or a ``|`` row of names over rows of numbers."""
+    row over rows that start with a step, a ``|`` row of names over rows of numbers, or an
+    ``Epoch`` header over ``e/E`` rows."""
     for i, line in enumerate(lines[:5000]):
         if _EPOCH_HEADER.match(line):
             width = len(line.split())

@@ -24,7 +24,8 @@ from moescope.traces import Trace
 
 
 def unmoved_loss(trace: Trace) -> list[Finding]:
-    """A loss pinned at one value on every record, or one that replays its own earlier values."""
+    """A loss held at one value on the records a log ends on, or one that replays its own earlier
+    values there."""
     return _pinned(trace) or _replayed(trace)
 
 
