@@ -362,6 +362,24 @@ def test_log_history_elements_pasted_without_their_head_are_records(tmp_path: Pa
     assert [s["step"] for s in trace.steps] == [10, 20, 30] and trace.steps[2][S.ACTOR_LOSS] == 0.9423
 
 
+def test_numbers_a_json_logger_quoted_are_numbers(tmp_path: Path) -> None:
+    """fairseq's JSON log writes every value as a string (fairseq#2613's wav2vec2 run: ``"nan"``)."""
+    line = '2020-10-01 10:25:50 | INFO | train | {{"epoch": {}, "train_loss": "{}", "train_lr": "5e-05"}}\n'
+    trace = read_text(tmp_path, line.format(72, "4.125") + line.format(73, "nan"))
+    assert trace.steps[0]["train_loss"] == 4.125 and trace.steps[0]["train_lr"] == 5e-05
+    assert math.isnan(trace.steps[1]["train_loss"])
+    flat = read_text(tmp_path, '{"epoch": 1, "train_loss": "4.125", "version": "v1.2"}\n', "log.jsonl")
+    assert flat.steps[0][S.ACTOR_LOSS] == 4.125 and flat.steps[0]["version"] == "v1.2"
+
+
+def test_list_numbers_before_keras_rl_lines_leave_them_records(tmp_path: Path) -> None:
+    """A paste numbered as a list (``20.  43587/50000: episode: 588, …``) is no column file."""
+    line = "{}.  {}/50000: episode: {}, episode reward: {}.000, loss: {}, mean_q: 37.1\n"
+    text = "".join(line.format(20 + i, 43587 + 300 * i, 588 + i, 180 + i, (49 - i) / 10) for i in range(3))
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "records" and trace.steps[1][S.ACTOR_LOSS] == 4.8
+
+
 def test_every_pasted_run_is_read_as_its_own_trace() -> None:
     from moescope.analyze.readers import read_runs
 

@@ -27,7 +27,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from moescope.analyze.readers._text import as_step
+from moescope.analyze.readers._text import as_step, quoted_number
 from moescope.analyze.readers.keymap import rename
 from moescope.errors import MoescopeError
 from moescope.schema import RAW, STEP
@@ -69,8 +69,9 @@ class Parsed:
 
 
 def flat_row(record: dict[str, Any], raw: str, line: int | None, step: int | None = None) -> Row:
-    """A row from a flat ``{key: value}`` record; its step comes from the first step-like key."""
-    metrics = {k: v for k, v in record.items() if k != STEP}
+    """A row from a flat ``{key: value}`` record; its step comes from the first step-like key, and
+    a number written as a string is read as the number (:func:`quoted_number`)."""
+    metrics = {k: quoted_number(v) for k, v in record.items() if k != STEP}
     return Row(logged_step(record) if step is None else step, metrics, raw, line)
 
 

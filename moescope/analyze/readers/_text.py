@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress
 from pathlib import Path
+from typing import Any
 
 from moescope.errors import MoescopeError
 
@@ -76,6 +77,18 @@ def grouped_number(token: str) -> int | float | None:
     """``1,568,987.96`` → ``1568987.96`` (a pasted W&B / dashboard figure), ``None`` for any
     token that is not one number with thousands separators throughout."""
     return plain_number(token.replace(",", "")) if _GROUPED.fullmatch(token) else None
+
+
+def quoted_number(value: Any) -> Any:
+    """A number a logger wrote as a string (fairseq's JSON log quotes every value: ``"train_loss":
+    "nan"``, ``"lr": "5e-05"``) as that number; any other value as it is."""
+    if not isinstance(value, str) or len(value) > 40:
+        return value
+    try:
+        number = parse_number(value)
+    except ValueError:
+        return value
+    return value if number is None or isinstance(number, bool) else number
 
 
 def parse_number(text: str) -> Number:

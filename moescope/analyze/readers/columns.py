@@ -75,8 +75,8 @@ def kind(line: str) -> str | None:
     if not tokens or len(tokens) < 2 or not _opens_with_a_step(tokens[0]):
         return None
     values = [_number(t) for t in tokens]
-    if any(v is None and is_metric(t) for t, v in zip(tokens, values, strict=True)):
-        return None  # a metric's bare name among the numbers: "0 | loss 11.62 | lr 3e-04" is a record
+    if any(v is None and is_metric(t.rstrip(":,")) for t, v in zip(tokens, values, strict=True)):
+        return None  # a metric's name among the numbers ("0 | loss 11.62", "20. … loss: 4.9"): a record
     if any(_names_another_metric(t) for t in tokens[1:]):
         return None  # "step=1  loss=15.50  gnorm=42.7" is a record, its last column no entropy
     if len(tokens) >= 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in values):

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row, flat_row, scan
-from moescope.analyze.readers._text import INT, LogFile, gather, parse_number
+from moescope.analyze.readers._text import INT, LogFile, gather, parse_number, quoted_number
 from moescope.analyze.readers.jsonl import load_json
 from moescope.analyze.readers.keymap import guess_framework
 from moescope.errors import MoescopeError
@@ -369,7 +369,7 @@ def _top_commas(text: str, start: int) -> list[int]:
 
 def _value(node: ast.expr) -> Any:
     if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | None):
-        return node.value
+        return quoted_number(node.value)
     source = ast.unparse(node)
     try:
         return parse_number(source)
