@@ -42,6 +42,38 @@ def test_losses_named_by_their_suffix_are_read_and_judged(tmp_path: Path) -> Non
     assert found.severity == "error" and {"pid_loss", "triplet_loss"} <= set(found.evidence["keys"])
 
 
+_SLIME = (
+    "rollout {}: {{'rollout/response_lengths': 4023.29, 'rollout/rewards': 0.0, 'rollout/truncated': "
+    "0.164, 'rollout/raw_reward': {}, 'rollout/advantages': 0.0}}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("rewards", "found"),
+    [
+        ([0.0], True),  # slime#1527: every rollout scores 0 (means only, no spread logged)
+        ([0.0, 0.0, 0.0], True),
+        ([0.0, 0.0, 0.125, 0.25], False),  # a hard start that learns
+        ([0.5, 0.0], False),
+    ],
+)
+def test_a_mean_reward_of_zero_on_every_rollout_is_no_signal(
+    tmp_path: Path, rewards: list[float], found: bool
+) -> None:
+    text = "".join(_SLIME.format(i, r) for i, r in enumerate(rewards))
+    no_signal = findings_of(tmp_path, text).get("no_signal")
+    assert (no_signal is not None) == found
+    if found:
+        assert (no_signal.step, no_signal.severity) == (0, "error") and "exactly 0" in no_signal.message
+
+
+def test_a_games_mean_reward_of_zero_is_no_verdict_on_the_reward_function(tmp_path: Path) -> None:
+    """ML-Agents prints ``Mean Reward: 0.000`` on records of a healthy run: no language model's
+    rollouts logged, no finding."""
+    line = "INFO:mlagents.trainers: first-run-0: FindTheTarget: Step: {}. Mean Reward: 0.000. Training.\n"
+    assert "no_signal" not in findings_of(tmp_path, "".join(line.format(1000 * i) for i in range(1, 5)))
+
+
 def test_a_nan_in_reward_statistics_alone_is_a_warning(tmp_path: Path) -> None:
     """ml-agents prints ``Mean Reward: nan`` while no episode has ended (a mean of an empty slice);
     a loss that goes NaN beside it keeps the error."""

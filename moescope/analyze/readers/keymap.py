@@ -150,6 +150,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | slime | `train/lr-pg_0` | `optim/lr` |
 | slime | `rollout/raw_reward` | `reward/mean` |
 | slime | `response_len/mean` | `response/length_mean` |
+| slime | `rollout/response_lengths` | `response/length_mean` |
+| slime | `rollout/truncated` | `response/truncated_frac` |
 | slime | `train/train_rollout_logprob_abs_diff` | `rollout/logprob_mismatch` |
 | slime | `train/tis` | `rollout/is_ratio_mean` |
 | slime | `train/tis_clipfrac` | `rollout/is_truncated_frac` |
@@ -440,6 +442,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "train/lr-pg_0": S.LR,
         "rollout/raw_reward": S.REWARD_MEAN,
         "response_len/mean": S.LENGTH_MEAN,
+        "rollout/response_lengths": S.LENGTH_MEAN,  # the rollout record's own (slime#1527)
+        "rollout/truncated": S.TRUNCATED_FRAC,
         "train/train_rollout_logprob_abs_diff": S.LOGPROB_MISMATCH,
         "train/tis": S.IS_RATIO_MEAN,
         "train/tis_clipfrac": S.IS_TRUNCATED_FRAC,

@@ -107,16 +107,37 @@ def _no_signal(rec: dict) -> bool | None:
     return None if std is None else std == 0.0
 
 
+RESPONSES = (S.LENGTH_MEAN, S.TRUNCATED_FRAC, S.KL, S.PG_LOSS)  # a language model's rollouts, logged
+
+
+def _never_paid(rec: dict) -> bool | None:
+    """For a log without the spread metrics :func:`_no_signal` reads: whether the mean reward is
+    exactly 0 (and the highest too, where logged), every response scoring 0; ``None`` without a
+    mean reward. slime logs means only (slime#1527: ``rollout/raw_reward`` 0.0, every rollout).
+    Judged only for a language model's rollouts (:data:`RESPONSES` logged) and where it holds on
+    every record: a game's episodes may pay nothing for a while, and a mean printed to three
+    decimals (ML-Agents' ``Mean Reward: 0.000``) is 0 on some records of a healthy run."""
+    mean = rec.get(S.REWARD_MEAN)
+    if not is_number(mean):
+        return None
+    top = rec.get(S.REWARD_MAX)
+    return float(mean) == 0.0 and (not is_number(top) or float(top) == 0.0)
+
+
 def check_no_signal(trace: Trace) -> list[Finding]:
-    if first_logged(trace, NO_SIGNAL_KEYS) is None:
+    spread = first_logged(trace, NO_SIGNAL_KEYS) is not None
+    if not spread and (
+        first_logged(trace, (S.REWARD_MEAN,)) is None or first_logged(trace, RESPONSES) is None
+    ):
         return []  # a log without these metrics says nothing of it: no record need be read
+    flagged = _no_signal if spread else _never_paid
     records = [
         (step_of(rec, i), flag, rec)
         for i, rec in enumerate(trace.steps)
-        if (flag := _no_signal(rec)) is not None
+        if (flag := flagged(rec)) is not None
     ]
-    if not records:
-        return []
+    if not records or (not spread and not all(flag for _, flag, _ in records)):
+        return []  # a mean of 0 is decisive only where the reward never paid in the whole log
     points = [(step, flag) for step, flag, _ in records]
     flags = [flag for _, flag in points]
     dead = [s for s, flag in points if flag]
@@ -138,17 +159,19 @@ def check_no_signal(trace: Trace) -> list[Finding]:
         message = f"No learning signal since step {step} ({gone} steps, to the end of the log)"
     else:
         return []
-    idle = _idle([rec for _, flag, rec in records if flag])
-    return [
-        Finding(
-            "no_signal",
-            step,
-            "error" if idle else "warning",
-            f"{message}: every group's rewards were equal, so GRPO advantages were all 0 (prompts too "
-            f"easy or too hard, or a policy that collapsed){idle}.",
-            {"steps": dead},
+    if spread:
+        idle = _idle([rec for _, flag, rec in records if flag])
+        why = (
+            "every group's rewards were equal, so GRPO advantages were all 0 (prompts too easy or "
+            f"too hard, or a policy that collapsed){idle}"
         )
-    ]
+    else:  # decisive as _idle's first reading is: no response scored
+        idle = why = (
+            "the mean reward is exactly 0, so no response scored: a reward function that never pays "
+            "(an answer format it does not parse, a wrong dataset key), nothing to learn from"
+        )
+    severity = "error" if idle else "warning"
+    return [Finding("no_signal", step, severity, f"{message}: {why}.", {"steps": dead})]
 
 
 def _idle(dead: list[dict]) -> str:
