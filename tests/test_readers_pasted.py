@@ -380,6 +380,13 @@ def test_list_numbers_before_keras_rl_lines_leave_them_records(tmp_path: Path) -
     assert trace.header["format"] == "records" and trace.steps[1][S.ACTOR_LOSS] == 4.8
 
 
+def test_litgpt_fine_tuning_lines_name_their_training_loss(tmp_path: Path) -> None:
+    """litgpt's ``finetune``: ``Epoch 1 | iter 2 step 0 | loss train: 6.647, val: n/a | …``."""
+    line = "Epoch 1 | iter {} step {} | loss train: {}, val: n/a | iter time: 7818.10 ms\n"
+    trace = read_text(tmp_path, line.format(1, 0, 2.424) + line.format(2, 0, 6.647))
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(1, 2.424), (2, 6.647)]
+
+
 def test_every_pasted_run_is_read_as_its_own_trace() -> None:
     from moescope.analyze.readers import read_runs
 

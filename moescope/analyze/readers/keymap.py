@@ -214,6 +214,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `reduced_train_loss` | `actor/loss` |
 | generic | `total_loss` | `actor/loss` |
 | generic | `train_loss` | `actor/loss` |
+| generic | `loss_train` | `actor/loss` |
 | generic | `avg_reward` | `reward/mean` |
 | generic | `mean_reward` | `reward/mean` |
 | generic | `average_reward` | `reward/mean` |
@@ -524,6 +525,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "reduced_train_loss": S.ACTOR_LOSS,
         "total_loss": S.ACTOR_LOSS,
         "train_loss": S.ACTOR_LOSS,  # DINO's / DeiT's log.txt records (train_lr, train_wd beside it)
+        "loss_train": S.ACTOR_LOSS,  # litgpt's fine-tuning lines: "loss train: 2.424, val: n/a"
         "avg_reward": S.REWARD_MEAN,
         "mean_reward": S.REWARD_MEAN,
         "average_reward": S.REWARD_MEAN,
