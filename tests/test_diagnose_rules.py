@@ -412,6 +412,7 @@ def test_a_loss_that_falls_once_then_holds_to_the_end_is_zero_grad(tmp_path: Pat
         [10.8259] * 19 + [10.8258],  # it moved
         [2.1043, 1.9981, 2.0412] + [87.3365] * 12,  # a jump that stays: loss_divergence's
         [3.5625, 3.2812, 3.3281] + [3.2969] * 6,  # bf16 printed to four decimals: 1/64 apart near 3
+        [2.0859, 2.0898] + [2.0879] * 6,  # float16 so printed: 1/512 apart near 2, on a quiet plateau
     ],
 )
 def test_a_loss_that_repeats_without_being_pinned_is_no_zero_grad(

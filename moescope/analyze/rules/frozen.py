@@ -13,8 +13,8 @@ from moescope.analyze.findings import Finding
 from moescope.analyze.rules.losses import lm_losses
 from moescope.analyze.rules.series import series
 from moescope.analyze.rules.thresholds import (
-    BF16_DIGITS,
     FINE_DIGITS,
+    HALF_DIGITS,
     PINNED_DIGITS,
     PINNED_SPREAD,
     REPLAYED_RUN,
@@ -120,12 +120,12 @@ def _period_of_tail(values: np.ndarray) -> int | None:
 
 def printed_digits(values: list[float]) -> int:
     """The significant digits a series' print carries: the most among its values (one precision
-    for all: ``0.9670`` reads ``0.967``), or a bfloat16's 3 where every value is a bfloat16 number
+    for all: ``0.9670`` reads ``0.967``), or a half-precision number's 3 where every value is one
     rounded to the decimals printed (modded-llama2's ``3.2812``, ``3.3281``, ``3.3281``: a loss
     computed in bf16, 1/64 apart near 3, repeats by chance however many decimals it shows)."""
     digits = max((significant_digits(v) for v in values), default=0)
     decimals = max((_decimals(v) for v in values), default=0)
-    return min(digits, BF16_DIGITS) if values and all(_bf16(v, decimals) for v in values) else digits
+    return min(digits, HALF_DIGITS) if values and all(_half(v, decimals) for v in values) else digits
 
 
 def _decimals(value: float) -> int:
@@ -133,11 +133,12 @@ def _decimals(value: float) -> int:
     return len(text.split(".")[1]) if "." in text and "e" not in text else 0
 
 
-def _bf16(value: float, decimals: int) -> bool:
-    """Whether ``value`` is a bfloat16 number (8 significant bits) rounded to ``decimals``."""
+def _half(value: float, decimals: int) -> bool:
+    """Whether ``value`` is a float16 number (11 significant bits; every bfloat16 number within
+    float16's range is one) rounded to ``decimals``."""
     if value == 0 or not math.isfinite(value):
         return value == 0
-    quantum = 2.0 ** (math.floor(math.log2(abs(value))) - 7)
+    quantum = 2.0 ** (math.floor(math.log2(abs(value))) - 10)
     return abs(round(value / quantum) * quantum - value) <= 0.5 * 10.0**-decimals + 1e-12
 
 

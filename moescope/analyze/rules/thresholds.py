@@ -40,7 +40,7 @@ ZERO_LOSS_GRAD_MAX = 0.1
 # a loss printed with this many significant digits never repeats exactly batch after batch: one
 # that does on every record is pinned (a loss printed to 1-3 digits may repeat on a plateau)
 PINNED_DIGITS = 4
-BF16_DIGITS = 3  # what a loss printed from a bfloat16 (8 significant bits) carries, whatever its decimals
+HALF_DIGITS = 3  # what a loss printed from a float16 or bfloat16 number carries, whatever its decimals
 # ...or, printed with FINE_DIGITS or more (a print ten times finer than the spread), within this
 # share of its value on every record (DINO's collapsed run, dino#246: 11.090327 to 11.090333 over
 # 11 epochs, 5e-7 of itself); printed coarser, a change in the last digit is a change
