@@ -387,6 +387,28 @@ def test_litgpt_fine_tuning_lines_name_their_training_loss(tmp_path: Path) -> No
     assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(1, 2.424), (2, 6.647)]
 
 
+def test_right_aligned_values_after_their_colon_are_read(tmp_path: Path) -> None:
+    """wav2letter pads each value to its column: ``loss:        inf``."""
+    line = "epoch:       {} | lr: 0.100000 | runtime: 00:04:26 | loss:    {} | train-TER:  2.19\n"
+    trace = read_text(tmp_path, line.format(83, "0.87373") + line.format(84, "    inf"))
+    assert [s["step"] for s in trace.steps] == [83, 84] and trace.steps[0][S.ACTOR_LOSS] == 0.87373
+    assert math.isinf(trace.steps[1][S.ACTOR_LOSS])
+
+
+def test_tacotrons_iteration_before_its_loss_is_the_step(tmp_path: Path) -> None:
+    """NVIDIA tacotron2: ``Train loss 0 48.220909 Grad Norm 13.484264 5.71s/it``; no loss of 0, 1, 2."""
+    line = "Train loss {} {} Grad Norm 13.484264 5.71s/it\n"
+    trace = read_text(
+        tmp_path, "".join(line.format(i, v) for i, v in enumerate([48.220909, 35.229748, 16.508]))
+    )
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [
+        (0, 48.220909),
+        (1, 35.229748),
+        (2, 16.508),
+    ]
+    assert trace.steps[0][S.GRAD_NORM] == 13.484264
+
+
 def test_every_pasted_run_is_read_as_its_own_trace() -> None:
     from moescope.analyze.readers import read_runs
 

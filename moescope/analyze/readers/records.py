@@ -142,9 +142,12 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
 )
 # the lookahead only skips the positions no separator starts at (most of them) before the
 # alternatives are tried: the same splits, in half the time; a number ending a sentence ("Mean
-# Reward: -57.270. Std of Reward: 0.000.", ML-Agents' summary) ends its field; a tab after a
-# name's colon is the gap before its value ("epoch:\t0\treward:\t0.10", a print with sep="\t")
-_SPLIT = re.compile(r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=])\t+|\s{2,}|[\[\]]|(?<=\d)\.\s+)")
+# Reward: -57.270. Std of Reward: 0.000.", ML-Agents' summary) ends its field; a tab or spaces
+# after a name's colon are the gap before its value ("epoch:\t0\treward:\t0.10", a print with
+# sep="\t"; wav2letter's right-aligned "loss:        inf")
+_SPLIT = re.compile(
+    r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=\s])(?:\t+|\s{2,})|[\[\]]|(?<=\d)\.\s+)"
+)
 _LABELLED = re.compile(
     rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>{NUMBER})(?=[\s,;|)\]}}]|$)"
 )
@@ -157,6 +160,9 @@ _BAR_POSTFIX = re.compile(r"\[[^\]]*?<[^\]]*?,\s*(?P<postfix>[^\]]*)\]")
 # a scalar tensor that autograd produced, printed alone on its line: a training loop's print(loss)
 # (``tensor(3.6976, device='cuda:0', grad_fn=<NllLossBackward0>)``)
 _LOSS_TENSOR = re.compile(rf"^\s*tensor\(\s*(?P<value>{NUMBER}|nan|-?inf)\s*,[^()]*grad_fn=<\w+>\s*\)\s*$")
+# NVIDIA's tacotron2 (and waveglow, flowtron, mellotron): "Train loss {iteration} {loss:.6f} Grad
+# Norm {grad_norm:.6f} {duration:.2f}s/it"
+_TACOTRON = re.compile(rf"^\s*Train loss\s+({INT})\s+({NUMBER})\s+Grad Norm\s+({NUMBER})")
 _TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
 
 
@@ -267,6 +273,10 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     printed = _LOSS_TENSOR.match(line) if row is None and "grad_fn=" in line else None
     if printed:  # print(loss) in a training loop
         return None, None, {"loss": parse_number(printed.group("value"))}
+    tacotron = _TACOTRON.match(line) if line.lstrip().startswith("Train loss") else None
+    if tacotron:  # the iteration between the name and its value: no "loss" of 0, 1, 2, …
+        step, loss, norm = tacotron.groups()
+        return int(step), None, {"loss": parse_number(loss), "grad_norm": parse_number(norm)}
     fields = (
         {row.group("key"): parse_number(row.group("value"))} if row else pairs(line) if _numeric(line) else {}
     )
