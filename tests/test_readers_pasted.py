@@ -409,6 +409,27 @@ def test_tacotrons_iteration_before_its_loss_is_the_step(tmp_path: Path) -> None
     assert trace.steps[0][S.GRAD_NORM] == 13.484264
 
 
+def test_a_logger_line_after_records_of_one_length_is_no_wrapped_piece(tmp_path: Path) -> None:
+    """mmengine's records can share one length by chance (mmselfsup's MoCo v3 run: 165 characters),
+    which reads like a terminal's wrap width; the ``Exp name`` line after one opens with the
+    logger's time stamp, so it is no piece of that record."""
+    head = "2022/12/22 15:21:{} - mmengine - INFO - "
+    record = "Epoch(train) [5][{}/230]  lr: 1.3951e-01  eta: 1 day, 17:02:12  time: 0.3213  loss: {}"
+    text = (
+        head.format(14)
+        + record.format(150, 13.2568)
+        + "\n"
+        + head.format(30)
+        + record.format(200, 13.4066)
+        + "\n"
+        + head.format(40)
+        + "Exp name: mocov3_resnet50_pretrain_8xb512-amp-coslr-800e_in1k_20221222\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [13.2568, 13.4066]
+    assert "Exp name" not in trace.steps[-1]["raw"]
+
+
 def test_every_pasted_run_is_read_as_its_own_trace() -> None:
     from moescope.analyze.readers import read_runs
 

@@ -396,7 +396,8 @@ def wrap_width(lines: list[str]) -> int | None:
 
 def unwrap(lines: list[str], i: int, width: int | None) -> int:
     """The index after the record starting at line ``i``: while a piece fills the wrap width
-    exactly, the next line (no record of its own: no step marker) continues it."""
+    exactly, the next line (no record of its own: no step marker, no time stamp a logger opens
+    its lines with) continues it."""
     end = i + 1
     if width is None:
         return end
@@ -408,9 +409,13 @@ def unwrap(lines: list[str], i: int, width: int | None) -> int:
         and marker(lines[end]) is None
         and not _KERAS_EPOCH.fullmatch(lines[end])  # a header of the records below, no piece
         and not megatron.is_overflow(lines[end])  # DeepSpeed's line between two records
+        and not _DATED.match(lines[end])  # a logger's next line (mmengine's "… INFO - Exp name: …")
     ):
         end += 1
     return end
+
+
+_DATED = re.compile(r"\s*\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d")  # a line a logger opened with its time
 
 
 def _marks_only(line: str, match: re.Match[str]) -> bool:
