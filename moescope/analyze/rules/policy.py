@@ -6,6 +6,7 @@ from __future__ import annotations
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.series import (
+    column,
     fall_from_peak,
     first_logged,
     is_number,
@@ -130,6 +131,8 @@ def check_no_signal(trace: Trace) -> list[Finding]:
         first_logged(trace, (S.REWARD_MEAN,)) is None or first_logged(trace, RESPONSES) is None
     ):
         return []  # a log without these metrics says nothing of it: no record need be read
+    if not spread and any(is_number(v) and v != 0 for v in column(trace, S.REWARD_MEAN)):
+        return []  # some response paid: a mean of 0 elsewhere is no verdict (see _never_paid)
     flagged = _no_signal if spread else _never_paid
     records = [
         (step_of(rec, i), flag, rec)
