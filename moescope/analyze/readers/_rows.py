@@ -79,15 +79,22 @@ def steps_from_epochs(parsed: Parsed) -> bool:
     """Number ``parsed``'s rows by the epoch counter every one logs (``epoch`` or ``Epoch``),
     where it is a whole number rising from row to row, and say so; whether it did. A loop that
     logs once an epoch names no other step."""
-    epochs = [r.metrics.get("epoch", r.metrics.get("Epoch")) for r in parsed.rows]
-    whole = all(isinstance(e, int) and not isinstance(e, bool) for e in epochs)
-    if not epochs or not whole or any(a >= b for a, b in pairwise(epochs)):
+    epochs = _epoch_counters(parsed.rows)
+    if not epochs or any(a >= b for a, b in pairwise(epochs)):
         return False
     for row, epoch in zip(parsed.rows, epochs, strict=True):
         row.step = epoch
     which = "its one record's" if len(epochs) == 1 else "each record's"
     parsed.notes.append(f"no step named: {which} epoch counter is its step")
     return True
+
+
+def _epoch_counters(rows: list[Row]) -> list[int] | None:
+    """The whole-number epoch counter (``epoch`` or ``Epoch``) each of ``rows`` logs, or ``None``
+    where one does not."""
+    epochs = [row.metrics.get("epoch", row.metrics.get("Epoch")) for row in rows]
+    whole = all(isinstance(e, int) and not isinstance(e, bool) for e in epochs)
+    return epochs if whole else None
 
 
 def epochs_as_steps(parsed: Parsed) -> None:
@@ -105,9 +112,8 @@ def steps_across_epochs(parsed: Parsed) -> bool:
     0|``), and say so; whether it did. Such a step counts within its epoch: the restart is the next
     epoch of one run, not a second run pasted after the first (whose epoch does not rise)."""
     stepped = [(row, row.step) for row in parsed.rows if row.step is not None]
-    epochs = [row.metrics.get("epoch", row.metrics.get("Epoch")) for row, _ in stepped]
-    whole = all(isinstance(e, int) and not isinstance(e, bool) for e in epochs)
-    if len(stepped) < 2 or not whole or any(b < a for a, b in pairwise(epochs)):
+    epochs = _epoch_counters([row for row, _ in stepped])
+    if epochs is None or len(epochs) < 2 or any(b < a for a, b in pairwise(epochs)):
         return False
     restarts = [i for i in range(1, len(stepped)) if stepped[i][1] <= stepped[i - 1][1]]
     if not restarts or any(epochs[i] == epochs[i - 1] for i in restarts):

@@ -249,9 +249,10 @@ def is_metric(key: str) -> bool:
     """A name some key map knows (as given, normalised, or behind a ``train/`` prefix), or a
     code name that says it is a loss (``pid_loss``, ``triplet_loss``: a detector's or a re-id
     model's; words with spaces, ``mean center loss``, may be prose)."""
-    known, normal = _known_names(), _normal(key)
-    named_loss = key.endswith("_loss") and " " not in key
-    return key in known or normal in known or key.removeprefix("train/") in known or named_loss
+    known = _known_names()
+    if key in known or _normal(key) in known or key.removeprefix("train/") in known:
+        return True
+    return key.endswith("_loss") and " " not in key
 
 
 def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:

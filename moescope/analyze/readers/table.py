@@ -136,8 +136,9 @@ def _epoch_rows(lines: list[str], i: int, names: list[str]) -> tuple[list[Row], 
 
 def read(log: LogFile) -> Parsed:
     """One row per table row under the header (a second header, another table, resets the names)."""
-    first = next((line for line in log.lines if _EPOCH_HEADER.match(line)), None)
-    names: list[str] = [] if first is None else _epoch_names(first)
+    first = header(log.lines)  # an Epoch header names the rows pasted above it too
+    above = first is not None and _EPOCH_HEADER.match(log.lines[first])
+    names: list[str] = _epoch_names(log.lines[first]) if above else []
     stepped = True
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:

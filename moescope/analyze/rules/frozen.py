@@ -60,10 +60,9 @@ def _pinned(trace: Trace) -> list[Finding]:
 def _held_from(values: list[float]) -> int | None:
     """Where the run of values a series ends on, held as :func:`_pinned` says, starts; ``None``
     where it is shorter than ``REPLAYED_RUN``, is 0, or was reached by a jump above all before it."""
-    if len(values) < REPLAYED_RUN or not values[-1] or not np.isfinite(values[-1]):
+    if len(values) < REPLAYED_RUN or not values[-1] or not math.isfinite(values[-1]):
         return None
-    recent = values[-WINDOW:]
-    digits = printed_digits([v for v in recent if np.isfinite(v)])
+    digits = printed_digits([v for v in values[-WINDOW:] if math.isfinite(v)])
     if digits < PINNED_DIGITS:
         return None
     spread = abs(values[-1]) * PINNED_SPREAD if digits >= FINE_DIGITS else 0.0
