@@ -605,6 +605,27 @@ def test_bars_on_lines_of_their_own_give_the_records_their_steps(tmp_path: Path)
     assert [s["step"] for s in read_text(tmp_path, loading).steps] == [0, 1, 2]
 
 
+def test_an_evaluation_record_takes_the_bar_of_its_training_step(tmp_path: Path) -> None:
+    """HF's evaluation record follows the training record of its step, each with the bar redrawn
+    after it at the same count: both are that step; the overflows glued to the bars after them
+    go on the bars' counts."""
+    bar = "  3%|▎         | {0}/387 [02:58<1:51:02, 17.67s/it]"
+    overflow = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {0}, reducing to {1}\n"
+    text = "{'loss': 2.3578, 'learning_rate': 0, 'epoch': 0.08}\n" + bar.format(10)
+    text += "[INFO|trainer.py:3081] 2023-07-26 15:16:54,262 >> ***** Running Evaluation *****\n"
+    text += "[INFO|trainer.py:3083] 2023-07-26 15:16:54,262 >>   Num examples = 499\n"
+    text += (
+        "{'eval_loss': 2.3535, 'eval_runtime': 5.47, 'epoch': 0.08}\n"
+        + bar.format(10)
+        + overflow.format(128, 64)
+    )
+    text += "".join(bar.format(n) + overflow.format(s, s // 2) for n, s in ((11, 64), (12, 32), (13, 16)))
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [10, 11, 12, 13] and trace.steps[0]["eval_loss"] == 2.3535
+    kinds = {f.type: f.severity for f in diagnose(trace)}
+    assert kinds.get("overflow") == "warning"  # four skipped updates in a row, down to a scale of 8
+
+
 def test_a_record_every_host_of_a_multi_node_launch_prints_is_one_step(tmp_path: Path) -> None:
     """pdsh puts the host before each line: one record per host, in any order, is one step."""
     text = "".join(
@@ -691,6 +712,52 @@ def test_an_old_keras_bare_epoch_header_is_the_step(tmp_path: Path) -> None:
     )
     trace = read_text(tmp_path, text)
     assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(0, 0.9), (1, 0.8), (2, 0.7)]
+
+
+def test_names_in_brackets_before_their_numbers_are_fields(tmp_path: Path) -> None:
+    """A home-made loop's ``[Loss] 2.5 | [lr] 1e-4 | [step] 300``: each bracketed name labels the
+    number after it (the step too); a bracketed tag before words or a clock stays no field."""
+    text = "".join(
+        f"[rank0] 12:00:0{i} [Loss] {v} | [lr] 0.0001 | [step] {i * 100}\n"
+        for i, v in enumerate(("2.5", "2.4", "nan"))
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [0, 100, 200] and trace.steps[1][S.ACTOR_LOSS] == 2.4
+    assert math.isnan(trace.steps[2][S.ACTOR_LOSS]) and not any("rank0" in key for key in trace.steps[0])
+
+
+def test_an_epoch_counter_before_bars_is_the_step(tmp_path: Path) -> None:
+    """A loop's ``Epoch 144/1000 | Loss 2214.4102 | Epsilon 0.00 | Win count 66``: the epoch is
+    the step, as an episode counter there is."""
+    text = "".join(
+        f"Epoch {e}/1000 | Loss {v} | Epsilon 0.00 | Win count 65\n"
+        for e, v in ((143, 2214.4), (144, 6.05e21))
+    )
+    trace = read_text(tmp_path, text)
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(143, 2214.4), (144, 6.05e21)]
+
+
+def test_a_logger_table_gives_its_step_in_a_row_of_its_own(tmp_path: Path) -> None:
+    """OpenAI's logger (baselines, guided-diffusion) dumps a boxed table of its keys in order, the
+    ``step`` row among them: each table is a record on that step, its metric rows the record."""
+    box = "-" * 29 + "\n| lg_loss_scale | {0}   |\n| loss          | {1}       |\n"
+    box += "| samples       | 3.92e+07  |\n| step          | {2}  |\n" + "-" * 29 + "\n"
+    text = box.format(-16199.0, 0.031, "1.53e+05") + "Found NaN, decreased lg_loss_scale to -16200.354\n"
+    trace = read_text(tmp_path, text + box.format(-16200.0, "nan", "1.54e+05"))
+    assert [s["step"] for s in trace.steps] == [153000, 154000] and trace.steps[0][S.ACTOR_LOSS] == 0.031
+    assert math.isnan(trace.steps[1][S.ACTOR_LOSS])
+
+
+def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
+    """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
+    epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars
+    still running among them are counted as before."""
+    bar = "1875/1875 [==============================] - 5s 3ms/step - loss: {} - accuracy: 0.81\n"
+    trace = read_text(tmp_path, "".join(bar.format(v) for v in ("0.49", "0.37", "nan")))
+    assert [s["step"] for s in trace.steps] == [1, 2, 3] and math.isnan(trace.steps[2][S.ACTOR_LOSS])
+    assert not any("appeared in more than one" in n for n in trace.notes)
+    running = "900/1875 [=============>................] - ETA: 2s - loss: 0.52\n" + bar.format("0.49")
+    assert [s["step"] for s in read_text(tmp_path, running).steps] == [900, 1875]
 
 
 def test_keras_progress_lines_count_on_from_their_epoch_header(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ on the line (or none). The marker is found first, each as its framework prints i
 - PyTorch's ImageNet example, DeiT / MAE's MetricLogger: ``Epoch: [3][ 740/2429]  Time 2.46 (2.27)
   … Loss 1.2 (1.3)`` and ``Epoch: [0]  [ 10/582]  lr: 0.000002  loss: 0.6931 (0.6931)`` (epoch × n + i);
 - an RL loop's ``Episode  50/400 | Reward moyen (100 ep): 22.6`` (CoursIA#2368; a name with an
-  aside in parentheses is kept as logged);
+  aside in parentheses is kept as logged), and an epoch's ``Epoch 144/1000 | Loss 2214.41 | …``;
 - NeMo 2.0: ``Training epoch 0, iteration 120/149 | lr: 3e-05 | … | reduced_train_loss: 1.233``;
 - torchtune's progress bar ``1|10|Loss: 1.2345`` (epoch|step|loss);
 - Keras's ``200/200 [======] - 4s 20ms/step - loss: 0.71`` under its ``Epoch 2/10`` header
@@ -50,6 +50,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from functools import cache, lru_cache
+from itertools import pairwise
 from typing import Any
 
 from moescope import schema as S
@@ -62,6 +63,7 @@ from moescope.analyze.readers._text import (
     MAX_PIECES,
     NUMBER,
     LogFile,
+    as_step,
     parse_number,
     plain_number,
 )
@@ -108,8 +110,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         lambda m: int(m[1]),
     ),
     ("torchtune", re.compile(rf"(?<![\w|]){INT}\|({INT})\|(?=Loss:)"), lambda m: int(m[1])),
-    # an RL loop's episode counter before "|"-separated fields: "Episode  50/400 | Reward (100 ep): 22.6"
-    (None, re.compile(rf"^\s*Episode\s+({INT})\s*/\s*{INT}(?=\s*\|)", re.IGNORECASE), lambda m: int(m[1])),
+    # a loop's episode or epoch counter before "|"-separated fields: "Episode  50/400 | Reward (100 ep):
+    # 22.6", qlearning4k's "Epoch 144/1000 | Loss 2214.4102 | Epsilon 0.00 | Win count 65"
+    (None, re.compile(rf"^\s*(?:Episode|Epoch)\s+({INT})\s*/\s*{INT}(?=\s*\|)", re.I), lambda m: int(m[1])),
     # a bar an epoch's loop draws, "Epoch 85/300: 100%|…| 8144/8144 [..., Loss 6.2739, …]": its count
     # starts over each epoch (read from 0, as Lightning counts; a loop counting from 1 one epoch on)
     (
@@ -259,6 +262,7 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     """``(step, framework, fields)`` of a record line, or ``None``."""
     line = RAY_PREFIX.sub("", line, count=1)  # "(TaskRunner pid=17)" names no metric "pid"
     line = _last_bar(line) if line.count("%|") > 1 else line
+    line = _BRACKETED.sub(r"\g<key>: \g<value>", line) if "] " in line else line
     found = marker(line)
     if found is not None:
         framework, step, match = found
@@ -281,12 +285,14 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     fields = (
         {row.group("key"): parse_number(row.group("value"))} if row else pairs(line) if _numeric(line) else {}
     )
-    if fields and any(is_metric(k) for k in fields):
+    if fields and (any(is_metric(k) for k in fields) or (row and row.group("key") in TABLE_STEPS)):
         return None, None, fields
     return None
 
 
 _WHOLE_BAR = re.compile(rf"{BAR_HEAD}[^\]]*\]")
+# a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
+_BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
 
 
 def _last_bar(line: str) -> str:
@@ -355,7 +361,10 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
 
     fast = _template.bulk(log.lines, parse_at, template, took=frameworks.extend) if bulk else parse_at
     parsed = scan(log.lines, fast)
+    if epoch is None:
+        _bars_as_epochs(parsed.rows)
     parsed.rows = [r for r in _merge_runs(parsed.rows) if r.metrics]
+    _steps_in_tables(parsed)
     epochs_as_steps(parsed)
     keys = {k for row in parsed.rows for k in row.metrics}
     named = max(set(frameworks), key=frameworks.count) if frameworks else None
@@ -383,6 +392,18 @@ def _keras_step(text: str, epoch: tuple[int, bool] | None, step: int | None) -> 
         return step
     number, counted = epoch
     return (number - 1) * int(bar[2]) + int(bar[1]) if counted else number
+
+
+def _bars_as_epochs(rows: list[Row]) -> None:
+    """Keras's bars pasted without their ``Epoch e/E`` headers, every one finished (``1875/1875
+    [=====] - 5s 3ms/step - loss: 0.49``, a line an epoch): each bar's count is the same, so the
+    bars are numbered as the epochs they end, from 1 (read as their count, they were one step)."""
+    bars = [(row, _KERAS_BAR.match(row.raw)) for row in rows]
+    ended = [(row, bar) for row, bar in bars if bar is not None]
+    if len(ended) < 2 or any(bar[1] != bar[2] for _, bar in ended) or len({bar[2] for _, bar in ended}) > 1:
+        return
+    for epoch, (row, _) in enumerate(ended, start=1):
+        row.step = epoch
 
 
 def wrap_width(lines: list[str]) -> int | None:
@@ -422,6 +443,27 @@ _DATED = re.compile(r"\s*\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d")  # a line a log
 def _marks_only(line: str, match: re.Match[str]) -> bool:
     """A short line that is mostly its step marker (a banner, not prose that mentions a step)."""
     return len(line.strip()) <= 3 * len(match.group(0)) + 20
+
+
+# the row a logger's boxed table gives its step in, among the metrics (OpenAI baselines' and
+# guided-diffusion's "| step | 1.53e+05 |", SB3's "|    total_timesteps  | 2048 |")
+TABLE_STEPS = ("step", "total_timesteps", "timesteps", "nupdates", "global_step")
+
+
+def _steps_in_tables(parsed: Parsed) -> None:
+    """Number the records of boxed tables by the step row each holds, where no record has a step
+    marker and every one holds the same step row, whole and rising: an alphabetical table
+    writes that row among the others, so the block's rows were merged before it was known."""
+    if not parsed.rows or any(row.step is not None for row in parsed.rows):
+        return
+    key = next((k for k in TABLE_STEPS if k in parsed.rows[0].metrics), None)
+    steps = [as_step(row.metrics.get(key)) for row in parsed.rows] if key else []
+    if not steps or None in steps or any(b <= a for a, b in pairwise(steps)):
+        return
+    for row, step in zip(parsed.rows, steps, strict=True):
+        row.step = step
+        del row.metrics[key]
+    parsed.rows = [row for row in parsed.rows if row.metrics]
 
 
 def _merge_runs(rows: list[Row]) -> list[Row]:

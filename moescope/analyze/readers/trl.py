@@ -34,6 +34,7 @@ import re
 import warnings
 from collections import Counter
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row, flat_row, scan
@@ -104,6 +105,7 @@ def read_console(log: LogFile) -> Parsed:
     """Every dict record of a TRL / HF Trainer / ms-swift / slime console log."""
     bars: list[tuple[Row, int, int]] = []  # a row without a step, and the bar glued in front of it
     beside: list[tuple[Row, int, int]] = []  # ... and the bar on a line of its own next to it
+    bar_lines: list[int] = []  # the line of each bar beside a record
     parsed_notes: list[str] = []
     cut: set[int] = set()  # lines of records the paste cut short
 
@@ -127,13 +129,15 @@ def read_console(log: LogFile) -> Parsed:
         counts = _BAR.findall(prefix)
         if row.step is None and counts:
             bars.append((row, int(counts[-1][0]), int(counts[-1][1])))
-        elif row.step is None and (counts := _bar_beside(lines, i, end)):
+        elif row.step is None and (near := _bar_beside(lines, i, end)):
+            at, counts = near
             beside.append((row, int(counts[-1][0]), int(counts[-1][1])))
+            bar_lines.append(at)
         return [row], end
 
     parsed = scan(log.lines, parse_at)
     parsed.notes += parsed_notes + _cut_steps(parsed.rows, cut)
-    if not bars and _one_bar_beside_each(beside, parsed.rows):
+    if not bars and _one_bar_beside_each(beside, bar_lines, parsed.rows):
         bars = beside
     if bars:
         total = Counter(t for _, _, t in bars).most_common(1)[0][0]
@@ -148,33 +152,44 @@ def read_console(log: LogFile) -> Parsed:
     return parsed
 
 
-def _bar_beside(lines: list[str], start: int, end: int) -> list[tuple[str, str]]:
-    """The counts of a progress bar on a line of its own right before the record, else right
-    after it: HF draws the bar before it prints a record and redraws it after, on the same step,
-    and a paste whose carriage returns became new lines puts each drawing on a line."""
-    for near in (_text_line(lines, start, -1), _text_line(lines, end - 1, 1)):
-        if near is not None and DICT_START.search(near) is None and (found := _BAR.findall(near)):
-            return found
-    return []
+def _bar_beside(lines: list[str], start: int, end: int) -> tuple[int, list[tuple[str, str]]] | None:
+    """The line and counts of a progress bar on a line of its own right before the record, else
+    right after it: HF draws the bar before it prints a record and redraws it after, on the same
+    step, and a paste whose carriage returns became new lines puts each drawing on a line."""
+    for at in (_text_line(lines, start, -1), _text_line(lines, end - 1, 1)):
+        if at is not None and DICT_START.search(lines[at]) is None and (found := _BAR.findall(lines[at])):
+            return at, found
+    return None
 
 
-def _one_bar_beside_each(beside: list[tuple[Row, int, int]], rows: list[Row]) -> bool:
+def _one_bar_beside_each(beside: list[tuple[Row, int, int]], bar_lines: list[int], rows: list[Row]) -> bool:
     """Whether every record without a step of its own has a bar of one total beside it, counting
-    up from record to record: a bar next to one record only is as likely a data-loading or
-    evaluation bar (``7/7 [00:00<…]``), and one bar between two records, read for both, is
-    neither's for sure."""
+    up from record to record (or the same count: an evaluation record on the training record's
+    step): a bar next to one record only is as likely a data-loading or evaluation bar (``7/7
+    [00:00<…]``), and one bar between two records, read for both, is neither's for sure."""
     stepless = sum(1 for row in rows if row.step is None)
-    counts = [count for _, count, _ in beside]
     one_total = len({total for _, _, total in beside}) == 1
-    return bool(beside) and len(beside) == stepless and one_total and all(map(int.__lt__, counts, counts[1:]))
+    own_bars = len(set(bar_lines)) == len(bar_lines)
+    rising = all(
+        a < b or (a == b and _evaluation(row.metrics)) for (_, a, _), (row, b, _) in pairwise(beside)
+    )
+    return bool(beside) and len(beside) == stepless and one_total and own_bars and rising
 
 
-def _text_line(lines: list[str], i: int, direction: int) -> str | None:
+def _evaluation(metrics: dict[str, Any]) -> bool:
+    """An evaluation record (``{'eval_loss': …, 'epoch': …}``): HF prints it on the step of the
+    training record before it."""
+    return any(k.startswith("eval_") for k in metrics) and all(
+        k.startswith("eval_") or k == "epoch" for k in metrics
+    )
+
+
+def _text_line(lines: list[str], i: int, direction: int) -> int | None:
     """The first line from ``i`` on in ``direction`` (not ``i`` itself) that is not blank."""
     j = i + direction
     while 0 <= j < len(lines) and not lines[j].strip():
         j += direction
-    return lines[j] if 0 <= j < len(lines) else None
+    return j if 0 <= j < len(lines) else None
 
 
 def _echoes_merged(rows: list[Row]) -> list[Row]:
