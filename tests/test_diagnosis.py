@@ -324,3 +324,16 @@ def test_cli_diagnose_bad_input_exits_2(tmp_path):
         _, err = p.communicate(timeout=300)
         assert p.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "Unknown fault 'bogus'" in err  # named before any log is read
+
+
+def test_findings_on_one_step_come_causes_first():
+    """A NaN update on the step whose every response hit the length limit and scored 0: the NaN
+    is listed first, then the dead rewards, then the clipped responses (not by name)."""
+    row = {
+        "actor/grad_norm": math.nan,
+        "response/truncated_frac": 1.0,
+        "reward/mean": 0.0,
+        "reward/std": 0.0,
+    }
+    found = [f.type for f in diagnose(trace([row]))]
+    assert found[:3] == ["nonfinite", "no_signal", "degenerate_output"], found

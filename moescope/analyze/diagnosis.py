@@ -87,7 +87,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from moescope.analyze.findings import Finding
+from moescope.analyze.findings import FINDING_TYPES, Finding
 from moescope.analyze.rules.gradients import check_grad_spike, check_overflow, check_zero_grad
 from moescope.analyze.rules.load import check_load_collapse
 from moescope.analyze.rules.losses import check_kl_blowup, check_loss_divergence
@@ -123,9 +123,16 @@ CHECKS: tuple[Callable[[Trace], list[Finding]], ...] = (
 
 
 def diagnose(trace: Trace) -> list[Finding]:
-    """All findings of ``trace``, ordered by onset step (findings without a step last)."""
+    """All findings of ``trace``, ordered by onset step (findings without a step last); on one
+    step, in the order of :data:`~moescope.analyze.findings.FINDING_TYPES`, causes before their
+    effects (a NaN before the clipped responses and dead rewards that step also logs)."""
     findings: list[Finding] = []
     with reading_once():  # the checks share the columns they read
         for check in CHECKS:
             findings += check(trace)
-    return sorted(findings, key=lambda f: (f.step is None, f.step if f.step is not None else 0, f.type))
+    return sorted(findings, key=_onset_order)
+
+
+def _onset_order(finding: Finding) -> tuple[bool, int, int]:
+    step = finding.step
+    return step is None, step if step is not None else 0, FINDING_TYPES.index(finding.type)

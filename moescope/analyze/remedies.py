@@ -143,6 +143,7 @@ REMEDIES: dict[str, Remedy] = {
         (
             "a repetition loop after a collapse (token id 0, '!!!!')",
             "a missing or wrong end-of-sequence token in the chat template",
+            "a response length limit too short for the task's answers (every completion cut, none ending)",
             *_LR,
         ),
         "lr_spike",

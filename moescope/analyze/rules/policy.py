@@ -200,12 +200,12 @@ def check_degenerate_output(trace: Trace) -> list[Finding]:
     start = throughout([v >= 0.99 for _, v in truncated])
     if start is not None:
         step, records = truncated[start][0], len(truncated)
-        why = "all responses hit the length limit"
+        why = "all responses hit the length limit (a repetition loop, a missing end-of-sequence, or a limit too short for the answers)"
     else:
         constant = [a[1] == b[1] for a, b in zip(lo, hi, strict=False)] if lo and hi else []
         start = throughout(constant)
         step, records = (lo[start][0] if start is not None else None), len(constant)
-        why = "every response has the same length"
+        why = "every response has the same length (a repetition loop or a missing end-of-sequence)"
     if step is None:
         return []
     span = (
@@ -216,8 +216,7 @@ def check_degenerate_output(trace: Trace) -> list[Finding]:
             "degenerate_output",
             step,
             "error",
-            f"Degenerate output from step {step}: {why} {span} (a repetition loop or a missing "
-            "end-of-sequence).",
+            f"Degenerate output from step {step}: {why}, {span}.",
             {"length_mean": [v for _, v in lengths][-1:]},
         )
     ]
