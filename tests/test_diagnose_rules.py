@@ -421,6 +421,27 @@ def test_a_loss_that_repeats_without_being_pinned_is_no_zero_grad(
     assert "zero_grad" not in findings_of(tmp_path, _iterations(losses))
 
 
+@pytest.mark.parametrize(
+    ("accuracies", "found"),
+    [((0.6446, 0.6448, 0.6448, 0.6448), True), ((0.6446, 0.6448, 0.6451, 0.6453), False)],
+)
+def test_a_loss_held_with_its_accuracy_on_three_records_is_zero_grad(
+    tmp_path: Path, accuracies: tuple[float, ...], found: bool
+) -> None:
+    """Keras's ``loss: 5.7257 - acc: 0.6448`` epoch after epoch (keras#2392): the loss and the
+    accuracy held to their last digit on three records say the outputs no longer change, though
+    a loss alone needs five; an accuracy that still moves leaves three records too few."""
+    bar = "Epoch {0}/100\n89595/89595 [==============================] - 8s - loss: {1} - acc: {2}\n"
+    text = "".join(
+        bar.format(e, loss, acc)
+        for e, (loss, acc) in enumerate(zip((5.7178, 5.7257, 5.7257, 5.7257), accuracies), 1)
+    )
+    zero = findings_of(tmp_path, text).get("zero_grad")
+    assert (zero is not None) == found
+    if found:
+        assert zero.step == 2 * 89595 and "(and acc with it) on its last 3 records" in zero.message
+
+
 @pytest.mark.parametrize(("drift", "found"), [(6e-7, True), (2e-5, False)])
 def test_a_loss_held_to_its_fifth_digit_is_pinned_where_printed_finer(
     tmp_path: Path, drift: float, found: bool

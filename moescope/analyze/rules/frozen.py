@@ -11,13 +11,15 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.losses import lm_losses
-from moescope.analyze.rules.series import series
+from moescope.analyze.rules.series import logged_keys, series
 from moescope.analyze.rules.thresholds import (
+    DIVERGENCE_FACTOR,
     FINE_DIGITS,
     HALF_DIGITS,
     PINNED_DIGITS,
     PINNED_SPREAD,
     REPLAYED_RUN,
+    SUSTAIN,
     WINDOW,
 )
 from moescope.traces import Trace
@@ -37,16 +39,21 @@ def _pinned(trace: Trace) -> list[Finding]:
     learns (constant outputs: 10.8259 is the log of a 50,304-token vocabulary, the loss of a
     uniform guess; DINO's 11.0903 of its 65,536 prototypes, moving in the seventh digit; an
     ArcFace head whose loss falls once, then prints 3.6976 batch after batch). A loss that jumps
-    above everything before it and stays there is ``loss_divergence``'s."""
+    ``DIVERGENCE_FACTOR`` times above its median before and stays there is ``loss_divergence``'s."""
     for key in lm_losses(trace):
         points = series(trace, key)
         values = [v for _, v in points]
         start = _held_from(values)
-        if start is None:
-            continue
+        beside = None
+        if start is None:  # a shorter hold counts where the model's accuracy holds with it
+            start = _held_from(values, SUSTAIN)
+            beside = _held_beside(trace, key, {s for s, _ in points[start:]}) if start is not None else None
+            if beside is None:
+                continue
         steps, last = [s for s, _ in points[start:]], values[-1]
         tail = values[start:]
         held = f"exactly {last:.6g}" if min(tail) == max(tail) else f"{last:#.5g} to 5 digits"
+        held += f" (and {beside} with it)" if beside else ""
         where = f"all {len(tail)} records" if start == 0 else f"its last {len(tail)} records"
         message = (
             f"{key} is {held} on {where}, from step {steps[0]}: a loss that no batch moves is not "
@@ -57,10 +64,27 @@ def _pinned(trace: Trace) -> list[Finding]:
     return []
 
 
-def _held_from(values: list[float]) -> int | None:
+def _held_beside(trace: Trace, loss: str, steps: set[int]) -> str | None:
+    """An accuracy or another loss logged on exactly ``steps`` among the last records that holds
+    one value there too (``None`` where none does), printed as finely as a pinned loss must be: a model whose loss and
+    accuracy both stop to the last digit gives the same outputs (Keras's ``loss: 5.7257 - acc:
+    0.6448`` epoch after epoch), which three records show, where a loss alone needs five."""
+    for key in logged_keys(trace):
+        if key == loss or not ("acc" in key.lower() or key in lm_losses(trace)):
+            continue
+        points = [(s, v) for s, v in series(trace, key) if s in steps]
+        values = [v for _, v in points]
+        if len(points) == len(steps) and _held_from(values, SUSTAIN) == 0:
+            return key
+    return None
+
+
+def _held_from(values: list[float], run: int = REPLAYED_RUN) -> int | None:
     """Where the run of values a series ends on, held as :func:`_pinned` says, starts; ``None``
-    where it is shorter than ``REPLAYED_RUN``, is 0, or was reached by a jump above all before it."""
-    if len(values) < REPLAYED_RUN or not values[-1] or not math.isfinite(values[-1]):
+    where it is shorter than ``run`` records, is 0, or was reached by a jump of ``DIVERGENCE_FACTOR``
+    times the median before it (``loss_divergence``'s) or, held only within a spread, by a climb
+    above every value before it."""
+    if len(values) < run or not values[-1] or not math.isfinite(values[-1]):
         return None
     digits = printed_digits([v for v in values[-WINDOW:] if math.isfinite(v)])
     if digits < PINNED_DIGITS:
@@ -70,7 +94,13 @@ def _held_from(values: list[float]) -> int | None:
     while start > 0 and max(high, values[start - 1]) - min(low, values[start - 1]) <= spread:
         start -= 1
         low, high = min(low, values[start]), max(high, values[start])
-    if len(values) - start < REPLAYED_RUN or (start and values[-1] > max(values[:start])):
+    before = [v for v in values[:start] if math.isfinite(v)]
+    # held within a spread, a value above all before is a slow climb; held exactly, a hold after
+    # a rise, unless the rise is loss_divergence's jump
+    ceiling = (
+        (max(before) if spread else DIVERGENCE_FACTOR * float(np.median(before))) if before else math.inf
+    )
+    if len(values) - start < run or values[-1] > ceiling:
         return None
     return start
 
