@@ -434,7 +434,7 @@ def test_a_loss_held_with_its_accuracy_on_three_records_is_zero_grad(
     bar = "Epoch {0}/100\n89595/89595 [==============================] - 8s - loss: {1} - acc: {2}\n"
     text = "".join(
         bar.format(e, loss, acc)
-        for e, (loss, acc) in enumerate(zip((5.7178, 5.7257, 5.7257, 5.7257), accuracies), 1)
+        for e, (loss, acc) in enumerate(zip((5.7178, 5.7257, 5.7257, 5.7257), accuracies, strict=True), 1)
     )
     zero = findings_of(tmp_path, text).get("zero_grad")
     assert (zero is not None) == found

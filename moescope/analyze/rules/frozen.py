@@ -66,9 +66,10 @@ def _pinned(trace: Trace) -> list[Finding]:
 
 def _held_beside(trace: Trace, loss: str, steps: set[int]) -> str | None:
     """An accuracy or another loss logged on exactly ``steps`` among the last records that holds
-    one value there too (``None`` where none does), printed as finely as a pinned loss must be: a model whose loss and
-    accuracy both stop to the last digit gives the same outputs (Keras's ``loss: 5.7257 - acc:
-    0.6448`` epoch after epoch), which three records show, where a loss alone needs five."""
+    one value there too (``None`` where none does), printed as finely as a pinned loss must be: a
+    model whose loss and accuracy both stop to the last digit gives the same outputs (Keras's
+    ``loss: 5.7257 - acc: 0.6448`` epoch after epoch), which three records show, where a loss
+    alone needs five."""
     for key in logged_keys(trace):
         if key == loss or not ("acc" in key.lower() or key in lm_losses(trace)):
             continue

@@ -200,7 +200,10 @@ def check_degenerate_output(trace: Trace) -> list[Finding]:
     start = throughout([v >= 0.99 for _, v in truncated])
     if start is not None:
         step, records = truncated[start][0], len(truncated)
-        why = "all responses hit the length limit (a repetition loop, a missing end-of-sequence, or a limit too short for the answers)"
+        why = (
+            "all responses hit the length limit (a repetition loop, a missing end-of-sequence, or a "
+            "limit too short for the answers)"
+        )
     else:
         constant = [a[1] == b[1] for a, b in zip(lo, hi, strict=False)] if lo and hi else []
         start = throughout(constant)
