@@ -748,6 +748,29 @@ def test_a_logger_table_gives_its_step_in_a_row_of_its_own(tmp_path: Path) -> No
     assert math.isnan(trace.steps[1][S.ACTOR_LOSS])
 
 
+def test_the_mnist_example_lines_count_samples_across_epochs(tmp_path: Path) -> None:
+    """PyTorch's MNIST example, copied into countless loops: ``Train Epoch: 1 [640/60000 (1%)]\tLoss:
+    2.214``; the sample counter starts over each epoch (from 1), so epochs are counted on."""
+    rows = ((1, 0, "2.305"), (1, 640, "2.214"), (2, 0, "nan"))
+    text = "".join(f"Train Epoch: {e} [{i}/60000 ({i // 600}%)]\tLoss: {v}\n" for e, i, v in rows)
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [0, 640, 60000] and trace.steps[1][S.ACTOR_LOSS] == 2.214
+
+
+def test_paddle_iter_brackets_and_values_printed_as_arrays(tmp_path: Path) -> None:
+    """PaddlePaddle's ``Iter[110]; train loss: nan`` names its step in brackets, and its fetched
+    tensors print as arrays, ``loss: [nan]``: an array's value is its mean (NaN where any is)."""
+    text = "Iter[100]; train loss: 2.213; sub4_loss: 1.871\nIter[110]; train loss: nan; sub4_loss: nan\n"
+    assert [s["step"] for s in read_text(tmp_path, text).steps] == [100, 110]
+    text = "".join(
+        f"INFO: Total iter: {i}, epoch: 0, loss: [{v}], acc: [0.5, 0.7]\n"
+        for i, v in ((10, 2.3), (20, "nan"))
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [10, 20] and trace.steps[0][S.ACTOR_LOSS] == 2.3
+    assert math.isnan(trace.steps[1][S.ACTOR_LOSS]) and trace.steps[0]["acc"] == pytest.approx(0.6)
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

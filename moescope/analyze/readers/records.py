@@ -7,6 +7,8 @@ on the line (or none). The marker is found first, each as its framework prints i
 - mmengine / XTuner: ``Iter(train) [ 510/2046]  lr: 1.7590e-04  …  loss: 0.6919  grad_norm: nan``
   and ``Epoch(train) [1][200/735]  …`` (step = (epoch − 1) × per-epoch + i); mmcv 1.x's
   ``Iter [10100/316440]\tlr: 3.990e-04, …, loss: nan, grad_norm: nan``;
+- PyTorch's MNIST example and the loops copied from it: ``Train Epoch: 1 [640/60000 (1%)]\tLoss:
+  2.214`` ((epoch − 1) × n + i); PaddlePaddle's ``Iter[110]; train loss: nan``;
 - home-made loops: ``Epoch:[0/10](100/500) loss:0.12 lr:1e-4 grad_norm:1.3`` (epoch × n + i);
 - Swin Transformer's loop (VMamba): ``INFO Train: [29/300][2670/2859]  eta 0:01:24 lr 0.000872 …``
   and Hand4Whole's ``Epoch 0/7 itr 26/3489: lr: 0.0001 … loss_smpl_pose: 0.3386`` (epoch × n + i);
@@ -91,6 +93,11 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ("mmengine", re.compile(rf"Epoch\(train\)\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
     # mmcv 1.x's IterBasedRunner, mmengine's predecessor: "Iter [10100/316440]\tlr: 3.990e-04, …"
     ("mmengine", re.compile(rf"(?<![\w)])Iter\s*\[{_I}/\s*{INT}\s*\]"), lambda m: int(m[1])),
+    # PaddlePaddle's model zoo (ICNet): "Iter[110]; train loss: nan; sub4_loss: nan"
+    (None, re.compile(rf"(?<![\w)])Iter\s*\[{_I}\]"), lambda m: int(m[1])),
+    # PyTorch's MNIST example and every loop copied from it, samples counted within each epoch
+    # (from 1): "Train Epoch: 1 [640/60000 (1%)]\tLoss: 2.214"
+    (None, re.compile(rf"Train Epoch:\s*{_I}\[{_I}/{_I}\(\s*\d+%\)\]"), _epoch_from_one),
     (None, re.compile(rf"Epoch\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
     # PyTorch's ImageNet example and the MetricLogger of DeiT / MAE / LLaMA-Adapter count epochs
     # from 0 ("Epoch: [0]  [ 10/582]"); a loop counting from 1 is read one epoch on, still in order
@@ -186,6 +193,7 @@ def pairs(text: str) -> dict[str, Any]:
     no metric ``is``.
     """
     out: dict[str, Any] = {}
+    text = _LISTED.sub(_list_mean, text) if "[" in text else text
     for piece in _SPLIT.split(text):
         piece = piece.strip(" :,-")
         simple = _SIMPLE.fullmatch(piece)  # most fields: one labelled plain number, read without the rest
@@ -208,6 +216,17 @@ def _piece_fields(piece: str) -> tuple[tuple[str, Any], ...]:
         return (found,)  # a name with spaces or a unit: "average reward score: 0.2"
     matches = labelled or (m for m in _SPACED.finditer(piece) if _named(m.group("key")))
     return tuple((match.group("key"), parse_number(match.group("value"))) for match in matches)
+
+
+# a value printed as an array (PaddlePaddle's fetched tensors, per-device losses): "loss: [nan]",
+# "loss: [2.31 2.29]"; read as its mean (NaN where any element is)
+_LISTED = re.compile(rf"(?<=[:=])(\s*)\[\s*((?:{NUMBER})(?:(?:\s*,\s*|\s+)(?:{NUMBER}))*)\s*,?\s*\]")
+
+
+def _list_mean(match: re.Match[str]) -> str:
+    """The mean of a printed array's elements, as text in its place."""
+    values = [parse_number(v) for v in re.split(r"[\s,]+", match.group(2).strip())]
+    return match.group(1) + repr(sum(values) / len(values))
 
 
 _DIGITISH = re.compile(r"\d|nan|inf", re.IGNORECASE)
