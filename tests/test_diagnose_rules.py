@@ -351,6 +351,7 @@ def _dicts(rows: list[tuple[float, float]], extra: str = "") -> str:
         ([(1.7328, 2e-05), (0.0, 4e-06)], 1),  # a short paste that ends on a loss of 0
         ([(0.0, 0.011), (0.0, 0.009), (0.0, 0.014), (0.0, 0.017)], 0),  # 0 on every record
         ([(2.1, 1.0), (1.9, 1.0), (0.0, 0.0), (0.0, 0.0)], 2),  # with the norm at 0 too
+        ([(2.1, 1e-3), (-6.43825e-20, 1e-3), (-6.43825e-20, 1e-3)], 1),  # 0 but for a sum's rounding
     ],
 )
 def test_a_language_modelling_loss_held_at_zero_is_zero_grad(

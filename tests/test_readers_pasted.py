@@ -771,6 +771,26 @@ def test_paddle_iter_brackets_and_values_printed_as_arrays(tmp_path: Path) -> No
     assert math.isnan(trace.steps[1][S.ACTOR_LOSS]) and trace.steps[0]["acc"] == pytest.approx(0.6)
 
 
+def test_caffe_glog_lines_are_read_without_their_prefix(tmp_path: Path) -> None:
+    """caffe logs through glog: ``I0413 12:53:29.562093 22206 solver.cpp:242] Iteration 6480 (…),
+    loss = …`` then a line per net output. The prefix names no metric (``solver.cpp``), starts no
+    wrapped piece of the line above it, and each output is read under its own name."""
+    glog = "I0413 12:5{0}:29.56209{1} 22206 {2}] "
+    text = "".join(
+        glog.format(i, 3, "solver.cpp:242")
+        + f"Iteration {s} (0.268 iter/s, 149.0s/40 iter), loss = 0.5\n"
+        + glog.format(i, 8, "solver.cpp:261")
+        + f"    Train net output #0: loss_bbox = 0.{i} (* 2 = 0.{i} loss)\n"
+        + glog.format(i, 9, "sgd_solver.cpp:106")
+        + f"Iteration {s}, lr = 1e-05\n"
+        for i, s in ((1, 6480), (2, 6520), (3, 6560))
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [6480, 6520, 6560]
+    assert [s["loss_bbox"] for s in trace.steps] == [0.1, 0.2, 0.3]
+    assert not any(".cpp" in key for s in trace.steps for key in s)
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

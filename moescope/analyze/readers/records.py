@@ -280,6 +280,16 @@ def is_metric(key: str) -> bool:
 def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     """``(step, framework, fields)`` of a record line, or ``None``."""
     line = RAY_PREFIX.sub("", line, count=1)  # "(TaskRunner pid=17)" names no metric "pid"
+    if line[:1] in _GLOG_LEVELS and line[1:5].isdigit():  # glog's prefix names no metric "solver.cpp"
+        line = _GLOG_PREFIX.sub("", line, count=1)
+    output = _CAFFE_OUTPUT.match(line) if "net output #" in line else None
+    if output:  # caffe: each net output's value this iteration (the Iteration line's loss is smoothed)
+        held_out = output.group("net") == "Test"
+        return (
+            None,
+            None,
+            {("valid/" if held_out else "") + output.group("key"): parse_number(output.group("value"))},
+        )
     line = _last_bar(line) if line.count("%|") > 1 else line
     line = _BRACKETED.sub(r"\g<key>: \g<value>", line) if "] " in line else line
     found = marker(line)
@@ -310,6 +320,12 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
 
 
 _WHOLE_BAR = re.compile(rf"{BAR_HEAD}[^\]]*\]")
+# glog (caffe, glog-logging C++ trainers): "I0515 11:05:31.873651 37636 solver.cpp:239] "
+_GLOG_LEVELS = frozenset("IWEF")
+_GLOG_PREFIX = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[\w.\-]+:\d+\]\s*")
+_CAFFE_OUTPUT = re.compile(
+    rf"\s*(?P<net>Train|Test) net output #\d+:\s*(?P<key>[\w/.]+)\s*=\s*(?P<value>{NUMBER})"
+)
 # a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
 _BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
 
@@ -456,7 +472,8 @@ def unwrap(lines: list[str], i: int, width: int | None) -> int:
     return end
 
 
-_DATED = re.compile(r"\s*\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d")  # a line a logger opened with its time
+# a line a logger opened with its time: "2024/06/12 09:31:02 - mmengine", glog's "I0515 11:05:31.873651"
+_DATED = re.compile(r"\s*\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d|[IWEF]\d{4} \d\d:\d\d:\d\d\.")
 
 
 def _marks_only(line: str, match: re.Match[str]) -> bool:

@@ -39,6 +39,7 @@ from moescope.analyze.rules.thresholds import (
     SETTLED_SCALE,
     SUSTAIN,
     WINDOW,
+    ZERO_LOSS,
     ZERO_LOSS_GRAD_MAX,
 )
 from moescope.traces import Trace
@@ -190,8 +191,10 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
     for key in lm_losses(trace):
         steps = _ending_run(trace, key, partial(_zero_with_a_small_norm, loss=key, norm=norm))
         if steps:
+            last = dict(series(trace, key))[steps[-1]]
+            zero = "0" if last == 0 else f"{last:.3g}, 0 but for rounding,"
             message = (
-                f"{key} is 0 from step {steps[0]} to the end of the log ({len(steps)} record(s)) in "
+                f"{key} is {zero} from step {steps[0]} to the end of the log ({len(steps)} record(s)) in "
                 "a run that is not RL: a language-modelling loss of 0 scores no token, so the "
                 "updates carry no signal (every label masked, a template that drops the response, "
                 "an fp16 overflow reported as 0)."
@@ -221,10 +224,11 @@ def _preference_unscored(trace: Trace) -> list[Finding]:
 
 
 def _zero_with_a_small_norm(rec: dict[str, Any], loss: str, norm: str | None) -> bool:
-    """A loss of 0 whose gradient norm, where logged, is finite and below ``ZERO_LOSS_GRAD_MAX``."""
+    """A loss of 0 (within ``ZERO_LOSS``: caffe's ``loss = -6.43825e-20`` is a sum's rounding)
+    whose gradient norm, where logged, is finite and below ``ZERO_LOSS_GRAD_MAX``."""
     value = rec.get(norm) if norm else None
     small = (norm not in rec) if value is None else is_number(value) and 0 <= value < ZERO_LOSS_GRAD_MAX
-    return rec[loss] == 0 and small
+    return abs(rec[loss]) <= ZERO_LOSS and small
 
 
 def _ending_run(trace: Trace, key: str, flag: Callable[[dict[str, Any]], bool], least: int = 1) -> list[int]:

@@ -37,6 +37,7 @@ GRAD_NORM_CEILING = 1e5  # a gradient norm no healthy run logs: judged on one re
 # 0.009-0.017, a Qwen SFT one 4e-6); a norm this large beside a loss of 0 is a loss that is 0 by
 # construction (a GRPO policy loss whose keys the paste left out)
 ZERO_LOSS_GRAD_MAX = 0.1
+ZERO_LOSS = 1e-12  # a loss this close to 0 is 0: no token or sample scored, only a sum's rounding left
 # a loss printed with this many significant digits never repeats exactly batch after batch: one
 # that does on every record is pinned (a loss printed to 1-3 digits may repeat on a plateau)
 PINNED_DIGITS = 4
