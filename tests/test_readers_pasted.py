@@ -791,6 +791,33 @@ def test_caffe_glog_lines_are_read_without_their_prefix(tmp_path: Path) -> None:
     assert not any(".cpp" in key for s in trace.steps for key in s)
 
 
+def test_fairseq_early_progress_lines_and_tianshou_epoch_bars_give_steps(tmp_path: Path) -> None:
+    """fairseq's early ``| epoch 010  2000 / 8223 loss=1.27 (1.50), …`` counts batches within each
+    epoch (from 1), unless the line counts its updates (``num_updates=431``); tianshou's ``Epoch
+    #1: 50001it [00:40, …, loss=-0.562, rew=200.00]`` is epoch 1, its postfix the fields."""
+    line = "| epoch 010  {0} / 8223 loss={1} (1.50), wps=962, lr=0.001, clip=100%, gnorm=2.14\n"
+    trace = read_text(tmp_path, line.format(2000, 1.27) + line.format(3000, 1.28))
+    assert [s["step"] for s in trace.steps] == [9 * 8223 + 2000, 9 * 8223 + 3000]
+    counted = "| epoch 001:    430 / 614 loss=9.997, num_updates=431, gnorm=11.481, clip=100%, oom=0\n"
+    assert [s["step"] for s in read_text(tmp_path, counted).steps] == [431]
+    bar = "Epoch #{0}: 50001it [00:40, 1244.54it/s, env_step={1}, loss={2}, loss/ent=0.468, rew=200.00]\n"
+    trace = read_text(tmp_path, bar.format(1, 50000, -0.562) + bar.format(2, 100000, -0.023))
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(1, -0.562), (2, -0.023)]
+
+
+def test_a_boxed_table_keeps_its_rows_named_like_code(tmp_path: Path) -> None:
+    """A logger's boxed table (SAC: ``| avg_rewards | 272 |``): every row whose name is written
+    like code is a field, not only the names a key map knows; the epoch row as well."""
+    rule = "-" * 34 + "\n"
+    box = rule + "| actor_loss         | 0.0489    |\n| avg_rewards        | {0}       |\n"
+    box += "| epoch              | {1}         |\n| explained_variance | -0.000163 |\n" + rule
+    trace = read_text(tmp_path, box.format(272, 0) + box.format(-21.5, 1))
+    assert [(s["avg_rewards"], s["explained_variance"]) for s in trace.steps] == [
+        (272, -0.000163),
+        (-21.5, -0.000163),
+    ]
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

@@ -93,6 +93,15 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ("mmengine", re.compile(rf"Epoch\(train\)\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
     # mmcv 1.x's IterBasedRunner, mmengine's predecessor: "Iter [10100/316440]\tlr: 3.990e-04, …"
     ("mmengine", re.compile(rf"(?<![\w)])Iter\s*\[{_I}/\s*{INT}\s*\]"), lambda m: int(m[1])),
+    # fairseq's early progress lines, epochs from 1: "| epoch 010  2000 / 8223 loss=1.27 (1.50), …"
+    # (where the line counts its updates, "num_updates=431", they are the step)
+    (
+        "fairseq",
+        re.compile(rf"^\s*\|\s*epoch\s+({INT}):?\s+({INT})\s*/\s*({INT})(?=\s)(?!.*num_updates)"),
+        _epoch_from_one,
+    ),
+    # tianshou's epoch bar, its postfix the fields: "Epoch #1: 50001it [00:40, 1244.54it/s, env_step=…]"
+    (None, re.compile(rf"^\s*Epoch\s*#\s*({INT}):"), lambda m: int(m[1])),
     # PaddlePaddle's model zoo (ICNet): "Iter[110]; train loss: nan; sub4_loss: nan"
     (None, re.compile(rf"(?<![\w)])Iter\s*\[{_I}\]"), lambda m: int(m[1])),
     # PyTorch's MNIST example and every loop copied from it, samples counted within each epoch
@@ -314,7 +323,7 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     fields = (
         {row.group("key"): parse_number(row.group("value"))} if row else pairs(line) if _numeric(line) else {}
     )
-    if fields and (any(is_metric(k) for k in fields) or (row and row.group("key") in TABLE_STEPS)):
+    if fields and (any(is_metric(k) for k in fields) or (row and _table_key(row.group("key")))):
         return None, None, fields
     return None
 
@@ -484,6 +493,12 @@ def _marks_only(line: str, match: re.Match[str]) -> bool:
 # the row a logger's boxed table gives its step in, among the metrics (OpenAI baselines' and
 # guided-diffusion's "| step | 1.53e+05 |", SB3's "|    total_timesteps  | 2048 |")
 TABLE_STEPS = ("step", "total_timesteps", "timesteps", "nupdates", "global_step")
+
+
+def _table_key(key: str) -> bool:
+    """A boxed table's row worth a field: a name written like code (``explained_variance``,
+    ``avg_rewards``) as any metric's, the step row, or the epoch counter."""
+    return _named(key) or key in TABLE_STEPS or key == "epoch"
 
 
 def _steps_in_tables(parsed: Parsed) -> None:
