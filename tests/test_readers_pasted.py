@@ -818,6 +818,23 @@ def test_a_boxed_table_keeps_its_rows_named_like_code(tmp_path: Path) -> None:
     ]
 
 
+def test_an_epochs_lines_share_its_step(tmp_path: Path) -> None:
+    """MST's ``===> Epoch 162 Complete: Avg. Loss: 0.014234`` then ``===> Epoch 162: testing psnr =
+    34.40``: both lines are epoch 162, one record, the loss on every step (not missing on every
+    other one); YOLACT's ``[  1]    1510 || B: 5.515 | … | T: 17.647 ||`` is iteration 1510."""
+    text = "".join(
+        f"2022-07-20 17:24:00,364 - INFO: ===> Epoch {e} Complete: Avg. Loss: {v} time: 662.37\n"
+        f"2022-07-20 17:24:00,803 - INFO: ===> Epoch {e}: testing psnr = 34.40, ssim = 0.938, time: 0.02\n"
+        for e, v in ((162, 0.014234), (163, 0.014345))
+    )
+    trace = read_text(tmp_path, text)
+    rows = [(s["step"], s[S.ACTOR_LOSS], s["testing psnr"]) for s in trace.steps]
+    assert rows == [(162, 0.014234, 34.4), (163, 0.014345, 34.4)]
+    line = "[  1]    {0} || B: 5.515 | C: 3.088 | T: 17.647 || ETA: 197 days, 3:40:56 || timer: 0.3\n"
+    trace = read_text(tmp_path, line.format(1510) + line.format(1520))
+    assert [s["step"] for s in trace.steps] == [1510, 1520]
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

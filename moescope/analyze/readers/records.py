@@ -150,6 +150,15 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         ),
         lambda m: int(m[1]),
     ),
+    # an epoch's line, where no step is named: "===> Epoch 162 Complete: Avg. Loss: 0.014234" and
+    # "===> Epoch 162: testing psnr = 34.40" (MST)
+    (
+        None,
+        re.compile(rf"(?<![\w/])Epoch\s+({INT})(?=\s*(?::|Complete\b))", re.I),
+        lambda m: int(m[1]),
+    ),
+    # YOLACT: "[  1]    1510 || B: 5.515 | C: 3.088 | M: 7.223 | S: 1.564 | T: 17.647 || ETA: …"
+    (None, re.compile(rf"^\s*\[\s*{INT}\]\s+({INT})\s*\|\|"), lambda m: int(m[1])),
     # without a step word, a home-made loop's counter opening the line: "268/446 (epoch 0),
     # train_loss = 2.097", keras-rl's "8996/50000: episode: 63, …" (not a date: "2024/06/12" has a
     # second "/", "10/30 22:18:02" a clock time after it), or its step in brackets: "[5000]
