@@ -329,6 +329,21 @@ def test_a_loss_scale_below_one_is_an_overflow_where_no_skipped_step_is_logged(
         assert (overflow.step, overflow.severity) == (9165, "error") and "below 1" in overflow.message
 
 
+@pytest.mark.parametrize(("low", "severity"), [(2048, "info"), (32, "warning")])
+def test_a_short_overflow_episode_is_a_warning_where_it_drove_the_scale_low(
+    tmp_path: Path, low: int, severity: str
+) -> None:
+    """MiniLLM's PPO (LMOps#130): two overflows on one iteration, 128 → 64 → 32, mid-run; at 32 the
+    gradients overflow fp16 however the scaler started. The same two halvings at 2048 are a note.
+    The step is the ``global iter`` counter, not the inner ones before it."""
+    line = "train | inner iter:   {0}/  8 | global iter:     {1}/  5000| tot_loss: 3.21 | scale: {2:.2f}\n"
+    alert = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {0}, reducing to {1}\n"
+    text = line.format(7, 13, low * 4) + line.format(1, 14, low * 4)
+    text += alert.format(low * 4, low * 2) + line.format(3, 15, low * 2) + alert.format(low * 2, low)
+    found = findings_of(tmp_path, text)["overflow"]
+    assert (found.step, found.severity) == (15, severity)
+
+
 def test_overflows_at_a_scale_that_never_moves_are_no_settling() -> None:
     """Megatron-LM#602: every iteration skipped at a loss scale of 16384 (a fixed scale: a dynamic
     one falls within a few overflows), so the optimizer never stepped."""

@@ -36,6 +36,7 @@ from moescope.analyze.rules.thresholds import (
     GRAD_SPIKE_EXTREME,
     GRAD_SPIKE_FACTOR,
     GRAD_SPIKE_Z,
+    LOW_SCALE,
     SETTLED_SCALE,
     SUSTAIN,
     WINDOW,
@@ -358,10 +359,11 @@ def _pinned(trace: Trace, floored: list[int]) -> bool:
 
 
 def _overflow_severity(worst: list[int], lowest: float, floored: list[int], settling: bool) -> str:
-    """Error below a scale of 1; a warning for a sustained episode or one at the scaler's floor;
-    a note for a short episode, or for the settling that opens a run."""
+    """Error below a scale of 1; a warning for a sustained episode, one at the scaler's floor, or
+    one that drove the scale to ``LOW_SCALE`` or below; a note for a short episode at a higher
+    scale, or for the settling that opens a run."""
     if lowest < 1:
         return "error"
-    if floored or (len(worst) > SUSTAIN and not settling):
+    if floored or lowest <= LOW_SCALE or (len(worst) > SUSTAIN and not settling):
         return "warning"
     return "info"

@@ -30,6 +30,9 @@ KL_CEILING = 10.0
 # Q-loss of 1.4e+19 on the one snapshot the user pasted, set 10's paste a loss of 1e+13
 LOSS_CEILING = 1e12
 LOAD_SHARE_FACTOR = 5.0  # an expert above this many times its uniform share is hot
+# an fp16 loss scale driven this low overflows only where gradient elements pass 65504 / 128 = 512:
+# the gradients blow up, whatever the scaler does (MiniLLM's run fell 128 → 32, LLaMA-Factory's to 8)
+LOW_SCALE = 2.0**7
 SETTLED_SCALE = 2.0**10  # an fp16 loss scale still this high after a run's first overflows: the
 # scaler settling from its 2^16 or 2^32 start, with headroom left for small gradients
 GRAD_NORM_CEILING = 1e5  # a gradient norm no healthy run logs: judged on one record, without history
