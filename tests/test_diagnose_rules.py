@@ -458,6 +458,18 @@ def test_a_loss_held_with_its_accuracy_on_three_records_is_zero_grad(
         assert zero.step == 2 * 89595 and "(and acc with it) on its last 3 records" in zero.message
 
 
+@pytest.mark.parametrize(("printed", "found"), [("4.600", True), ("0.693", False)])
+def test_a_loss_is_pinned_by_the_digits_its_line_prints(tmp_path: Path, printed: str, found: bool) -> None:
+    """Lightning's bar prints ``train_loss=4.600`` (Lightning#20344): read back it is 4.6, two
+    digits, but the line shows four, enough for a pin; ``0.693`` shows three, a plateau's."""
+    bar = "Epoch 0:  {0}%|█         | {1}/704 [00:{0:02d}<02:00,  5.10it/s, v_num=3, train_loss={2}]\n"
+    text = "".join(bar.format(i, 9 * i + 1, printed) for i in range(1, 9))
+    zero = findings_of(tmp_path, text).get("zero_grad")
+    assert (zero is not None) == found
+    if found:
+        assert f"exactly {printed} on all 8 records" in zero.message
+
+
 @pytest.mark.parametrize(("drift", "found"), [(6e-7, True), (2e-5, False)])
 def test_a_loss_held_to_its_fifth_digit_is_pinned_where_printed_finer(
     tmp_path: Path, drift: float, found: bool

@@ -4,6 +4,7 @@ logs that print no gradient norm (or a norm that a frozen model still has)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from moescope.analyze.rules.thresholds import (
     SUSTAIN,
     WINDOW,
 )
+from moescope.schema import RAW, STEP
 from moescope.traces import Trace
 
 
@@ -43,16 +45,18 @@ def _pinned(trace: Trace) -> list[Finding]:
     for key in lm_losses(trace):
         points = series(trace, key)
         values = [v for _, v in points]
-        start = _held_from(values)
+        printed = _printed_in_text(trace, points[-WINDOW:])
+        start = _held_from(values, printed=printed)
         beside = None
         if start is None:  # a shorter hold counts where the model's accuracy holds with it
-            start = _held_from(values, SUSTAIN)
+            start = _held_from(values, SUSTAIN, printed)
             beside = _held_beside(trace, key, {s for s, _ in points[start:]}) if start is not None else None
             if beside is None:
                 continue
         steps, last = [s for s, _ in points[start:]], values[-1]
         tail = values[start:]
-        held = f"exactly {last:.6g}" if min(tail) == max(tail) else f"{last:#.5g} to 5 digits"
+        exact = f"{last:.{printed[1]}f}" if printed[1] else f"{last:.6g}"
+        held = f"exactly {exact}" if min(tail) == max(tail) else f"{last:#.5g} to 5 digits"
         held += f" (and {beside} with it)" if beside else ""
         where = f"all {len(tail)} records" if start == 0 else f"its last {len(tail)} records"
         message = (
@@ -80,14 +84,38 @@ def _held_beside(trace: Trace, loss: str, steps: set[int]) -> str | None:
     return None
 
 
-def _held_from(values: list[float], run: int = REPLAYED_RUN) -> int | None:
+def _printed_in_text(trace: Trace, points: list[tuple[int, float]]) -> tuple[int, int]:
+    """The most significant digits and decimals the log's own lines print the values of ``points``
+    with, trailing zeros included (Lightning's bar prints ``train_loss=4.600``, which reads back as
+    4.6); ``(0, 0)`` where the records keep no line."""
+    wanted = dict(points)
+    lines: dict[int, str] = {}
+    for rec in reversed(trace.steps):
+        if len(lines) == len(wanted):
+            break
+        if rec.get(STEP) in wanted and isinstance(rec.get(RAW), str):
+            lines[rec[STEP]] = rec[RAW]
+    digits = decimals = 0
+    for step, text in lines.items():
+        for number in _NUMBER_TEXT.findall(text):
+            if float(number) == wanted[step]:
+                mantissa = number.lstrip("+-").lower().split("e")[0]
+                digits = max(digits, len(mantissa.replace(".", "").lstrip("0")))
+                decimals = max(decimals, len(mantissa.partition(".")[2]))
+    return digits, decimals
+
+
+_NUMBER_TEXT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _held_from(values: list[float], run: int = REPLAYED_RUN, printed: tuple[int, int] = (0, 0)) -> int | None:
     """Where the run of values a series ends on, held as :func:`_pinned` says, starts; ``None``
     where it is shorter than ``run`` records, is 0, or was reached by a jump of ``DIVERGENCE_FACTOR``
     times the median before it (``loss_divergence``'s) or, held only within a spread, by a climb
-    above every value before it."""
+    above every value before it. ``printed``: the digits and decimals the log's text shows."""
     if len(values) < run or not values[-1] or not math.isfinite(values[-1]):
         return None
-    digits = printed_digits([v for v in values[-WINDOW:] if math.isfinite(v)])
+    digits = printed_digits([v for v in values[-WINDOW:] if math.isfinite(v)], printed)
     if digits < PINNED_DIGITS:
         return None
     spread = abs(values[-1]) * PINNED_SPREAD if digits >= FINE_DIGITS else 0.0
@@ -148,13 +176,14 @@ def _period_of_tail(values: np.ndarray) -> int | None:
     return None if not len(found) else len(values) - REPLAYED_RUN - int(found[-1])
 
 
-def printed_digits(values: list[float]) -> int:
+def printed_digits(values: list[float], printed: tuple[int, int] = (0, 0)) -> int:
     """The significant digits a series' print carries: the most among its values (one precision
-    for all: ``0.9670`` reads ``0.967``), or a half-precision number's 3 where every value is one
-    rounded to the decimals printed (modded-llama2's ``3.2812``, ``3.3281``, ``3.3281``: a loss
-    computed in bf16, 1/64 apart near 3, repeats by chance however many decimals it shows)."""
-    digits = max((significant_digits(v) for v in values), default=0)
-    decimals = max((_decimals(v) for v in values), default=0)
+    for all: ``0.9670`` reads ``0.967``) or in its text (``printed``: digits and decimals), or a
+    half-precision number's 3 where every value is one rounded to the decimals printed
+    (modded-llama2's ``3.2812``, ``3.3281``, ``3.3281``: a loss computed in bf16, 1/64 apart near
+    3, repeats by chance however many decimals it shows)."""
+    digits = max(max((significant_digits(v) for v in values), default=0), printed[0])
+    decimals = max(max((_decimals(v) for v in values), default=0), printed[1])
     return min(digits, HALF_DIGITS) if values and all(_half(v, decimals) for v in values) else digits
 
 
