@@ -835,6 +835,23 @@ def test_an_epochs_lines_share_its_step(tmp_path: Path) -> None:
     assert [s["step"] for s in trace.steps] == [1510, 1520]
 
 
+def test_a_tab_separated_table_under_a_steps_header_keeps_every_column(tmp_path: Path) -> None:
+    """chainerrl's ``scores.txt`` as pasted (chainerrl#126): a tab-separated ``steps episodes …
+    average_loss_entropy`` header over rows of numbers; every column is read on its step, not
+    the last one alone."""
+    rows = [
+        "steps episodes elapsed mean stdev average_loss_policy average_loss_entropy",
+        "10000 50 38.70 -1576.97 409.36 0.7159 -1.3004",
+        "20000 100 85.01 -1579.31 340.44 0.2218 -1.3320",
+    ]
+    text = "".join(row.replace(" ", "\t") + "\n" for row in rows)
+    trace = read_text(tmp_path, text)
+    assert [(s["step"], s["mean"], s["average_loss_policy"]) for s in trace.steps] == [
+        (10000, -1576.97, 0.7159),
+        (20000, -1579.31, 0.2218),
+    ]
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

@@ -8,9 +8,10 @@ notebook, as users copy it out, and the tables other trainers print.
     1 | -0.283600 | 13.437500 | 21.810942 | nan | 0
     2 | -0.149100 | 6.931818 | 14.526671 | nan | No Log
 
-A header row whose first cell is ``Step``, then one row per logging step whose first cell is the
-step; cells split at ``|``, tabs or runs of two or more spaces (a copied HTML table pastes with
-tabs). ``No Log`` and empty cells are absent values.
+A header row whose first cell is ``Step`` (or ``steps``, ``iteration``, ``updates``, … as other
+trainers print it: chainerrl's tab-separated ``steps episodes elapsed mean …``), then one row per
+logging step whose first cell is the step; cells split at ``|``, tabs or runs of two or more
+spaces (a copied HTML table pastes with tabs). ``No Log`` and empty cells are absent values.
 
 A table without a step column is read too when its cells are split at ``|``: a header row of
 names only, then rows of numbers only, as the width of the header — OpenAI baselines' PPO prints
@@ -45,7 +46,11 @@ from moescope.analyze.readers.keymap import guess_beyond_generic
 from moescope.analyze.readers.records import canonical_names
 
 _CELLS = re.compile(r"\s*\|\s*|\t+|\s{2,}")
-_HEADER = re.compile(r"^\s*\|?\s*step\s*(?:\||\t|\s{2,})", re.IGNORECASE)
+# the step column's name: HF's "Step", chainerrl's "steps", a loop's "iteration" or "updates"
+_HEADER = re.compile(
+    r"^\s*\|?\s*(?:steps?|global_step|total_timesteps|timesteps|iter|iterations?|updates?)\s*(?:\||\t|\s{2,})",
+    re.IGNORECASE,
+)
 _RULE = re.compile(r"^[\s|:\-=+]+$")
 _EPOCH_HEADER = re.compile(r"^\s*epoch\s{2,}[A-Za-z_]", re.IGNORECASE)
 _EPOCH_ROW = re.compile(rf"^\s*({INT})/{INT}\s+([^:]*?)\s*(?::|$)")
