@@ -852,6 +852,18 @@ def test_a_tab_separated_table_under_a_steps_header_keeps_every_column(tmp_path:
     ]
 
 
+def test_tensorflows_nan_hook_is_an_alert_and_no_wrapped_piece(tmp_path: Path) -> None:
+    """ELECTRA's TF loop (electra#70) prints its records at one width, then TensorFlow's NaN hook,
+    ``ERROR:tensorflow:Model diverged with loss = NaN.``: a logger's line, not the rest of a record
+    the terminal wrapped; it says the loss went NaN after the last record."""
+    line = "{0}/1000000 = 0.0%, SPS: 0.4, ELAP: 1:{0}, ETA: 26 days, 11:41:27 - loss: {1}\n"
+    text = "".join(line.format(s, v) for s, v in ((30, 45.5664), (31, 45.1209), (32, 44.8707)))
+    trace = read_text(tmp_path, text + "ERROR:tensorflow:Model diverged with loss = NaN.\n")
+    assert trace.steps[-1][S.ACTOR_LOSS] == 44.8707
+    found = {f.type: f for f in diagnose(trace)}["nonfinite"]
+    assert (found.step, found.severity) == (32, "error") and "Model diverged" in found.message
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

@@ -10,7 +10,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   finite: nan`` (the update skipped), PyTorch's anomaly mode (``Function 'MulBackward0'
   returned nan values in its 0th output``) and detectron2's checks (``FloatingPointError: Loss
   became infinite or NaN at iteration=2137!``, ``Predicted boxes or scores contain Inf/NaN.
-  Training has diverged.``) → ``health/nonfinite``;
+  Training has diverged.``) and TensorFlow's NaN hook (``ERROR:tensorflow:Model diverged with loss =
+  NaN.``) → ``health/nonfinite``;
 - DeepSpeed / apex overflow lines in a log of another format (``[deepspeed] OVERFLOW! Rank 0
   Skipping step. Attempted loss scale: 65536, reducing to 32768``) → ``optim/skipped``, and the
   reduced scale as ``optim/loss_scale``; so are fairseq's (``NOTE: gradient overflow detected,
@@ -94,6 +95,8 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     (re.compile(r"grad_?norm is not finite", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"loss became infinite or nan", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"contain Inf/NaN\. Training has diverged"), _count(S.NONFINITE)),
+    # TensorFlow's NanTensorHook (Estimator, BERT / ELECTRA / T5's TF trainers)
+    (re.compile(r"Model diverged with loss = (?:NaN|Inf)"), _count(S.NONFINITE)),
     (OVERFLOW, _overflow),
     (_SCALE_FLOOR, _scale_floor),
     (re.compile(r"loss scale already at minimum", re.IGNORECASE), _scaler_stopped),

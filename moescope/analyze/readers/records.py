@@ -492,8 +492,12 @@ def unwrap(lines: list[str], i: int, width: int | None) -> int:
     return end
 
 
-# a line a logger opened with its time: "2024/06/12 09:31:02 - mmengine", glog's "I0515 11:05:31.873651"
-_DATED = re.compile(r"\s*\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d|[IWEF]\d{4} \d\d:\d\d:\d\d\.")
+# a line a logger opened with its time or level: "2024/06/12 09:31:02 - mmengine", glog's
+# "I0515 11:05:31.873651", Python logging's "ERROR:tensorflow:Model diverged with loss = NaN."
+_DATED = re.compile(
+    r"\s*\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d"
+    r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):\w"
+)
 
 
 def _marks_only(line: str, match: re.Match[str]) -> bool:
