@@ -333,7 +333,7 @@ def test_a_loss_scale_below_one_is_an_overflow_where_no_skipped_step_is_logged(
 def test_a_short_overflow_episode_is_a_warning_where_it_drove_the_scale_low(
     tmp_path: Path, low: int, severity: str
 ) -> None:
-    """MiniLLM's PPO (LMOps#130): two overflows on one iteration, 128 → 64 → 32, mid-run; at 32 the
+    """MiniLLM's PPO (microsoft/LMOps#130): two overflows on one iteration, 128 → 64 → 32, mid-run; at 32 the
     gradients overflow fp16 however the scaler started. The same two halvings at 2048 are a note.
     The step is the ``global iter`` counter, not the inner ones before it."""
     line = "train | inner iter:   {0}/  8 | global iter:     {1}/  5000| tot_loss: 3.21 | scale: {2:.2f}\n"
@@ -444,7 +444,7 @@ def test_a_loss_that_repeats_without_being_pinned_is_no_zero_grad(
 def test_a_loss_held_with_its_accuracy_on_three_records_is_zero_grad(
     tmp_path: Path, accuracies: tuple[float, ...], found: bool
 ) -> None:
-    """Keras's ``loss: 5.7257 - acc: 0.6448`` epoch after epoch (keras#2392): the loss and the
+    """Keras's ``loss: 5.7257 - acc: 0.6448`` epoch after epoch (keras-team/keras#2392): the loss and the
     accuracy held to their last digit on three records say the outputs no longer change, though
     a loss alone needs five; an accuracy that still moves leaves three records too few."""
     bar = "Epoch {0}/100\n89595/89595 [==============================] - 8s - loss: {1} - acc: {2}\n"
@@ -460,8 +460,9 @@ def test_a_loss_held_with_its_accuracy_on_three_records_is_zero_grad(
 
 @pytest.mark.parametrize(("printed", "found"), [("4.600", True), ("0.693", False)])
 def test_a_loss_is_pinned_by_the_digits_its_line_prints(tmp_path: Path, printed: str, found: bool) -> None:
-    """Lightning's bar prints ``train_loss=4.600`` (Lightning#20344): read back it is 4.6, two
-    digits, but the line shows four, enough for a pin; ``0.693`` shows three, a plateau's."""
+    """Lightning's bar prints ``train_loss=4.600`` (Lightning-AI/pytorch-lightning#20344): read back
+    it is 4.6, two digits, but the line shows four, enough for a pin; ``0.693`` shows three, a
+    plateau's."""
     bar = "Epoch 0:  {0}%|█         | {1}/704 [00:{0:02d}<02:00,  5.10it/s, v_num=3, train_loss={2}]\n"
     text = "".join(bar.format(i, 9 * i + 1, printed) for i in range(1, 9))
     zero = findings_of(tmp_path, text).get("zero_grad")

@@ -836,7 +836,7 @@ def test_an_epochs_lines_share_its_step(tmp_path: Path) -> None:
 
 
 def test_a_tab_separated_table_under_a_steps_header_keeps_every_column(tmp_path: Path) -> None:
-    """chainerrl's ``scores.txt`` as pasted (chainerrl#126): a tab-separated ``steps episodes …
+    """chainerrl's ``scores.txt`` as pasted (chainer/chainerrl#126): a tab-separated ``steps episodes …
     average_loss_entropy`` header over rows of numbers; every column is read on its step, not
     the last one alone."""
     rows = [
@@ -853,9 +853,9 @@ def test_a_tab_separated_table_under_a_steps_header_keeps_every_column(tmp_path:
 
 
 def test_tensorflows_nan_hook_is_an_alert_and_no_wrapped_piece(tmp_path: Path) -> None:
-    """ELECTRA's TF loop (electra#70) prints its records at one width, then TensorFlow's NaN hook,
-    ``ERROR:tensorflow:Model diverged with loss = NaN.``: a logger's line, not the rest of a record
-    the terminal wrapped; it says the loss went NaN after the last record."""
+    """ELECTRA's TF loop (google-research/electra#70) prints its records at one width, then
+    TensorFlow's NaN hook, ``ERROR:tensorflow:Model diverged with loss = NaN.``: a logger's line,
+    not the rest of a record the terminal wrapped; it says the loss went NaN after the last one."""
     line = "{0}/1000000 = 0.0%, SPS: 0.4, ELAP: 1:{0}, ETA: 26 days, 11:41:27 - loss: {1}\n"
     text = "".join(line.format(s, v) for s, v in ((30, 45.5664), (31, 45.1209), (32, 44.8707)))
     trace = read_text(tmp_path, text + "ERROR:tensorflow:Model diverged with loss = NaN.\n")
