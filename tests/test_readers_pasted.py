@@ -626,6 +626,23 @@ def test_an_evaluation_record_takes_the_bar_of_its_training_step(tmp_path: Path)
     assert kinds.get("overflow") == "warning"  # four skipped updates in a row, down to a scale of 8
 
 
+def test_a_record_pasted_before_the_first_bar_is_the_step_before_it(tmp_path: Path) -> None:
+    """ChatGLM-Efficient-Tuning's PPO paste (hiyouga/ChatGLM-Efficient-Tuning#49) starts on a record
+    whose bar was left out, then records glued behind bars 1, 2, 3: the first is step 0, at the
+    interval the bars show, not merged into step 1 (its loss overwritten by step 1's NaN)."""
+    bar = "  0%|          | {0}/13000 [00:10<36:34:36, 10.13s/it]"
+    record = "{{'loss': {0}, 'reward': -2.03, 'learning_rate': 5e-05}}\n"
+    text = record.format(0.329) + "".join(
+        bar.format(n) + record.format(v) for n, v in ((1, "nan"), (2, 0.25), (3, 0.15))
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [0, 1, 2, 3] and trace.steps[0][S.ACTOR_LOSS] == 0.329
+    once = (
+        record.format(0.329) + bar.format(75) + record.format("nan")
+    )  # one bar: no interval to step back by
+    assert [s["step"] for s in read_text(tmp_path, once).steps] == [75]
+
+
 def test_a_record_every_host_of_a_multi_node_launch_prints_is_one_step(tmp_path: Path) -> None:
     """pdsh puts the host before each line: one record per host, in any order, is one step."""
     text = "".join(

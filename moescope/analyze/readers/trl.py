@@ -144,12 +144,28 @@ def read_console(log: LogFile) -> Parsed:
         for row, count, bar_total in bars:
             row.step = count if bar_total == total else None
         parsed.notes.append(f"steps were taken from the progress bar glued to each record (n/{total})")
+        _steps_before_the_first_bar(parsed.rows)
     rows = _echoes_merged(parsed.rows)
     parsed.rows = _node_copies_merged(rows)
     if copies := len(rows) - len(parsed.rows):
         parsed.notes.append(f"{copies} copies of records that several hosts printed were merged into them")
     parsed.framework = guess_framework({k for row in parsed.rows for k in row.metrics}, CONSOLE_FRAMEWORKS)
     return parsed
+
+
+def _steps_before_the_first_bar(rows: list[Row]) -> None:
+    """Records pasted before the first one a bar counts (the paste began after their bar) are
+    the logging steps before it, at the interval the next two bars show, where those are steps
+    at all: otherwise the first would join the next record's step and lose its values to it."""
+    stepped = [(i, row.step) for i, row in enumerate(rows) if row.step is not None][:2]
+    if len(stepped) < 2 or stepped[0][0] == 0:
+        return
+    (first, step), (_, following) = stepped
+    interval = following - step
+    if interval <= 0 or step - first * interval < 0:
+        return
+    for i in range(first):
+        rows[i].step = step - (first - i) * interval
 
 
 def _bar_beside(lines: list[str], start: int, end: int) -> tuple[int, list[tuple[str, str]]] | None:
