@@ -344,6 +344,20 @@ def test_a_short_overflow_episode_is_a_warning_where_it_drove_the_scale_low(
     assert (found.step, found.severity) == (15, severity)
 
 
+def test_an_overflow_is_dated_where_the_scale_first_fell_below_one(tmp_path: Path) -> None:
+    """fairseq's old loop (facebookresearch/fairseq#515): the scale falls to 0.0625 by update 190,
+    the largest episode of overflows comes at 486; the fault is there from 190 on."""
+    warn = "| WARNING: overflow detected, setting loss scale to: {0}\n"
+    line = "| epoch 001:    {0} / 1374 loss=14.35, num_updates={1}, gnorm=3.9, loss_scale={2}, wall=1061\n"
+    text = warn.format(0.0625) + line.format(200, 190, 0.062) + line.format(300, 290, 0.062)
+    text += (
+        warn.format(0.03125) + line.format(400, 389, 0.031) + "".join(warn.format(2.0**-k) for k in (6, 7, 8))
+    )
+    text += line.format(500, 486, 0.004)
+    found = findings_of(tmp_path, text)["overflow"]
+    assert (found.step, found.severity) == (190, "error") and "from step 486" in found.message
+
+
 def test_overflows_at_a_scale_that_never_moves_are_no_settling() -> None:
     """Megatron-LM#602: every iteration skipped at a loss scale of 16384 (a fixed scale: a dynamic
     one falls within a few overflows), so the optimizer never stepped."""

@@ -243,7 +243,8 @@ def _ending_run(trace: Trace, key: str, flag: Callable[[dict[str, Any]], bool], 
 
 
 def check_overflow(trace: Trace) -> list[Finding]:
-    """The largest episode of skipped fp16 steps. Overflows that open the run and leave the scale
+    """The largest episode of skipped fp16 steps, dated where the scale first fell below 1 if that
+    is earlier. Overflows that open the run and leave the scale
     high are the scaler settling (a note); a scale driven below 1, or an overflow the scaler can
     no longer absorb because it is at its floor, is not; a scaler that says it stopped the run at
     its minimum (``Exiting run``), or one at its floor on every step logged from some step on
@@ -264,12 +265,16 @@ def check_overflow(trace: Trace) -> list[Finding]:
     pinned = _pinned(trace, floored)
     severity = "error" if stopped or pinned else _overflow_severity(worst, lowest, floored, settling)
     total = sum(skipped.values())
+    below = next((s for s, v in scale if v < 1), None)  # an error from there, before the largest episode
+    onset = below if below is not None and below < worst[0] else worst[0]
+    early = f", where the loss scale fell below 1; from step {worst[0]}" if onset != worst[0] else ""
+    lost = int(sum(skipped[s] for s in worst))
     return [
         Finding(
             "overflow",
-            worst[0],
+            onset,
             severity,
-            f"fp16 overflow from step {worst[0]}: {int(sum(skipped[s] for s in worst))} update(s) skipped on "
+            f"fp16 overflow from step {onset}{early}: {lost} update(s) skipped on "
             f"{len(worst)} nearby step(s) ({int(total)} in the run), {_scale_path(halvings, lowest)}"
             f"{_overflow_reading(settling, floored, stopped, pinned)}.",
             {
