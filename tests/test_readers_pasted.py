@@ -881,6 +881,23 @@ def test_tensorflows_nan_hook_is_an_alert_and_no_wrapped_piece(tmp_path: Path) -
     assert (found.step, found.severity) == (32, "error") and "Model diverged" in found.message
 
 
+def test_chainers_report_table_is_read_on_its_epochs(tmp_path: Path) -> None:
+    """Chainer's PrintReport (chainer/chainer#4424): an ``epoch  main/loss  …  elapsed_time`` header
+    over rows that open with a whole epoch (not YOLO's ``e/E``): every column on its epoch,
+    ``main/loss`` the loss, the clock no entropy."""
+    text = "epoch       main/loss   validation/main/loss  main/accuracy  elapsed_time\n"
+    text += "".join(
+        f"{e}           {v}     2.30259               0.0994882      {61.067 * e:.3f}\n"
+        for e, v in ((1, 2.46634), (2, 2.30256))
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "step-table"
+    assert [(s["step"], s[S.ACTOR_LOSS], s["elapsed_time"]) for s in trace.steps] == [
+        (1, 2.46634, 61.067),
+        (2, 2.30256, 122.134),
+    ]
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

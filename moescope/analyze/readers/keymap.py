@@ -526,6 +526,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "total_loss": S.ACTOR_LOSS,
         "train_loss": S.ACTOR_LOSS,  # DINO's / DeiT's log.txt records (train_lr, train_wd beside it)
         "loss_train": S.ACTOR_LOSS,  # litgpt's fine-tuning lines: "loss train: 2.424, val: n/a"
+        "main/loss": S.ACTOR_LOSS,  # Chainer's reporter: "epoch  main/loss  validation/main/loss …"
         "avg_reward": S.REWARD_MEAN,
         "mean_reward": S.REWARD_MEAN,
         "average_reward": S.REWARD_MEAN,

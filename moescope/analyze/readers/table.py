@@ -46,9 +46,10 @@ from moescope.analyze.readers.keymap import guess_beyond_generic
 from moescope.analyze.readers.records import canonical_names
 
 _CELLS = re.compile(r"\s*\|\s*|\t+|\s{2,}")
-# the step column's name: HF's "Step", chainerrl's "steps", a loop's "iteration" or "updates"
+# the step column's name: HF's "Step", chainerrl's "steps", a loop's "iteration" or "updates",
+# Chainer's PrintReport "epoch" (over rows of whole epochs, not YOLO's "e/E")
 _HEADER = re.compile(
-    r"^\s*\|?\s*(?:steps?|global_step|total_timesteps|timesteps|iter|iterations?|updates?)\s*(?:\||\t|\s{2,})",
+    r"^\s*\|?\s*(?:steps?|global_step|total_timesteps|timesteps|iter|iterations?|updates?|epoch)\s*(?:\||\t|\s{2,})",
     re.IGNORECASE,
 )
 _RULE = re.compile(r"^[\s|:\-=+]+$")
@@ -70,11 +71,8 @@ def header(lines: list[str]) -> int | None:
     row over rows that start with a step, a ``|`` row of names over rows of numbers, or an
     ``Epoch`` header over ``e/E`` rows."""
     for i, line in enumerate(lines[:5000]):
-        if _EPOCH_HEADER.match(line):
-            width = len(line.split())
-            if any(_epoch_row(x, width) for x in lines[i + 1 : i + 4]):
-                return i
-            continue
+        if _yolo_header(lines, i):
+            return i
         stepped = _HEADER.match(line) is not None
         if not stepped and not _names_only(line):
             continue
@@ -83,6 +81,15 @@ def header(lines: list[str]) -> int | None:
         if len(names) >= 2 and any(len(r) == len(names) and _fits(r, stepped) for r in rows):
             return i
     return None
+
+
+def _yolo_header(lines: list[str], i: int) -> bool:
+    """Whether line ``i`` is an ``Epoch`` header over ``e/E`` rows (YOLO's), not over rows that
+    open with a whole epoch (Chainer's ``epoch  main/loss …``, read as any step table)."""
+    if not _EPOCH_HEADER.match(lines[i]):
+        return False
+    width = len(lines[i].split())
+    return any(_epoch_row(x, width) for x in lines[i + 1 : i + 4])
 
 
 def _epoch_row(line: str, width: int) -> tuple[int, list[str]] | None:
@@ -142,16 +149,16 @@ def _epoch_rows(lines: list[str], i: int, names: list[str]) -> tuple[list[Row], 
 def read(log: LogFile) -> Parsed:
     """One row per table row under the header (a second header, another table, resets the names)."""
     first = header(log.lines)  # an Epoch header names the rows pasted above it too
-    above = first is not None and _EPOCH_HEADER.match(log.lines[first])
-    names: list[str] = _epoch_names(log.lines[first]) if above else []
+    yolo = first is not None and _yolo_header(log.lines, first)
+    names: list[str] = _epoch_names(log.lines[first]) if yolo else []
     stepped = True
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
-        nonlocal names, stepped
-        if _EPOCH_HEADER.match(lines[i]):
-            names, stepped = _epoch_names(lines[i]), True
+        nonlocal names, stepped, yolo
+        if _yolo_header(lines, i):
+            names, stepped, yolo = _epoch_names(lines[i]), True, True
             return [], i + 1
-        if names and names[0].lower() == "epoch":
+        if yolo:
             return _epoch_rows(lines, i, names)
         if _HEADER.match(lines[i]) or _names_only(lines[i]):
             names, stepped = [_name(c) for c in cells(lines[i])], _HEADER.match(lines[i]) is not None
