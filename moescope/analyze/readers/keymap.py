@@ -215,6 +215,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `total_loss` | `actor/loss` |
 | generic | `train_loss` | `actor/loss` |
 | generic | `loss_train` | `actor/loss` |
+| generic | `main/loss` | `actor/loss` |
 | generic | `avg_reward` | `reward/mean` |
 | generic | `mean_reward` | `reward/mean` |
 | generic | `average_reward` | `reward/mean` |
