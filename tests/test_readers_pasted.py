@@ -898,6 +898,21 @@ def test_chainers_report_table_is_read_on_its_epochs(tmp_path: Path) -> None:
     ]
 
 
+def test_megatron_fields_without_their_colons(tmp_path: Path) -> None:
+    """An older Megatron fork (THUDM/Chinese-Transformer-XL#7) prints ``| lm loss 6.758929E+00 |
+    loss scale 64.0 |``: the last word of a field is its value, as after a colon."""
+    head = " iteration {0:>8}/    3000 | elapsed time per iteration (ms): 12879.0 |"
+    line = head + " learning rate 6.300E-06 | lm loss {1} | loss scale {2} |\n"
+    trace = read_text(tmp_path, line.format(400, "6.758929E+00", 64.0) + line.format(500, "NAN", 8.0))
+    assert trace.header["format"] == "megatron"
+    assert (trace.steps[0][S.ACTOR_LOSS], trace.steps[0][S.LOSS_SCALE], trace.steps[1][S.LOSS_SCALE]) == (
+        6.758929,
+        64.0,
+        8.0,
+    )
+    assert math.isnan(trace.steps[1][S.ACTOR_LOSS]) and trace.steps[0][S.LR] == 6.3e-06
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

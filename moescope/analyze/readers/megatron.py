@@ -107,12 +107,28 @@ def _iteration(line: str) -> re.Match[str] | None:
     return None if match is None or _NEMO.search(line) else match
 
 
+_BARE_KEY = re.compile(r"[A-Za-z][A-Za-z_ ()-]*")  # words: no counter ("iteration 700/ 3000")
+
+
+def _number_or_none(text: str) -> Any:
+    try:
+        return parse_number(text)
+    except ValueError:
+        return None
+
+
 def fields(text: str) -> dict[str, Any]:
-    """The ``key: value`` fields of a ``|``-separated line; a value that is no number stays text."""
+    """The ``key: value`` fields of a ``|``-separated line; a value that is no number stays text.
+    A field without its colon (older forks: ``| lm loss 6.758929E+00 | loss scale 64.0 |``) is
+    read where its last word is a number."""
     out: dict[str, Any] = {}
     for part in text.split("|"):  # str methods, not a pattern: a log has millions of fields
         key, colon, value = part.partition(":")
         if not colon:
+            key, _, value = part.strip().rpartition(" ")
+            key = key.strip()
+            if _BARE_KEY.fullmatch(key) and (number := _number_or_none(value)) is not None:
+                out[key] = number
             continue
         key, value = key.strip(), value.strip()
         if not key:
