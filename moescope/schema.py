@@ -238,6 +238,11 @@ SCALER_STOPPED = _declare(
     "fairseq's 'Minimum loss scale reached')",
     source="readers",
 )
+SKIPPED_TOTAL = _declare(
+    "optim/skipped_total",
+    "optimizer steps skipped since the run began (DeepSpeed's 'step=16, skipped=16')",
+    source="readers",
+)
 EXPERT_LOAD_LAYERS = _declare(
     "moe/expert_load_layers",
     "layer ids of the rows of moe/expert_load when not 0, 1, … (expert_load.log)",

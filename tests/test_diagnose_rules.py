@@ -358,6 +358,21 @@ def test_an_overflow_is_dated_where_the_scale_first_fell_below_one(tmp_path: Pat
     assert (found.step, found.severity) == (190, "error") and "from step 486" in found.message
 
 
+@pytest.mark.parametrize(("skipped", "severity"), [((15, 16, 17), "error"), ((5, 5, 5), None)])
+def test_deepspeeds_count_of_skipped_steps_equal_to_the_step_is_an_overflow(
+    tmp_path: Path, skipped: tuple[int, ...], severity: str | None
+) -> None:
+    """DeepSpeed's ``step=16, skipped=16`` (liucongg/ChatGLM-Finetuning#130): every step so far
+    skipped, no update has gone through, whether or not the overflow lines were pasted; a count
+    that stays put after the scaler settled (``skipped=5``) is no finding."""
+    line = "[INFO] [logging.py:96:log_dist] [Rank 0] step={0}, skipped={1}, lr=[0.0001], mom=[(0.9, 0.95)]\n"
+    text = "".join(line.format(step, n) for step, n in zip((15, 16, 17), skipped, strict=True))
+    found = findings_of(tmp_path, text).get("overflow")
+    assert (found.severity if found else None) == severity
+    if found:
+        assert "every one of the 17 steps so far skipped" in found.message
+
+
 def test_overflows_at_a_scale_that_never_moves_are_no_settling() -> None:
     """Megatron-LM#602: every iteration skipped at a loss scale of 16384 (a fixed scale: a dynamic
     one falls within a few overflows), so the optimizer never stepped."""

@@ -216,6 +216,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `train_loss` | `actor/loss` |
 | generic | `loss_train` | `actor/loss` |
 | generic | `main/loss` | `actor/loss` |
+| generic | `skipped` | `optim/skipped_total` |
 | generic | `avg_reward` | `reward/mean` |
 | generic | `mean_reward` | `reward/mean` |
 | generic | `average_reward` | `reward/mean` |
@@ -528,6 +529,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "train_loss": S.ACTOR_LOSS,  # DINO's / DeiT's log.txt records (train_lr, train_wd beside it)
         "loss_train": S.ACTOR_LOSS,  # litgpt's fine-tuning lines: "loss train: 2.424, val: n/a"
         "main/loss": S.ACTOR_LOSS,  # Chainer's reporter: "epoch  main/loss  validation/main/loss …"
+        "skipped": S.SKIPPED_TOTAL,  # DeepSpeed's engine: "step=16, skipped=16, lr=[0.0001], …"
         "avg_reward": S.REWARD_MEAN,
         "mean_reward": S.REWARD_MEAN,
         "average_reward": S.REWARD_MEAN,

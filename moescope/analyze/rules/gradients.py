@@ -252,9 +252,12 @@ def check_overflow(trace: Trace) -> list[Finding]:
     scale = series(trace, S.LOSS_SCALE)
     floored = _floored_steps(trace)
     stopped = [s for s, v in series(trace, S.SCALER_STOPPED) if v > 0]
+    unstepped = _every_step_skipped(trace)
     if scale and all(v == 1.0 for _, v in scale) and not floored and not stopped:
         return []  # no loss scaling: skipped steps were non-finite gradients (see nonfinite)
     skipped = {s: v for s, v in series(trace, S.SKIPPED) if v > 0}
+    if not skipped and unstepped:
+        skipped = {unstepped[0]: float(unstepped[0])}  # the count says what no overflow line did
     if not skipped:
         return _scale_below_one(scale)
     runs = episodes(sorted(skipped))
@@ -263,7 +266,9 @@ def check_overflow(trace: Trace) -> list[Finding]:
     lowest = min((v for _, v in scale), default=math.nan)
     settling = _settling(trace, worst, lowest, scale)
     pinned = _pinned(trace, floored)
-    severity = "error" if stopped or pinned else _overflow_severity(worst, lowest, floored, settling)
+    severity = (
+        "error" if stopped or pinned or unstepped else _overflow_severity(worst, lowest, floored, settling)
+    )
     total = sum(skipped.values())
     below = next((s for s, v in scale if v < 1), None)  # an error from there, before the largest episode
     onset = below if below is not None and below < worst[0] else worst[0]
@@ -276,7 +281,7 @@ def check_overflow(trace: Trace) -> list[Finding]:
             severity,
             f"fp16 overflow from step {onset}{early}: {lost} update(s) skipped on "
             f"{len(worst)} nearby step(s) ({int(total)} in the run), {_scale_path(halvings, lowest)}"
-            f"{_overflow_reading(settling, floored, stopped, pinned)}.",
+            f"{_overflow_reading(settling, floored, stopped, pinned, unstepped)}.",
             {
                 "skipped_steps": sorted(skipped),
                 "episodes": runs,
@@ -285,6 +290,7 @@ def check_overflow(trace: Trace) -> list[Finding]:
                 "lowest_scale": lowest,
                 "at_floor": floored,
                 "stopped": stopped,
+                "every_step_skipped": unstepped,
                 "pinned": pinned,
             },
         )
@@ -317,10 +323,17 @@ def _scale_path(halvings: list[int], lowest: float) -> str:
     return f"the loss scale at its lowest {lowest:.3g}" if math.isfinite(lowest) else "no loss scale logged"
 
 
-def _overflow_reading(settling: bool, floored: list[int], stopped: list[int], pinned: bool) -> str:
+def _overflow_reading(
+    settling: bool, floored: list[int], stopped: list[int], pinned: bool, unstepped: list[int]
+) -> str:
     """What the episode means, where the numbers alone do not say it."""
     if stopped:
         return f"; at step {stopped[0]} the scaler, at its minimum, stopped the run"
+    if unstepped:
+        return (
+            f"; DeepSpeed counts every one of the {unstepped[0]} steps so far skipped "
+            f"(step={unstepped[0]}, skipped={unstepped[0]}): no update has gone through"
+        )
     if pinned:
         return (
             f"; from step {floored[0]} every step logged overflowed at the scale's floor, so no update "
@@ -350,6 +363,17 @@ def _floored_steps(trace: Trace) -> list[int]:
     so every further overflow is a lost update (DeepSpeed's ``reducing loss scale from 1 to 1``)."""
     tried = dict(series(trace, S.LOSS_SCALE_TRIED))
     return [s for s, v in series(trace, S.LOSS_SCALE) if tried.get(s) == v]
+
+
+def _every_step_skipped(trace: Trace) -> list[int]:
+    """The last step, where DeepSpeed's running count of skipped steps equals the step itself on
+    it (``step=16, skipped=16``) after ``SUSTAIN`` steps or more: no update has gone through, as
+    when the scaler stops the run (it does, one overflow later, at a scale of 1)."""
+    totals = series(trace, S.SKIPPED_TOTAL)
+    if not totals:
+        return []
+    step, total = totals[-1]
+    return [step] if step >= SUSTAIN and total >= step else []
 
 
 def _pinned(trace: Trace, floored: list[int]) -> bool:
