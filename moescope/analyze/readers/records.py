@@ -30,7 +30,18 @@ on the line (or none). The marker is found first, each as its framework prints i
   ``epoch: 0|step: 3183|ppo_ep: 1|act_loss: …``, LLaMA-Factory's ``current_steps``, the
   ``iteration 10: load_balancing_loss: 1.09E+00`` of a hand-abbreviated paste);
 - a home-made loop's counter opening the line: ``268/446 (epoch 0), train_loss = 2.097``,
-  ``[5000] model_grad_norm nan``, ``250 | loss 4.0938 | lr 3.000000e-04 | 13707.39ms``.
+  ``[5000] model_grad_norm nan``, ``250 | loss 4.0938 | lr 3.000000e-04 | 13707.39ms``;
+- fairseq's early ``| epoch 010  2000 / 8223 loss=1.27 (1.50), …`` (epochs from 1), tianshou's
+  ``Epoch #1: 50001it [… loss=-0.562, rew=200.00]``, YOLACT's ``[  1]    1510 || B: 5.515 | …``,
+  an epoch's own lines (``===> Epoch 162 Complete: Avg. Loss: 0.0142``), a global counter over
+  the inner ones before it (MiniLLM's ``global iter: 15/ 5000``).
+
+A line is read without glog's prefix (caffe's ``I0515 11:05:31.873651 37636 solver.cpp:239]``;
+each ``Train net output #0: loss_bbox = 0.1`` under its own name), with a name in brackets before
+its number as a field (``[Loss] 2.5 | [step] 300``) and a value printed as an array (``loss:
+[nan]``) as its mean. Keras's finished bars pasted without their ``Epoch`` lines are a bar an
+epoch; a boxed logger table's step row (``| step | 1.53e+05 |``, SB3's ``total_timesteps``) is its
+record's step.
 
 Then every field of the rest of the line is read (:func:`pairs`). A line with a marker and a
 field is a record on that step; a line without a marker is a record when one of its names is a
