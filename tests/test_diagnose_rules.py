@@ -373,6 +373,23 @@ def test_deepspeeds_count_of_skipped_steps_equal_to_the_step_is_an_overflow(
         assert "every one of the 17 steps so far skipped" in found.message
 
 
+@pytest.mark.parametrize(("loss", "found"), [("87.3365", True), ("87.3412", False)])
+def test_caffes_clamped_softmax_loss_is_an_infinite_loss(tmp_path: Path, loss: str, found: bool) -> None:
+    """caffe's ``loss = 87.3365`` (yaringal/DropoutUncertaintyCaffeModels#3, wy1iu/sphereface#103)
+    is -ln(FLT_MIN), the softmax's clamp of a label probability of 0: an infinite loss, on one
+    record; a loss near it but not at it is a number like any other; and a loss first met on the
+    second record did not vanish from the first."""
+    glog = "I0616 00:24:30.437563 10711 solver.cpp:228] "
+    text = glog + "Iteration 55900, lr = 0.0024\n" + glog + f"Iteration 56000, loss = {loss}\n"
+    nonfinite = findings_of(tmp_path, text).get("nonfinite")
+    assert (nonfinite is not None) == found
+    if found:
+        assert (nonfinite.step, nonfinite.severity) == (
+            56000,
+            "error",
+        ) and "smallest float" in nonfinite.message
+
+
 def test_overflows_at_a_scale_that_never_moves_are_no_settling() -> None:
     """Megatron-LM#602: every iteration skipped at a loss scale of 16384 (a fixed scale: a dynamic
     one falls within a few overflows), so the optimizer never stepped."""

@@ -14,7 +14,15 @@ from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers._rows import wholly_skipped
 from moescope.analyze.rules.losses import is_rl
-from moescope.analyze.rules.series import column, is_number, logged_key_set, logged_keys, step_of, steps_of
+from moescope.analyze.rules.series import (
+    column,
+    is_number,
+    logged_key_set,
+    logged_keys,
+    series,
+    step_of,
+    steps_of,
+)
 from moescope.analyze.rules.thresholds import SUSTAIN
 from moescope.traces import Trace
 
@@ -37,10 +45,34 @@ ALWAYS_NUMERIC = (S.ACTOR_LOSS, S.PG_LOSS, S.GRAD_NORM, S.VF_LOSS, S.CRITIC_GRAD
 def check_nonfinite(trace: Trace) -> list[Finding]:
     """The first non-finite step (isolated or persistent), then any suspected non-finite loss."""
     bad_steps = _bad_steps(trace)
-    findings = [_first_nonfinite(trace, bad_steps)] if bad_steps else []
+    findings = [_first_nonfinite(trace, bad_steps)] if bad_steps else _clamped_loss(trace)
     vanished = _vanished_losses(trace, {s for s, _ in bad_steps})
     seen = {s for s, _ in bad_steps} | {s for f in vanished for s in f.evidence["steps"]}
     return findings + vanished + _unlogged_losses(trace, seen)
+
+
+# -ln of the smallest normal float32 / float64: a softmax loss that clamps the label's probability
+# there instead of taking log(0) (caffe's SoftmaxWithLoss prints "loss = 87.3365")
+CLAMPED_LOSSES = (-math.log(1.1754943508222875e-38), -math.log(2.2250738585072014e-308))
+
+
+def _clamped_loss(trace: Trace) -> list[Finding]:
+    """A loss at -ln(FLT_MIN) = 87.3365 (or -ln(DBL_MIN) = 708.396): the label's probability
+    underflowed to 0 on every sample, and the clamp printed in place of an infinite loss (a
+    softmax whose logits blew up: caffe's well-known 87.3365)."""
+    for key in (k for k in logged_keys(trace) if k.lower().endswith("loss")):
+        for step, value in series(trace, key):
+            if any(math.isclose(value, clamp, rel_tol=1e-5) for clamp in CLAMPED_LOSSES):  # as printed
+                message = (
+                    f"{key} is {value:g} at step {step}: -ln of the smallest float, where a softmax loss "
+                    "clamps a probability of 0; the loss is infinite (logits blown up, weights non-finite)."
+                )
+                return [
+                    Finding(
+                        "nonfinite", step, "error", message, {"key": key, "value": value, "clamped": True}
+                    )
+                ]
+    return []
 
 
 def _bad(value: Any) -> bool:
@@ -253,9 +285,10 @@ def _unlogged_losses(trace: Trace, seen: set[int]) -> list[Finding]:
 
 def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
     """A loss logged on at least as many steps as it is missing from, missing from a step that
-    logs most of the same other metrics (the same kind of record, not an evaluation line): a suspected
-    non-finite loss. One such step in a two-line excerpt counts; a step that made no update at all
-    (:func:`~moescope.analyze.readers._rows.wholly_skipped`) had no loss to log."""
+    logs most of the same other metrics (the same kind of record, not an evaluation line) after a
+    step that logged it: a suspected non-finite loss. One such step in a two-line excerpt counts;
+    a step that made no update at all (:func:`~moescope.analyze.readers._rows.wholly_skipped`) had
+    no loss to log."""
     out = []
     n = len(trace.steps)
     for key in (S.ACTOR_LOSS, S.PG_LOSS, S.VF_LOSS):
@@ -266,10 +299,11 @@ def _vanished_losses(trace: Trace, known_bad: set[int]) -> list[Finding]:
             continue
         peers = set.intersection(*(set(r) for r, p in zip(trace.steps, present, strict=True) if p))
         peers -= {key, *SKIP_KEYS}
+        since = present.index(True)  # a loss not yet logged has not vanished (a paste cut before it)
         missing = [
             step_of(rec, i)
             for i, rec in enumerate(trace.steps)
-            if not present[i] and peers and 2 * len(peers & rec.keys()) > len(peers)
+            if i > since and not present[i] and peers and 2 * len(peers & rec.keys()) > len(peers)
         ]
         if missing:  # the steps that made no update, read only where a loss went missing
             skipped = wholly_skipped(steps_of(trace), column(trace, S.SKIPPED))
