@@ -7,6 +7,7 @@ calls the loss family "policy loss" only in an RL log: an SFT ``eval_loss`` or a
 from __future__ import annotations
 
 import math
+import statistics
 from itertools import compress
 from typing import Any
 
@@ -23,7 +24,7 @@ from moescope.analyze.rules.series import (
     step_of,
     steps_of,
 )
-from moescope.analyze.rules.thresholds import SUSTAIN
+from moescope.analyze.rules.thresholds import DIVERGENCE_FACTOR, SUSTAIN
 from moescope.traces import Trace
 
 # metric families in the order a training step computes them (forward before backward)
@@ -59,9 +60,14 @@ CLAMPED_LOSSES = (-math.log(1.1754943508222875e-38), -math.log(2.225073858507201
 def _clamped_loss(trace: Trace) -> list[Finding]:
     """A loss at -ln(FLT_MIN) = 87.3365 (or -ln(DBL_MIN) = 708.396): the label's probability
     underflowed to 0 on every sample, and the clamp printed in place of an infinite loss (a
-    softmax whose logits blew up: caffe's well-known 87.3365)."""
+    softmax whose logits blew up: caffe's well-known 87.3365). Reached by a jump from a level the
+    log shows, it is ``loss_divergence``'s."""
     for key in (k for k in logged_keys(trace) if k.lower().endswith("loss")):
-        for step, value in series(trace, key):
+        points = series(trace, key)
+        for i, (step, value) in enumerate(points):
+            before = [v for _, v in points[:i]]
+            if before and value > DIVERGENCE_FACTOR * statistics.median(before):
+                break  # a jump to the clamp: loss_divergence's, which dates and explains it
             if any(math.isclose(value, clamp, rel_tol=1e-5) for clamp in CLAMPED_LOSSES):  # as printed
                 message = (
                     f"{key} is {value:g} at step {step}: -ln of the smallest float, where a softmax loss "
