@@ -913,6 +913,17 @@ def test_megatron_fields_without_their_colons(tmp_path: Path) -> None:
     assert math.isnan(trace.steps[1][S.ACTOR_LOSS]) and trace.steps[0][S.LR] == 6.3e-06
 
 
+def test_baselines_dqn_table_is_read_by_its_steps_row(tmp_path: Path) -> None:
+    """OpenAI baselines' DQN table (openai/baselines#697): rows of words (``mean 100 episode
+    reward``) are fields too, ``steps`` the record's step; no longer "no step recognised"."""
+    rule = "-" * 38 + "\n"
+    box = rule + "| % time spent exploring  | 1        |\n| episodes                | {0}     |\n"
+    box += "| mean 100 episode reward | -21      |\n| steps                   | {1}  |\n" + rule
+    trace = read_text(tmp_path, box.format(5100, 4008662) + box.format(5200, 4084701))
+    rows = [(s["step"], s["episodes"], s[S.REWARD_MEAN]) for s in trace.steps]
+    assert rows == [(4008662, 5100, -21), (4084701, 5200, -21)]
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

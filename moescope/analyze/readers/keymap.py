@@ -230,6 +230,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `episode_reward_mean` | `reward/mean` |
 | generic | `ep_rewmean` | `reward/mean` |
 | generic | `ep_rew_mean` | `reward/mean` |
+| generic | `mean_100_episode_reward` | `reward/mean` |
 | generic | `kl_loss` | `actor/kl` |
 | generic | `aux_loss` | `moe/aux_loss` |
 | generic | `dead_expert_frac` | `moe/dead_expert_frac` |
@@ -546,6 +547,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "episode_reward_mean": S.REWARD_MEAN,
         "ep_rewmean": S.REWARD_MEAN,
         "ep_rew_mean": S.REWARD_MEAN,
+        "mean_100_episode_reward": S.REWARD_MEAN,  # baselines' DQN table
         "kl_loss": S.KL,
         "aux_loss": S.AUX_LOSS,
         "dead_expert_frac": S.DEAD_EXPERT_FRAC,

@@ -517,14 +517,16 @@ def _marks_only(line: str, match: re.Match[str]) -> bool:
 
 
 # the row a logger's boxed table gives its step in, among the metrics (OpenAI baselines' and
-# guided-diffusion's "| step | 1.53e+05 |", SB3's "|    total_timesteps  | 2048 |")
-TABLE_STEPS = ("step", "total_timesteps", "timesteps", "nupdates", "global_step")
+# guided-diffusion's "| step | 1.53e+05 |", baselines' DQN "| steps | 4008662 |", SB3's
+# "|    total_timesteps  | 2048 |")
+TABLE_STEPS = ("step", "steps", "total_timesteps", "timesteps", "nupdates", "global_step")
 
 
 def _table_key(key: str) -> bool:
-    """A boxed table's row worth a field: a name written like code (``explained_variance``,
-    ``avg_rewards``) as any metric's, the step row, or the epoch counter."""
-    return _named(key) or key in TABLE_STEPS or key == "epoch"
+    """A boxed table's row worth a field: a logger's table holds its metrics, a row a metric,
+    whatever its name (``explained_variance``, baselines' ``mean 100 episode reward``), the step
+    row and the epoch counter among them."""
+    return bool(key)
 
 
 def _steps_in_tables(parsed: Parsed) -> None:
