@@ -390,6 +390,17 @@ def test_caffes_clamped_softmax_loss_is_an_infinite_loss(tmp_path: Path, loss: s
         ) and "smallest float" in nonfinite.message
 
 
+def test_a_loss_of_any_name_above_the_ceiling_is_a_divergence(tmp_path: Path) -> None:
+    """A segmentation head's ``loss_seg1`` (XingangPan/OCDA-Driving-Example#1) goes 2.9, 52.8, 644,
+    then 2.7e13: whatever the loss measures, no healthy run logs that; four records suffice."""
+    line = "iter {0}: loss_seg1 = {1}, loss_adv = 0.7\n"
+    text = "".join(
+        line.format(i, v) for i, v in enumerate(("2.930", "52.802", "643.913", "26799679471616.000"))
+    )
+    found = findings_of(tmp_path, text)["loss_divergence"]
+    assert (found.step, found.severity, found.evidence["key"]) == (3, "error", "loss_seg1")
+
+
 def test_overflows_at_a_scale_that_never_moves_are_no_settling() -> None:
     """Megatron-LM#602: every iteration skipped at a loss scale of 16384 (a fixed scale: a dynamic
     one falls within a few overflows), so the optimizer never stepped."""

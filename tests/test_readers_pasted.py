@@ -924,6 +924,30 @@ def test_baselines_dqn_table_is_read_by_its_steps_row(tmp_path: Path) -> None:
     assert rows == [(4008662, 5100, -21), (4084701, 5200, -21)]
 
 
+def test_wgan_lines_are_records_on_their_epoch_and_batch(tmp_path: Path) -> None:
+    """The WGAN / DCGAN examples (martinarjovsky/WassersteinGAN#62): ``[167/1000][555/782][24987]
+    Loss_D: -0.772816 Loss_G: -0.022373``; epochs from 0 × batches + batch is the step, and a
+    name that opens with ``Loss_`` is a loss (no more "no step recognised")."""
+    line = "[{0}/1000][{1}/782][24987] Loss_D: {2} Loss_G: -0.022373 Loss_D_real: -0.19323 Loss_D_fake 0.57\n"
+    trace = read_text(tmp_path, line.format(167, 555, -0.772816) + line.format(167, 560, -0.77))
+    assert [(s["step"], s["Loss_D"]) for s in trace.steps] == [
+        (167 * 782 + 555, -0.772816),
+        (167 * 782 + 560, -0.77),
+    ]
+
+
+def test_overflow_lines_of_every_rank_are_one_step(tmp_path: Path) -> None:
+    """DeepSpeed prints a step's overflow once per rank (THUDM/GLM#32), naming no step: the ranks'
+    lines are one skipped update, and a scale tried and kept at 2^32 is the scaler's hysteresis,
+    not its floor."""
+    line = "[deepspeed] fp16 dynamic loss scale overflow! Rank {0} Skipping step. "
+    line += "Attempted loss scale: 4294967296, reducing to 4294967296\n"
+    trace = read_text(tmp_path, "".join(line.format(r) for r in (4, 6, 7, 2, 5, 1, 0, 3)))
+    assert len(trace.steps) == 1 and trace.steps[0][S.SKIPPED] == 1
+    found = {f.type: f for f in diagnose(trace)}["overflow"]
+    assert found.severity == "info" and "floor" not in found.message
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

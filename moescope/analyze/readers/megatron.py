@@ -274,9 +274,25 @@ def _on_named_steps(pending: list[Overflow]) -> list[tuple[int | None, list[Over
     before it."""
     named = [i for i, e in enumerate(pending) if e.step is not None]
     if not named:
-        return [(e.step, [e]) for e in pending]
+        return [(None, group) for group in _one_per_rank(pending)]
     owner = [next((j for j in named if j >= i), named[-1]) for i in range(len(pending))]
     return [(pending[j].step, [e for e, o in zip(pending, owner, strict=True) if o == j]) for j in named]
+
+
+def _one_per_rank(events: list[Overflow]) -> list[list[Overflow]]:
+    """Overflows that name no step, grouped a step at a time: every rank prints its own line for
+    one step (``Rank 4 … Rank 6 … Rank 0 Skipping step``), so a rank seen again, or a line that
+    names no rank, starts the next step."""
+    groups: list[list[Overflow]] = []
+    ranks: set[int] = set()
+    for event in events:
+        if not groups or event.rank is None or event.rank in ranks:
+            groups.append([])
+            ranks = set()
+        groups[-1].append(event)
+        if event.rank is not None:
+            ranks.add(event.rank)
+    return groups
 
 
 def _mark_lossless(lines: list[Row], idle: set[int]) -> None:

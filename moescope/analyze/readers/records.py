@@ -119,6 +119,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # (from 1): "Train Epoch: 1 [640/60000 (1%)]\tLoss: 2.214"
     (None, re.compile(rf"Train Epoch:\s*{_I}\[{_I}/{_I}\(\s*\d+%\)\]"), _epoch_from_one),
     (None, re.compile(rf"Epoch\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
+    # the WGAN / DCGAN examples, epochs from 0: "[167/1000][555/782][24987] Loss_D: -0.77 Loss_G: …"
+    (None, re.compile(rf"^\s*\[{_I}/\s*{INT}\s*\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
     # PyTorch's ImageNet example and the MetricLogger of DeiT / MAE / LLaMA-Adapter count epochs
     # from 0 ("Epoch: [0]  [ 10/582]"); a loop counting from 1 is read one epoch on, still in order
     (None, re.compile(rf"Epoch:\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
@@ -301,11 +303,12 @@ def _normal(key: str) -> str:
 def is_metric(key: str) -> bool:
     """A name some key map knows (as given, normalised, or behind a ``train/`` prefix), or a
     code name that says it is a loss (``pid_loss``, ``triplet_loss``: a detector's or a re-id
-    model's; words with spaces, ``mean center loss``, may be prose)."""
+    model's; WGAN's ``Loss_D``, a segmenter's ``loss_seg1``; words with spaces, ``mean center
+    loss``, may be prose)."""
     known = _known_names()
     if key in known or _normal(key) in known or key.removeprefix("train/") in known:
         return True
-    return key.endswith("_loss") and " " not in key
+    return (key.endswith("_loss") or key[:5].lower() == "loss_") and " " not in key
 
 
 def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:

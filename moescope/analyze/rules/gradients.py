@@ -359,10 +359,12 @@ def _settling(trace: Trace, worst: list[int], lowest: float, scale: list[tuple[i
 
 
 def _floored_steps(trace: Trace) -> list[int]:
-    """Steps whose overflow tried the same scale it fell back to: the scaler is at its minimum,
-    so every further overflow is a lost update (DeepSpeed's ``reducing loss scale from 1 to 1``)."""
+    """Steps whose overflow tried the same low scale it fell back to: the scaler is at its
+    minimum, so every further overflow is a lost update (DeepSpeed's ``reducing loss scale from 1
+    to 1``). At a high scale (``Attempted loss scale: 4294967296, reducing to 4294967296``) the
+    scaler's hysteresis held it for one more overflow: no floor."""
     tried = dict(series(trace, S.LOSS_SCALE_TRIED))
-    return [s for s, v in series(trace, S.LOSS_SCALE) if tried.get(s) == v]
+    return [s for s, v in series(trace, S.LOSS_SCALE) if tried.get(s) == v and v <= LOW_SCALE]
 
 
 def _every_step_skipped(trace: Trace) -> list[int]:

@@ -82,7 +82,24 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
             out.append(replace(left[0], severity="error", message=left[0].message + beyond))
         else:
             out.append(absurd)
-    return out
+    return out or _any_loss_absurd(trace)
+
+
+def _any_loss_absurd(trace: Trace) -> list[Finding]:
+    """A loss of any name (a segmentation head's ``loss_seg1``, a GAN's ``Loss_D``) at or above
+    ``LOSS_CEILING``: whatever it measures, no healthy run logs one."""
+    named = (k for k in logged_keys(trace) if _names_a_loss(k) and k not in level_losses(trace))
+    found = (
+        above_ceiling("loss_divergence", k, series(trace, k), LOSS_CEILING, k, "the weights diverged")
+        for k in named
+    )
+    first = min((f for f in found if f is not None), key=lambda f: f.step, default=None)
+    return [first] if first else []
+
+
+def _names_a_loss(key: str) -> bool:
+    low = key.lower().rsplit("/", 1)[-1]
+    return low.endswith("loss") or low.startswith("loss_")
 
 
 def _level_left(key: str, points: list[tuple[int, float]]) -> list[Finding]:
