@@ -948,6 +948,16 @@ def test_overflow_lines_of_every_rank_are_one_step(tmp_path: Path) -> None:
     assert found.severity == "info" and "floor" not in found.message
 
 
+def test_pytorch_yolov3_lines_are_records_of_their_loss_terms(tmp_path: Path) -> None:
+    """PyTorch-YOLOv3 (eriklindernoren/PyTorch-YOLOv3#13): ``[Epoch 0/30, Batch 323/1313]
+    [Losses: x nan, …, conf 0.755184, cls nan, total nan]``; epochs from 0 × batches + batch is the
+    step, each term a loss of its own, ``total`` the loss."""
+    line = "[Epoch {0}/30, Batch {1}/1313] [Losses: x 0.1, y 0.2, conf 0.755184, cls 0.5, total {2}]\n"
+    trace = read_text(tmp_path, line.format(0, 322, 3.2) + line.format(0, 323, "nan"))
+    assert [s["step"] for s in trace.steps] == [322, 323] and trace.steps[0]["conf_loss"] == 0.755184
+    assert trace.steps[0][S.ACTOR_LOSS] == 3.2 and math.isnan(trace.steps[1][S.ACTOR_LOSS])
+
+
 def test_keras_bars_pasted_without_their_headers_are_the_epochs(tmp_path: Path) -> None:
     """Keras's finished bars pasted without the ``Epoch e/E`` lines between them (a line an
     epoch, the same count on each): numbered as epochs from 1, not merged into one step; bars

@@ -34,7 +34,9 @@ on the line (or none). The marker is found first, each as its framework prints i
 - fairseq's early ``| epoch 010  2000 / 8223 loss=1.27 (1.50), …`` (epochs from 1), tianshou's
   ``Epoch #1: 50001it [… loss=-0.562, rew=200.00]``, YOLACT's ``[  1]    1510 || B: 5.515 | …``,
   an epoch's own lines (``===> Epoch 162 Complete: Avg. Loss: 0.0142``), a global counter over
-  the inner ones before it (MiniLLM's ``global iter: 15/ 5000``).
+  the inner ones before it (MiniLLM's ``global iter: 15/ 5000``), PyTorch-YOLOv3's ``[Epoch 0/30,
+  Batch 323/1313] [Losses: x 0.1, …, total 3.2]`` (each term ``x_loss``, …, ``total`` the loss)
+  and the WGAN / DCGAN examples' ``[167/1000][555/782][24987] Loss_D: -0.77`` (epochs from 0).
 
 A line is read without glog's prefix (caffe's ``I0515 11:05:31.873651 37636 solver.cpp:239]``;
 each ``Train net output #0: loss_bbox = 0.1`` under its own name), with a name in brackets before
@@ -119,6 +121,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # (from 1): "Train Epoch: 1 [640/60000 (1%)]\tLoss: 2.214"
     (None, re.compile(rf"Train Epoch:\s*{_I}\[{_I}/{_I}\(\s*\d+%\)\]"), _epoch_from_one),
     (None, re.compile(rf"Epoch\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
+    # PyTorch-YOLOv3, epochs from 0: "[Epoch 0/30, Batch 323/1313] [Losses: x 0.1, …, total 3.2]"
+    (None, re.compile(rf"\[Epoch\s+{_I}/\s*{INT}\s*,\s*Batch\s+{_I}/{_I}\]"), _epoch_from_zero),
     # the WGAN / DCGAN examples, epochs from 0: "[167/1000][555/782][24987] Loss_D: -0.77 Loss_G: …"
     (None, re.compile(rf"^\s*\[{_I}/\s*{INT}\s*\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
     # PyTorch's ImageNet example and the MetricLogger of DeiT / MAE / LLaMA-Adapter count epochs
@@ -326,6 +330,7 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
         )
     line = _last_bar(line) if line.count("%|") > 1 else line
     line = _BRACKETED.sub(r"\g<key>: \g<value>", line) if "] " in line else line
+    line = _LOSSES.sub(_named_losses, line) if "[Losses:" in line else line
     found = marker(line)
     if found is not None:
         framework, step, match = found
@@ -360,6 +365,17 @@ _GLOG_PREFIX = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[\w.\-]+:\d+
 _CAFFE_OUTPUT = re.compile(
     rf"\s*(?P<net>Train|Test) net output #\d+:\s*(?P<key>[\w/.]+)\s*=\s*(?P<value>{NUMBER})"
 )
+# PyTorch-YOLOv3's loss terms, one word each: "[Losses: x 0.1, y 0.2, …, cls 0.5, total 3.2]"
+_LOSSES = re.compile(r"\[Losses:\s*([^\]]*)\]")
+_TERM = re.compile(rf"([A-Za-z_]\w*)\s+({NUMBER})")
+
+
+def _named_losses(match: re.Match[str]) -> str:
+    """The loss terms as fields: each ``<term>_loss``, ``total`` the loss."""
+    terms = _TERM.findall(match.group(1))
+    return ", ".join(f"{'loss' if t == 'total' else t + '_loss'}: {v}" for t, v in terms)
+
+
 # a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
 _BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
 
