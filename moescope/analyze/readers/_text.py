@@ -116,6 +116,14 @@ def parse_number(text: str) -> Number:
     raise ValueError(f"not a number: {text!r}")
 
 
+def number_or_none(text: str) -> Number:
+    """:func:`parse_number`, with ``None`` for text that is no number (a cell, a field's last word)."""
+    try:
+        return parse_number(text)
+    except ValueError:
+        return None
+
+
 def plain_number(token: str) -> int | float | None:
     """A plain decimal number, read by ``float`` / ``int`` alone: the common case, taken before
     any pattern runs (a log has millions of them). ``None`` for anything else."""

@@ -30,7 +30,7 @@ from typing import Any
 
 from moescope import schema as S
 from moescope.analyze.readers._rows import STEP_KEYS, Parsed, Row, scan
-from moescope.analyze.readers._text import INT, LogFile, Number, as_step, parse_number, unlabel
+from moescope.analyze.readers._text import INT, LogFile, Number, as_step, number_or_none, unlabel
 from moescope.analyze.readers.records import is_metric
 from moescope.errors import MoescopeError
 
@@ -43,10 +43,7 @@ RAW_LINES = 200  # raw text kept per step; a per-token log can have millions of 
 
 
 def _number(token: str) -> Number:
-    try:
-        return parse_number(unlabel(token)[1])
-    except ValueError:
-        return None
+    return number_or_none(unlabel(token)[1])
 
 
 def _columns(line: str) -> list[str] | None:

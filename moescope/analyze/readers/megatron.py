@@ -42,7 +42,16 @@ from typing import Any
 
 from moescope import schema as S
 from moescope.analyze.readers._rows import Parsed, Row, listing, scan, wholly_skipped
-from moescope.analyze.readers._text import BAR_HEAD, INT, NUMBER, LogFile, gather, parse_number, plain_number
+from moescope.analyze.readers._text import (
+    BAR_HEAD,
+    INT,
+    NUMBER,
+    LogFile,
+    gather,
+    number_or_none,
+    parse_number,
+    plain_number,
+)
 from moescope.analyze.readers.keymap import KEY_MAP
 
 # "iteration" at a word boundary, the literal first (as verl.STEP_START: a search skips to it)
@@ -110,13 +119,6 @@ def _iteration(line: str) -> re.Match[str] | None:
 _BARE_KEY = re.compile(r"[A-Za-z][A-Za-z_ ()-]*")  # words: no counter ("iteration 700/ 3000")
 
 
-def _number_or_none(text: str) -> Any:
-    try:
-        return parse_number(text)
-    except ValueError:
-        return None
-
-
 def fields(text: str) -> dict[str, Any]:
     """The ``key: value`` fields of a ``|``-separated line; a value that is no number stays text.
     A field without its colon (older forks: ``| lm loss 6.758929E+00 | loss scale 64.0 |``) is
@@ -127,7 +129,7 @@ def fields(text: str) -> dict[str, Any]:
         if not colon:
             key, _, value = part.strip().rpartition(" ")
             key = key.strip()
-            if _BARE_KEY.fullmatch(key) and (number := _number_or_none(value)) is not None:
+            if _BARE_KEY.fullmatch(key) and (number := number_or_none(value)) is not None:
                 out[key] = number
             continue
         key, value = key.strip(), value.strip()

@@ -353,7 +353,7 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     fields = (
         {row.group("key"): parse_number(row.group("value"))} if row else pairs(line) if _numeric(line) else {}
     )
-    if fields and (any(is_metric(k) for k in fields) or (row and _table_key(row.group("key")))):
+    if fields and (row or any(is_metric(k) for k in fields)):  # a boxed table's row, whatever its name
         return None, None, fields
     return None
 
@@ -361,7 +361,8 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
 _WHOLE_BAR = re.compile(rf"{BAR_HEAD}[^\]]*\]")
 # glog (caffe, glog-logging C++ trainers): "I0515 11:05:31.873651 37636 solver.cpp:239] "
 _GLOG_LEVELS = frozenset("IWEF")
-_GLOG_PREFIX = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[\w.\-]+:\d+\]\s*")
+_GLOG_TIME = r"[IWEF]\d{4} \d\d:\d\d:\d\d\."  # level, date and time, as glog opens a line
+_GLOG_PREFIX = re.compile(_GLOG_TIME + r"\d+\s+\d+\s+[\w.\-]+:\d+\]\s*")
 _CAFFE_OUTPUT = re.compile(
     rf"\s*(?P<net>Train|Test) net output #\d+:\s*(?P<key>[\w/.]+)\s*=\s*(?P<value>{NUMBER})"
 )
@@ -526,7 +527,7 @@ def unwrap(lines: list[str], i: int, width: int | None) -> int:
 # "I0515 11:05:31.873651", Python logging's "ERROR:tensorflow:Model diverged with loss = NaN."
 _DATED = re.compile(
     r"\s*\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d"
-    r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):\w"
+    rf"|{_GLOG_TIME}|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):\w"
 )
 
 
@@ -539,13 +540,6 @@ def _marks_only(line: str, match: re.Match[str]) -> bool:
 # guided-diffusion's "| step | 1.53e+05 |", baselines' DQN "| steps | 4008662 |", SB3's
 # "|    total_timesteps  | 2048 |")
 TABLE_STEPS = ("step", "steps", "total_timesteps", "timesteps", "nupdates", "global_step")
-
-
-def _table_key(key: str) -> bool:
-    """A boxed table's row worth a field: a logger's table holds its metrics, a row a metric,
-    whatever its name (``explained_variance``, baselines' ``mean 100 episode reward``), the step
-    row and the epoch counter among them."""
-    return bool(key)
 
 
 def _steps_in_tables(parsed: Parsed) -> None:

@@ -41,7 +41,7 @@ import re
 from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row, scan
-from moescope.analyze.readers._text import INT, LogFile, parse_number
+from moescope.analyze.readers._text import INT, LogFile, number_or_none
 from moescope.analyze.readers.keymap import guess_beyond_generic
 from moescope.analyze.readers.records import canonical_names
 
@@ -105,11 +105,11 @@ def _names_only(line: str) -> bool:
     """A ``|``-split row whose cells are all names (none a number): a header without a step."""
     if "|" not in line or _RULE.match(line):
         return False
-    return all(_LETTER.match(c) and _value(c) is None for c in cells(line))
+    return all(_LETTER.match(c) and number_or_none(c) is None for c in cells(line))
 
 
 def _numbers_only(row: list[str]) -> bool:
-    return all(_value(c) is not None for c in row)
+    return all(number_or_none(c) is not None for c in row)
 
 
 def _fits(row: list[str], stepped: bool) -> bool:
@@ -122,14 +122,12 @@ def _name(cell: str) -> str:
     return _RENAMED.get(name.lower(), name)
 
 
-def _value(cell: str) -> Any:
-    try:
-        return parse_number(cell)
-    except ValueError:
-        return None  # "No Log", an empty cell: not logged
-
-
 _YOLO_LOSSES = {"box", "obj", "cls", "total"}  # YOLOv5 / v7's columns; ultralytics 8 says box_loss
+
+
+def _logged(names: list[str], values: list[str]) -> dict[str, Any]:
+    """The cells that hold a number, by their column's name (``No Log``, empty cells: not logged)."""
+    return {n: v for n, c in zip(names, values, strict=True) if (v := number_or_none(c)) is not None}
 
 
 def _epoch_names(line: str) -> list[str]:
@@ -142,7 +140,7 @@ def _epoch_rows(lines: list[str], i: int, names: list[str]) -> tuple[list[Row], 
     if found is None:
         return None
     epoch, values = found
-    metrics = {n: v for n, c in zip(names[1:], values, strict=True) if (v := _value(c)) is not None}
+    metrics = _logged(names[1:], values)
     return [Row(epoch, metrics, lines[i], i + 1)], i + 1
 
 
@@ -169,10 +167,8 @@ def read(log: LogFile) -> Parsed:
         if not names or len(row) != len(names) or not _fits(row, stepped):
             return None
         if not stepped:
-            metrics = {n: v for n, c in zip(names, row, strict=True) if (v := _value(c)) is not None}
-            return [Row(None, metrics, lines[i], i + 1)], i + 1
-        metrics = {n: v for n, c in zip(names[1:], row[1:], strict=True) if (v := _value(c)) is not None}
-        return [Row(int(row[0]), metrics, lines[i], i + 1)], i + 1
+            return [Row(None, _logged(names, row), lines[i], i + 1)], i + 1
+        return [Row(int(row[0]), _logged(names[1:], row[1:]), lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
     keys = {k for row in parsed.rows for k in row.metrics}

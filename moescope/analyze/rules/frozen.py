@@ -74,8 +74,9 @@ def _held_beside(trace: Trace, loss: str, steps: set[int]) -> str | None:
     model whose loss and accuracy both stop to the last digit gives the same outputs (Keras's
     ``loss: 5.7257 - acc: 0.6448`` epoch after epoch), which three records show, where a loss
     alone needs five."""
+    losses = lm_losses(trace)
     for key in logged_keys(trace):
-        if key == loss or not ("acc" in key.lower() or key in lm_losses(trace)):
+        if key == loss or not ("acc" in key.lower() or key in losses):
             continue
         points = [(s, v) for s, v in series(trace, key) if s in steps]
         values = [v for _, v in points]

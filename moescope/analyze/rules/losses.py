@@ -88,7 +88,8 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
 def _any_loss_absurd(trace: Trace) -> list[Finding]:
     """A loss of any name (a segmentation head's ``loss_seg1``, a GAN's ``Loss_D``) at or above
     ``LOSS_CEILING``: whatever it measures, no healthy run logs one."""
-    named = (k for k in logged_keys(trace) if _names_a_loss(k) and k not in level_losses(trace))
+    judged = level_losses(trace)
+    named = (k for k in logged_keys(trace) if names_a_loss(k) and k not in judged)
     found = (
         above_ceiling("loss_divergence", k, series(trace, k), LOSS_CEILING, k, "the weights diverged")
         for k in named
@@ -97,7 +98,8 @@ def _any_loss_absurd(trace: Trace) -> list[Finding]:
     return [first] if first else []
 
 
-def _names_a_loss(key: str) -> bool:
+def names_a_loss(key: str) -> bool:
+    """A metric named a loss, whatever its kind (``actor/loss``, ``softmax_loss``, ``Loss_D``)."""
     low = key.lower().rsplit("/", 1)[-1]
     return low.endswith("loss") or low.startswith("loss_")
 

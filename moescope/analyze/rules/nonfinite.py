@@ -14,7 +14,7 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers._rows import wholly_skipped
-from moescope.analyze.rules.losses import is_rl
+from moescope.analyze.rules.losses import is_rl, names_a_loss
 from moescope.analyze.rules.series import (
     column,
     is_number,
@@ -62,23 +62,23 @@ def _clamped_loss(trace: Trace) -> list[Finding]:
     underflowed to 0 on every sample, and the clamp printed in place of an infinite loss (a
     softmax whose logits blew up: caffe's well-known 87.3365). Reached by a jump from a level the
     log shows, it is ``loss_divergence``'s."""
-    for key in (k for k in logged_keys(trace) if k.lower().endswith("loss")):
+    for key in filter(names_a_loss, logged_keys(trace)):
         points = series(trace, key)
-        for i, (step, value) in enumerate(points):
-            before = [v for _, v in points[:i]]
-            if before and value > DIVERGENCE_FACTOR * statistics.median(before):
-                break  # a jump to the clamp: loss_divergence's, which dates and explains it
-            if any(math.isclose(value, clamp, rel_tol=1e-5) for clamp in CLAMPED_LOSSES):  # as printed
-                message = (
-                    f"{key} is {value:g} at step {step}: -ln of the smallest float, where a softmax loss "
-                    "clamps a probability of 0; the loss is infinite (logits blown up, weights non-finite)."
-                )
-                return [
-                    Finding(
-                        "nonfinite", step, "error", message, {"key": key, "value": value, "clamped": True}
-                    )
-                ]
+        at = next((i for i, (_, v) in enumerate(points) if _clamped(v)), None)
+        before = [v for _, v in points[:at]] if at is not None else []
+        if at is None or (before and points[at][1] > DIVERGENCE_FACTOR * statistics.median(before)):
+            continue  # none, or a jump to the clamp: loss_divergence's, which dates and explains it
+        step, value = points[at]
+        message = (
+            f"{key} is {value:g} at step {step}: -ln of the smallest float, where a softmax loss "
+            "clamps a probability of 0; the loss is infinite (logits blown up, weights non-finite)."
+        )
+        return [Finding("nonfinite", step, "error", message, {"key": key, "value": value, "clamped": True})]
     return []
+
+
+def _clamped(value: float) -> bool:
+    return any(math.isclose(value, clamp, rel_tol=1e-5) for clamp in CLAMPED_LOSSES)  # as printed
 
 
 def _bad(value: Any) -> bool:
