@@ -515,10 +515,10 @@ def test_a_loss_held_with_its_accuracy_on_three_records_is_zero_grad(
         assert zero.step == 2 * 89595 and "(and acc with it) on its last 3 records" in zero.message
 
 
-@pytest.mark.parametrize(("printed", "found"), [("4.600", True), ("0.693", False)])
+@pytest.mark.parametrize(("printed", "found"), [("4.600", True), ("0.712", False)])
 def test_a_loss_is_pinned_by_the_digits_its_line_prints(tmp_path: Path, printed: str, found: bool) -> None:
     """Lightning's bar prints ``train_loss=4.600`` (Lightning-AI/pytorch-lightning#20344): read back
-    it is 4.6, two digits, but the line shows four, enough for a pin; ``0.693`` shows three, a
+    it is 4.6, two digits, but the line shows four, enough for a pin; ``0.712`` shows three, a
     plateau's."""
     bar = "Epoch 0:  {0}%|█         | {1}/704 [00:{0:02d}<02:00,  5.10it/s, v_num=3, train_loss={2}]\n"
     text = "".join(bar.format(i, 9 * i + 1, printed) for i in range(1, 9))
@@ -540,6 +540,28 @@ def test_a_loss_held_to_its_fifth_digit_is_pinned_where_printed_finer(
     assert (zero is not None) == found
     if found:
         assert zero.step == 201 and "11.090 to 5 digits" in zero.message
+
+
+@pytest.mark.parametrize(
+    ("losses", "step", "classes"),
+    [
+        ([1.356284, 1.386393, 1.386381, 1.386379, 1.38633], 77, 4),  # r2c's VCR run: ln 4, 5th decimal moving
+        ([6.91161, 6.90776, 6.90776, 6.90776, 6.90776], 77, 1000),  # caffe's MobileNet: ln 1000
+        ([2.3026, 2.3019, 2.2987, 2.2871], None, None),  # a ten-way classifier leaving its start
+        ([0.7012, 0.6925, 0.6952, 0.6978], None, None),  # near ln 2, moving in the third decimal
+        ([10.8262, 10.8261, 10.8262, 10.8259], None, None),  # ln of a vocabulary: K ± 1 not told apart
+        ([1.3863, 1.3863], None, None),  # two records: too few to say
+    ],
+)
+def test_a_loss_held_at_a_uniform_guess_is_zero_grad(
+    tmp_path: Path, losses: list[float], step: int | None, classes: int | None
+) -> None:
+    """A classifier's loss held at ln K on three records or more: its outputs are a uniform guess
+    among K classes whatever the input (allenai/r2c's VCR model at 1.3863 epoch after epoch)."""
+    zero = findings_of(tmp_path, _iterations(losses)).get("zero_grad")
+    assert (zero and zero.step, zero and zero.evidence["classes"]) == (step, classes)
+    if zero:
+        assert f"ln {classes} =" in zero.message and "its last 4 records" in zero.message
 
 
 _EPOCH = [0.9741, 1.3742, 1.2390, 0.9670, 1.0386, 1.1681, 1.2240, 0.9610]  # TRACE#5's first epoch

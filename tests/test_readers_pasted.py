@@ -808,6 +808,25 @@ def test_caffe_glog_lines_are_read_without_their_prefix(tmp_path: Path) -> None:
     assert not any(".cpp" in key for s in trace.steps for key in s)
 
 
+def test_a_caffe_net_output_named_like_the_smoothed_loss_is_the_iteration_s_loss(tmp_path: Path) -> None:
+    """With ``average_loss`` above 1, caffe's ``Iteration 20 (…), loss = 6.90501`` is a running
+    mean and the ``Train net output #0: loss = 6.90776`` below it the iteration's own value, of
+    the same name: the output is the step's loss (a loss pinned at ln 1000, hidden before by the
+    moving mean), not a record of its own that was dropped."""
+    lines = [
+        "I0515 11:05:{0}.873651 37636 solver.cpp:239] Iteration {1} (1.03 iter/s, 19.4s/20 it), loss = {2}\n",
+        "I0515 11:05:{0}.873690 37636 solver.cpp:258]     Train net output #0: loss = {3} (* 1 = {3} loss)\n",
+        "I0515 11:05:{0}.873761 37636 sgd_solver.cpp:112] Iteration {1}, lr = 0.01\n",
+    ]
+    rows = ((10, 0, 6.91161, 6.91161), (20, 20, 6.90501, 6.90776), (30, 40, 6.90635, 6.90776))
+    trace = read_text(tmp_path, "".join(line.format(*row) for row in rows for line in lines))
+    assert [(s["step"], s[S.ACTOR_LOSS], s[S.LR]) for s in trace.steps] == [
+        (0, 6.91161, 0.01),
+        (20, 6.90776, 0.01),
+        (40, 6.90776, 0.01),
+    ]
+
+
 def test_fairseq_early_progress_lines_and_tianshou_epoch_bars_give_steps(tmp_path: Path) -> None:
     """fairseq's early ``| epoch 010  2000 / 8223 loss=1.27 (1.50), …`` counts batches within each
     epoch (from 1), unless the line counts its updates (``num_updates=431``); tianshou's ``Epoch

@@ -103,6 +103,8 @@ REMEDIES: dict[str, Remedy] = {
             "a loss detached from the graph (LoRA or frozen modules misconfigured, Megatron+LoRA)",
             "every token masked out, or a gradient-accumulation count of 0",
             "the optimizer step skipped on every rank",
+            "outputs stuck at one guess whatever the input (a learning rate far too high or too low, "
+            "labels that do not match the inputs)",
         ),
     ),
     "overflow": Remedy(

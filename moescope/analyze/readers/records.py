@@ -560,20 +560,26 @@ def _steps_in_tables(parsed: Parsed) -> None:
 
 def _merge_runs(rows: list[Row]) -> list[Row]:
     """Consecutive rows of one step (or none) with no name in common as one row: one metric a
-    line (``iteration 10: lbl: …``), a table of a step's stats under its banner."""
+    line (``iteration 10: lbl: …``), a table of a step's stats under its banner. A caffe net
+    output joins its iteration whatever its name, and its value wins: the iteration line's
+    ``loss`` is a running mean over ``average_loss`` iterations, the output this iteration's own."""
     out: list[Row] = []
     for row in rows:
         last = out[-1] if out else None
         if (
             last is not None
             and (row.step is None or row.step == last.step)
-            and not (row.metrics.keys() & last.metrics.keys())
+            and (not (row.metrics.keys() & last.metrics.keys()) or _is_caffe_output(row.raw))
         ):
             last.metrics.update(row.metrics)
             last.raw += "\n" + row.raw
         else:
             out.append(row)
     return out
+
+
+def _is_caffe_output(raw: str) -> bool:
+    return "net output #" in raw and _CAFFE_OUTPUT.search(raw) is not None
 
 
 def canonical_names(framework: str | None, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from moescope.analyze.findings import Finding
 from moescope.analyze.rules.losses import lm_losses
 from moescope.analyze.rules.series import logged_keys, series
 from moescope.analyze.rules.thresholds import (
+    CHANCE_RESOLUTION,
+    CHANCE_SPREAD,
     DIVERGENCE_FACTOR,
     FINE_DIGITS,
     HALF_DIGITS,
@@ -28,9 +30,9 @@ from moescope.traces import Trace
 
 
 def unmoved_loss(trace: Trace) -> list[Finding]:
-    """A loss held at one value on the records a log ends on, or one that replays its own earlier
-    values there."""
-    return _pinned(trace) or _replayed(trace)
+    """A loss held at one value on the records a log ends on, one that replays its own earlier
+    values there, or one held at the loss of a uniform guess."""
+    return _pinned(trace) or _replayed(trace) or _at_chance(trace)
 
 
 def _pinned(trace: Trace) -> list[Finding]:
@@ -66,6 +68,45 @@ def _pinned(trace: Trace) -> list[Finding]:
         )
         return [zero_grad(steps, message, key=key, value=last)]
     return []
+
+
+def _at_chance(trace: Trace) -> list[Finding]:
+    """A language-modelling or classification loss held at ln K, the cross-entropy of a uniform
+    guess among K classes, on the ``SUSTAIN`` or more records a log ends on: the model's outputs no
+    longer depend on its inputs (caffe's MobileNet at ln 1000 = 6.90776 iteration after iteration,
+    a four-way VCR model at ln 4 = 1.3863 epoch after epoch, moving in the fifth decimal). Held
+    within :data:`CHANCE_SPREAD` of ln K, and printed finely enough to tell K from K ± 1: a
+    language model's ln 50,304 is :func:`_pinned`'s to judge, being ln of any vocabulary's size."""
+    for key in lm_losses(trace):
+        points = series(trace, key)
+        values = [v for _, v in points]
+        last = values[-1] if len(values) >= SUSTAIN else 0.0
+        classes = round(math.exp(last)) if 0 < last < _CHANCE_MAX else 0
+        if classes < 2:
+            continue
+        level, gap = math.log(classes), math.log1p(1 / classes)
+        decimals = max(_printed_in_text(trace, points[-WINDOW:])[1], *map(_decimals, values[-WINDOW:]))
+        half_unit = 0.5 * 10.0**-decimals
+        if half_unit >= CHANCE_RESOLUTION * gap:
+            continue
+        near = min(CHANCE_SPREAD * level, CHANCE_RESOLUTION * gap) + half_unit
+        start = len(values)
+        while start > 0 and abs(values[start - 1] - level) <= near:
+            start -= 1
+        if len(values) - start < SUSTAIN:
+            continue
+        steps = [s for s, _ in points[start:]]
+        where = f"all {len(steps)} records" if start == 0 else f"its last {len(steps)} records"
+        message = (
+            f"{key} sits at ln {classes} = {level:.5g}, the loss of a uniform guess among {classes} "
+            f"classes, on {where}, from step {steps[0]}: the model's outputs do not depend on its "
+            "inputs, and no update changes that."
+        )
+        return [zero_grad(steps, message, key=key, value=values[-1], classes=classes)]
+    return []
+
+
+_CHANCE_MAX = 25.0  # nats: a guess among e^25 (7e10) classes; beyond, no print tells K from K ± 1
 
 
 def _held_beside(trace: Trace, loss: str, steps: set[int]) -> str | None:

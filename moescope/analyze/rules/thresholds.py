@@ -50,6 +50,11 @@ HALF_DIGITS = 3  # what a loss printed from a float16 or bfloat16 number carries
 # 11 epochs, 5e-7 of itself); printed coarser, a change in the last digit is a change
 PINNED_SPREAD = 1e-5
 FINE_DIGITS = 7
+# a classifier's loss held at ln K, a uniform guess among K classes, on SUSTAIN or more records: within
+# this share of ln K (r2c's VCR run: 1.386393 to 1.386330 beside ln 4 = 1.386294) and within this share
+# of the distance to ln(K ± 1), past half a unit of the last digit printed, which must tell K from K ± 1
+CHANCE_SPREAD = 2e-4
+CHANCE_RESOLUTION = 0.25
 # ...and one whose last records repeat, value for value, those a fixed number of steps before them
 # (an epoch's batches scored again by a model that did not change): this many records at least
 REPLAYED_RUN = 5
