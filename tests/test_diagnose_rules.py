@@ -564,6 +564,31 @@ def test_a_loss_held_at_a_uniform_guess_is_zero_grad(
         assert f"ln {classes} =" in zero.message and "its last 4 records" in zero.message
 
 
+_ALBERT = [11.174, 11.174, 11.176, 11.171, 11.166, 11.17, 11.174, 11.177]  # moving in the last digit
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "losses", "found"),
+    [
+        ([0.0] * 8, _ALBERT, True),
+        ([0.0] * 8, [11.174, 10.9, 10.2, 9.8, 9.1, 8.7, 8.2, 7.9], False),  # the loss falls: it learns
+        ([0.0] * 4, _ALBERT[:4], False),  # four records: too few to say
+        ([0.0] * 7 + [0.001], _ALBERT, False),  # one prediction right at the end
+    ],
+)
+def test_an_accuracy_of_zero_beside_a_loss_that_does_not_fall_is_zero_grad(
+    tmp_path: Path, accuracy: list[float], losses: list[float], found: bool
+) -> None:
+    """ALBERT's pre-training after a TensorFlow upgrade: ``MLM_acc: 0.000`` on every record while
+    the loss holds at 11.17, moving in its last digit: no prediction right, and no learning."""
+    line = "INFO Train step {0} -- Loss: {1}, MLM_acc: {2:.3f}, SOP_acc: 0.521 -- It/s: 1.69\n"
+    text = "".join(line.format(1040 + 10 * i, x, a) for i, (x, a) in enumerate(zip(losses, accuracy)))
+    zero = findings_of(tmp_path, text).get("zero_grad")
+    assert (zero is not None) == found
+    if found:
+        assert zero.step == 1040 and "MLM_acc is 0 on all 8 records" in zero.message
+
+
 _EPOCH = [0.9741, 1.3742, 1.2390, 0.9670, 1.0386, 1.1681, 1.2240, 0.9610]  # TRACE#5's first epoch
 
 

@@ -11,12 +11,13 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.losses import lm_losses
+from moescope.analyze.rules.losses import is_rl, lm_losses
 from moescope.analyze.rules.series import logged_keys, series
 from moescope.analyze.rules.thresholds import (
     CHANCE_RESOLUTION,
     CHANCE_SPREAD,
     DIVERGENCE_FACTOR,
+    FLAT_SHARE,
     FINE_DIGITS,
     HALF_DIGITS,
     PINNED_DIGITS,
@@ -32,7 +33,7 @@ from moescope.traces import Trace
 def unmoved_loss(trace: Trace) -> list[Finding]:
     """A loss held at one value on the records a log ends on, one that replays its own earlier
     values there, or one held at the loss of a uniform guess."""
-    return _pinned(trace) or _replayed(trace) or _at_chance(trace)
+    return _pinned(trace) or _replayed(trace) or _at_chance(trace) or _nothing_right(trace)
 
 
 def _pinned(trace: Trace) -> list[Finding]:
@@ -104,6 +105,37 @@ def _at_chance(trace: Trace) -> list[Finding]:
         )
         return [zero_grad(steps, message, key=key, value=values[-1], classes=classes)]
     return []
+
+
+def _nothing_right(trace: Trace) -> list[Finding]:
+    """An accuracy of exactly 0 on the ``REPLAYED_RUN`` or more records a log ends on, beside a
+    language-modelling loss that does not fall there (within :data:`FLAT_SHARE` of its mean): a
+    model that gets no prediction right and does not learn (ALBERT's pre-training after a
+    TensorFlow upgrade, ``MLM_acc: 0.000`` for 80 steps beside a loss at 11.17). Not in RL, where
+    an accuracy of 0 is the rewards' (``no_signal``'s)."""
+    if is_rl(trace):
+        return []
+    loss = next((key for key in lm_losses(trace) if series(trace, key)), None)
+    for key in logged_keys(trace) if loss else ():
+        if "acc" not in key.lower():
+            continue
+        points = series(trace, key)
+        held = next((i for i, (_, v) in enumerate(reversed(points)) if v != 0), len(points))
+        steps = [s for s, _ in points[len(points) - held :]]
+        beside = [v for s, v in series(trace, loss) if s in set(steps)]
+        if not (held >= REPLAYED_RUN and len(beside) == held and _flat(beside)):
+            continue
+        message = (
+            f"{key} is 0 on {'all' if held == len(points) else 'its last'} {held} records, from step "
+            f"{steps[0]}, while {loss} holds at {beside[-1]:.4g}: the model gets no prediction right "
+            "and no update changes that."
+        )
+        return [zero_grad(steps, message, key=key, loss=loss)]
+    return []
+
+
+def _flat(values: list[float]) -> bool:
+    return max(values) - min(values) <= FLAT_SHARE * abs(float(np.mean(values)))
 
 
 _CHANCE_MAX = 25.0  # nats: a guess among e^25 (7e10) classes; beyond, no print tells K from K ± 1

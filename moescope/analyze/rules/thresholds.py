@@ -55,6 +55,7 @@ FINE_DIGITS = 7
 # of the distance to ln(K ± 1), past half a unit of the last digit printed, which must tell K from K ± 1
 CHANCE_SPREAD = 2e-4
 CHANCE_RESOLUTION = 0.25
+FLAT_SHARE = 0.01  # a loss that moves by less than this share of itself over some records does not fall
 # ...and one whose last records repeat, value for value, those a fixed number of steps before them
 # (an epoch's batches scored again by a model that did not change): this many records at least
 REPLAYED_RUN = 5
