@@ -582,7 +582,9 @@ def test_an_accuracy_of_zero_beside_a_loss_that_does_not_fall_is_zero_grad(
     """ALBERT's pre-training after a TensorFlow upgrade: ``MLM_acc: 0.000`` on every record while
     the loss holds at 11.17, moving in its last digit: no prediction right, and no learning."""
     line = "INFO Train step {0} -- Loss: {1}, MLM_acc: {2:.3f}, SOP_acc: 0.521 -- It/s: 1.69\n"
-    text = "".join(line.format(1040 + 10 * i, x, a) for i, (x, a) in enumerate(zip(losses, accuracy)))
+    text = "".join(
+        line.format(1040 + 10 * i, x, a) for i, (x, a) in enumerate(zip(losses, accuracy, strict=True))
+    )
     zero = findings_of(tmp_path, text).get("zero_grad")
     assert (zero is not None) == found
     if found:
