@@ -827,6 +827,22 @@ def test_a_caffe_net_output_named_like_the_smoothed_loss_is_the_iteration_s_loss
     ]
 
 
+def test_an_overflow_glued_behind_a_bar_that_logs_metrics_keeps_the_bar_s_record(tmp_path: Path) -> None:
+    """ColossalAI's GPT-2 example prints its tqdm bar, ``loss=`` in the postfix, with DeepSpeed's
+    ``OVERFLOW!`` glued behind it: a record whose overflow folds into the bar's step, not an
+    overflow line alone (its loss was dropped, the NaN with it)."""
+    bar = (
+        "[Epoch 0 / Train]:   0%|          | {0}/8614 [00:00<1:03:35,  2.26it/s, loss={1}, lr=2.5e-05]"
+        "[deepscale] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {2}, reducing to {3}\n"
+    )
+    text = "".join(
+        bar.format(n, loss, 2.0 ** (33 - n), 2.0 ** (32 - n)) for n, loss in ((1, 265.25), (2, "nan"))
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [1, 2] and trace.steps[0][S.ACTOR_LOSS] == 265.25
+    assert math.isnan(trace.steps[1][S.ACTOR_LOSS]) and trace.steps[1][S.LOSS_SCALE] == 2.0**30
+
+
 def test_fairseq_early_progress_lines_and_tianshou_epoch_bars_give_steps(tmp_path: Path) -> None:
     """fairseq's early ``| epoch 010  2000 / 8223 loss=1.27 (1.50), …`` counts batches within each
     epoch (from 1), unless the line counts its updates (``num_updates=431``); tianshou's ``Epoch

@@ -96,10 +96,13 @@ def is_record(line: str) -> bool:
 
 
 def kind(line: str) -> str | None:
-    """``megatron`` for an iteration line, ``OVERFLOW_KIND`` for a DeepSpeed overflow line."""
+    """``megatron`` for an iteration line, ``OVERFLOW_KIND`` for a DeepSpeed overflow line,
+    unless it is glued behind a progress bar whose postfix logs metrics (ColossalAI's ``1/8614
+    [00:00<…, loss=265.25, lr=2.5e-05][deepscale] OVERFLOW! …``): that line is a record, its
+    overflow folded into the bar's step by the records reader (here its loss was lost)."""
     if _iteration(line) is not None:
         return "megatron"
-    return OVERFLOW_KIND if is_overflow(line) else None
+    return OVERFLOW_KIND if is_overflow(line) and not _BAR_WITH_FIELDS.search(line) else None
 
 
 def is_overflow(line: str) -> bool:
@@ -116,6 +119,7 @@ def _iteration(line: str) -> re.Match[str] | None:
     return None if match is None or _NEMO.search(line) else match
 
 
+_BAR_WITH_FIELDS = re.compile(BAR_HEAD + r"[^\]]*,\s*[A-Za-z_][\w/.]*=")  # a tqdm postfix's "key="
 _BARE_KEY = re.compile(r"[A-Za-z][A-Za-z_ ()-]*")  # words: no counter ("iteration 700/ 3000")
 
 
