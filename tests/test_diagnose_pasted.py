@@ -309,7 +309,7 @@ def test_a_detectors_nan_loss_is_no_policy_loss() -> None:
 def test_a_dict_a_step_line_announces_is_that_steps_metrics() -> None:
     """``train | step: 300 | … | output:`` over a dict printed one pair a line: its step's metrics."""
     trace = read_log(PASTED / "tf_garden_controller_output_dict_healthy.log")
-    assert [(rec["step"], rec.get("training_loss")) for rec in trace.steps] == [
+    assert [(rec["step"], rec.get(S.ACTOR_LOSS)) for rec in trace.steps] == [
         (300, 0.5128833),
         (320, 0.50417316),
         (340, 0.49731052),

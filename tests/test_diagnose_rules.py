@@ -564,6 +564,23 @@ def test_a_loss_held_at_a_uniform_guess_is_zero_grad(
         assert f"ln {classes} =" in zero.message and "its last 4 records" in zero.message
 
 
+def test_a_validation_loss_held_at_a_uniform_guess_is_zero_grad(tmp_path: Path) -> None:
+    """Lasagne's MNIST CNN (its ``mnist.py`` example's report, an epoch a block): the training loss
+    falls toward ln 10 while the validation loss sits there, 2.3032 to 2.3014, and the accuracy at
+    10.64 %: the outputs are a uniform guess whatever the digit."""
+    block = "Epoch {0} of 500 took 494.369s\n  training loss:\t\t{1}\n  validation loss:\t\t{2}\n"
+    block += "  validation accuracy:\t\t10.64 %\n"
+    rows = [
+        (2.471961, 2.303229),
+        (2.36691, 2.303151),
+        (2.332428, 2.301815),
+        (2.3193, 2.301806),
+        (2.313726, 2.301416),
+    ]
+    zero = findings_of(tmp_path, "".join(block.format(e, *row) for e, row in enumerate(rows, 1)))["zero_grad"]
+    assert zero.evidence["key"] == "validation loss" and zero.evidence["classes"] == 10
+
+
 _ALBERT = [11.174, 11.174, 11.176, 11.171, 11.166, 11.17, 11.174, 11.177]  # moving in the last digit
 
 

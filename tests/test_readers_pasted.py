@@ -916,6 +916,34 @@ def test_tensorflows_nan_hook_is_an_alert_and_no_wrapped_piece(tmp_path: Path) -
     assert (found.step, found.severity) == (32, "error") and "Model diverged" in found.message
 
 
+def test_espnets_skipped_update_for_a_nan_grad_norm_is_a_nonfinite_alert(tmp_path: Path) -> None:
+    """ESPnet2's trainer warns ``The grad norm is nan. Skipping updating the model.`` for each
+    update it drops: a non-finite gradient, though the loss its records print is finite."""
+    warn = "[user] 2021-04-23 19:22:5{0},420 (trainer:581) WARNING: The grad norm is nan. "
+    warn += "Skipping updating the model.\n"
+    record = (
+        "[user] 2021-04-23 19:22:56,245 (trainer:636) INFO: 2epoch:train:12009-12640batch: "
+        "iter_time=3.163e-04, loss=65.129, loss_ctc=144.685, acc=0.065, optim0_lr0=1.485e-05\n"
+    )
+    trace = read_text(tmp_path, "".join(warn.format(i) for i in range(3)) + record)
+    assert trace.steps[0][S.ACTOR_LOSS] == 65.129 and trace.steps[0][S.NONFINITE] == 3
+    found = {f.type: f for f in diagnose(trace)}["nonfinite"]
+    assert found.severity == "error" and "Skipping updating the model" in found.message
+
+
+def test_one_metric_a_line_at_its_step_in_brackets_is_read(tmp_path: Path) -> None:
+    """crnn-pytorch prints ``train_batch_loss[ 6590 ]:  nan``, one line a logged batch: the
+    bracket holds the step."""
+    line = "train_batch_loss[ {0} ]:  {1}\n"
+    trace = read_text(
+        tmp_path, "".join(line.format(s, v) for s, v in ((6570, 1.6885), (6580, 1.9712), (6590, "nan")))
+    )
+    assert [s["step"] for s in trace.steps] == [6570, 6580, 6590] and trace.steps[0][
+        "train_batch_loss"
+    ] == 1.6885
+    assert math.isnan(trace.steps[2]["train_batch_loss"])
+
+
 def test_chainers_report_table_is_read_on_its_epochs(tmp_path: Path) -> None:
     """Chainer's PrintReport (chainer/chainer#4424): an ``epoch  main/loss  …  elapsed_time`` header
     over rows that open with a whole epoch (not YOLO's ``e/E``): every column on its epoch,

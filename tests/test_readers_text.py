@@ -52,9 +52,13 @@ def test_anything_else_is_left_to_the_patterns(token: str) -> None:
     assert plain_numbers(["0.5", token]) is None
 
 
-@pytest.mark.parametrize(("token", "sign"), [("nan.0", 0), ("NaN.00", 0), ("inf.0", 1), ("-inf.0", -1)])
-def test_lightnings_nan_with_a_zero_tail_is_non_finite(token: str, sign: int) -> None:
-    """Lightning's bar, as NeMo runs it, prints ``reduced_train_loss=nan.0`` (NeMo#5928)."""
+@pytest.mark.parametrize(
+    ("token", "sign"),
+    [("nan.0", 0), ("NaN.00", 0), ("inf.0", 1), ("-inf.0", -1), ("nanxxx", 0), ("infxxx", 1), ("-infxx", -1)],
+)
+def test_a_nan_with_a_zero_tail_or_a_fill_is_non_finite(token: str, sign: int) -> None:
+    """Lightning's bar, as NeMo runs it, prints ``reduced_train_loss=nan.0`` (NeMo#5928);
+    PaddleOCR formats its values ``{:x<6f}``, so a NaN is ``loss: nanxxx``."""
     value = parse_number(token)
     assert math.isnan(value) if sign == 0 else value == sign * math.inf
     assert re.fullmatch(NUMBER, token)

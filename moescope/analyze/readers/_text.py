@@ -54,7 +54,7 @@ _WORDS: dict[str, float | bool | None] = {
     "true": True,
     "false": False,
 }
-_ZERO_TAIL = re.compile(r"(?<=nan|inf)\.0+$")
+_ZERO_TAIL = re.compile(r"(?<=nan|inf)(?:\.0+|x+)$")
 _INT = re.compile(r"^[-+]?\d{1,300}$")  # longer digit runs are read as floats (inf)
 # a step, layer or expert number: 15 digits at most, so int() never meets Python's digit limit
 INT = r"\d{1,15}(?!\d)"
@@ -63,8 +63,9 @@ BAR_HEAD = rf"\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\["
 _FLOAT = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 # one number as the frameworks print it (Python's repr, E-notation, numpy>=2 reprs); callers build
 # their line patterns from it, and parse_number reads whatever it matches
-# (Lightning's progress bar, as NeMo runs it, prints a NaN as "nan.0": NeMo#5928)
-_PLAIN = r"[-+]?(?:(?i:nan(?:\.0+)?|inf(?:inity|\.0+)?)|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+# (Lightning's progress bar, as NeMo runs it, prints a NaN as "nan.0": NeMo#5928; PaddleOCR formats
+# its values "{:x<6f}", so a NaN fills to six characters with x: "loss: nanxxx")
+_PLAIN = r"[-+]?(?:(?i:nan(?:\.0+|x+)?|inf(?:inity|\.0+|x+)?)|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 NUMBER = rf"np\.[a-z]+\d*_?\(\s*{_PLAIN}\s*\)|np\.(?:True|False)_|{_PLAIN}"
 Number = int | float | bool | None
 # a number with thousands separators, "1,568,987.96": only as a whole value token (a ","-separated
@@ -106,7 +107,7 @@ def parse_number(text: str) -> Number:
     call = _NP_CALL.match(token)
     if call:
         token = call.group(1).strip()
-    word = _ZERO_TAIL.sub("", token.lower())  # "nan.0" is nan
+    word = _ZERO_TAIL.sub("", token.lower())  # "nan.0" and "nanxxx" are nan
     if word in _WORDS:
         return _WORDS[word]
     if _INT.match(token):

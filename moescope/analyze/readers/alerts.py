@@ -7,7 +7,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
 
 - Megatron's NaN checks (``Bad grad_norm detected (grad_norm=nan)``, ``found NaN in local grad
   norm …``, ``found NaN in local forward loss …``), verl's ``WARN: rank 0 grad_norm is not
-  finite: nan`` (the update skipped), PyTorch's anomaly mode (``Function 'MulBackward0'
+  finite: nan`` and ESPnet2's ``The grad norm is nan. Skipping updating the model.`` (the update
+  skipped), PyTorch's anomaly mode (``Function 'MulBackward0'
   returned nan values in its 0th output``) and detectron2's checks (``FloatingPointError: Loss
   became infinite or NaN at iteration=2137!``, ``Predicted boxes or scores contain Inf/NaN.
   Training has diverged.``) and TensorFlow's NaN hook (``ERROR:tensorflow:Model diverged with loss =
@@ -92,7 +93,8 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
         _count(S.NONFINITE),
     ),
     (re.compile(r"returned (?:nan|inf) values in its \d+\w* output", re.IGNORECASE), _count(S.NONFINITE)),
-    (re.compile(r"grad_?norm is not finite", re.IGNORECASE), _count(S.NONFINITE)),
+    # verl's "grad_norm is not finite: nan", ESPnet2's "The grad norm is nan. Skipping updating the model."
+    (re.compile(r"grad[_ ]?norm is (?:not finite|nan|inf)", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"loss became infinite or nan", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"contain Inf/NaN\. Training has diverged"), _count(S.NONFINITE)),
     # TensorFlow's NanTensorHook (Estimator, BERT / ELECTRA / T5's TF trainers)

@@ -330,6 +330,7 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
         )
     line = _last_bar(line) if line.count("%|") > 1 else line
     line = _BRACKETED.sub(r"\g<key>: \g<value>", line) if "] " in line else line
+    line = _INDEXED.sub(r"step \g<step> | \g<key>:", line, count=1) if "]:" in line else line
     line = _LOSSES.sub(_named_losses, line) if "[Losses:" in line else line
     found = marker(line)
     if found is not None:
@@ -378,6 +379,8 @@ def _named_losses(match: re.Match[str]) -> str:
 
 
 # a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
+# one metric at its step in brackets, a line each: "train_batch_loss[ 6590 ]:  nan" (crnn-pytorch)
+_INDEXED = re.compile(rf"^\s*(?P<key>[A-Za-z_][\w./-]*)\[\s*(?P<step>{INT})\s*\]:(?=\s*(?:{NUMBER})\s*$)")
 _BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
 
 

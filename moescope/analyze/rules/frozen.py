@@ -11,7 +11,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.losses import is_rl, lm_losses
+from moescope.analyze.rules.losses import held_out_losses, is_rl, lm_losses
 from moescope.analyze.rules.series import logged_keys, series
 from moescope.analyze.rules.thresholds import (
     CHANCE_RESOLUTION,
@@ -72,13 +72,14 @@ def _pinned(trace: Trace) -> list[Finding]:
 
 
 def _at_chance(trace: Trace) -> list[Finding]:
-    """A language-modelling or classification loss held at ln K, the cross-entropy of a uniform
-    guess among K classes, on the ``SUSTAIN`` or more records a log ends on: the model's outputs no
-    longer depend on its inputs (caffe's MobileNet at ln 1000 = 6.90776 iteration after iteration,
-    a four-way VCR model at ln 4 = 1.3863 epoch after epoch, moving in the fifth decimal). Held
-    within :data:`CHANCE_SPREAD` of ln K, and printed finely enough to tell K from K ± 1: a
+    """A language-modelling or classification loss, or one on held-out data, held at ln K, the
+    cross-entropy of a uniform guess among K classes, on the ``SUSTAIN`` or more records a log
+    ends on: the model's outputs no longer depend on its inputs (caffe's MobileNet at ln 1000 =
+    6.90776 iteration after iteration, a four-way VCR model at ln 4 = 1.3863 epoch after epoch,
+    moving in the fifth decimal). Held within :data:`CHANCE_SPREAD` of ln K, printed finely enough
+    to tell K from K ± 1 and not from a half-precision number (1/64 apart near 3 in bfloat16): a
     language model's ln 50,304 is :func:`_pinned`'s to judge, being ln of any vocabulary's size."""
-    for key in lm_losses(trace):
+    for key in (*lm_losses(trace), *held_out_losses(trace)):
         points = series(trace, key)
         values = [v for _, v in points]
         last = values[-1] if len(values) >= SUSTAIN else 0.0
@@ -88,8 +89,8 @@ def _at_chance(trace: Trace) -> list[Finding]:
         level, gap = math.log(classes), math.log1p(1 / classes)
         decimals = max(_printed_in_text(trace, points[-WINDOW:])[1], *map(_decimals, values[-WINDOW:]))
         half_unit = 0.5 * 10.0**-decimals
-        if half_unit >= CHANCE_RESOLUTION * gap:
-            continue
+        if half_unit >= CHANCE_RESOLUTION * gap or all(_half(v, decimals) for v in values[-WINDOW:]):
+            continue  # a print too coarse, or one of a bfloat16 or float16 number: on its grid by chance
         near = min(CHANCE_SPREAD * level, CHANCE_RESOLUTION * gap) + half_unit
         start = len(values)
         while start > 0 and abs(values[start - 1] - level) <= near:

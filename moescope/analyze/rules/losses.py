@@ -3,6 +3,7 @@ leaving its reference in one step."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import replace
 
@@ -96,6 +97,15 @@ def _any_loss_absurd(trace: Trace) -> list[Finding]:
     )
     first = min((f for f in found if f is not None), key=lambda f: f.step, default=None)
     return [first] if first else []
+
+
+def held_out_losses(trace: Trace) -> tuple[str, ...]:
+    """The losses logged on held-out data (``val_loss``, ``validation loss``, ``valid/loss``,
+    ``eval_loss``, ``test loss``): not trained on, but scored by the same outputs."""
+    return tuple(key for key in logged_keys(trace) if names_a_loss(key) and _HELD_OUT.match(key.lower()))
+
+
+_HELD_OUT = re.compile(r"(?:val|valid|validation|eval|evaluation|test)(?:[/_ .]|$)")
 
 
 def names_a_loss(key: str) -> bool:
