@@ -424,6 +424,7 @@ def _dicts(rows: list[tuple[float, float]], extra: str = "") -> str:
         ([(0.0, 0.011), (0.0, 0.009), (0.0, 0.014), (0.0, 0.017)], 0),  # 0 on every record
         ([(2.1, 1.0), (1.9, 1.0), (0.0, 0.0), (0.0, 0.0)], 2),  # with the norm at 0 too
         ([(2.1, 1e-3), (-6.43825e-20, 1e-3), (-6.43825e-20, 1e-3)], 1),  # 0 but for a sum's rounding
+        ([(0.684, 1.0), (0.642, 1.0), (1.129, 1.0), (1.284, 1.0), (31.45, 1.0), (0.0, 1e-3), (0.0, 1e-3)], 5),
     ],
 )
 def test_a_language_modelling_loss_held_at_zero_is_zero_grad(

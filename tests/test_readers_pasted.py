@@ -94,6 +94,12 @@ def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -
             {S.ACTOR_LOSS: 6.2739},
         ),
         ("epoch:\t5\treward:\t0.978083610534668", 0, {S.REWARD_MEAN: 0.978083610534668}),  # sep="\t"
+        (  # XLM's logger: the iteration after the time elapsed, a language's MLM loss by its name
+            "INFO - 08/01/19 14:20:30 - 2:02:14 -    3555 -    6.83 sent/s -   260.45 words/s - "
+            "MLM-en:  7.4089 -  - model LR: 1.0000e-04",
+            3555,
+            {"MLM-en": 7.4089, S.LR: 1e-4},
+        ),
     ],
 )
 def test_step_markers_of_home_made_loops_and_frameworks(tmp_path: Path, line: str, step: int, values) -> None:

@@ -172,6 +172,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `gradient_norm` | `actor/grad_norm` |
 | generic | `lr` | `optim/lr` |
 | generic | `learning_rate` | `optim/lr` |
+| generic | `model_lr` | `optim/lr` |
 | generic | `entropy` | `actor/entropy` |
 | generic | `kl` | `actor/kl` |
 | generic | `reward` | `reward/mean` |
@@ -513,6 +514,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "gradient_norm": S.GRAD_NORM,
         "lr": S.LR,
         "learning_rate": S.LR,
+        "model_lr": S.LR,  # XLM's optimizer of the model: "model LR: 1.0000e-04"
         "entropy": S.ENTROPY,
         "kl": S.KL,
         "reward": S.REWARD_MEAN,

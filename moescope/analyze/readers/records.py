@@ -158,6 +158,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"{BAR_HEAD}[^\]]*?,"), lambda m: int(m[1])),
     # the same bar as a notebook's text output keeps it, the bar itself left out
     (None, re.compile(rf"\d+%\s+({INT})/{INT}\s*\[[^\]<,]*<[^\]]*?,"), lambda m: int(m[1])),
+    # XLM's logger, the iteration after the time elapsed: "INFO - 08/01/19 14:20:20 - 2:02:04 -    3550 -
+    # 6.84 sent/s - … - MLM-en:  7.5730 -  - model LR: 1.0000e-04"
+    (None, re.compile(rf"^\s*[A-Z]+ - [\d/]+ [\d:]+ - \d+:\d\d:\d\d -\s+({INT}) - "), lambda m: int(m[1])),
     # a global counter beside the inner ones (MiniLLM: "inner iter:   3/  8 | … | global iter:     15/  5000")
     (None, re.compile(rf"(?<![\w/.])global[_ ]iter(?:ation)?\s*[:=#]?\s*({INT})", re.I), lambda m: int(m[1])),
     (

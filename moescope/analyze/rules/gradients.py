@@ -187,10 +187,12 @@ def _stuck_under_loss(rec: dict[str, Any], key: str) -> bool:
 
 
 def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
-    """A language-modelling loss at exactly 0, as logged, on the records the log ends on (a
-    record whose gradient norm is not finite belongs to the non-finite finding)."""
+    """A language-modelling loss at exactly 0, as logged, on the two or more records the log ends
+    on, or the one a short paste ends on (a record whose gradient norm is not finite belongs to the
+    non-finite finding): one record of 0 may be a batch whose labels were all masked, two in a
+    row are the run (TRL#618's 4-bit SFT, 0.0 after a jump to 31.45, epoch after epoch)."""
     for key in lm_losses(trace):
-        steps = _ending_run(trace, key, partial(_zero_with_a_small_norm, loss=key, norm=norm))
+        steps = _ending_run(trace, key, partial(_zero_with_a_small_norm, loss=key, norm=norm), length=2)
         if steps:
             last = dict(series(trace, key))[steps[-1]]
             zero = "0" if last == 0 else f"{last:.3g}, 0 but for rounding,"
@@ -232,12 +234,14 @@ def _zero_with_a_small_norm(rec: dict[str, Any], loss: str, norm: str | None) ->
     return abs(rec[loss]) <= ZERO_LOSS and small
 
 
-def _ending_run(trace: Trace, key: str, flag: Callable[[dict[str, Any]], bool], least: int = 1) -> list[int]:
+def _ending_run(
+    trace: Trace, key: str, flag: Callable[[dict[str, Any]], bool], least: int = 1, length: int = SUSTAIN
+) -> list[int]:
     """The steps of the flagged run a log ends on (:func:`held_to_end`), among the records that
     log ``key`` as a finite number; empty when there is none."""
     rows = finite_rows(trace, key)
     run = sum(1 for _ in itertools.takewhile(flag, map(trace.steps.__getitem__, reversed(rows))))
-    start = held_to_end(run, len(rows), least=least)
+    start = held_to_end(run, len(rows), length, least)
     steps = steps_of(trace)
     return [] if start is None else [steps[i] for i in rows[start:]]
 
