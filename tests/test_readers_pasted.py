@@ -159,6 +159,21 @@ def test_lines_without_a_step_count_in_order_and_prose_names_no_metric(tmp_path:
     assert pairs("loss 0.5 grad_norm 1.2") == {"loss": 0.5, "grad_norm": 1.2}
 
 
+def test_lines_a_user_set_in_bold_are_read_as_written(tmp_path: Path) -> None:
+    """A user pasting into an issue bolds the lines that matter (NVIDIA/tacotron2#485:
+    ``**Train loss 12001 0.166141** Grad Norm 0.372761 2.51s/it``): the asterisks are no part of
+    the log, and the bolded records are read as the others."""
+    line = "Train loss {0} {1} Grad Norm {2} 1.78s/it"
+    text = " **" + line.format(12001, 0.166141, 0.37).replace(" Grad", "** Grad") + "\n"
+    text += "**" + line.format(12002, 4.972964, "inf") + "**\n" + line.format(12003, 5.318559, 29.48) + "\n"
+    trace = read_text(tmp_path, text)
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [
+        (12001, 0.166141),
+        (12002, 4.972964),
+        (12003, 5.318559),
+    ]
+
+
 def test_rank_labels_are_removed_before_any_reader(tmp_path: Path) -> None:
     text = (
         " 0: step:1 - actor/pg_loss:0.01 - actor/grad_norm:0.4\n"

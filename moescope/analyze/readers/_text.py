@@ -233,7 +233,7 @@ class LogFile:
             raw[0] = raw[0].removeprefix("\ufeff")
         if not any(map(str.strip, raw)):
             raise MoescopeError(f"{self.path} is empty; pass a training log that has at least one step.")
-        return [_unlabelled(line) if line[:1] in RANK_STARTS else line for line in raw]
+        return [_unmarked(line) if line[:1] in _MARKED_STARTS else line for line in raw]
 
     def _read_capped(self) -> Iterator[list[str]]:
         """The file's lines, a block of them at a time: one read, one decode and one split per
@@ -284,10 +284,16 @@ def cleaned(text: str) -> str:
     return text.translate(_CLEANED) if _TO_CLEAN.search(text) else text
 
 
-def _unlabelled(line: str) -> str:
-    """``line`` without a launcher's rank label in front."""
+def _unmarked(line: str) -> str:
+    """``line`` without a launcher's rank label in front, and without the Markdown bold a user put
+    around it when pasting into an issue (``**Train loss 12001 0.166141** Grad Norm 0.372761``):
+    no log line opens with ``**``."""
     label = RANK_LABEL.match(line)
-    return line[label.end() :] if label else line
+    line = line[label.end() :] if label else line
+    return line.replace("**", "") if line.lstrip().startswith("**") else line
+
+
+_MARKED_STARTS = RANK_STARTS | {"*"}
 
 
 def _may_hold_overlong(data: bytes) -> bool:
