@@ -381,9 +381,9 @@ def _named_losses(match: re.Match[str]) -> str:
     return ", ".join(f"{'loss' if t == 'total' else t + '_loss'}: {v}" for t, v in terms)
 
 
-# a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
 # one metric at its step in brackets, a line each: "train_batch_loss[ 6590 ]:  nan" (crnn-pytorch)
 _INDEXED = re.compile(rf"^\s*(?P<key>[A-Za-z_][\w./-]*)\[\s*(?P<step>{INT})\s*\]:(?=\s*(?:{NUMBER})\s*$)")
+# a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
 _BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
 
 

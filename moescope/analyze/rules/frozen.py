@@ -32,7 +32,8 @@ from moescope.traces import Trace
 
 def unmoved_loss(trace: Trace) -> list[Finding]:
     """A loss held at one value on the records a log ends on, one that replays its own earlier
-    values there, or one held at the loss of a uniform guess."""
+    values there, one held at the loss of a uniform guess, or an accuracy held at 0 beside a loss
+    that does not fall."""
     return _pinned(trace) or _replayed(trace) or _at_chance(trace) or _nothing_right(trace)
 
 
@@ -122,9 +123,12 @@ def _nothing_right(trace: Trace) -> list[Finding]:
             continue
         points = series(trace, key)
         held = next((i for i, (_, v) in enumerate(reversed(points)) if v != 0), len(points))
+        if held < REPLAYED_RUN:
+            continue
         steps = [s for s, _ in points[len(points) - held :]]
-        beside = [v for s, v in series(trace, loss) if s in set(steps)]
-        if not (held >= REPLAYED_RUN and len(beside) == held and _flat(beside)):
+        logged = dict(series(trace, loss))
+        beside = [logged[s] for s in steps if s in logged]
+        if len(beside) < held or not _flat(beside):
             continue
         message = (
             f"{key} is 0 on {'all' if held == len(points) else 'its last'} {held} records, from step "
