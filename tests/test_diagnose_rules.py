@@ -401,6 +401,19 @@ def test_a_loss_of_any_name_above_the_ceiling_is_a_divergence(tmp_path: Path) ->
     assert (found.step, found.severity, found.evidence["key"]) == (3, "error", "loss_seg1")
 
 
+def test_apex_overflows_that_leave_the_scale_where_it_was_are_at_its_floor(tmp_path: Path) -> None:
+    """NeMo's QuartzNet under apex (NVIDIA/NeMo#1225): ``Loss is NaN or inf.`` and ``reducing
+    loss scale to 1.0`` step after step. apex does not say what it tried, but two overflows in a
+    row that leave the scale at 1 tried 1 and kept it: the scaler's floor, and the loss NaN."""
+    text = (
+        "[NeMo W 2020-09-26 17:52:50 actions:1479] Loss is NaN or inf.\n"
+        "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 1.0\n"
+    ) * 3
+    found = findings_of(tmp_path, text)
+    assert found["nonfinite"].severity == "error" and "Loss is NaN or inf" in found["nonfinite"].message
+    assert found["overflow"].severity in ("warning", "error") and "floor" in found["overflow"].message
+
+
 def test_overflows_at_a_scale_that_never_moves_are_no_settling() -> None:
     """Megatron-LM#602: every iteration skipped at a loss scale of 16384 (a fixed scale: a dynamic
     one falls within a few overflows), so the optimizer never stepped."""

@@ -884,11 +884,35 @@ def test_a_boxed_table_keeps_its_rows_named_like_code(tmp_path: Path) -> None:
     rule = "-" * 34 + "\n"
     box = rule + "| actor_loss         | 0.0489    |\n| avg_rewards        | {0}       |\n"
     box += "| epoch              | {1}         |\n| explained_variance | -0.000163 |\n" + rule
-    trace = read_text(tmp_path, box.format(272, 0) + box.format(-21.5, 1))
+    trace = read_text(tmp_path, box.format(272, 0) + box.format("**-21.5**", 1))  # a cell the user bolded
     assert [(s["avg_rewards"], s["explained_variance"]) for s in trace.steps] == [
         (272, -0.000163),
         (-21.5, -0.000163),
     ]
+
+
+def test_darknets_iteration_lines_are_records_and_an_empty_layers_nans_are_not(tmp_path: Path) -> None:
+    """darknet prints ``999: 0.000000, 0.000000 avg, 0.009960 rate, …`` an iteration (the batch's
+    loss, its running mean, the learning rate; the iteration's colon is no rank label) between
+    a YOLO layer's ``Region 82 Avg IOU: -nan, … count: 0`` lines: means over no box, 0 / 0, in
+    any healthy run, so no NaN. A loss of 0 on every iteration is no label read (AlexeyAB/darknet#597)."""
+    region = "Region {0} Avg IOU: -nan, Class: -nan, Obj: -nan, No Obj: 0.000001, .5R: -nan, .75R: -nan, "
+    region += " count: 0\n"
+    line = "{0}: {1:.6f}, {1:.6f} avg, 0.009960 rate, 4.797707 seconds, 63936 images\n"
+    text = (
+        "".join(region.format(r) for r in (82, 94))
+        + line.format(999, 0)
+        + region.format(106)
+        + line.format(1000, 0)
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "records"
+    assert [(s["step"], s[S.ACTOR_LOSS], s[S.LR]) for s in trace.steps] == [
+        (999, 0, 0.00996),
+        (1000, 0, 0.00996),
+    ]
+    found = {f.type: f for f in diagnose(trace)}
+    assert "nonfinite" not in found and found["zero_grad"].step == 999
 
 
 def test_an_epochs_lines_share_its_step(tmp_path: Path) -> None:

@@ -286,14 +286,21 @@ def cleaned(text: str) -> str:
 
 def _unmarked(line: str) -> str:
     """``line`` without a launcher's rank label in front, and without the Markdown bold a user put
-    around it when pasting into an issue (``**Train loss 12001 0.166141** Grad Norm 0.372761``):
-    no log line opens with ``**``."""
+    around it, or around a cell of a logger's table, when pasting into an issue (``**Train loss
+    12001 0.166141** Grad Norm 0.372761``, ``|    reward    | **-3.8389**  |``): no log line
+    opens with ``**``, and no table cell holds one."""
     label = RANK_LABEL.match(line)
-    line = line[label.end() :] if label else line
-    return line.replace("**", "") if line.lstrip().startswith("**") else line
+    if label and not _DARKNET_REST.match(line, label.end()):
+        line = line[label.end() :]
+    return line.replace("**", "") if "**" in line and line.lstrip()[:1] in ("*", "|") else line
 
 
-_MARKED_STARTS = RANK_STARTS | {"*"}
+# darknet opens its iteration line with the iteration and a colon, as a rank label: "999: 0.000000,
+# 0.000000 avg, 0.009960 rate, …" is no rank 999's line
+_DARKNET_REST = re.compile(r"[-+]?[\d.]+(?:e[-+]?\d+)?,\s*[-+]?[\d.]+(?:e[-+]?\d+)?\s+avg\b", re.IGNORECASE)
+
+
+_MARKED_STARTS = RANK_STARTS | {"*", "|"}
 
 
 def _may_hold_overlong(data: bytes) -> bool:

@@ -11,8 +11,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   skipped), PyTorch's anomaly mode (``Function 'MulBackward0'
   returned nan values in its 0th output``) and detectron2's checks (``FloatingPointError: Loss
   became infinite or NaN at iteration=2137!``, ``Predicted boxes or scores contain Inf/NaN.
-  Training has diverged.``) and TensorFlow's NaN hook (``ERROR:tensorflow:Model diverged with loss =
-  NaN.``) → ``health/nonfinite``;
+  Training has diverged.``), NeMo 1.x's ``Loss is NaN or inf.`` and TensorFlow's NaN hook
+  (``ERROR:tensorflow:Model diverged with loss = NaN.``) → ``health/nonfinite``;
 - DeepSpeed / apex overflow lines in a log of another format (``[deepspeed] OVERFLOW! Rank 0
   Skipping step. Attempted loss scale: 65536, reducing to 32768``) → ``optim/skipped``, and the
   reduced scale as ``optim/loss_scale``; so are fairseq's (``NOTE: gradient overflow detected,
@@ -96,6 +96,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     # verl's "grad_norm is not finite: nan", ESPnet2's "The grad norm is nan. Skipping updating the model."
     (re.compile(r"grad[_ ]?norm is (?:not finite|nan|inf)", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"loss became infinite or nan", re.IGNORECASE), _count(S.NONFINITE)),
+    (re.compile(r"\bLoss is NaN or inf\b"), _count(S.NONFINITE)),  # NeMo 1.x's actions
     (re.compile(r"contain Inf/NaN\. Training has diverged"), _count(S.NONFINITE)),
     # TensorFlow's NanTensorHook (Estimator, BERT / ELECTRA / T5's TF trainers)
     (re.compile(r"Model diverged with loss = (?:NaN|Inf)"), _count(S.NONFINITE)),

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from moescope import schema as S
@@ -88,6 +88,7 @@ class Overflow:
     reduced: Any
     step: int | None
     raw: str
+    line: int | None = None  # 1-based, where the line starts
 
 
 def is_record(line: str) -> bool:
@@ -178,6 +179,7 @@ def overflow_event(lines: list[str], i: int) -> tuple[Overflow, int]:
         parse_number(reduced) if reduced else None,
         int(step.group(1)) if step else None,
         "\n".join(lines[i:end]),
+        i + 1,
     ), end
 
 
@@ -225,15 +227,18 @@ def read(log: LogFile) -> Parsed:
     """Iteration lines, with the overflow lines before each folded into it."""
     pending: list[Overflow] = []
     notes: list[str] = []
+    last: list[Overflow | None] = [None]  # the overflow line before, with no iteration line since
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         if is_overflow(lines[i]):
             event, end = overflow_event(lines, i)
+            event = last[0] = _tried_where_left(event, last[0])
             pending.append(event)
             return [], end
         match = _iteration(lines[i])
         if match is None:
             return None
+        last[0] = None
         text, end = gather(lines, i, lambda t: t.rstrip().endswith("|"), _iteration_fits)
         metrics = fields(text[match.end() :])
         raw = lines[i] if end == i + 1 and not pending else "\n".join([e.raw for e in pending] + lines[i:end])
@@ -253,6 +258,21 @@ def read(log: LogFile) -> Parsed:
     return parsed
 
 
+def _tried_where_left(event: Overflow, before: Overflow | None) -> Overflow:
+    """``event`` with the scale it tried, where its line does not say it (apex's ``reducing loss
+    scale to 1.0``) and the overflow line just before, of its rank, left the scale where this one
+    leaves it: the scale tried was kept, the scaler at its minimum (NeMo's QuartzNet, ``reducing
+    loss scale to 1.0`` step after step beside ``Loss is NaN or inf``)."""
+    if (
+        event.attempted is None
+        and event.reduced is not None
+        and before is not None
+        and (before.rank, before.reduced) == (event.rank, event.reduced)
+    ):
+        return replace(event, attempted=event.reduced)
+    return event
+
+
 def leftovers(
     pending: list[Overflow], rows: list[Row], notes: list[str], after: str = "iteration line"
 ) -> list[Row]:
@@ -270,7 +290,7 @@ def leftovers(
     for step, events in groups:
         metrics: dict[str, Any] = {}
         _apply(metrics, events, step, notes)
-        out.append(Row(step, metrics, "\n".join(e.raw for e in events)))
+        out.append(Row(step, metrics, "\n".join(e.raw for e in events), events[0].line))
     return out
 
 

@@ -212,6 +212,9 @@ _BAR_POSTFIX = re.compile(r"\[[^\]]*?<[^\]]*?,\s*(?P<postfix>[^\]]*)\]")
 _LOSS_TENSOR = re.compile(rf"^\s*tensor\(\s*(?P<value>{NUMBER}|nan|-?inf)\s*,[^()]*grad_fn=<\w+>\s*\)\s*$")
 # NVIDIA's tacotron2 (and waveglow, flowtron, mellotron): "Train loss {iteration} {loss:.6f} Grad
 # Norm {grad_norm:.6f} {duration:.2f}s/it"
+# darknet's (YOLO v2-v4) iteration line: "999: 0.000000, 0.000000 avg, 0.009960 rate, 4.79 seconds, 63936
+# images"; AlexeyAB's fork writes "avg loss"
+_DARKNET = re.compile(rf"^\s*({INT}):\s*({NUMBER}),\s*({NUMBER})\s+avg(?: loss)?,\s*({NUMBER})\s+rate,")
 _TACOTRON = re.compile(rf"^\s*Train loss\s+({INT})\s+({NUMBER})\s+Grad Norm\s+({NUMBER})")
 _TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
 
@@ -350,6 +353,10 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     printed = _LOSS_TENSOR.match(line) if row is None and "grad_fn=" in line else None
     if printed:  # print(loss) in a training loop
         return None, None, {"loss": parse_number(printed.group("value"))}
+    darknet = _DARKNET.match(line) if " avg" in line and " rate," in line else None
+    if darknet:  # "999: 0.000000, 0.000000 avg, 0.009960 rate, …": the batch's loss, its running mean, lr
+        step, *values = darknet.groups()
+        return int(step), None, dict(zip(("loss", "avg_loss", "lr"), map(parse_number, values), strict=True))
     tacotron = _TACOTRON.match(line) if line.lstrip().startswith("Train loss") else None
     if tacotron:  # the iteration between the name and its value: no "loss" of 0, 1, 2, …
         step, loss, norm = tacotron.groups()

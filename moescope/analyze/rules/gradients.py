@@ -198,9 +198,9 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
             zero = "0" if last == 0 else f"{last:.3g}, 0 but for rounding,"
             message = (
                 f"{key} is {zero} from step {steps[0]} to the end of the log ({len(steps)} record(s)) in "
-                "a run that is not RL: a language-modelling loss of 0 scores no token, so the "
-                "updates carry no signal (every label masked, a template that drops the response, "
-                "an fp16 overflow reported as 0)."
+                "a run that is not RL: a loss of 0 scores no token or box, so the updates carry no "
+                "signal (every label masked or none found, a template that drops the response, an "
+                "fp16 overflow reported as 0)."
             )
             return [zero_grad(steps, message, key=key, loss_zero=True)]
     return []
