@@ -3,6 +3,7 @@ loss under recompute, the load summaries of other engines, and one decisive reco
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -620,6 +621,30 @@ def test_an_accuracy_of_zero_beside_a_loss_that_does_not_fall_is_zero_grad(
     assert (zero is not None) == found
     if found:
         assert zero.step == 1040 and "MLM_acc is 0 on all 8 records" in zero.message
+
+
+_DDP = [3.332, 3.1906, 3.8844, 3.5551, 3.1906, 3.7001, 3.7451, 3.5551, 3.1906, 3.5551, 3.7001, 3.9202, 3.5086]
+
+
+@pytest.mark.parametrize(
+    ("losses", "step"),
+    [
+        ([*_DDP, 3.5551, 3.1906, 3.7451, 3.1906], 83),  # litgpt#834: a few values, again and again
+        ([round(3.4 + 0.3 * math.sin(2.7 * i), 4) for i in range(30)], None),  # a plateau that moves
+        ([round(x, 2) for x in [*_DDP, 3.5551, 3.1906, 3.7451, 3.1906]], None),  # three digits: by chance
+        (_DDP[:9], None),  # nine records: too few to say
+        ([*_DDP, 3.5551, 3.1906, 3.7451, 3.4417], None),  # the log ends on a value of its own
+    ],
+)
+def test_a_loss_that_keeps_repeating_a_few_values_is_zero_grad(
+    tmp_path: Path, losses: list[float], step: int | None
+) -> None:
+    """LoRA under DDP whose adapters never update (Lightning-AI/litgpt#834): the loss takes the same
+    few values, to the last digit, in no fixed order, iteration after iteration."""
+    zero = findings_of(tmp_path, _iterations(losses)).get("zero_grad")
+    assert (zero and zero.step) == step
+    if step is not None:
+        assert "repeats, to the last digit, a value of the 10 records before" in zero.message
 
 
 _EPOCH = [0.9741, 1.3742, 1.2390, 0.9670, 1.0386, 1.1681, 1.2240, 0.9610]  # TRACE#5's first epoch

@@ -891,6 +891,24 @@ def test_a_boxed_table_keeps_its_rows_named_like_code(tmp_path: Path) -> None:
     ]
 
 
+def test_nvidia_dllogger_lines_and_llama_recipes_key_value_lines_are_records(tmp_path: Path) -> None:
+    """DeepLearningExamples' DLLogger prints ``DLL <date> <time> - PARAMETER loss_scale : 3.7e-09``
+    (its step field names no metric); llama-recipes' summary ``Key: avg_eval_loss, Value: inf``."""
+    dll = "DLL 2020-05-30 07:35:0{0}.358301 - PARAMETER loss_scale : {1} \n"
+    trace = read_text(tmp_path, dll.format(1, 3.725290298461914e-09) + dll.format(2, 1.862645149230957e-09))
+    assert [s[S.LOSS_SCALE] for s in trace.steps] == [3.725290298461914e-09, 1.862645149230957e-09]
+    summary = "Epoch 1: train_perplexity=2.9854, train_epoch_loss=1.0937\nKey: avg_eval_loss, Value: inf\n"
+    trace = read_text(tmp_path, summary)
+    assert trace.steps[0]["step"] == 1 and trace.steps[0]["avg_eval_loss"] == math.inf
+
+
+def test_a_printed_tensor_after_its_counter_and_name_is_that_metric_on_that_step(tmp_path: Path) -> None:
+    """``print(i, "ratio.mean()", ratio.mean())`` in a PPO loop (huggingface/trl#454)."""
+    line = "   {0} ratio.mean() tensor({1}, device='cuda:0', grad_fn=<MeanBackward0>)\n"
+    trace = read_text(tmp_path, line.format(6, "1.") + line.format(7, 0.9986))
+    assert [(s["step"], s["ratio.mean()"]) for s in trace.steps] == [(6, 1.0), (7, 0.9986)]
+
+
 def test_darknets_iteration_lines_are_records_and_an_empty_layers_nans_are_not(tmp_path: Path) -> None:
     """darknet prints ``999: 0.000000, 0.000000 avg, 0.009960 rate, …`` an iteration (the batch's
     loss, its running mean, the learning rate; the iteration's colon is no rank label) between

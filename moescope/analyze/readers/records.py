@@ -207,9 +207,13 @@ _BAR = re.compile(r"\d+%\|")
 _BAR_POSTFIX = re.compile(r"\[[^\]]*?<[^\]]*?,\s*(?P<postfix>[^\]]*)\]")
 
 
-# a scalar tensor that autograd produced, printed alone on its line: a training loop's print(loss)
+# a scalar tensor that autograd produced, printed alone on its line (a training loop's print(loss)) or
+# after a counter and a name
 # (``tensor(3.6976, device='cuda:0', grad_fn=<NllLossBackward0>)``)
-_LOSS_TENSOR = re.compile(rf"^\s*tensor\(\s*(?P<value>{NUMBER}|nan|-?inf)\s*,[^()]*grad_fn=<\w+>\s*\)\s*$")
+_LOSS_TENSOR = re.compile(
+    rf"^\s*(?:(?P<step>{INT})\s+)?(?:(?P<name>[A-Za-z_][\w.()]*)\s+)?"  # print(i, "name", tensor)
+    rf"tensor\(\s*(?P<value>{NUMBER}|nan|-?inf)\s*,[^()]*grad_fn=<\w+>\s*\)\s*$"
+)
 # NVIDIA's tacotron2 (and waveglow, flowtron, mellotron): "Train loss {iteration} {loss:.6f} Grad
 # Norm {grad_norm:.6f} {duration:.2f}s/it"
 # darknet's (YOLO v2-v4) iteration line: "999: 0.000000, 0.000000 avg, 0.009960 rate, 4.79 seconds, 63936
@@ -337,6 +341,8 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     line = _last_bar(line) if line.count("%|") > 1 else line
     line = _BRACKETED.sub(r"\g<key>: \g<value>", line) if "] " in line else line
     line = _INDEXED.sub(r"step \g<step> | \g<key>:", line, count=1) if "]:" in line else line
+    line = _KEY_VALUE.sub(r"\g<key>: \g<value>", line) if "Key:" in line else line
+    line = _DLLOGGER.sub("", line, count=1) if line[:4] == "DLL " else line
     line = _LOSSES.sub(_named_losses, line) if "[Losses:" in line else line
     found = marker(line)
     if found is not None:
@@ -351,8 +357,9 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
         return (step, framework, {**fields, **glued}) if fields else None
     row = _TABLE_ROW.match(line)  # a two-column table (tabulate, markdown) of one step's stats
     printed = _LOSS_TENSOR.match(line) if row is None and "grad_fn=" in line else None
-    if printed:  # print(loss) in a training loop
-        return None, None, {"loss": parse_number(printed.group("value"))}
+    if printed:  # print(loss) in a training loop, or print(i, "ratio.mean()", ratio.mean())
+        step, name = printed.group("step"), printed.group("name") or "loss"
+        return int(step) if step else None, None, {name: parse_number(printed.group("value"))}
     darknet = _DARKNET.match(line) if " avg" in line and " rate," in line else None
     if darknet:  # "999: 0.000000, 0.000000 avg, 0.009960 rate, …": the batch's loss, its running mean, lr
         step, *values = darknet.groups()
@@ -390,6 +397,11 @@ def _named_losses(match: re.Match[str]) -> str:
 
 # one metric at its step in brackets, a line each: "train_batch_loss[ 6590 ]:  nan" (crnn-pytorch)
 _INDEXED = re.compile(rf"^\s*(?P<key>[A-Za-z_][\w./-]*)\[\s*(?P<step>{INT})\s*\]:(?=\s*(?:{NUMBER})\s*$)")
+# llama-recipes' summary, a metric a line: "Key: avg_eval_loss, Value: inf"
+_KEY_VALUE = re.compile(rf"\bKey:\s*(?P<key>[\w./-]+),\s*Value:\s*(?P<value>{NUMBER})")
+# NVIDIA's DLLogger (DeepLearningExamples): "DLL 2020-05-30 07:35:01.358301 - PARAMETER loss_scale : 3.7e-09";
+# its step field, "PARAMETER" or "()" (a run's summary), names no metric
+_DLLOGGER = re.compile(r"^DLL \S+ \S+ - (?:PARAMETER|\(\))?\s*")
 # a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
 _BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
 

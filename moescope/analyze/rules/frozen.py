@@ -34,7 +34,8 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
     """A loss held at one value on the records a log ends on, one that replays its own earlier
     values there, one held at the loss of a uniform guess, or an accuracy held at 0 beside a loss
     that does not fall."""
-    return _pinned(trace) or _replayed(trace) or _at_chance(trace) or _nothing_right(trace)
+    held = _pinned(trace) or _replayed(trace) or _recycled(trace)
+    return held or _at_chance(trace) or _nothing_right(trace)
 
 
 def _pinned(trace: Trace) -> list[Finding]:
@@ -238,6 +239,34 @@ def _replayed(trace: Trace) -> list[Finding]:
             "parameter, a learning rate of 0)."
         )
         return [zero_grad(steps, message, key=key, period=period, repeated=held)]
+    return []
+
+
+def _recycled(trace: Trace) -> list[Finding]:
+    """A language-modelling loss half of whose last ``WINDOW`` records or more, the last among them,
+    repeat, to the last digit, a value of the ``WINDOW`` records before each, printed with more than
+    ``PINNED_DIGITS`` significant digits and taking three values or more: a few batches scored the
+    same, in no fixed order, by a model that does not change (litgpt#834, LoRA under DDP: 3.1906,
+    3.5551, 3.7451 again and again). A learning loss so printed repeats a recent value about once
+    in fifty records, by chance."""
+    for key in lm_losses(trace):
+        points = series(trace, key)
+        values = [v for _, v in points]
+        tail = values[-WINDOW:]
+        if len(tail) < WINDOW or len(set(tail)) < 3 or printed_digits(tail) <= PINNED_DIGITS:
+            continue  # one or two values: a pin's or a plateau's, as _pinned judges them
+        start = len(values) - WINDOW
+        repeats = [i for i in range(start, len(values)) if values[i] in values[max(0, i - WINDOW) : i]]
+        if 2 * len(repeats) < WINDOW or repeats[-1] != len(values) - 1:
+            continue  # the log ends on a value of its own: no state it ends in
+        steps = [s for s, _ in points[start:]]
+        message = (
+            f"{key} repeats, to the last digit, a value of the {WINDOW} records before on {len(repeats)} "
+            f"of its last {WINDOW} records (from step {steps[0]}): the same few batches scored the same, so "
+            "the model did not change (weights never updated: adapters not trained, gradients not "
+            "synchronised or not applied, a learning rate of 0)."
+        )
+        return [zero_grad(steps, message, key=key, repeated=len(repeats))]
     return []
 
 
