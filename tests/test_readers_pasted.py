@@ -891,6 +891,20 @@ def test_a_boxed_table_keeps_its_rows_named_like_code(tmp_path: Path) -> None:
     ]
 
 
+def test_a_quoted_name_and_value_amid_other_fields_are_read(tmp_path: Path) -> None:
+    """PaddleDetection's old logger quotes the loss as a dict's repr does: ``iter: 20, lr: 0.000085,
+    'loss': 'nan', eta: 5 days, ...`` (PaddleDetection#5337's SSDLite, NaN from iteration 20)."""
+    line = "2022-03-09 15:20:{0}-INFO: iter: {1}, lr: 0.000085, 'loss': '{2}', eta: 0:02:34, ips: 1.6\n"
+    trace = read_text(tmp_path, line.format("28,459", 0, "24.061707") + line.format("50,962", 20, "nan"))
+    assert [s["step"] for s in trace.steps] == [0, 20] and trace.steps[0][S.ACTOR_LOSS] == 24.061707
+    assert math.isnan(trace.steps[1][S.ACTOR_LOSS])
+    assert pairs("""step: 3, "grad_norm": "inf", 'lr': '1e-4'""") == {
+        "step": 3,
+        "grad_norm": math.inf,
+        "lr": 1e-4,
+    }
+
+
 def test_nvidia_dllogger_lines_and_llama_recipes_key_value_lines_are_records(tmp_path: Path) -> None:
     """DeepLearningExamples' DLLogger prints ``DLL <date> <time> - PARAMETER loss_scale : 3.7e-09``
     (its step field names no metric); llama-recipes' summary ``Key: avg_eval_loss, Value: inf``."""

@@ -241,6 +241,7 @@ def pairs(text: str) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     text = _LISTED.sub(_list_mean, text) if "[" in text else text
+    text = _QUOTED.sub(r"\g<key>: \g<value>", text) if "'" in text or '"' in text else text
     for piece in _SPLIT.split(text):
         piece = piece.strip(" :,-")
         simple = _SIMPLE.fullmatch(piece)  # most fields: one labelled plain number, read without the rest
@@ -397,6 +398,9 @@ def _named_losses(match: re.Match[str]) -> str:
 
 # one metric at its step in brackets, a line each: "train_batch_loss[ 6590 ]:  nan" (crnn-pytorch)
 _INDEXED = re.compile(rf"^\s*(?P<key>[A-Za-z_][\w./-]*)\[\s*(?P<step>{INT})\s*\]:(?=\s*(?:{NUMBER})\s*$)")
+# a name and its value both quoted, a dict's repr of a string, amid other fields (PaddleDetection:
+# "iter: 20, lr: 0.000085, 'loss': 'nan', eta: …")
+_QUOTED = re.compile(rf"""(['"])(?P<key>[\w./-]+)\1\s*:\s*(['"])(?P<value>{NUMBER})\3""")
 # llama-recipes' summary, a metric a line: "Key: avg_eval_loss, Value: inf"
 _KEY_VALUE = re.compile(rf"\bKey:\s*(?P<key>[\w./-]+),\s*Value:\s*(?P<value>{NUMBER})")
 # NVIDIA's DLLogger (DeepLearningExamples): "DLL 2020-05-30 07:35:01.358301 - PARAMETER loss_scale : 3.7e-09";
