@@ -68,6 +68,16 @@ def test_a_mean_reward_of_zero_on_every_rollout_is_no_signal(
         assert (no_signal.step, no_signal.severity) == (0, "error") and "exactly 0" in no_signal.message
 
 
+def test_trls_quickstart_table_with_every_completion_clipped_is_no_signal(tmp_path: Path) -> None:
+    """TRL's GRPO quickstart at ``max_completion_length=256``, its metrics pasted as a table with
+    short names (``clipped_ratio`` is TRL's ``completions/clipped_ratio``): every completion cut
+    at the limit and no reward: no signal, and the length limit the likely cause."""
+    table = "Step  loss  grad_norm  reward_mean  clipped_ratio  mean_length\n"
+    table += "".join(f"{s}     0     0          0            1.0            256\n" for s in (1, 2, 3))
+    found = findings_of(tmp_path, table)
+    assert found["no_signal"].severity == "error" and found["degenerate_output"].step == 1
+
+
 def test_a_games_mean_reward_of_zero_is_no_verdict_on_the_reward_function(tmp_path: Path) -> None:
     """ML-Agents prints ``Mean Reward: 0.000`` on records of a healthy run: no language model's
     rollouts logged, no finding."""

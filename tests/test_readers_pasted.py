@@ -891,6 +891,38 @@ def test_a_boxed_table_keeps_its_rows_named_like_code(tmp_path: Path) -> None:
     ]
 
 
+def test_tinygrads_lines_put_each_value_before_its_name(tmp_path: Path) -> None:
+    """tinygrad's MLPerf llama prints ``    5 4.36 s run, 11.9375 loss, 0.000000000003 LR, 1454.57 GB
+    used, …`` (tinygrad#13803): the step first, then every value before its name."""
+    line = "{0:5} 4.36 s run, {1:.4f} loss, {2:.12f} LR, 1454.57 GB used, 398116.13 GFLOPS\n"
+    trace = read_text(tmp_path, line.format(4, 11.875, 2e-12) + line.format(5, 11.9375, 3e-12))
+    assert [(s["step"], s[S.ACTOR_LOSS], s[S.LR], s["GB used"]) for s in trace.steps] == [
+        (4, 11.875, 2e-12, 1454.57),
+        (5, 11.9375, 3e-12, 1454.57),
+    ]
+
+
+def test_paddlenlps_dropped_update_is_an_overflow_at_the_scale_it_tried(tmp_path: Path) -> None:
+    """PaddleNLP's trainer warns ``optimizer not run, scale_before: 0.25, scale_after: 0.125`` for
+    an update its fp16 scaler dropped (PaddleNLP#7537): a skipped step, its scale below 1."""
+    warn = "[2023-11-28 14:31:29,583] [ WARNING] - optimizer not run, scale_before: {0}, scale_after: {1}\n"
+    info = (
+        "[2023-11-28 14:31:29,586] [    INFO] - loss: {0}, learning_rate: 0.0, global_step: {1}, ppl: 8.1\n"
+    )
+    text = (
+        warn.format(0.25, 0.125)
+        + info.format(2.09252715, 18)
+        + warn.format(0.125, 0.0625)
+        + info.format(2.0462, 19)
+    )
+    trace = read_text(tmp_path, text)
+    assert [(s["step"], s[S.SKIPPED], s[S.LOSS_SCALE]) for s in trace.steps] == [
+        (18, 1, 0.125),
+        (19, 1, 0.0625),
+    ]
+    assert {f.type: f.severity for f in diagnose(trace)}["overflow"] == "error"
+
+
 def test_a_quoted_name_and_value_amid_other_fields_are_read(tmp_path: Path) -> None:
     """PaddleDetection's old logger quotes the loss as a dict's repr does: ``iter: 20, lr: 0.000085,
     'loss': 'nan', eta: 5 days, ...`` (PaddleDetection#5337's SSDLite, NaN from iteration 20)."""

@@ -13,6 +13,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   became infinite or NaN at iteration=2137!``, ``Predicted boxes or scores contain Inf/NaN.
   Training has diverged.``), NeMo 1.x's ``Loss is NaN or inf.`` and TensorFlow's NaN hook
   (``ERROR:tensorflow:Model diverged with loss = NaN.``) → ``health/nonfinite``;
+- PaddleNLP's ``optimizer not run, scale_before: 0.25, scale_after: 0.125`` → ``optim/skipped``,
+  the scale it tried and the one it left;
 - DeepSpeed / apex overflow lines in a log of another format (``[deepspeed] OVERFLOW! Rank 0
   Skipping step. Attempted loss scale: 65536, reducing to 32768``) → ``optim/skipped``, and the
   reduced scale as ``optim/loss_scale``; so are fairseq's (``NOTE: gradient overflow detected,
@@ -52,6 +54,9 @@ from moescope.analyze.readers.megatron import (
 from moescope.analyze.readers.plain import STEP_IN_LINE
 
 _COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.IGNORECASE)
+# PaddleNLP's trainer, an update its scaler dropped:
+# "optimizer not run, scale_before: 0.25, scale_after: 0.125"
+_NOT_RUN = re.compile(rf"optimizer not run, scale_before:\s*({NUMBER}),\s*scale_after:\s*({NUMBER})")
 # fairseq's "Minimum loss scale reached (X)" as it gives up (its overflow lines are OVERFLOW's)
 _SCALE_FLOOR = re.compile(rf"minimum loss scale reached \(({NUMBER})\)", re.IGNORECASE)
 
@@ -63,6 +68,10 @@ def _count(key: str) -> Callable[[re.Match[str], str], dict[str, Any]]:
 def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
     scales = SCALES.search(line)
     return _skipped(scales and reduced_scale(scales))
+
+
+def _not_run(match: re.Match[str], line: str) -> dict[str, Any]:
+    return {**_skipped(match.group(2)), S.LOSS_SCALE_TRIED: parse_number(match.group(1))}
 
 
 def _scale_floor(match: re.Match[str], line: str) -> dict[str, Any]:
@@ -101,6 +110,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     # TensorFlow's NanTensorHook (Estimator, BERT / ELECTRA / T5's TF trainers)
     (re.compile(r"Model diverged with loss = (?:NaN|Inf)"), _count(S.NONFINITE)),
     (OVERFLOW, _overflow),
+    (_NOT_RUN, _not_run),
     (_SCALE_FLOOR, _scale_floor),
     (re.compile(r"loss scale already at minimum", re.IGNORECASE), _scaler_stopped),
     (_COUNTER, _counter),

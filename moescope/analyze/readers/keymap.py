@@ -178,6 +178,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `reward` | `reward/mean` |
 | generic | `reward_mean` | `reward/mean` |
 | generic | `reward_std` | `reward/std` |
+| generic | `clipped_ratio` | `response/truncated_frac` |
 | generic | `clipfrac` | `actor/clipfrac` |
 | generic | `clip_frac` | `actor/clipfrac` |
 | generic | `response_length` | `response/length_mean` |
@@ -520,6 +521,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "reward": S.REWARD_MEAN,
         "reward_mean": S.REWARD_MEAN,
         "reward_std": S.REWARD_STD,
+        "clipped_ratio": S.TRUNCATED_FRAC,  # TRL's completions/clipped_ratio, pasted without its prefix
         "clipfrac": S.CLIPFRAC,
         "clip_frac": S.CLIPFRAC,
         "response_length": S.LENGTH_MEAN,

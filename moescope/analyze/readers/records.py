@@ -216,6 +216,10 @@ _LOSS_TENSOR = re.compile(
 )
 # NVIDIA's tacotron2 (and waveglow, flowtron, mellotron): "Train loss {iteration} {loss:.6f} Grad
 # Norm {grad_norm:.6f} {duration:.2f}s/it"
+# tinygrad's training examples (its MLPerf llama, BERT, ResNet): "    5 4.36 s run, 11.9375 loss,
+# 0.000000000003 LR, 1454.57 GB used, 398116.13 GFLOPS", the step first and every value before its name
+_TINYGRAD = re.compile(rf"^\s*(?P<step>{INT})\s+(?:{NUMBER})\s+s run,(?P<rest>.*)$")
+_VALUE_NAME = re.compile(rf"(?:^|,)\s*(?P<value>{NUMBER})\s+(?P<key>[A-Za-z][\w ]*?)\s*(?=,|$)")
 # darknet's (YOLO v2-v4) iteration line: "999: 0.000000, 0.000000 avg, 0.009960 rate, 4.79 seconds, 63936
 # images"; AlexeyAB's fork writes "avg loss"
 _DARKNET = re.compile(rf"^\s*({INT}):\s*({NUMBER}),\s*({NUMBER})\s+avg(?: loss)?,\s*({NUMBER})\s+rate,")
@@ -361,6 +365,10 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     if printed:  # print(loss) in a training loop, or print(i, "ratio.mean()", ratio.mean())
         step, name = printed.group("step"), printed.group("name") or "loss"
         return int(step) if step else None, None, {name: parse_number(printed.group("value"))}
+    tinygrad = _TINYGRAD.match(line) if " s run," in line else None
+    if tinygrad:  # "    5 4.36 s run, 11.9375 loss, 0.000000000003 LR, …": each value before its name
+        fields = {m["key"]: parse_number(m["value"]) for m in _VALUE_NAME.finditer(tinygrad["rest"])}
+        return int(tinygrad["step"]), None, fields
     darknet = _DARKNET.match(line) if " avg" in line and " rate," in line else None
     if darknet:  # "999: 0.000000, 0.000000 avg, 0.009960 rate, …": the batch's loss, its running mean, lr
         step, *values = darknet.groups()
