@@ -254,7 +254,7 @@ def _recycled(trace: Trace) -> list[Finding]:
         values = [v for _, v in points]
         tail = values[-WINDOW:]
         if len(tail) < WINDOW or len(set(tail)) < 3 or printed_digits(tail) <= PINNED_DIGITS:
-            continue  # one or two values: a pin's or a plateau's, as _pinned judges them
+            continue  # too few records, one or two values (a pin's or a plateau's), or a print too coarse
         start = len(values) - WINDOW
         repeats = [i for i in range(start, len(values)) if values[i] in values[max(0, i - WINDOW) : i]]
         if 2 * len(repeats) < WINDOW or repeats[-1] != len(values) - 1:
