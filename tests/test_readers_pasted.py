@@ -891,6 +891,28 @@ def test_a_boxed_table_keeps_its_rows_named_like_code(tmp_path: Path) -> None:
     ]
 
 
+def test_a_metric_printed_before_the_step_marker_is_that_steps(tmp_path: Path) -> None:
+    """insightface's arcface_torch prints ``Speed 218.82 samples/sec   Loss nan   Epoch: 0   Global
+    Step: 14750   Required: 102 hours``: the loss comes before the step, and is that step's."""
+    line = (
+        "Training: 2021-06-01 16:25:{0},183-Speed 218.82 samples/sec   Loss {1}   Epoch: 0   Global Step: {2}"
+    )
+    line += "   Required: 102 hours\n"
+    trace = read_text(tmp_path, line.format(7, 2.4868, 14700) + line.format(51, "nan", 14750))
+    assert [s["step"] for s in trace.steps] == [14700, 14750] and trace.steps[0][S.ACTOR_LOSS] == 2.4868
+    assert math.isnan(trace.steps[1][S.ACTOR_LOSS])
+
+
+def test_an_epoch_line_that_opens_with_its_number_and_a_comma_is_that_epoch(tmp_path: Path) -> None:
+    """SAGN's ``Epoch 26, Time(s): 11.3853 6.5175, Best Val loss: 0.9427, Accs: Train: 0.7351, …``;
+    TensorFlow's examples and tf_unet's ``Iter 950, Minibatch Loss= 0.6931`` (the loss)."""
+    line = "Epoch {0}, Time(s): 11.3853 6.5175, Best Val loss: {1}, Accs: Train: 0.7351, Val: 0.7079\n"
+    trace = read_text(tmp_path, line.format(26, 0.9427) + line.format(27, 0.938))
+    assert [(s["step"], s["Best Val loss"]) for s in trace.steps] == [(26, 0.9427), (27, 0.938)]
+    line = "2017-08-22 23:27:32,554 Iter {0}, Minibatch Loss= {1}, Training Accuracy= 0.7385\n"
+    assert read_text(tmp_path, line.format(950, 0.6931)).steps[0][S.ACTOR_LOSS] == 0.6931
+
+
 def test_tinygrads_lines_put_each_value_before_its_name(tmp_path: Path) -> None:
     """tinygrad's MLPerf llama prints ``    5 4.36 s run, 11.9375 loss, 0.000000000003 LR, 1454.57 GB
     used, …`` (tinygrad#13803): the step first, then every value before its name."""

@@ -216,6 +216,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `reduced_train_loss` | `actor/loss` |
 | generic | `total_loss` | `actor/loss` |
 | generic | `training_loss` | `actor/loss` |
+| generic | `minibatch_loss` | `actor/loss` |
 | generic | `train_loss` | `actor/loss` |
 | generic | `loss_train` | `actor/loss` |
 | generic | `main/loss` | `actor/loss` |
@@ -533,6 +534,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "reduced_train_loss": S.ACTOR_LOSS,
         "total_loss": S.ACTOR_LOSS,
         "training_loss": S.ACTOR_LOSS,  # Lasagne's examples: "  training loss:\t\t2.471961"
+        "minibatch_loss": S.ACTOR_LOSS,  # TensorFlow's examples, tf_unet: "Iter 950, Minibatch Loss= 0.6931"
         "train_loss": S.ACTOR_LOSS,  # DINO's / DeiT's log.txt records (train_lr, train_wd beside it)
         "loss_train": S.ACTOR_LOSS,  # litgpt's fine-tuning lines: "loss train: 2.424, val: n/a"
         "main/loss": S.ACTOR_LOSS,  # Chainer's reporter: "epoch  main/loss  validation/main/loss …"

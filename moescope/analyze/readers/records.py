@@ -176,7 +176,7 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # "===> Epoch 162: testing psnr = 34.40" (MST)
     (
         None,
-        re.compile(rf"(?<![\w/])Epoch\s+({INT})(?=\s*(?::|Complete\b))", re.I),
+        re.compile(rf"(?<![\w/])Epoch\s+({INT})(?=\s*(?::|,|Complete\b))", re.I),
         lambda m: int(m[1]),
     ),
     # YOLACT: "[  1]    1510 || B: 5.515 | C: 3.088 | M: 7.223 | S: 1.564 | T: 17.647 || ETA: …"

@@ -36,7 +36,7 @@ from moescope.analyze.readers._fields import fields
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile
 from moescope.analyze.readers.keymap import FRAMEWORK_TABLES, MARKERS, guess_beyond_generic
-from moescope.analyze.readers.records import canonical_names, record
+from moescope.analyze.readers.records import canonical_names, is_metric, pairs, record
 from moescope.analyze.readers.trl import dict_over_lines
 
 _TABLES = tuple(name for name in FRAMEWORK_TABLES if name != "prime-rl")
@@ -56,13 +56,18 @@ def _fields_after_step(line: str) -> tuple[int, dict] | None:
     """The line's step and its fields; a finer ``iter N`` counter printed before ``step M`` (litgpt's
     ``iter 1151 step 144: loss 1.70``, one line per micro-batch) is the step, ``M`` kept as a field;
     an epoch printed before the step (``Epoch 2, Step 0, Loss: …``) is kept as ``epoch``, since
-    such a step may count within its epoch (:func:`~moescope.analyze.readers._rows.steps_across_epochs`)."""
+    such a step may count within its epoch (:func:`~moescope.analyze.readers._rows.steps_across_epochs`);
+    a metric a key map knows printed before the step is the step's too (insightface's
+    ``Speed 218.82 samples/sec   Loss nan   Epoch: 0   Global Step: 14750``)."""
     match = STEP.search(line)
     if match is None:
         return None
     found = fields(line[match.end() :])
     if not found:
         return None
+    if match.start() > 0:
+        before = pairs(line[: match.start()])  # split at runs of spaces too
+        found = {**{k: v for k, v in before.items() if is_metric(k) and k not in found}, **found}
     epoch = _EPOCH.search(line, 0, match.start())
     if epoch is not None and "epoch" not in found:
         found["epoch"] = int(epoch.group(1))
