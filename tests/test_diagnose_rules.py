@@ -694,6 +694,20 @@ def test_a_preference_run_whose_log_probs_are_exactly_zero_is_zero_grad(tmp_path
     assert "zero_grad" not in findings_of(tmp_path, scored)
 
 
+@pytest.mark.parametrize(("rewards", "found"), [((0.0, 0.0, 0.0), True), ((0.0, 0.0312, -0.0125), False)])
+def test_a_preference_run_whose_rewards_are_exactly_zero_is_zero_grad(
+    tmp_path: Path, rewards: tuple[float, ...], found: bool
+) -> None:
+    """DPO on a LoRA-tuned Llama whose loss holds at 0.6932 with every reward exactly 0.0 while the
+    responses are scored (log-probabilities near -75): the policy is the reference, step after
+    step; rewards that move after a first record of 0 are a run that learns."""
+    line = "{{'loss': 0.6932, 'rewards/chosen': {0}, 'rewards/rejected': {1}, 'logps/chosen': -76.8}}\n"
+    zero = findings_of(tmp_path, "".join(line.format(r, -r) for r in rewards)).get("zero_grad")
+    assert (zero is not None) == found
+    if found:
+        assert "rewards/chosen and rewards/rejected are exactly 0" in zero.message
+
+
 @pytest.mark.parametrize(("q_values", "judged"), [(", mean_q: -207.46", True), ("", False)])
 def test_a_value_based_rl_loss_is_a_level(tmp_path: Path, q_values: str, judged: bool) -> None:
     """keras-rl's DQN logs its temporal-difference loss as ``loss`` beside ``mean_q``: its blow-up

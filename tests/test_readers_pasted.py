@@ -913,6 +913,20 @@ def test_an_epoch_line_that_opens_with_its_number_and_a_comma_is_that_epoch(tmp_
     assert read_text(tmp_path, line.format(950, 0.6931)).steps[0][S.ACTOR_LOSS] == 0.6931
 
 
+def test_marians_updates_and_mxnets_speedometer_are_steps(tmp_path: Path) -> None:
+    """Marian NMT: ``Ep. 8 : Up. 535500 : Sen. 94,495,934 : Cost nan : … : gNorm 0.6068 : L.r. …``
+    (the update counter the step, ``Cost`` the loss); MXNet's Speedometer, as Sockeye logs it:
+    ``Epoch[0] Batch [50]\tSpeed: 51.34 samples/sec\tperplexity=45560.6`` (the batch the step)."""
+    line = "[2022-05-09 06:45:23] Ep. 8 : Up. {0} : Sen. 94,495,934 : Cost {1} : Time 149.83s : "
+    line += "gNorm 0.6068 : L.r. 5.1856e-05\n"
+    trace = read_text(tmp_path, line.format(535000, 2.46588373) + line.format(535500, "nan"))
+    assert [s["step"] for s in trace.steps] == [535000, 535500] and trace.steps[0][S.ACTOR_LOSS] == 2.46588373
+    assert math.isnan(trace.steps[1][S.ACTOR_LOSS]) and trace.steps[1][S.GRAD_NORM] == 0.6068
+    speed = "[INFO:sockeye.training] Epoch[0] Batch [{0}]\tSpeed: 51.34 samples/sec\tperplexity={1}\n"
+    trace = read_text(tmp_path, speed.format(50, 45560.615048) + speed.format(100, 40441.141217))
+    assert [(s["step"], s["perplexity"]) for s in trace.steps] == [(50, 45560.615048), (100, 40441.141217)]
+
+
 def test_tinygrads_lines_put_each_value_before_its_name(tmp_path: Path) -> None:
     """tinygrad's MLPerf llama prints ``    5 4.36 s run, 11.9375 loss, 0.000000000003 LR, 1454.57 GB
     used, …`` (tinygrad#13803): the step first, then every value before its name."""

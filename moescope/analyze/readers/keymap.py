@@ -208,6 +208,9 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | rlkit | `trainer/QF1 Loss` | `critic/vf_loss` |
 | olmo | `train/CrossEntropyLoss` | `actor/loss` |
 | olmo | `optim/total_grad_norm` | `actor/grad_norm` |
+| marian | `Cost` | `actor/loss` |
+| marian | `gNorm` | `actor/grad_norm` |
+| marian | `L.r.` | `optim/lr` |
 | generic | `loss_scale` | `optim/loss_scale` |
 | generic | `grad_norm_total` | `actor/grad_norm` |
 | generic | `grad_norm_(total)` | `actor/grad_norm` |
@@ -507,6 +510,11 @@ KEY_MAP: dict[str, dict[str, str]] = {
     "olmo": {  # OLMo's trainer: a "[step=N/M,epoch=E]" line over one "    name=value" line a metric
         "train/CrossEntropyLoss": S.ACTOR_LOSS,
         "optim/total_grad_norm": S.GRAD_NORM,
+    },
+    "marian": {  # Marian NMT's line: "Ep. 8 : Up. 535500 : … : Cost nan : … : gNorm 0.6068 : L.r. 5.18e-05"
+        "Cost": S.ACTOR_LOSS,
+        "gNorm": S.GRAD_NORM,
+        "L.r.": S.LR,
     },
     "generic": {  # looked up normalised (see the module docstring)
         "loss": S.ACTOR_LOSS,

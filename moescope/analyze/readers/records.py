@@ -161,6 +161,11 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # XLM's logger, the iteration after the time elapsed: "INFO - 08/01/19 14:20:20 - 2:02:04 -    3550 -
     # 6.84 sent/s - … - MLM-en:  7.5730 -  - model LR: 1.0000e-04"
     (None, re.compile(rf"^\s*[A-Z]+ - [\d/]+ [\d:]+ - \d+:\d\d:\d\d -\s+({INT}) - "), lambda m: int(m[1])),
+    # Marian's updates: "Ep. 8 : Up. 535500 : Sen. 94,495,934 : Cost nan : … : gNorm 0.6068 : L.r. 5.18e-05"
+    ("marian", re.compile(rf"(?<![\w/.])Up\.\s+({INT})(?!\d)"), lambda m: int(m[1])),
+    # MXNet's Speedometer (Sockeye, GluonCV), the batch counted within the epoch:
+    # "Epoch[0] Batch [50]\tSpeed: 51.34 samples/sec\tperplexity=45560.6"
+    (None, re.compile(rf"Epoch\[({INT})\]\s*Batch\s*\[({INT})\]"), lambda m: int(m[2])),
     # a global counter beside the inner ones (MiniLLM: "inner iter:   3/  8 | … | global iter:     15/  5000")
     (None, re.compile(rf"(?<![\w/.])global[_ ]iter(?:ation)?\s*[:=#]?\s*({INT})", re.I), lambda m: int(m[1])),
     (

@@ -125,7 +125,8 @@ def check_zero_grad(trace: Trace) -> list[Finding]:
     on every record, or a preference run's log-probabilities at exactly 0."""
     key = first_logged(trace, (S.GRAD_NORM,))
     found = [] if key is None else _unexplained_zero_norm(trace, key) or _zero_norm_under_loss(trace, key)
-    return found or _loss_at_zero(trace, key) or unmoved_loss(trace) or _preference_unscored(trace)
+    found = found or _loss_at_zero(trace, key) or unmoved_loss(trace)
+    return found or _preference_unscored(trace) or _preference_frozen(trace)
 
 
 def _unexplained_zero_norm(trace: Trace, key: str) -> list[Finding]:
@@ -222,6 +223,26 @@ def _preference_unscored(trace: Trace) -> list[Finding]:
         "record(s)): a log-probability over a response is below 0 once one token is scored, so no "
         "token is (every label masked, responses cut off by the length limits); the preference loss "
         "sits at log 2 and nothing is learned."
+    )
+    return [zero_grad(steps, message, key=chosen)]
+
+
+def _preference_frozen(trace: Trace) -> list[Finding]:
+    """A preference run whose chosen and rejected rewards are exactly 0 on the ``SUSTAIN`` or more
+    records it ends on (its responses scored, or :func:`_preference_unscored` says so): a DPO reward
+    is beta times the policy's log-probability less the reference's, so the policy is the
+    reference to the last bit, step after step: no update reached it (a LoRA adapter that is also
+    the reference, frozen or untrained weights; a DPO run whose loss holds at log 2 = 0.6931)."""
+    chosen, rejected = "rewards/chosen", "rewards/rejected"
+    if not {chosen, rejected} <= logged_key_set(trace):
+        return []
+    steps = _ending_run(trace, chosen, lambda rec: rec[chosen] == 0 and rec.get(rejected) == 0, SUSTAIN)
+    if not steps:
+        return []
+    message = (
+        f"{chosen} and {rejected} are exactly 0 from step {steps[0]} to the end of the log "
+        f"({len(steps)} records): the policy's log-probabilities equal the reference's to the last "
+        "bit, so no update has changed the policy and the preference loss sits at log 2."
     )
     return [zero_grad(steps, message, key=chosen)]
 
