@@ -425,6 +425,19 @@ def test_apex_overflows_that_leave_the_scale_where_it_was_are_at_its_floor(tmp_p
     assert found["overflow"].severity in ("warning", "error") and "floor" in found["overflow"].message
 
 
+@pytest.mark.parametrize(
+    ("ppl", "found"), [("26881171418161356094253400435962903554686976.00", True), ("45560.61", False)]
+)
+def test_a_perplexity_no_healthy_run_reaches_is_a_divergence(tmp_path: Path, ppl: str, found: bool) -> None:
+    """OpenNMT-py with Adam at a learning rate of 2 (OpenNMT-py#869): ``ppl:`` at exp(100), the cap
+    its report puts on a cross-entropy past 100 nats a token; an untrained model's 45,560 is none."""
+    line = "[2018-08-01 18:29:48,221 INFO] Step {0}/100000000; acc:   0.00; ppl: {1}; lr: 2.00000; 52 sec\n"
+    divergence = findings_of(tmp_path, line.format(50, ppl) + line.format(100, ppl)).get("loss_divergence")
+    assert (divergence is not None) == found
+    if found:
+        assert (divergence.step, divergence.severity) == (50, "error")
+
+
 def test_overflows_at_a_scale_that_never_moves_are_no_settling() -> None:
     """Megatron-LM#602: every iteration skipped at a loss scale of 16384 (a fixed scale: a dynamic
     one falls within a few overflows), so the optimizer never stepped."""

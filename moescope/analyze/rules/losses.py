@@ -24,6 +24,7 @@ from moescope.analyze.rules.thresholds import (
     KL_BLOWUP_MIN,
     KL_CEILING,
     LOSS_CEILING,
+    PERPLEXITY_CEILING,
     SUSTAIN,
     WINDOW,
 )
@@ -88,15 +89,29 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
 
 def _any_loss_absurd(trace: Trace) -> list[Finding]:
     """A loss of any name (a segmentation head's ``loss_seg1``, a GAN's ``Loss_D``) at or above
-    ``LOSS_CEILING``: whatever it measures, no healthy run logs one."""
+    ``LOSS_CEILING``, or a perplexity at or above ``PERPLEXITY_CEILING``: whatever it measures, no
+    healthy run logs one."""
     judged = level_losses(trace)
-    named = (k for k in logged_keys(trace) if names_a_loss(k) and k not in judged)
-    found = (
-        above_ceiling("loss_divergence", k, series(trace, k), LOSS_CEILING, k, "the weights diverged")
-        for k in named
-    )
+    keys = logged_keys(trace)
+    found = [
+        *(
+            above_ceiling("loss_divergence", k, series(trace, k), LOSS_CEILING, k, "the weights diverged")
+            for k in keys
+            if names_a_loss(k) and k not in judged
+        ),
+        *(
+            above_ceiling("loss_divergence", k, series(trace, k), PERPLEXITY_CEILING, k, _PERPLEXED)
+            for k in keys
+            if k.lower().rsplit("/", 1)[-1].endswith(("ppl", "perplexity"))
+        ),
+    ]
     first = min((f for f in found if f is not None), key=lambda f: f.step, default=None)
     return [first] if first else []
+
+
+_PERPLEXED = (
+    "a cross-entropy above 27 nats a token, twice any vocabulary's uniform guess: the weights diverged"
+)
 
 
 def held_out_losses(trace: Trace) -> tuple[str, ...]:

@@ -29,6 +29,9 @@ KL_CEILING = 10.0
 # SAC Q-losses in the thousands were healthy in pasted logs); rlkit#50's diverged SAC logged a
 # Q-loss of 1.4e+19 on the one snapshot the user pasted, set 10's paste a loss of 1e+13
 LOSS_CEILING = 1e12
+# a perplexity no healthy run logs: exp of a cross-entropy of 27.6 nats a token, twice the uniform guess
+# over any vocabulary (ln 256,000 = 12.5); OpenNMT prints exp(100) = 2.69e43 once its loss passes 100
+PERPLEXITY_CEILING = 1e12
 LOAD_SHARE_FACTOR = 5.0  # an expert above this many times its uniform share is hot
 # an fp16 loss scale driven this low overflows only where gradient elements pass 65504 / 128 = 512:
 # the gradients blow up, whatever the scaler does (MiniLLM's run fell 128 → 32, LLaMA-Factory's to 8)
