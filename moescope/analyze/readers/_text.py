@@ -295,9 +295,11 @@ def _unmarked(line: str) -> str:
     return line.replace("**", "") if "**" in line and line.lstrip()[:1] in ("*", "|") else line
 
 
-# darknet opens its iteration line with the iteration and a colon, as a rank label: "999: 0.000000,
-# 0.000000 avg, 0.009960 rate, …" is no rank 999's line
-_DARKNET_REST = re.compile(r"[-+]?[\d.]+(?:e[-+]?\d+)?,\s*[-+]?[\d.]+(?:e[-+]?\d+)?\s+avg\b", re.IGNORECASE)
+# what follows the iteration and its colon on darknet's (YOLO v2-v4) iteration line: "999: 0.000000,
+# 0.000000 avg, 0.009960 rate, 4.79 seconds, 63936 images" (the batch's loss, its running mean, the
+# learning rate; AlexeyAB's fork writes "avg loss"). The colon makes it look like a rank label's.
+DARKNET_COUNTS = rf"({NUMBER}),\s*({NUMBER})\s+avg(?: loss)?,\s*({NUMBER})\s+rate,"
+_DARKNET_REST = re.compile(DARKNET_COUNTS)
 
 
 _MARKED_STARTS = RANK_STARTS | {"*", "|"}

@@ -74,6 +74,7 @@ from moescope.analyze.readers._fields import HELD_OUT, field
 from moescope.analyze.readers._rows import Parsed, Row, epochs_as_steps, scan
 from moescope.analyze.readers._text import (
     BAR_HEAD,
+    DARKNET_COUNTS,
     INT,
     MAX_PIECES,
     NUMBER,
@@ -225,9 +226,7 @@ _LOSS_TENSOR = re.compile(
 # 0.000000000003 LR, 1454.57 GB used, 398116.13 GFLOPS", the step first and every value before its name
 _TINYGRAD = re.compile(rf"^\s*(?P<step>{INT})\s+(?:{NUMBER})\s+s run,(?P<rest>.*)$")
 _VALUE_NAME = re.compile(rf"(?:^|,)\s*(?P<value>{NUMBER})\s+(?P<key>[A-Za-z][\w ]*?)\s*(?=,|$)")
-# darknet's (YOLO v2-v4) iteration line: "999: 0.000000, 0.000000 avg, 0.009960 rate, 4.79 seconds, 63936
-# images"; AlexeyAB's fork writes "avg loss"
-_DARKNET = re.compile(rf"^\s*({INT}):\s*({NUMBER}),\s*({NUMBER})\s+avg(?: loss)?,\s*({NUMBER})\s+rate,")
+_DARKNET = re.compile(rf"^\s*({INT}):\s*{DARKNET_COUNTS}")  # darknet's iteration line
 _TACOTRON = re.compile(rf"^\s*Train loss\s+({INT})\s+({NUMBER})\s+Grad Norm\s+({NUMBER})")
 _TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
 
@@ -349,11 +348,8 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
             {("valid/" if held_out else "") + output.group("key"): parse_number(output.group("value"))},
         )
     line = _last_bar(line) if line.count("%|") > 1 else line
-    line = _BRACKETED.sub(r"\g<key>: \g<value>", line) if "] " in line else line
-    line = _INDEXED.sub(r"step \g<step> | \g<key>:", line, count=1) if "]:" in line else line
-    line = _KEY_VALUE.sub(r"\g<key>: \g<value>", line) if "Key:" in line else line
-    line = _DLLOGGER.sub("", line, count=1) if line[:4] == "DLL " else line
-    line = _LOSSES.sub(_named_losses, line) if "[Losses:" in line else line
+    for literal, pattern, rewritten in _REWRITES:  # the literal first: a search is slow
+        line = pattern.sub(rewritten, line) if literal in line else line
     found = marker(line)
     if found is not None:
         framework, step, match = found
@@ -421,6 +417,15 @@ _KEY_VALUE = re.compile(rf"\bKey:\s*(?P<key>[\w./-]+),\s*Value:\s*(?P<value>{NUM
 _DLLOGGER = re.compile(r"^DLL \S+ \S+ - (?:PARAMETER|\(\))?\s*")
 # a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
 _BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
+# the shapes written as "name: value" fields (or a step marker) before a line is read, each where
+# its literal is in the line
+_REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
+    ("] ", _BRACKETED, r"\g<key>: \g<value>"),
+    ("]:", _INDEXED, r"step \g<step> | \g<key>:"),
+    ("Key:", _KEY_VALUE, r"\g<key>: \g<value>"),
+    ("DLL ", _DLLOGGER, ""),
+    ("[Losses:", _LOSSES, _named_losses),
+)
 
 
 def _last_bar(line: str) -> str:

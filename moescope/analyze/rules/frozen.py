@@ -89,9 +89,9 @@ def _at_chance(trace: Trace) -> list[Finding]:
         if classes < 2:
             continue
         level, gap = math.log(classes), math.log1p(1 / classes)
-        decimals = max(_printed_in_text(trace, points[-WINDOW:])[1], *map(_decimals, values[-WINDOW:]))
+        _, decimals, half = _printing(values[-WINDOW:], _printed_in_text(trace, points[-WINDOW:]))
         half_unit = 0.5 * 10.0**-decimals
-        if half_unit >= CHANCE_RESOLUTION * gap or all(_half(v, decimals) for v in values[-WINDOW:]):
+        if half_unit >= CHANCE_RESOLUTION * gap or half:
             continue  # a print too coarse, or one of a bfloat16 or float16 number: on its grid by chance
         near = min(CHANCE_SPREAD * level, CHANCE_RESOLUTION * gap) + half_unit
         start = len(values)
@@ -290,9 +290,16 @@ def printed_digits(values: list[float], printed: tuple[int, int] = (0, 0)) -> in
     half-precision number's 3 where every value is one rounded to the decimals printed
     (modded-llama2's ``3.2812``, ``3.3281``, ``3.3281``: a loss computed in bf16, 1/64 apart near
     3, repeats by chance however many decimals it shows)."""
+    digits, _, half = _printing(values, printed)
+    return min(digits, HALF_DIGITS) if half else digits
+
+
+def _printing(values: list[float], printed: tuple[int, int] = (0, 0)) -> tuple[int, int, bool]:
+    """The most significant digits and decimals of ``values`` as printed (the values' own or the
+    text's, ``printed``), and whether every value is a half-precision number so rounded."""
     digits = max(max((significant_digits(v) for v in values), default=0), printed[0])
     decimals = max(max((_decimals(v) for v in values), default=0), printed[1])
-    return min(digits, HALF_DIGITS) if values and all(_half(v, decimals) for v in values) else digits
+    return digits, decimals, bool(values) and all(_half(v, decimals) for v in values)
 
 
 def _decimals(value: float) -> int:

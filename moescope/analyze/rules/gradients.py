@@ -212,10 +212,7 @@ def _preference_unscored(trace: Trace) -> list[Finding]:
     the records it ends on: a log-probability summed or averaged over a response is below 0 as
     soon as one token is scored, so none is (every label masked, responses cut off by the length
     limits), and the loss sits at log 2 = 0.6931 with every reward and margin at 0."""
-    chosen, rejected = "logps/chosen", "logps/rejected"
-    if not {chosen, rejected} <= logged_key_set(trace):
-        return []
-    steps = _ending_run(trace, chosen, lambda rec: rec[chosen] == 0 and rec.get(rejected) == 0)
+    chosen, rejected, steps = _pair_at_zero(trace, "logps")
     if not steps:
         return []
     message = (
@@ -233,10 +230,7 @@ def _preference_frozen(trace: Trace) -> list[Finding]:
     is beta times the policy's log-probability less the reference's, so the policy is the
     reference to the last bit, step after step: no update reached it (a LoRA adapter that is also
     the reference, frozen or untrained weights; a DPO run whose loss holds at log 2 = 0.6931)."""
-    chosen, rejected = "rewards/chosen", "rewards/rejected"
-    if not {chosen, rejected} <= logged_key_set(trace):
-        return []
-    steps = _ending_run(trace, chosen, lambda rec: rec[chosen] == 0 and rec.get(rejected) == 0, SUSTAIN)
+    chosen, rejected, steps = _pair_at_zero(trace, "rewards", least=SUSTAIN)
     if not steps:
         return []
     message = (
@@ -245,6 +239,20 @@ def _preference_frozen(trace: Trace) -> list[Finding]:
         "bit, so no update has changed the policy and the preference loss sits at log 2."
     )
     return [zero_grad(steps, message, key=chosen)]
+
+
+def _pair_at_zero(trace: Trace, family: str, least: int = 1) -> tuple[str, str, list[int]]:
+    """A preference run's ``<family>/chosen`` and ``<family>/rejected`` and the steps of the run
+    of records, ``least`` or more where the paste is short, on which both are exactly 0 to the
+    end of the log (:func:`_ending_run`; none where either is not logged)."""
+    chosen, rejected = f"{family}/chosen", f"{family}/rejected"
+    if not {chosen, rejected} <= logged_key_set(trace):
+        return chosen, rejected, []
+    return (
+        chosen,
+        rejected,
+        _ending_run(trace, chosen, lambda rec: rec[chosen] == 0 and rec.get(rejected) == 0, least),
+    )
 
 
 def _zero_with_a_small_norm(rec: dict[str, Any], loss: str, norm: str | None) -> bool:

@@ -93,18 +93,9 @@ def _any_loss_absurd(trace: Trace) -> list[Finding]:
     healthy run logs one."""
     judged = level_losses(trace)
     keys = logged_keys(trace)
-    found = [
-        *(
-            above_ceiling("loss_divergence", k, series(trace, k), LOSS_CEILING, k, "the weights diverged")
-            for k in keys
-            if names_a_loss(k) and k not in judged
-        ),
-        *(
-            above_ceiling("loss_divergence", k, series(trace, k), PERPLEXITY_CEILING, k, _PERPLEXED)
-            for k in keys
-            if k.lower().rsplit("/", 1)[-1].endswith(("ppl", "perplexity"))
-        ),
-    ]
+    limits = [(k, LOSS_CEILING, "the weights diverged") for k in keys if names_a_loss(k) and k not in judged]
+    limits += [(k, PERPLEXITY_CEILING, _PERPLEXED) for k in keys if k.lower().endswith(("ppl", "perplexity"))]
+    found = (above_ceiling("loss_divergence", k, series(trace, k), top, k, why) for k, top, why in limits)
     first = min((f for f in found if f is not None), key=lambda f: f.step, default=None)
     return [first] if first else []
 
