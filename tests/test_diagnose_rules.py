@@ -311,6 +311,25 @@ def test_a_spike_or_a_rise_from_zero_is_no_loss_jump(tmp_path: Path, losses: lis
 
 
 @pytest.mark.parametrize(
+    ("losses", "step"),
+    [
+        ([-5.5, -5.3, -5.4, -4.7, 40490.2, -3.5, -2.2, -1.7], 4),  # waveglow#38: never back below -4.7
+        ([-4.07, -4.49, -4.45, -4.32, 4191.7, -2.41, -2.91], 4),  # a paste two records past the jump
+        ([-4.07, -4.49, -4.45, -4.32, 4191.7, -4.41, -4.30, -4.38], None),  # a lone spike, back at its level
+        ([-4.07, -4.49, -4.45, -4.32, -2.41, -2.40, -2.38], None),  # a rise from below 0 with no jump
+        ([-4.07, -4.49, -4.45, -4.32, 4191.7, -2.41], None),  # one record after it: no level yet
+    ],
+)
+def test_a_loss_below_zero_that_jumps_and_stays_above_its_range_is_a_divergence(
+    tmp_path: Path, losses: list[float], step: int | None
+) -> None:
+    """A flow's negative log-likelihood has no ratio to its level: a jump of many times its size,
+    after which the loss never comes back within the range it held, is the run leaving its level."""
+    found = findings_of(tmp_path, _loss_lines(losses)).get("loss_divergence")
+    assert (found and (found.step, found.severity)) == (step and (step, "warning"))
+
+
+@pytest.mark.parametrize(
     ("scales", "severity"), [((32768, 16384, 8192, 4096), "info"), ((32768, 2**37, 2**36, 2**35), "warning")]
 )
 def test_overflows_opening_a_run_are_settling_only_while_the_scale_falls(

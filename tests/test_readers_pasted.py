@@ -430,6 +430,32 @@ def test_tacotrons_iteration_before_its_loss_is_the_step(tmp_path: Path) -> None
     assert trace.steps[0][S.GRAD_NORM] == 13.484264
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "{}:\t{:.9f}\n",  # NVIDIA WaveGlow's train.py
+        "step_{}:\tloss_{:.9f}\n",  # a fork of it, each value glued to its name
+    ],
+)
+def test_a_counter_and_its_unnamed_or_glued_loss_are_read(tmp_path: Path, line: str) -> None:
+    """WaveGlow prints ``123873:\t-5.480178833``, the iteration and its loss, nothing else; a fork
+    prints ``step_78540:\tloss_-4.065555573``."""
+    losses = [-5.480178833, -5.3522892, 40490.1796875]
+    trace = read_text(tmp_path, "".join(line.format(123873 + i, v) for i, v in enumerate(losses)))
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [
+        (123873 + i, v) for i, v in enumerate(losses)
+    ]
+
+
+def test_a_name_glued_to_an_integer_stays_a_name(tmp_path: Path) -> None:
+    """Only a count after ``step_`` and a value with a decimal point are unglued: ``top_5`` is a name."""
+    trace = read_text(tmp_path, "step_10:\tloss_0.52\tacc_top_5 0.91\nstep_20:\tloss_0.48\tacc_top_5 0.93\n")
+    assert [(s["step"], s[S.ACTOR_LOSS], s["acc_top_5"]) for s in trace.steps] == [
+        (10, 0.52, 0.91),
+        (20, 0.48, 0.93),
+    ]
+
+
 def test_a_logger_line_after_records_of_one_length_is_no_wrapped_piece(tmp_path: Path) -> None:
     """mmengine's records can share one length by chance (mmselfsup's MoCo v3 run: 165 characters),
     which reads like a terminal's wrap width; the ``Exp name`` line after one opens with the

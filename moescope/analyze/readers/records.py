@@ -228,6 +228,8 @@ _TINYGRAD = re.compile(rf"^\s*(?P<step>{INT})\s+(?:{NUMBER})\s+s run,(?P<rest>.*
 _VALUE_NAME = re.compile(rf"(?:^|,)\s*(?P<value>{NUMBER})\s+(?P<key>[A-Za-z][\w ]*?)\s*(?=,|$)")
 _DARKNET = re.compile(rf"^\s*({INT}):\s*{DARKNET_COUNTS}")  # darknet's iteration line
 _TACOTRON = re.compile(rf"^\s*Train loss\s+({INT})\s+({NUMBER})\s+Grad Norm\s+({NUMBER})")
+# NVIDIA's WaveGlow: "123873:\t-5.480178833", the iteration and its loss, unnamed, alone on the line
+_COUNTED_VALUE = re.compile(rf"^\s*({INT}):\s+({NUMBER})\s*$")
 _TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
 
 
@@ -378,6 +380,9 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     if tacotron:  # the iteration between the name and its value: no "loss" of 0, 1, 2, …
         step, loss, norm = tacotron.groups()
         return int(step), None, {"loss": parse_number(loss), "grad_norm": parse_number(norm)}
+    counted = _COUNTED_VALUE.match(line) if ":" in line else None
+    if counted:  # print(f"{iteration}:\t{loss}"): the one number a loop prints beside its counter
+        return int(counted[1]), None, {"loss": parse_number(counted[2])}
     fields = (
         {row.group("key"): parse_number(row.group("value"))} if row else pairs(line) if _numeric(line) else {}
     )
@@ -417,6 +422,16 @@ _KEY_VALUE = re.compile(rf"\bKey:\s*(?P<key>[\w./-]+),\s*Value:\s*(?P<value>{NUM
 _DLLOGGER = re.compile(r"^DLL \S+ \S+ - (?:PARAMETER|\(\))?\s*")
 # a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
 _BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
+# names glued to their values by an underscore, a WaveGlow fork's "step_78540:\tloss_-4.065555573": the
+# step's count, and a value with a decimal point (never "top_5", a name)
+_GLUED = re.compile(rf"(?<![\w.])(?:step_({INT})|([A-Za-z]+)_(-?\d+\.\d+(?:[eE][-+]?\d+)?))(?![\w.])")
+
+
+def _unglued(match: re.Match[str]) -> str:
+    step, key, value = match.groups()
+    return f"step {step}" if step else f"{key}: {value}"
+
+
 # the shapes written as "name: value" fields (or a step marker) before a line is read, each where
 # its literal is in the line
 _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
@@ -425,6 +440,7 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     ("Key:", _KEY_VALUE, r"\g<key>: \g<value>"),
     ("DLL ", _DLLOGGER, ""),
     ("[Losses:", _LOSSES, _named_losses),
+    ("step_", _GLUED, _unglued),
 )
 
 

@@ -162,7 +162,7 @@ def _loss_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
             )
             severity = "error" if frozen else "warning"
             return [Finding("loss_divergence", step, severity, message, {"key": key, "baseline": before})]
-    return _last_record_jump(key, points)
+    return _last_record_jump(key, points) or _jump_below_zero(key, points)
 
 
 def _frozen(after: list[float]) -> bool:
@@ -189,6 +189,29 @@ def _last_record_jump(key: str, points: list[tuple[int, float]]) -> list[Finding
         f"({last / before:.0f}x what came before): the paste ends as the run leaves its level."
     )
     return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": before})]
+
+
+def _jump_below_zero(key: str, points: list[tuple[int, float]]) -> list[Finding]:
+    """A loss held at or below 0 (a flow's or a VAE's negative log-likelihood: no ratio to such a
+    level means anything) that jumps on one record by ``DIVERGENCE_FACTOR``² times the larger of
+    its level's size and its range over the ``WINDOW`` records before, and whose next ``SUSTAIN``
+    records (two at least, to the end of a shorter paste) all stay above the highest of those:
+    the run did not come back to where it was (waveglow#38: −5.6 … −4.7, then 40490, then −3.5 …
+    −1.1). A healthy run's lone spike falls back within its range."""
+    values = [v for _, v in points]
+    for i in range(SUSTAIN, len(values) - 2):
+        held = values[max(0, i - WINDOW) : i]
+        level, top = statistics.median(held), max(held)
+        scale = max(abs(level), top - min(held))
+        after = values[i + 1 : i + 1 + SUSTAIN]
+        if level <= 0 and values[i] - level > DIVERGENCE_FACTOR**2 * scale and min(after) > top:
+            step = points[i][0]
+            message = (
+                f"{key} jumps at step {step} from its level {level:.3g} to {values[i]:.3g} and does not "
+                f"come back: the {len(after)} records after stay above {top:.3g}, the highest before it."
+            )
+            return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": level})]
+    return []
 
 
 def _climb_to_end(key: str, points: list[tuple[int, float]]) -> list[Finding]:
