@@ -329,6 +329,48 @@ def test_a_loss_below_zero_that_jumps_and_stays_above_its_range_is_a_divergence(
     assert (found and (found.step, found.severity)) == (step and (step, "warning"))
 
 
+@pytest.mark.parametrize(("held", "found"), [(10, True), (9, False)])
+def test_a_half_precision_loss_is_pinned_only_on_ten_records(tmp_path: Path, held: int, found: bool) -> None:
+    """MiniGPT-4#67: 10.3750 (a bfloat16 number, ln of LLaMA's 32,000 tokens) on every record; a
+    learning loss in bfloat16 stays within one step of the grid a record or two, by chance."""
+    losses = [10.6250, 10.5625] + ["10.3750"] * held
+    line = "Train: data epoch: [0]  [{}/5000]  lr: 0.000029  loss: {}  time: 0.4920\n"
+    text = "".join(line.format(50 * i, v) for i, v in enumerate(losses))
+    assert ("zero_grad" in findings_of(tmp_path, text)) == found
+
+
+@pytest.mark.parametrize(
+    ("accuracies", "found"),
+    [
+        (["0.5000"] * 5, True),  # a binary link predictor answering one class on balanced data
+        (["0.2500"] * 3 + ["0.1000"] * 5, True),  # a ten-way classifier, at the end
+        (["50.00"] * 5, True),  # as a percentage
+        (["0.5000"] * 4, False),  # too few records
+        (["0.5"] * 5, False),  # a print too coarse to see it move
+        (["0.6838"] * 5, False),  # no 1/K
+    ],
+)
+def test_an_accuracy_held_at_one_over_k_is_zero_grad(
+    tmp_path: Path, accuracies: list[str], found: bool
+) -> None:
+    losses = [1.36, 1.34, 1.09, 0.77, 0.73, 1.03, 1.32, 1.39]
+    text = "".join(
+        f"epoch {i}, train loss: {loss}, train acc: {a}\n"
+        for i, (loss, a) in enumerate(zip(losses, accuracies, strict=False))
+    )
+    assert ("zero_grad" in findings_of(tmp_path, text)) == found
+
+
+def test_a_runs_best_loss_so_far_is_no_loss_to_judge(tmp_path: Path) -> None:
+    """fairseq's ``best_loss`` holds between improvements by construction (DisCo#1: 5.95385 on every
+    validation line, which read as a uniform guess among 385 classes)."""
+    line = (
+        "| epoch {} | valid on 'valid' subset | loss {} | ppl 300.93 | num_updates {} | best_loss 5.95385\n"
+    )
+    text = "".join(line.format(152 + i, 9.3 + 0.2 * i, 42491 + 280 * i) for i in range(6))
+    assert "zero_grad" not in findings_of(tmp_path, text)
+
+
 @pytest.mark.parametrize(
     ("scales", "severity"), [((32768, 16384, 8192, 4096), "info"), ((32768, 2**37, 2**36, 2**35), "warning")]
 )

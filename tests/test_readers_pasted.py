@@ -447,6 +447,16 @@ def test_a_counter_and_its_unnamed_or_glued_loss_are_read(tmp_path: Path, line: 
     ]
 
 
+def test_a_loops_print_of_step_and_loss_glued_behind_a_bar_is_that_bars_loss(tmp_path: Path) -> None:
+    """unsloth#1169's loop prints ``step, loss`` behind the trainer's bar: ``…| 1/600 [00:17<2:54:35,
+    17.49s/it]0, 11.2299``."""
+    bar = "  0%|          | {}/600 [00:17<2:54:35, 17.49s/it]{}, {}\n"
+    trace = read_text(
+        tmp_path, "".join(bar.format(i + 1, i, v) for i, v in enumerate([11.2299, 11.3888, 9.294]))
+    )
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(1, 11.2299), (2, 11.3888), (3, 9.294)]
+
+
 def test_a_name_glued_to_an_integer_stays_a_name(tmp_path: Path) -> None:
     """Only a count after ``step_`` and a value with a decimal point are unglued: ``top_5`` is a name."""
     trace = read_text(tmp_path, "step_10:\tloss_0.52\tacc_top_5 0.91\nstep_20:\tloss_0.48\tacc_top_5 0.93\n")
@@ -454,6 +464,74 @@ def test_a_name_glued_to_an_integer_stays_a_name(tmp_path: Path) -> None:
         (10, 0.52, 0.91),
         (20, 0.48, 0.93),
     ]
+
+
+def test_edsrs_counter_under_its_epoch_header_is_the_step_and_its_bracketed_loss_the_loss(
+    tmp_path: Path,
+) -> None:
+    """EDSR-PyTorch: ``[Epoch 2]\tLearning rate: …`` over ``[1200/10500]\t[L1: nan]\t20.2+46.7s``
+    (samples counted on across epochs); several terms are each ``<term>_loss``, ``Total`` the loss."""
+    text = (
+        "[Epoch 1]\tLearning rate: 1.00e-4\n[1200/10500]\t[L1: 11.2929]\t21.0+60.3s\n"
+        "[2400/10500]\t[L1: 8.8598]\t20.0+63.7s\n\nEvaluation:\n[Epoch 2]\tLearning rate: 1.00e-4\n"
+        "[1200/10500]\t[L1: nan]\t20.2+46.7s\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [1200, 2400, 11700]
+    assert trace.steps[0][S.ACTOR_LOSS] == 11.2929 and math.isnan(trace.steps[2][S.ACTOR_LOSS])
+    terms = read_text(
+        tmp_path, "[Epoch 1]\tLearning rate: 1e-4\n[800/800]\t[L1: 0.02]\t[VGG54: 0.3]\t[Total: 0.32]\t1+1s\n"
+    )
+    assert {k: v for k, v in terms.steps[0].items() if k not in ("step", "raw")} == {
+        "L1_loss": 0.02,
+        "VGG54_loss": 0.3,
+        S.ACTOR_LOSS: 0.32,
+    }
+
+
+def test_a_metric_printed_nan_on_a_line_no_reader_reads_is_counted(tmp_path: Path) -> None:
+    """A NaN in a line of a shape the log's reader skips is kept as a non-finite count on its
+    step, not dropped with the line; darknet's statistics of an empty YOLO layer are no NaN."""
+    records = "".join(f"step {i} | loss {v} | lr 1e-05\n" for i, v in enumerate([2.1, 2.0, 1.9]))
+    trace = read_text(tmp_path, records + ">> [seq x2] l1_term: nan | 20.2+46.7s\n")
+    assert trace.steps[-1][S.NONFINITE] == 1 and any("print a metric as NaN" in n for n in trace.notes)
+    found = {f.type: f for f in diagnose(trace)}["nonfinite"]
+    assert "in the log's text" in found.message  # not "in gradients": the line names none
+    region = "Region 82 Avg IOU: -nan, Class: -nan, Obj: -nan, No Obj: 0.000002, count: 0\n"
+    assert S.NONFINITE not in read_text(tmp_path, records + region).steps[-1]
+
+
+def test_a_value_ending_a_sentence_and_a_loggers_source_location_are_read_right(tmp_path: Path) -> None:
+    """TensorFlowTTS: ``2020-09-10 11:52:14,447 (base_trainer:831) INFO: (Step: 95400)
+    train_f0_loss = 0.0659.``: the period ends the sentence, ``base_trainer`` is no metric, and a
+    ``= nan.`` on such a line is a NaN at that step."""
+    head = "2020-09-10 11:52:14,448 (base_trainer:831) INFO: (Step: 95400) "
+    trace = read_text(tmp_path, head + "train_f0_loss = 0.0659.\n" + head + "train_mel_loss_before = nan.\n")
+    (step,) = trace.steps
+    assert step["step"] == 95400 and step["train_f0_loss"] == 0.0659 and "base_trainer" not in step
+    assert step[S.NONFINITE] == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "step", "values"),
+    [
+        (  # icefall: the batch within the epoch, its AMP scaler's scale
+            "2025-05-20 02:38:47,195 INFO [train_phone.py:1056] (7/8) Epoch 1, batch 14300, "
+            "loss[loss=0.6675, simple_loss=0.6511, over 19153.00 frames. ], grad_scale: 6.103515625e-05",
+            14300,
+            {S.LOSS_SCALE: 6.103515625e-05},
+        ),
+        ("It: 240, Loss: 8.126e+00, Time: 0.11", 240, {S.ACTOR_LOSS: 8.126}),  # Raissi's PINNs
+        (  # LAVIS's MetricLogger (MiniGPT-4, BLIP-2)
+            "Train: data epoch: [1]  [3950/5000]  eta: 0:08:37  lr: 0.000029  loss: 10.3750  time: 0.4920",
+            8950,
+            {S.ACTOR_LOSS: 10.375},
+        ),
+    ],
+)
+def test_icefall_pinn_and_lavis_step_lines(tmp_path: Path, line: str, step: int, values: dict) -> None:
+    (read,) = read_text(tmp_path, line + "\n").steps
+    assert read["step"] == step and {k: read[k] for k in values} == values
 
 
 def test_a_logger_line_after_records_of_one_length_is_no_wrapped_piece(tmp_path: Path) -> None:

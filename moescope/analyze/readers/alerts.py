@@ -23,7 +23,9 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   (0.0001)``), which, as DeepSpeed's ``Current loss scale already at minimum - cannot decrease
   scale anymore. Exiting run.``, also sets ``optim/scaler_stopped``: the run ended there;
 - Megatron's counters printed on a line of their own (``number of skipped iterations: 2``,
-  ``number of nan iterations: 1``) → ``optim/skipped`` / ``health/nonfinite`` when above 0.
+  ``number of nan iterations: 1``) → ``optim/skipped`` / ``health/nonfinite`` when above 0;
+- and any other line that prints a metric as NaN (``name: nan``, ``name=nan``) in a shape the
+  log's reader does not read → ``health/nonfinite``: a NaN the records would otherwise drop unseen.
 
 A line belongs to the step its own ``step N`` / ``iteration N`` names (or the progress bar it is
 glued behind counts, where the records' steps are that bar's counts), else to the record printed
@@ -51,7 +53,7 @@ from moescope.analyze.readers.megatron import (
     overflow_event,
     reduced_scale,
 )
-from moescope.analyze.readers.plain import STEP_IN_LINE
+from moescope.analyze.readers.plain import STEP_IN_LINE, is_record
 
 _COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.IGNORECASE)
 # PaddleNLP's trainer, an update its scaler dropped:
@@ -117,6 +119,10 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
 )
 """``(pattern, what a matching line says)``: the metrics one line adds to its step."""
 
+# a metric printed NaN on a line of a shape the log's reader does not read as a record (EDSR's
+# "[1200/10500]\t[L1: nan]" among lines of another shape): a NaN all the same
+_NAMED_NAN = re.compile(r"(?<![\w.])[A-Za-z_][\w./-]*\s*[:=]\s*[-+]?nan(?!\w|\.\d)", re.IGNORECASE)
+
 
 def said(line: str) -> dict[str, Any]:
     """The metrics an alert line adds to its step; empty for any other line."""
@@ -125,6 +131,13 @@ def said(line: str) -> dict[str, Any]:
         if match:
             return reading(match, line)
     return {}
+
+
+def _said_or_nan(line: str) -> dict[str, Any]:
+    """:func:`said`, or a NaN count where the line prints a metric as NaN (not darknet's statistics
+    of a YOLO layer that saw no object, :func:`~moescope.analyze.readers.plain.is_record`)."""
+    named = "nan" in line.lower() and is_record(line) and _NAMED_NAN.search(line)
+    return said(line) or ({S.NONFINITE: 1} if named else {})
 
 
 def fold(parsed: Parsed, lines: list[str]) -> Parsed:
@@ -139,7 +152,7 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
             end = overflow_event(lines, n - 1)[1]
             text = "".join(lines[n - 1 : end])
             pieces.update(range(n + 1, end + 1))
-        if found := said(text):
+        if found := _said_or_nan(text):
             alerts.append((n, text.strip(), found))
     if not alerts:
         return parsed
@@ -158,10 +171,18 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
         parsed.rows.append(Row(step, {**found, S.ALERTS: text}, text, number))
     folded = pieces.union(a[0] for a in alerts)  # once: a long log skips many lines
     parsed.skipped = [n for n in parsed.skipped if n not in folded]
-    parsed.notes.append(
-        f"{len(alerts)} warning line(s) of the framework itself were read into their steps "
-        f"(health/alerts; the first is line {alerts[0][0]})"
-    )
+    warnings = [n for n, text, _ in alerts if said(text)]
+    if warnings:
+        parsed.notes.append(
+            f"{len(warnings)} warning line(s) of the framework itself were read into their steps "
+            f"(health/alerts; the first is line {warnings[0]})"
+        )
+    if len(warnings) < len(alerts):
+        first = next(n for n, text, _ in alerts if not said(text))
+        parsed.notes.append(
+            f"{len(alerts) - len(warnings)} line(s) of a shape not read as records print a metric as NaN: "
+            f"counted as non-finite on their steps (health/alerts; the first is line {first})"
+        )
     return parsed
 
 

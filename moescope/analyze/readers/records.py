@@ -127,8 +127,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # the WGAN / DCGAN examples, epochs from 0: "[167/1000][555/782][24987] Loss_D: -0.77 Loss_G: …"
     (None, re.compile(rf"^\s*\[{_I}/\s*{INT}\s*\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
     # PyTorch's ImageNet example and the MetricLogger of DeiT / MAE / LLaMA-Adapter count epochs
-    # from 0 ("Epoch: [0]  [ 10/582]"); a loop counting from 1 is read one epoch on, still in order
-    (None, re.compile(rf"Epoch:\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
+    # from 0 ("Epoch: [0]  [ 10/582]", LAVIS's "Train: data epoch: [0]  [3950/5000]"); a loop
+    # counting from 1 is read one epoch on, still in order
+    (None, re.compile(rf"[Ee]poch:\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
     (
         None,
         re.compile(rf"Epoch\s*:?\s*\[{_I}/\s*{INT}\s*\]\s*\({_I}/{_I}\)", re.IGNORECASE),
@@ -178,6 +179,10 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         ),
         lambda m: int(m[1]),
     ),
+    # icefall (k2), the batch counted within the epoch: "Epoch 1, batch 14300, loss[loss=0.6675, …]"
+    (None, re.compile(rf"(?<![\w/])Epoch\s+{INT},\s*batch\s+({INT})(?=,)"), lambda m: int(m[1])),
+    # Raissi's physics-informed networks and the many loops copied from them: "It: 240, Loss: 8.126e+00"
+    (None, re.compile(rf"^\s*It:\s*({INT})(?=,)"), lambda m: int(m[1])),
     # an epoch's line, where no step is named: "===> Epoch 162 Complete: Avg. Loss: 0.014234" and
     # "===> Epoch 162: testing psnr = 34.40" (MST)
     (
@@ -193,6 +198,10 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # model_grad_norm nan / …"
     (None, re.compile(rf"^\s*({INT})/{INT}(?=[\s,(]|:\s)(?!\s+\d{{1,2}}:\d\d)"), lambda m: int(m[1])),
     (None, re.compile(rf"^\s*\[({INT})\](?=\s)"), lambda m: int(m[1])),
+    # EDSR-PyTorch's trainer and the super-resolution repositories built on it, the samples of the
+    # epoch before its bracketed losses: "[1600/16000]\t[L1: 5.9633]\t65.8+0.4s" (the epoch on a
+    # "[Epoch 26]\tLearning rate: 1.00e-4" header above)
+    (None, re.compile(rf"^\s*\[({INT})/{INT}\](?=\s*\[[A-Za-z])"), lambda m: int(m[1])),
     # or its step before "|"-separated "name value" fields: "250 | loss 4.09 | lr 3e-04 | 13707ms"
     (None, re.compile(rf"^\s*({INT})\s*\|(?=\s*[A-Za-z_])"), lambda m: int(m[1])),
 )
@@ -228,8 +237,9 @@ _TINYGRAD = re.compile(rf"^\s*(?P<step>{INT})\s+(?:{NUMBER})\s+s run,(?P<rest>.*
 _VALUE_NAME = re.compile(rf"(?:^|,)\s*(?P<value>{NUMBER})\s+(?P<key>[A-Za-z][\w ]*?)\s*(?=,|$)")
 _DARKNET = re.compile(rf"^\s*({INT}):\s*{DARKNET_COUNTS}")  # darknet's iteration line
 _TACOTRON = re.compile(rf"^\s*Train loss\s+({INT})\s+({NUMBER})\s+Grad Norm\s+({NUMBER})")
-# NVIDIA's WaveGlow: "123873:\t-5.480178833", the iteration and its loss, unnamed, alone on the line
-_COUNTED_VALUE = re.compile(rf"^\s*({INT}):\s+({NUMBER})\s*$")
+# NVIDIA's WaveGlow: "123873:\t-5.480178833", the iteration and its loss, unnamed, alone on the line;
+# a loop's print(step, loss, sep=", ") likewise
+_COUNTED_VALUE = re.compile(rf"^\s*({INT})[:,]\s+({NUMBER})\s*$")
 _TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
 
 
@@ -254,6 +264,7 @@ def pairs(text: str) -> dict[str, Any]:
     text = _QUOTED.sub(r"\g<key>: \g<value>", text) if "'" in text or '"' in text else text
     for piece in _SPLIT.split(text):
         piece = piece.strip(" :,-")
+        piece = piece[:-1] if piece.endswith(".") and _SENTENCE_END.search(piece) else piece
         simple = _SIMPLE.fullmatch(piece)  # most fields: one labelled plain number, read without the rest
         if simple and (number := plain_number(simple.group("value"))) is not None:
             out[simple.group("key")] = number
@@ -287,6 +298,10 @@ def _list_mean(match: re.Match[str]) -> str:
     return match.group(1) + repr(sum(values) / len(values))
 
 
+# a value that ends a sentence, the line's last (TensorFlowTTS: "(Step: 95400) train_f0_loss = 0.0659.",
+# ML-Agents' "Std of Reward: 0.000."): a period after a decimal point's digits (a "nan." is left to
+# the alerts: TensorFlow's "Model diverged with loss = NaN." says more than a NaN loss)
+_SENTENCE_END = re.compile(r"\d\.\d+\.$")
 _DIGITISH = re.compile(r"\d|nan|inf", re.IGNORECASE)
 # every field names itself, and every name (and the "s" of a bare duration) starts with one of these
 _NAME_START = re.compile(r"[A-Za-z_]")
@@ -362,6 +377,9 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
             postfix = _BAR_POSTFIX.search(rest, bar.end())
             rest = rest[: bar.start()] + (" | " + postfix.group("postfix") if postfix else "")
         fields = pairs(rest)
+        shown = not fields and "%|" in match.group(0)  # a progress bar, and no field after it
+        if shown and (counted := _COUNTED_VALUE.match(line[line.rfind("]") + 1 :])):
+            fields = {"loss": parse_number(counted[2])}  # a loop's print(step, loss) glued behind the bar
         return (step, framework, {**fields, **glued}) if fields else None
     row = _TABLE_ROW.match(line)  # a two-column table (tabulate, markdown) of one step's stats
     printed = _LOSS_TENSOR.match(line) if row is None and "grad_fn=" in line else None
@@ -432,6 +450,25 @@ def _unglued(match: re.Match[str]) -> str:
     return f"step {step}" if step else f"{key}: {value}"
 
 
+# EDSR's losses, each in brackets after the counter: one is the loss, or several and their "Total"
+_SR_LOSSES = re.compile(rf"^(\s*\[{INT}/{INT}\])((?:\s*\[[A-Za-z]\w*:\s*(?:{NUMBER})\])+)")
+_SR_TERM = re.compile(rf"\[([A-Za-z]\w*):\s*({NUMBER})\]")
+
+
+def _sr_losses(match: re.Match[str]) -> str:
+    """EDSR's ``[L1: 5.96]`` the loss; of ``[L1: 0.02]\t[VGG54: 0.3]\t[Total: 0.32]`` each term
+    ``<term>_loss``, ``Total`` the loss."""
+    terms = _SR_TERM.findall(match.group(2))
+    named = [("loss" if len(terms) == 1 or t == "Total" else f"{t}_loss", v) for t, v in terms]
+    return match.group(1) + " " + ", ".join(f"{name}: {value}" for name, value in named)
+
+
+# where a Python logger says it logged from, no metric: ESPnet's and TensorFlowTTS's "(base_trainer:831)
+# INFO: …", icefall's "INFO [train.py:1047]"
+_LOGGED_AT = re.compile(
+    r"\((?:[\w.]+):\d+\)\s*(?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b)|\[[\w./-]+\.py:\d+\]"
+)
+
 # the shapes written as "name: value" fields (or a step marker) before a line is read, each where
 # its literal is in the line
 _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
@@ -441,6 +478,8 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     ("DLL ", _DLLOGGER, ""),
     ("[Losses:", _LOSSES, _named_losses),
     ("step_", _GLUED, _unglued),
+    ("]\t[", _SR_LOSSES, _sr_losses),
+    (":", _LOGGED_AT, ""),
 )
 
 
@@ -492,6 +531,10 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         if header:
             epoch = (int(header[1]), header[2] is not None)
             return [], end
+        header = _SR_EPOCH.match(text) if text.lstrip().startswith("[Epoch") else None
+        if header:
+            epoch = (int(header[1]), True)
+            return [], end
         interval = _KERAS_INTERVAL.fullmatch(text)  # keras-rl: its bar counts the interval's steps
         if interval:
             epoch = (int(interval[1]), True)
@@ -528,15 +571,19 @@ _HELD_OUT_LINE = re.compile(r"\|\s*valid on '[^']*' subset\s*\|")  # fairseq: "|
 _KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})(/{INT})?\s*")
 _KERAS_INTERVAL = re.compile(rf"\s*Interval\s+({INT})\s+\({INT} steps performed\)\s*")
 _KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")
+# EDSR's epoch header, "[Epoch 26]\tLearning rate: 1.00e-4", over its "[1600/16000]\t[L1: 5.96]" lines
+_SR_EPOCH = re.compile(rf"\s*\[Epoch\s+({INT})\]")
+_SR_COUNTER = re.compile(rf"\s*\[({INT})/({INT})\]")
 
 
 def _keras_step(text: str, epoch: tuple[int, bool] | None, step: int | None) -> int | None:
     """A Keras progress line's step: its batch counter ``i/n`` after the epochs before it (Keras
-    counts them from 1; keras-rl's ``Interval 5 (40000 steps performed)`` alike), as each epoch's
+    counts them from 1; keras-rl's ``Interval 5 (40000 steps performed)`` and EDSR's ``[Epoch 26]``
+    over its ``[1600/16000]`` lines alike), as each epoch's
     counter starts over; under an old Keras's bare ``Epoch e`` header (epochs from 0, one line an
     epoch: its sample counter, the same every epoch, is no step) the epoch itself; ``step`` for
     any other line."""
-    bar = _KERAS_BAR.match(text) if epoch is not None else None
+    bar = (_KERAS_BAR.match(text) or _SR_COUNTER.match(text)) if epoch is not None else None
     if bar is None or epoch is None:
         return step
     number, counted = epoch

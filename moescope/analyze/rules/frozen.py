@@ -20,6 +20,7 @@ from moescope.analyze.rules.thresholds import (
     FINE_DIGITS,
     FLAT_SHARE,
     HALF_DIGITS,
+    HALF_HELD,
     PINNED_DIGITS,
     PINNED_SPREAD,
     REPLAYED_RUN,
@@ -35,7 +36,7 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
     values there, one held at the loss of a uniform guess, or an accuracy held at 0 beside a loss
     that does not fall."""
     held = _pinned(trace) or _replayed(trace) or _recycled(trace)
-    return held or _at_chance(trace) or _nothing_right(trace)
+    return held or _at_chance(trace) or _nothing_right(trace) or _one_class(trace)
 
 
 def _pinned(trace: Trace) -> list[Finding]:
@@ -140,6 +141,40 @@ def _nothing_right(trace: Trace) -> list[Finding]:
     return []
 
 
+def _one_class(trace: Trace) -> list[Finding]:
+    """An accuracy held at exactly 1/K (K = 2 … 10; as a share or a percentage) on the
+    ``REPLAYED_RUN`` or more records a log ends on, printed to three decimals or more: the share
+    of one class among K balanced ones, what a model that answers that class whatever its input
+    scores (a link predictor's ``train acc: 0.5000 val acc: 0.5000`` epoch after epoch while its
+    loss wanders). A model that learns moves its accuracy in the third decimal. Not in RL, nor a
+    run's best so far."""
+    if is_rl(trace):
+        return []
+    for key in logged_keys(trace):
+        low = key.lower()
+        if "acc" not in low or "best" in low:
+            continue
+        points = series(trace, key)
+        held = next((i for i, (_, v) in enumerate(reversed(points)) if v != points[-1][1]), len(points))
+        value = points[-1][1] if points else 0.0
+        share = value / 100 if value > 1 else value
+        classes = round(1 / share) if 0 < share <= 0.5 else 0
+        if held < REPLAYED_RUN or not 2 <= classes <= 10 or abs(share * classes - 1) > 1e-9:
+            continue
+        _, decimals, _ = _printing([value], _printed_in_text(trace, points[-WINDOW:]))
+        if decimals < 3 - (value > 1) * 2:  # 0.500 as a share, 50.0 as a percentage
+            continue
+        steps = [s for s, _ in points[len(points) - held :]]
+        message = (
+            f"{key} is exactly {value:.{decimals}f} = 1/{classes} on "
+            f"{'all' if held == len(points) else 'its last'} {held} records, from step {steps[0]}: the "
+            f"share of one class among {classes}, what a model that gives one answer whatever its input "
+            "scores; no update changes it."
+        )
+        return [zero_grad(steps, message, key=key, classes=classes)]
+    return []
+
+
 def _flat(values: list[float]) -> bool:
     return max(values) - min(values) <= FLAT_SHARE * abs(float(np.mean(values)))
 
@@ -190,12 +225,14 @@ _NUMBER_TEXT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 def _held_from(values: list[float], run: int = REPLAYED_RUN, printed: tuple[int, int] = (0, 0)) -> int | None:
     """Where the run of values a series ends on, held as :func:`_pinned` says, starts; ``None``
-    where it is shorter than ``run`` records, is 0, or was reached by a jump of ``DIVERGENCE_FACTOR``
-    times the median before it (``loss_divergence``'s) or, held only within a spread, by a climb
-    above every value before it. ``printed``: the digits and decimals the log's text shows."""
+    where it is shorter than ``run`` records (``HALF_HELD`` for a half-precision print), is 0, or
+    was reached by a jump of ``DIVERGENCE_FACTOR`` times the median before it
+    (``loss_divergence``'s) or, held only within a spread, by a climb above every value before it.
+    ``printed``: the digits and decimals the log's text shows."""
     if len(values) < run or not values[-1] or not math.isfinite(values[-1]):
         return None
-    digits = printed_digits([v for v in values[-WINDOW:] if math.isfinite(v)], printed)
+    digits, _, half = _printing([v for v in values[-WINDOW:] if math.isfinite(v)], printed)
+    run = max(run, HALF_HELD) if half else run  # a half-precision number repeats by chance, briefly
     if digits < PINNED_DIGITS:
         return None
     spread = abs(values[-1]) * PINNED_SPREAD if digits >= FINE_DIGITS else 0.0

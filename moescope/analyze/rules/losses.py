@@ -115,9 +115,10 @@ _HELD_OUT = re.compile(r"(?:val|valid|validation|eval|evaluation|test)(?:[/_ .]|
 
 
 def names_a_loss(key: str) -> bool:
-    """A metric named a loss, whatever its kind (``actor/loss``, ``softmax_loss``, ``Loss_D``)."""
+    """A metric named a loss, whatever its kind (``actor/loss``, ``softmax_loss``, ``Loss_D``); not
+    a run's best so far (fairseq's ``best_loss``), held by construction between improvements."""
     low = key.lower().rsplit("/", 1)[-1]
-    return low.endswith("loss") or low.startswith("loss_")
+    return (low.endswith("loss") or low.startswith("loss_")) and not low.startswith("best")
 
 
 def _level_left(key: str, points: list[tuple[int, float]]) -> list[Finding]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from itertools import compress
 from typing import Any
 
@@ -85,7 +86,12 @@ def _bad(value: Any) -> bool:
     return value is None or (isinstance(value, float) and not math.isfinite(value))
 
 
-def _family(key: str) -> str:
+def _family(key: str, alerts: Sequence[str] = ()) -> str:
+    """The family of a non-finite ``key``; a count of the log's own lines (``health/nonfinite``
+    from ``alerts``) is the gradients' only where a line names them (``Loss is NaN or inf.``,
+    ``[L1: nan]`` do not)."""
+    if key == S.NONFINITE and alerts and not any("grad" in line.lower() for line in alerts):
+        return TEXT_ONLY
     for name, keys in FAMILIES:
         if key in keys:
             return name
@@ -161,15 +167,15 @@ def _all_finite(column: list[Any]) -> bool:
 def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Finding:
     step, keys = bad_steps[0]
     order = [name for name, _ in FAMILIES] + ["other", TEXT_ONLY]
+    record = trace.steps[_index_of(trace, step)]
+    alerts = str(record.get(S.ALERTS) or "").splitlines()
     plain = trace.header.get("format") == "plain"  # lines that mention NaN/Inf: no metric named
-    families = sorted({TEXT_ONLY if plain else _family(k) for k in keys}, key=order.index)
+    families = sorted({TEXT_ONLY if plain else _family(k, alerts) for k in keys}, key=order.index)
     later = [s for s, _ in bad_steps[1:]]
     following = next((s for s in steps_of(trace) if s > step), None)  # the next record, however far its step
     persistent = len(later) >= SUSTAIN or bool(later and later[0] == following)
-    record = trace.steps[_index_of(trace, step)]
     module = record.get(S.FIRST_NONFINITE_MODULE)
     where = f", first in module {module}" if module else ""
-    alerts = str(record.get(S.ALERTS) or "").splitlines()
     where += f"; the log says: {alerts[0][:160]!r}" if alerts else ""
     skipped = _skipped_update(trace, step, keys)
     where += (

@@ -48,6 +48,10 @@ ZERO_LOSS = 1e-12  # a loss this close to 0 is 0: no token or sample scored, onl
 # that does on every record is pinned (a loss printed to 1-3 digits may repeat on a plateau)
 PINNED_DIGITS = 4
 HALF_DIGITS = 3  # what a loss printed from a float16 or bfloat16 number carries, whatever its decimals
+# ...so such a loss is pinned only where it holds one value on this many records: a learning loss
+# stays within one bfloat16 step (1/64 near 3, 1/16 near 10) a record or two by chance, not ten
+# (MiniGPT-4#67: 10.3750, ln of LLaMA's 32,000 tokens in bfloat16, on every record)
+HALF_HELD = 10
 # ...or, printed with FINE_DIGITS or more (a print ten times finer than the spread), within this
 # share of its value on every record (DINO's collapsed run, dino#246: 11.090327 to 11.090333 over
 # 11 epochs, 5e-7 of itself); printed coarser, a change in the last digit is a change
