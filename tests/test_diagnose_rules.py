@@ -329,6 +329,14 @@ def test_a_loss_below_zero_that_jumps_and_stays_above_its_range_is_a_divergence(
     assert (found and (found.step, found.severity)) == (step and (step, "warning"))
 
 
+def test_episode_lengths_at_nan_beside_the_rewards_are_no_error(tmp_path: Path) -> None:
+    """Stable Baselines without a Monitor wrapper: ``ep_rewmean`` and ``eplenmean`` are NaN (means
+    over no finished episode) while every loss is finite: a warning, not an error."""
+    table = "| approxkl | 6.6e-05 |\n| ep_rewmean | nan |\n| eplenmean | nan |\n| policy_loss | 0.0006 |\n"
+    found = findings_of(tmp_path, table + "| total_timesteps | 24960 |\n| value_loss | 63.7 |\n")["nonfinite"]
+    assert found.severity == "warning" and "episode statistics" in found.message
+
+
 @pytest.mark.parametrize(("held", "found"), [(10, True), (9, False)])
 def test_a_half_precision_loss_is_pinned_only_on_ten_records(tmp_path: Path, held: int, found: bool) -> None:
     """MiniGPT-4#67: 10.3750 (a bfloat16 number, ln of LLaMA's 32,000 tokens) on every record; a

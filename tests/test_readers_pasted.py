@@ -534,6 +534,71 @@ def test_icefall_pinn_and_lavis_step_lines(tmp_path: Path, line: str, step: int,
     assert read["step"] == step and {k: read[k] for k in values} == values
 
 
+@pytest.mark.parametrize(
+    ("text", "steps", "column"),
+    [
+        (  # a CSV logger's rows under its header (onnxruntime's BERT convergence baseline)
+            "step,total_loss,mlm_loss,nsp_loss\n0,11.2422,10.5228,0.717476\n5,10.1875,7.75453,2.43238\n",
+            [0, 5],
+            ("mlm_loss", [10.5228, 7.75453]),
+        ),
+        (  # Stable Baselines' progress.csv: alphabetical, its step a column among the others
+            "rollout/ep_rew_mean,time/fps,time/total_timesteps,train/loss\n21.3,900,2048,0.52\n,910,4096,nan\n",
+            [2048, 4096],
+            ("rollout/ep_rew_mean", [21.3, None]),
+        ),
+        (  # DeepXDE: a code fence's backtick glued on, each loss printed as an array
+            "`Step      Train loss    Test loss     Test metric\n"
+            "0         [5.47e+03]    [6.44e+03]    [1.00e+00]\n"
+            "2000      [nan]         [nan]         [nan]\n",
+            [0, 2000],
+            ("Test loss", [6440.0, math.nan]),
+        ),
+    ],
+)
+def test_csv_and_array_cell_tables_are_read(
+    tmp_path: Path, text: str, steps: list[int], column: tuple
+) -> None:
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == steps
+    name, values = column
+    read = [s.get(name) for s in trace.steps]
+    assert [None if v is None else round(v, 6) if v == v else "nan" for v in read] == [
+        None if v is None else "nan" if v != v else v for v in values
+    ]
+
+
+def test_espnet2s_epoch_batches_are_the_step(tmp_path: Path) -> None:
+    """ESPnet2: ``1epoch:train:1021-2040batch: iter_time=…, loss=5.321, …, optim0_lr0=1.533e-04``;
+    its ``optim_step_time=nan`` (a timer over no optimizer step) is no non-finite value."""
+    line = (
+        "INFO: 1epoch:train:{}-{}batch: iter_time=1.5e-04, loss={}, optim_step_time={}, optim0_lr0=4.4e-04\n"
+    )
+    text = line.format(1, 1020, 6.474, 0.097) + line.format(1021, 2040, 5.321, "nan")
+    trace = read_text(tmp_path, text)
+    assert [(s["step"], s[S.ACTOR_LOSS], s[S.LR]) for s in trace.steps] == [
+        (1020, 6.474, 4.4e-4),
+        (2040, 5.321, 4.4e-4),
+    ]
+    assert "nonfinite" not in {f.type for f in diagnose(trace)}
+
+
+def test_a_number_a_terminal_wrapped_in_two_is_rejoined_not_read_as_a_counter(tmp_path: Path) -> None:
+    """fairseq's epoch line wrapped at the terminal's width inside ``gnorm 0.580``: the rest, ``0 |
+    clip 0.000 | …``, looks like a loop's counter but names none of the line's fields."""
+    head = (
+        "| epoch {:03d} | loss {} | nll_loss 9.14 | ppl 565.41 | wps 24271 | ups 7 | num_updates {} "
+        "| lr 0.0003 | gnorm 0.58"
+    )
+    rest = "0 | clip 0.000 | oom 0.000 | wall 1692 | train_wall 1499\n"
+    lines = [head.format(9 + i, loss, 10909 + 1101 * i) for i, loss in enumerate(["9.753", "9.748", "9.744"])]
+    assert len(set(map(len, lines))) == 1  # one width, the terminal's
+    text = "".join(line + "\n" + rest for line in lines)
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [10909, 12010, 13111]
+    assert all(s[S.GRAD_NORM] == 0.58 for s in trace.steps)
+
+
 def test_a_logger_line_after_records_of_one_length_is_no_wrapped_piece(tmp_path: Path) -> None:
     """mmengine's records can share one length by chance (mmselfsup's MoCo v3 run: 165 characters),
     which reads like a terminal's wrap width; the ``Exp name`` line after one opens with the

@@ -233,7 +233,7 @@ class LogFile:
             raw[0] = raw[0].removeprefix("\ufeff")
         if not any(map(str.strip, raw)):
             raise MoescopeError(f"{self.path} is empty; pass a training log that has at least one step.")
-        return [_unmarked(line) if line[:1] in _MARKED_STARTS else line for line in raw]
+        return [_unmarked(line) if line[:1] in _MARKED_STARTS or line[-1:] == "`" else line for line in raw]
 
     def _read_capped(self) -> Iterator[list[str]]:
         """The file's lines, a block of them at a time: one read, one decode and one split per
@@ -288,7 +288,10 @@ def _unmarked(line: str) -> str:
     """``line`` without a launcher's rank label in front, and without the Markdown bold a user put
     around it, or around a cell of a logger's table, when pasting into an issue (``**Train loss
     12001 0.166141** Grad Norm 0.372761``, ``|    reward    | **-3.8389**  |``): no log line
-    opens with ``**``, and no table cell holds one."""
+    opens with ``**``, and no table cell holds one; nor with or after a backtick, which a code
+    fence left glued to the first or last pasted line (DeepXDE's ```Step      Train loss …``)."""
+    if line[:1] == "`" or line[-1:] == "`":  # a code fence's backticks glued to the pasted log
+        line = line.strip("`")
     label = RANK_LABEL.match(line)
     if label and not _DARKNET_REST.match(line, label.end()):
         line = line[label.end() :]
@@ -302,7 +305,7 @@ DARKNET_COUNTS = rf"({NUMBER}),\s*({NUMBER})\s+avg(?: loss)?,\s*({NUMBER})\s+rat
 _DARKNET_REST = re.compile(DARKNET_COUNTS)
 
 
-_MARKED_STARTS = RANK_STARTS | {"*", "|"}
+_MARKED_STARTS = RANK_STARTS | {"*", "|", "`"}
 
 
 def _may_hold_overlong(data: bytes) -> bool:

@@ -469,6 +469,10 @@ _LOGGED_AT = re.compile(
     r"\((?:[\w.]+):\d+\)\s*(?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b)|\[[\w./-]+\.py:\d+\]"
 )
 
+# ESPnet2's trainer, the batches of the epoch it reports:
+# "1epoch:train:1021-2040batch: iter_time=…, loss=5.321"
+_ESPNET_BATCHES = re.compile(rf"(?<!\w)({INT})epoch:train:{INT}-({INT})batch:")
+
 # the shapes written as "name: value" fields (or a step marker) before a line is read, each where
 # its literal is in the line
 _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
@@ -480,6 +484,7 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     ("step_", _GLUED, _unglued),
     ("]\t[", _SR_LOSSES, _sr_losses),
     (":", _LOGGED_AT, ""),
+    ("epoch:train:", _ESPNET_BATCHES, r"epoch: \1 | step \2 |"),
 )
 
 
@@ -556,7 +561,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
     if epoch is None:
         _bars_as_epochs(parsed.rows)
     parsed.rows = [r for r in _merge_runs(parsed.rows) if r.metrics]
-    _steps_in_tables(parsed)
+    steps_in_tables(parsed)
     epochs_as_steps(parsed)
     keys = {k for row in parsed.rows for k in row.metrics}
     named = max(set(frameworks), key=frameworks.count) if frameworks else None
@@ -624,13 +629,24 @@ def unwrap(lines: list[str], i: int, width: int | None) -> int:
         and end - i < MAX_PIECES
         and len(lines[end - 1]) == width
         and lines[end].strip()
-        and marker(lines[end]) is None
+        and (marker(lines[end]) is None or _cut_number(lines[end - 1], lines[end]))
         and not _KERAS_EPOCH.fullmatch(lines[end])  # a header of the records below, no piece
         and not megatron.is_overflow(lines[end])  # DeepSpeed's line between two records
         and not _DATED.match(lines[end])  # a logger's next line (mmengine's "… INFO - Exp name: …")
     ):
         end += 1
     return end
+
+
+def _cut_number(piece: str, after: str) -> bool:
+    """Whether the wrap cut a number in two, so that the rest opens the next line like a loop's
+    counter (fairseq's ``… | gnorm 0.58`` then ``0 | clip 0.000 | …``): no record of its own, as
+    it names none of the fields the piece names. Records of one shape and width (Keras's ``84/2560
+    […] - loss: 6.36 - …`` over ``85/2560 […] - loss: nan - …``) name the same fields."""
+    found = marker(after)
+    if not (piece[-1:].isdigit() and after[:1].isdigit() and found is not None and found[2].start() == 0):
+        return False
+    return not pairs(piece).keys() & pairs(after).keys()
 
 
 # a line a logger opened with its time or level: "2024/06/12 09:31:02 - mmengine", glog's
@@ -652,13 +668,15 @@ def _marks_only(line: str, match: re.Match[str]) -> bool:
 TABLE_STEPS = ("step", "steps", "total_timesteps", "timesteps", "nupdates", "global_step")
 
 
-def _steps_in_tables(parsed: Parsed) -> None:
-    """Number the records of boxed tables by the step row each holds, where no record has a step
-    marker and every one holds the same step row, whole and rising: an alphabetical table
-    writes that row among the others, so the block's rows were merged before it was known."""
+def steps_in_tables(parsed: Parsed) -> None:
+    """Number the records of tables by the step row (or column) each holds, where no record has a
+    step marker and every one holds the same step row, whole and rising: an alphabetical table
+    writes that row among the others (``time/total_timesteps``), so the block's rows were merged
+    before it was known."""
     if not parsed.rows or any(row.step is not None for row in parsed.rows):
         return
-    key = next((k for k in TABLE_STEPS if k in parsed.rows[0].metrics), None)
+    names = parsed.rows[0].metrics
+    key = next((k for k in names if k.rsplit("/", 1)[-1] in TABLE_STEPS), None)
     steps = [as_step(row.metrics.get(key)) for row in parsed.rows] if key else []
     if not steps or None in steps or any(b <= a for a, b in pairwise(steps)):
         return

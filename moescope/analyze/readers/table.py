@@ -16,7 +16,10 @@ spaces (a copied HTML table pastes with tabs). ``No Log`` and empty cells are ab
 A table without a step column is read too when its cells are split at ``|``: a header row of
 names only, then rows of numbers only, as the width of the header — OpenAI baselines' PPO prints
 one a iteration, a row per optimisation epoch (``pol_surr | pol_entpen | vf_loss | kl | ent``).
-Its rows name no step and are indexed in order. Column names are read as the Trainer logged
+Its rows name no step and are indexed in order, unless a column is one (Stable Baselines'
+``time/total_timesteps``). A CSV logger's file or paste (``progress.csv``, ``metrics.csv``,
+``step,total_loss,mlm_loss``) is such a table, cut at its commas, an empty cell a column not
+logged on that row. Column names are read as the Trainer logged
 them — the HTML table prints ``completions / mean_length`` for ``completions/mean_length`` and
 ``Training Loss`` for ``loss`` — so both are put back before the key map (TRL's, then the
 generic names) renames them.
@@ -43,13 +46,13 @@ from typing import Any
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile, number_or_none
 from moescope.analyze.readers.keymap import guess_beyond_generic
-from moescope.analyze.readers.records import canonical_names
+from moescope.analyze.readers.records import canonical_names, steps_in_tables
 
 _CELLS = re.compile(r"\s*\|\s*|\t+|\s{2,}")
 # the step column's name: HF's "Step", chainerrl's "steps", a loop's "iteration" or "updates",
 # Chainer's PrintReport "epoch" (over rows of whole epochs, not YOLO's "e/E")
 _HEADER = re.compile(
-    r"^\s*\|?\s*(?:steps?|global_step|total_timesteps|timesteps|iter|iterations?|updates?|epoch)\s*(?:\||\t|\s{2,})",
+    r"^\s*\|?\s*(?:steps?|global_step|total_timesteps|timesteps|iter|iterations?|updates?|epoch)\s*(?:\||\t|\s{2,}|,)",
     re.IGNORECASE,
 )
 _RULE = re.compile(r"^[\s|:\-=+]+$")
@@ -61,9 +64,18 @@ _LETTER = re.compile(r"[A-Za-z_]")
 
 
 def cells(line: str) -> list[str]:
-    """The cells of a table line, without the empty ones its outer bars make."""
+    """The cells of a table line, without the empty ones its outer bars make; a CSV line's at its
+    commas (empty ones kept: a column not logged on that row)."""
+    if _csv(line):
+        return [c.strip() for c in line.strip().split(",")]
     parts = _CELLS.split(line.strip())
     return [p for p in parts if p != ""] if line.strip().startswith("|") else parts
+
+
+def _csv(line: str) -> bool:
+    """A line of comma-separated values (a CSV logger's: Stable Baselines' ``progress.csv``,
+    Lightning's ``metrics.csv``, ``step,total_loss,mlm_loss``), cut at nothing else."""
+    return "," in line and "|" not in line and "\t" not in line and "  " not in line.strip()
 
 
 def header(lines: list[str]) -> int | None:
@@ -102,14 +114,24 @@ def _epoch_row(line: str, width: int) -> tuple[int, list[str]] | None:
 
 
 def _names_only(line: str) -> bool:
-    """A ``|``-split row whose cells are all names (none a number): a header without a step."""
-    if "|" not in line or _RULE.match(line):
+    """A ``|``-split (or CSV) row whose cells are all names (none a number): a header without a step."""
+    if ("|" not in line and not _csv(line)) or _RULE.match(line):
         return False
     return all(_LETTER.match(c) and number_or_none(c) is None for c in cells(line))
 
 
 def _numbers_only(row: list[str]) -> bool:
-    return all(number_or_none(c) is not None for c in row)
+    """Every cell a number, or empty (a CSV's column not logged on that row), one at least."""
+    return any(c for c in row) and all(c == "" or _number(c) is not None for c in row)
+
+
+def _number(cell: str) -> float | int | None:
+    """A cell's number; a cell printed as an array (DeepXDE's ``[5.47e+03]``, one element a loss
+    term) is the mean of its elements, as the records reader reads ``loss: [nan]``."""
+    if cell[:1] != "[" or cell[-1:] != "]":
+        return number_or_none(cell)
+    values = [number_or_none(v) for v in re.split(r"[\s,]+", cell[1:-1].strip())]
+    return None if not values or None in values else sum(values) / len(values)  # type: ignore[arg-type]
 
 
 def _fits(row: list[str], stepped: bool) -> bool:
@@ -127,7 +149,7 @@ _YOLO_LOSSES = {"box", "obj", "cls", "total"}  # YOLOv5 / v7's columns; ultralyt
 
 def _logged(names: list[str], values: list[str]) -> dict[str, Any]:
     """The cells that hold a number, by their column's name (``No Log``, empty cells: not logged)."""
-    return {n: v for n, c in zip(names, values, strict=True) if (v := number_or_none(c)) is not None}
+    return {n: v for n, c in zip(names, values, strict=True) if (v := _number(c)) is not None}
 
 
 def _epoch_names(line: str) -> list[str]:
@@ -171,6 +193,7 @@ def read(log: LogFile) -> Parsed:
         return [Row(int(row[0]), _logged(names[1:], row[1:]), lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
+    steps_in_tables(parsed)  # a table without a step column may log one among the others
     keys = {k for row in parsed.rows for k in row.metrics}
     parsed.framework = guess_beyond_generic(keys) or ("trl" if "reward" in keys or "loss" in keys else None)
     for row in parsed.rows:

@@ -7,6 +7,7 @@ calls the loss family "policy loss" only in an RL log: an SFT ``eval_loss`` or a
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from itertools import compress
@@ -113,8 +114,17 @@ def _numeric_keys(trace: Trace) -> set[str]:
     return {
         k
         for k in logged_keys(trace)
-        if k not in SKIP_KEYS and any(map(is_number, (rec.get(k) for rec in trace.steps)))
+        if k not in SKIP_KEYS
+        and not _TIMER.search(k)
+        and any(map(is_number, (rec.get(k) for rec in trace.steps)))
     } | set(ALWAYS_NUMERIC)
+
+
+# a clock's reading, no quantity of the training: ESPnet2's optim_step_time is nan (0 / 0) while
+# gradient accumulation skips the optimizer, in a healthy run
+_TIMER = re.compile(
+    r"(?:^|[_/ .])(?:time|timing|elapsed|duration)(?:$|[_/ .(])|_(?:ms|sec|secs)$", re.IGNORECASE
+)
 
 
 def _fp16_skip(rec: dict[str, Any]) -> bool:
@@ -190,9 +200,9 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
     )
     no_data = all(_reward_statistic(k) for _, bad in bad_steps for k in bad)
     where += (
-        "; only reward statistics went non-finite, no loss or gradient did: a mean over no finished "
-        "episode (numpy's mean of an empty slice is NaN, which says nothing of the updates), or "
-        "rewards the environment or the reward function returned as NaN"
+        "; only episode statistics (rewards, returns, lengths) went non-finite, no loss or gradient "
+        "did: a mean over no finished episode (numpy's mean of an empty slice is NaN, which says "
+        "nothing of the updates), or rewards the environment or the reward function returned as NaN"
         if no_data
         else ""
     )
@@ -221,11 +231,15 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
 
 
 def _reward_statistic(key: str) -> bool:
-    """A key that averages rewards or returns over episodes or responses: RL libraries log NaN
-    there while no episode has finished (ml-agents' ``Mean Reward``, Stable Baselines'
-    ``ep_rewmean``, RLlib's ``episode_reward_mean``)."""
+    """A key that averages rewards, returns or episode lengths over episodes or responses: RL
+    libraries log NaN there while no episode has finished (ml-agents' ``Mean Reward``, Stable
+    Baselines' ``ep_rewmean`` beside its ``eplenmean``, RLlib's ``episode_reward_mean``)."""
     low = key.lower()
-    return key in _REWARD_STATISTICS or (("reward" in low or "return" in low) and "loss" not in low)
+    episodic = "reward" in low or "return" in low or _EPISODE_LENGTH.search(low) is not None
+    return key in _REWARD_STATISTICS or (episodic and "loss" not in low)
+
+
+_EPISODE_LENGTH = re.compile(r"ep(?:isode)?_?len")  # eplenmean, ep_len_mean, episode_len_mean
 
 
 def _skipped_update(trace: Trace, step: int, keys: list[str]) -> bool:
