@@ -675,8 +675,8 @@ def steps_in_tables(parsed: Parsed) -> None:
     before it was known."""
     if not parsed.rows or any(row.step is not None for row in parsed.rows):
         return
-    names = parsed.rows[0].metrics
-    key = next((k for k in names if k.rsplit("/", 1)[-1] in TABLE_STEPS), None)
+    named = {k.rsplit("/", 1)[-1]: k for k in parsed.rows[0].metrics}  # "time/total_timesteps" too
+    key = next((named[k] for k in TABLE_STEPS if k in named), None)
     steps = [as_step(row.metrics.get(key)) for row in parsed.rows] if key else []
     if not steps or None in steps or any(b <= a for a, b in pairwise(steps)):
         return

@@ -131,7 +131,8 @@ def _number(cell: str) -> float | int | None:
     if cell[:1] != "[" or cell[-1:] != "]":
         return number_or_none(cell)
     values = [number_or_none(v) for v in re.split(r"[\s,]+", cell[1:-1].strip())]
-    return None if not values or None in values else sum(values) / len(values)  # type: ignore[arg-type]
+    numbers = [v for v in values if v is not None]
+    return sum(numbers) / len(numbers) if numbers and len(numbers) == len(values) else None
 
 
 def _fits(row: list[str], stepped: bool) -> bool:

@@ -162,7 +162,7 @@ def _one_class(trace: Trace) -> list[Finding]:
         if held < REPLAYED_RUN or not 2 <= classes <= 10 or abs(share * classes - 1) > 1e-9:
             continue
         _, decimals, _ = _printing([value], _printed_in_text(trace, points[-WINDOW:]))
-        if decimals < 3 - (value > 1) * 2:  # 0.500 as a share, 50.0 as a percentage
+        if decimals < (1 if value > 1 else 3):  # 0.500 as a share, 50.0 as a percentage
             continue
         steps = [s for s, _ in points[len(points) - held :]]
         message = (
