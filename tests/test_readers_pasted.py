@@ -599,6 +599,78 @@ def test_a_number_a_terminal_wrapped_in_two_is_rejoined_not_read_as_a_counter(tm
     assert all(s[S.GRAD_NORM] == 0.58 for s in trace.steps)
 
 
+@pytest.mark.parametrize(
+    ("text", "steps", "key", "values"),
+    [
+        (  # OpenNMT-py's early trainer, the batch within the epoch (epochs from 1)
+            "Epoch  1, 12850/37527; acc:   3.99; ppl: 12792.57; xent:   9.46; 3438 src tok/s\n"
+            "Epoch  2, 50/37527; acc:   4.48; ppl: 35173.75; xent:  10.47; 3599 src tok/s\n",
+            [12850, 37577],
+            "xent",
+            [9.46, 10.47],
+        ),
+        (  # rasbt's notebooks: epochs from 1, TensorFlow 1's "Cost"
+            "Epoch: 001/010 | Batch 0350/0391 | Cost: 2.3035\nEpoch: 002/010 | Batch 0000/0391 | Cost: 2.3032\n",
+            [350, 391],
+            S.ACTOR_LOSS,
+            [2.3035, 2.3032],
+        ),
+        (  # a loop's print(epoch, "Loss :", loss) between a notebook's progress bars
+            "1335 Loss : 0.0499\n100% 6/6 [00:01<00:00,  3.93it/s]\n1336 Loss : 1.4627\n",
+            [1335, 1336],
+            S.ACTOR_LOSS,
+            [0.0499, 1.4627],
+        ),
+        (  # an epoch's banner over its tagged lines: the validation line's names held out
+            "[ Epoch 0 ]\n  - (Training)   ppl:  69.89619, accuracy: 48.127 %, elapse: 9.800 min\n"
+            "  - (Validation) ppl:  86.35283, accuracy: 20.530 %, elapse: 3.096 min\n[ Epoch 1 ]\n"
+            "  - (Training)   ppl:  135.71178, accuracy: 32.377 %, elapse: 10.807 min\n",
+            [0, 1],
+            "valid/ppl",
+            [86.35283, None],
+        ),
+    ],
+)
+def test_more_loops_step_lines(tmp_path: Path, text: str, steps: list[int], key: str, values: list) -> None:
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == steps and [s.get(key) for s in trace.steps] == values
+
+
+def test_marians_valid_lines_are_held_out(tmp_path: Path) -> None:
+    """``[valid]`` after the time stamp: Marian's validation cross-entropy is no training cost."""
+    text = (
+        "[2021-07-17 13:49:01] Ep. 1 : Up. 20000 : Sen. 1,212,903 : Cost 5.85167885 : Time 984.07s\n"
+        "[2021-07-17 13:50:36] [valid] Ep. 1 : Up. 20000 : cross-entropy : 130.97 : new best\n"
+    )
+    (step,) = read_text(tmp_path, text).steps
+    assert step[S.ACTOR_LOSS] == 5.85167885 and step["valid/cross-entropy"] == 130.97
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "LOSS      P       R       F       A\n0.000   0.000   0.000   0.000   0.889\n0.000   0.000   0.000   0.000   0.889\n",
+        "Learning Rate\tTrain Loss\tTheta Loss\t\n0.000200\t-0.023201\t0.223515\t\n0.000200\t-0.082967\t0.149054\t\n",
+    ],
+)
+def test_a_header_of_names_over_rows_of_numbers_cut_at_spaces_or_tabs_is_a_table(
+    tmp_path: Path, text: str
+) -> None:
+    """spaCy's ``LOSS      P       R       F       A`` and TimeCycle's tab-separated header: rows in order."""
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == [0, 1]
+
+
+def test_guided_diffusions_lg_loss_scale_lines_are_overflows(tmp_path: Path) -> None:
+    """improved- / guided-diffusion keep log2 of the fp16 scale: ``Found NaN, decreased
+    lg_loss_scale to 16.929`` is a skipped update at a scale of 2 ** 16.929."""
+    table = "----------------------------\n| loss          | 0.842    |\n| step          | 10900    |\n"
+    trace = read_text(
+        tmp_path, table + "----------------------------\nFound NaN, decreased lg_loss_scale to 16.929\n"
+    )
+    assert trace.steps[-1][S.SKIPPED] == 1 and trace.steps[-1][S.LOSS_SCALE] == pytest.approx(2**16.929)
+
+
 def test_a_logger_line_after_records_of_one_length_is_no_wrapped_piece(tmp_path: Path) -> None:
     """mmengine's records can share one length by chance (mmselfsup's MoCo v3 run: 165 characters),
     which reads like a terminal's wrap width; the ``Exp name`` line after one opens with the

@@ -14,7 +14,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   Training has diverged.``), NeMo 1.x's ``Loss is NaN or inf.`` and TensorFlow's NaN hook
   (``ERROR:tensorflow:Model diverged with loss = NaN.``) → ``health/nonfinite``;
 - PaddleNLP's ``optimizer not run, scale_before: 0.25, scale_after: 0.125`` → ``optim/skipped``,
-  the scale it tried and the one it left;
+  the scale it tried and the one it left; guided-diffusion's ``Found NaN, decreased lg_loss_scale to
+  16.93`` → ``optim/skipped`` and the scale 2 ** 16.93;
 - DeepSpeed / apex overflow lines in a log of another format (``[deepspeed] OVERFLOW! Rank 0
   Skipping step. Attempted loss scale: 65536, reducing to 32768``) → ``optim/skipped``, and the
   reduced scale as ``optim/loss_scale``; so are fairseq's (``NOTE: gradient overflow detected,
@@ -59,6 +60,9 @@ _COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.I
 # PaddleNLP's trainer, an update its scaler dropped:
 # "optimizer not run, scale_before: 0.25, scale_after: 0.125"
 _NOT_RUN = re.compile(rf"optimizer not run, scale_before:\s*({NUMBER}),\s*scale_after:\s*({NUMBER})")
+# OpenAI's improved- and guided-diffusion (and the trainers built on them) keep log2 of the fp16 scale:
+# "Found NaN, decreased lg_loss_scale to 16.929000000013357"
+_LG_SCALE = re.compile(rf"Found NaN, decreased lg_loss_scale to ({NUMBER})")
 # fairseq's "Minimum loss scale reached (X)" as it gives up (its overflow lines are OVERFLOW's)
 _SCALE_FLOOR = re.compile(rf"minimum loss scale reached \(({NUMBER})\)", re.IGNORECASE)
 
@@ -74,6 +78,11 @@ def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
 
 def _not_run(match: re.Match[str], line: str) -> dict[str, Any]:
     return {**_skipped(match.group(2)), S.LOSS_SCALE_TRIED: parse_number(match.group(1))}
+
+
+def _lg_scale(match: re.Match[str], line: str) -> dict[str, Any]:
+    """A skipped update, and the scale 2 ** lg the trainer fell to."""
+    return {S.SKIPPED: 1, S.LOSS_SCALE: 2.0 ** float(match.group(1))}
 
 
 def _scale_floor(match: re.Match[str], line: str) -> dict[str, Any]:
@@ -113,6 +122,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     (re.compile(r"Model diverged with loss = (?:NaN|Inf)"), _count(S.NONFINITE)),
     (OVERFLOW, _overflow),
     (_NOT_RUN, _not_run),
+    (_LG_SCALE, _lg_scale),
     (_SCALE_FLOOR, _scale_floor),
     (re.compile(r"loss scale already at minimum", re.IGNORECASE), _scaler_stopped),
     (_COUNTER, _counter),

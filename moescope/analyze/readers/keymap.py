@@ -214,6 +214,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `loss_scale` | `optim/loss_scale` |
 | generic | `grad_scale` | `optim/loss_scale` |
 | generic | `optim0_lr0` | `optim/lr` |
+| generic | `cost` | `actor/loss` |
 | generic | `grad_norm_total` | `actor/grad_norm` |
 | generic | `grad_norm_(total)` | `actor/grad_norm` |
 | generic | `gnorm` | `actor/grad_norm` |
@@ -539,6 +540,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "loss_scale": S.LOSS_SCALE,
         "grad_scale": S.LOSS_SCALE,  # icefall's: torch.amp's GradScaler scale, "grad_scale: 6.1e-05"
         "optim0_lr0": S.LR,  # ESPnet2's: the first optimizer's first parameter group
+        "cost": S.ACTOR_LOSS,  # TensorFlow 1's tutorials and the notebooks built on them: "Cost: 2.3016"
         "grad_norm_total": S.GRAD_NORM,
         "grad_norm_(total)": S.GRAD_NORM,
         "gnorm": S.GRAD_NORM,

@@ -179,6 +179,10 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         ),
         lambda m: int(m[1]),
     ),
+    # OpenNMT-py's early trainer, epochs from 1: "Epoch  1, 12850/37527; acc:   3.99; ppl: 12792.57; …"
+    (None, re.compile(rf"(?<![\w/])Epoch\s+{_I},{_I}/{_I};"), _epoch_from_one),
+    # rasbt's deeplearning-models notebooks, epochs from 1: "Epoch: 001/010 | Batch 0100/0391 | Cost: 2.3016"
+    (None, re.compile(rf"(?<![\w/])Epoch:{_I}/\s*{INT}\s*\|\s*Batch{_I}/{_I}"), _epoch_from_one),
     # icefall (k2), the batch counted within the epoch: "Epoch 1, batch 14300, loss[loss=0.6675, …]"
     (None, re.compile(rf"(?<![\w/])Epoch\s+{INT},\s*batch\s+({INT})(?=,)"), lambda m: int(m[1])),
     # Raissi's physics-informed networks and the many loops copied from them: "It: 240, Loss: 8.126e+00"
@@ -187,7 +191,7 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # "===> Epoch 162: testing psnr = 34.40" (MST)
     (
         None,
-        re.compile(rf"(?<![\w/])Epoch\s+({INT})(?=\s*(?::|,|Complete\b))", re.I),
+        re.compile(rf"(?<![\w/])Epoch\s+({INT})(?=\s*(?::|,|Complete\b|\]\s*$))", re.I),
         lambda m: int(m[1]),
     ),
     # YOLACT: "[  1]    1510 || B: 5.515 | C: 3.088 | M: 7.223 | S: 1.564 | T: 17.647 || ETA: …"
@@ -204,6 +208,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"^\s*\[({INT})/{INT}\](?=\s*\[[A-Za-z])"), lambda m: int(m[1])),
     # or its step before "|"-separated "name value" fields: "250 | loss 4.09 | lr 3e-04 | 13707ms"
     (None, re.compile(rf"^\s*({INT})\s*\|(?=\s*[A-Za-z_])"), lambda m: int(m[1])),
+    # or its step before a labelled field: "1336 Loss : 1.4627" (print(epoch, "Loss :", loss))
+    (None, re.compile(rf"^\s*({INT})\s+(?=[A-Za-z_][\w ]{{0,30}}?\s*[:=]\s*[-+.\d])"), lambda m: int(m[1])),
 )
 # the lookahead only skips the positions no separator starts at (most of them) before the
 # alternatives are tried: the same splits, in half the time; a number ending a sentence ("Mean
@@ -340,6 +346,11 @@ def _normal(key: str) -> str:
     return re.sub(r"[\s.\-]+", "_", key.strip().lower()).strip("_")
 
 
+# scores no rule reads under a canonical name, but that only a metrics line prints (a loop's
+# "(Training) ppl: 69.9, accuracy: 48.1 %")
+_SCORES = frozenset({"accuracy", "acc", "ppl", "perplexity", "wer", "cer", "bleu", "auc", "f1"})
+
+
 def is_metric(key: str) -> bool:
     """A name some key map knows (as given, normalised, or behind a ``train/`` prefix), or a
     code name that says it is a loss (``pid_loss``, ``triplet_loss``: a detector's or a re-id
@@ -347,6 +358,8 @@ def is_metric(key: str) -> bool:
     loss``, may be prose)."""
     known = _known_names()
     if key in known or _normal(key) in known or key.removeprefix("train/") in known:
+        return True
+    if _normal(key) in _SCORES:
         return True
     return (key.endswith("_loss") or key[:5].lower() == "loss_") and " " not in key
 
@@ -551,8 +564,9 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         step, framework, fields = found
         if framework:
             frameworks.append(framework)
-        # fairseq's validation line: its loss is no training loss (the literal first: a hot path)
-        if "valid on" in text and _HELD_OUT_LINE.search(text):
+        # fairseq's validation line, or one tagged "(Validation)", "[valid]": its loss is no training
+        # loss (the literal first: a hot path)
+        if ("valid on" in text and _HELD_OUT_LINE.search(text)) or _HELD_OUT_TAG.match(text):
             fields = {f"valid/{key}": value for key, value in fields.items()}
         return [Row(_keras_step(text, epoch, step), fields, text, i + 1)], end
 
@@ -573,6 +587,13 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
 
 
 _HELD_OUT_LINE = re.compile(r"\|\s*valid on '[^']*' subset\s*\|")  # fairseq: "| valid on 'valid' subset |"
+# a held-out record's tag before its fields, after a time stamp or a list's dash at most: Marian's
+# "[2019-10-17 17:51:28] [valid] Ep. 2 : Up. 80000 : cross-entropy : 53.9", a loop's
+# "  - (Validation) ppl: 86.35"
+_HELD_OUT_TAG = re.compile(
+    r"\s*(?:\[[\d\-/: ,.]+\]\s*)?[-*]?\s*[(\[](?:valid|validation|val|eval|evaluation|test)[)\]]",
+    re.IGNORECASE,
+)
 _KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})(/{INT})?\s*")
 _KERAS_INTERVAL = re.compile(rf"\s*Interval\s+({INT})\s+\({INT} steps performed\)\s*")
 _KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")

@@ -13,8 +13,8 @@ trainers print it: chainerrl's tab-separated ``steps episodes elapsed mean …``
 logging step whose first cell is the step; cells split at ``|``, tabs or runs of two or more
 spaces (a copied HTML table pastes with tabs). ``No Log`` and empty cells are absent values.
 
-A table without a step column is read too when its cells are split at ``|``: a header row of
-names only, then rows of numbers only, as the width of the header — OpenAI baselines' PPO prints
+A table without a step column is read too: a header row of names only (cut at ``|``, tabs or
+runs of spaces), then rows of numbers only, as the width of the header — OpenAI baselines' PPO prints
 one a iteration, a row per optimisation epoch (``pol_surr | pol_entpen | vf_loss | kl | ent``).
 Its rows name no step and are indexed in order, unless a column is one (Stable Baselines'
 ``time/total_timesteps``). A CSV logger's file or paste (``progress.csv``, ``metrics.csv``,
@@ -114,10 +114,13 @@ def _epoch_row(line: str, width: int) -> tuple[int, list[str]] | None:
 
 
 def _names_only(line: str) -> bool:
-    """A ``|``-split (or CSV) row whose cells are all names (none a number): a header without a step."""
-    if ("|" not in line and not _csv(line)) or _RULE.match(line):
+    """A row of two cells or more, cut at ``|``, tabs, runs of spaces or a CSV's commas, whose cells
+    are all names (none a number): a header without a step (spaCy's ``LOSS      P       R       F``,
+    TimeCycle's tab-separated ``Learning Rate\tTrain Loss\tTheta Loss``)."""
+    if _RULE.match(line):
         return False
-    return all(_LETTER.match(c) and number_or_none(c) is None for c in cells(line))
+    found = cells(line)
+    return len(found) >= 2 and all(_LETTER.match(c) and number_or_none(c) is None for c in found)
 
 
 def _numbers_only(row: list[str]) -> bool:
