@@ -337,6 +337,24 @@ def test_episode_lengths_at_nan_beside_the_rewards_are_no_error(tmp_path: Path) 
     assert found.severity == "warning" and "episode statistics" in found.message
 
 
+@pytest.mark.parametrize(
+    ("perplexities", "step"),
+    [
+        ([86.35, 865.3, 949.7], 1),  # attention-is-all-you-need-pytorch#60's validation after a bad commit
+        ([12792.6, 3770.8, 2268.1, 2482.6, 16091.5, 20872.7], 4),  # OpenNMT-py#709, the end of the paste
+        ([86.35, 865.3], None),  # one record above: no level yet
+        ([86.35, 865.3, 91.2], None),  # back down
+        ([420.0, 180.3, 95.1, 88.7], None),  # a healthy fall
+    ],
+)
+def test_a_perplexity_held_five_times_above_its_lowest_is_a_divergence(
+    tmp_path: Path, perplexities: list[float], step: int | None
+) -> None:
+    text = "".join(f"epoch {i}, ppl: {v}, accuracy: 30.1\n" for i, v in enumerate(perplexities))
+    found = findings_of(tmp_path, text).get("loss_divergence")
+    assert (found and (found.step, found.severity)) == (step and (step, "warning"))
+
+
 @pytest.mark.parametrize(("held", "found"), [(10, True), (9, False)])
 def test_a_half_precision_loss_is_pinned_only_on_ten_records(tmp_path: Path, held: int, found: bool) -> None:
     """MiniGPT-4#67: 10.3750 (a bfloat16 number, ln of LLaMA's 32,000 tokens) on every record; a

@@ -610,7 +610,8 @@ def test_a_number_a_terminal_wrapped_in_two_is_rejoined_not_read_as_a_counter(tm
             [9.46, 10.47],
         ),
         (  # rasbt's notebooks: epochs from 1, TensorFlow 1's "Cost"
-            "Epoch: 001/010 | Batch 0350/0391 | Cost: 2.3035\nEpoch: 002/010 | Batch 0000/0391 | Cost: 2.3032\n",
+            "Epoch: 001/010 | Batch 0350/0391 | Cost: 2.3035\n"
+            "Epoch: 002/010 | Batch 0000/0391 | Cost: 2.3032\n",
             [350, 391],
             S.ACTOR_LOSS,
             [2.3035, 2.3032],
@@ -649,8 +650,9 @@ def test_marians_valid_lines_are_held_out(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        "LOSS      P       R       F       A\n0.000   0.000   0.000   0.000   0.889\n0.000   0.000   0.000   0.000   0.889\n",
-        "Learning Rate\tTrain Loss\tTheta Loss\t\n0.000200\t-0.023201\t0.223515\t\n0.000200\t-0.082967\t0.149054\t\n",
+        "LOSS      P       R       F       A\n" + "0.000   0.000   0.000   0.000   0.889\n" * 2,
+        "Learning Rate\tTrain Loss\tTheta Loss\t\n0.000200\t-0.023201\t0.223515\t\n"
+        "0.000200\t-0.082967\t0.149054\t\n",
     ],
 )
 def test_a_header_of_names_over_rows_of_numbers_cut_at_spaces_or_tabs_is_a_table(

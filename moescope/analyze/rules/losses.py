@@ -3,6 +3,7 @@ leaving its reference in one step."""
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import replace
@@ -84,7 +85,31 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
             out.append(replace(left[0], severity="error", message=left[0].message + beyond))
         else:
             out.append(absurd)
-    return out or _any_loss_absurd(trace)
+    return out or _any_loss_absurd(trace) or _perplexity_risen(trace)
+
+
+def _perplexity_risen(trace: Trace) -> list[Finding]:
+    """A perplexity, on training or held-out data, held ``DIVERGENCE_FACTOR`` times above its
+    lowest on the two records or more a log ends on (a warning): the exponential of a
+    cross-entropy risen by ln 5 = 1.6 nats a token, which no learning run gives back once it has
+    it (attention-is-all-you-need-pytorch#60: validation 86 → 865 → 950 after a bad commit)."""
+    for key in (k for k in logged_keys(trace) if k.lower().endswith(("ppl", "perplexity"))):
+        points = [(s, v) for s, v in series(trace, key) if math.isfinite(v)]
+        values = [v for _, v in points]
+        lowest = min(values, default=0.0)
+        start = len(values)
+        while start > 0 and values[start - 1] >= DIVERGENCE_FACTOR * lowest:
+            start -= 1
+        if lowest <= 0 or start == 0 or len(values) - start < 2:
+            continue
+        step, last = points[start][0], values[-1]
+        message = (
+            f"{key} rises from its lowest {lowest:.4g} to {values[start]:.4g} at step {step} and stays "
+            f"{DIVERGENCE_FACTOR:g}x above it to the end of the log ({last:.4g}): the cross-entropy under it "
+            f"rose by {math.log(values[start] / lowest):.2f} nats a token."
+        )
+        return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": lowest})]
+    return []
 
 
 def _any_loss_absurd(trace: Trace) -> list[Finding]:
