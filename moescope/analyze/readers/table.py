@@ -117,8 +117,8 @@ def _names_only(line: str) -> bool:
     """A row of two cells or more, cut at ``|``, tabs, runs of spaces or a CSV's commas, whose cells
     are all names (none a number): a header without a step (spaCy's ``LOSS      P       R       F``,
     TimeCycle's tab-separated ``Learning Rate\tTrain Loss\tTheta Loss``)."""
-    if _RULE.match(line):
-        return False
+    if not ("|" in line or "\t" in line or "  " in line or "," in line) or _RULE.match(line):
+        return False  # the substring tests first: every line of a log passes here
     found = cells(line)
     return len(found) >= 2 and all(_LETTER.match(c) and number_or_none(c) is None for c in found)
 
