@@ -387,6 +387,15 @@ def test_an_accuracy_held_at_one_over_k_is_zero_grad(
     assert ("zero_grad" in findings_of(tmp_path, text)) == found
 
 
+def test_a_preference_runs_reward_accuracy_at_one_half_is_no_one_class_model(tmp_path: Path) -> None:
+    """TRL's ``rewards/accuracies`` over a batch of two pairs is 0, 0.5 or 1: 0.5000 five times is chance."""
+    record = (
+        "{{'loss': 0.6931, 'rewards/chosen': 0.0{0}, 'rewards/rejected': -0.0{0}, "
+        "'rewards/accuracies': 0.5000, 'epoch': 0.{0}}}\n"
+    )
+    assert "zero_grad" not in findings_of(tmp_path, "".join(record.format(i) for i in range(1, 7)))
+
+
 def test_a_runs_best_loss_so_far_is_no_loss_to_judge(tmp_path: Path) -> None:
     """fairseq's ``best_loss`` holds between improvements by construction (DisCo#1: 5.95385 on every
     validation line, which read as a uniform guess among 385 classes)."""

@@ -147,12 +147,13 @@ def _one_class(trace: Trace) -> list[Finding]:
     of one class among K balanced ones, what a model that answers that class whatever its input
     scores (a link predictor's ``train acc: 0.5000 val acc: 0.5000`` epoch after epoch while its
     loss wanders). A model that learns moves its accuracy in the third decimal. Not in RL, nor a
-    run's best so far."""
+    run's best so far, nor a preference run's reward accuracy (the share of a batch of two pairs
+    ranked right is 0, 0.5 or 1)."""
     if is_rl(trace):
         return []
     for key in logged_keys(trace):
         low = key.lower()
-        if "acc" not in low or "best" in low:
+        if "acc" not in low or "best" in low or "reward" in low:
             continue
         points = series(trace, key)
         held = next((i for i, (_, v) in enumerate(reversed(points)) if v != points[-1][1]), len(points))
