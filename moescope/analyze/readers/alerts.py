@@ -143,16 +143,17 @@ def said(line: str) -> dict[str, Any]:
     return {}
 
 
-def _said_or_nan(line: str) -> dict[str, Any]:
-    """:func:`said`, or a NaN count where the line prints a metric as NaN (not darknet's statistics
-    of a YOLO layer that saw no object, :func:`~moescope.analyze.readers.plain.is_record`)."""
-    named = "nan" in line.lower() and is_record(line) and _NAMED_NAN.search(line)
-    return said(line) or ({S.NONFINITE: 1} if named else {})
+def _prints_nan(line: str) -> bool:
+    """Whether the line prints a metric as NaN (not darknet's statistics of a YOLO layer that saw
+    no object, :func:`~moescope.analyze.readers.plain.is_record`)."""
+    return "nan" in line.lower() and is_record(line) and _NAMED_NAN.search(line) is not None
 
 
 def fold(parsed: Parsed, lines: list[str]) -> Parsed:
     """``parsed`` with the alert lines among its skipped ones folded into their steps."""
     alerts: list[tuple[int, str, dict[str, Any]]] = []
+    warned: list[int] = []  # the framework's own warnings, and below the lines that print a NaN
+    nans: list[int] = []
     pieces: set[int] = set()  # the later lines of an overflow line a terminal wrapped
     for n in parsed.skipped:
         text = lines[n - 1]
@@ -162,8 +163,10 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
             end = overflow_event(lines, n - 1)[1]
             text = "".join(lines[n - 1 : end])
             pieces.update(range(n + 1, end + 1))
-        if found := _said_or_nan(text):
-            alerts.append((n, text.strip(), found))
+        found = said(text)
+        if found or _prints_nan(text):
+            (warned if found else nans).append(n)
+            alerts.append((n, text.strip(), found or {S.NONFINITE: 1}))
     if not alerts:
         return parsed
     records = sorted((r for r in parsed.rows if r.line is not None), key=lambda r: r.line)
@@ -181,17 +184,15 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
         parsed.rows.append(Row(step, {**found, S.ALERTS: text}, text, number))
     folded = pieces.union(a[0] for a in alerts)  # once: a long log skips many lines
     parsed.skipped = [n for n in parsed.skipped if n not in folded]
-    warnings = [n for n, text, _ in alerts if said(text)]
-    if warnings:
+    if warned:
         parsed.notes.append(
-            f"{len(warnings)} warning line(s) of the framework itself were read into their steps "
-            f"(health/alerts; the first is line {warnings[0]})"
+            f"{len(warned)} warning line(s) of the framework itself were read into their steps "
+            f"(health/alerts; the first is line {warned[0]})"
         )
-    if len(warnings) < len(alerts):
-        first = next(n for n, text, _ in alerts if not said(text))
+    if nans:
         parsed.notes.append(
-            f"{len(alerts) - len(warnings)} line(s) of a shape not read as records print a metric as NaN: "
-            f"counted as non-finite on their steps (health/alerts; the first is line {first})"
+            f"{len(nans)} line(s) of a shape not read as records print a metric as NaN: "
+            f"counted as non-finite on their steps (health/alerts; the first is line {nans[0]})"
         )
     return parsed
 

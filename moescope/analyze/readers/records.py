@@ -80,6 +80,7 @@ from moescope.analyze.readers._text import (
     NUMBER,
     LogFile,
     as_step,
+    number_or_none,
     parse_number,
     plain_number,
 )
@@ -88,6 +89,7 @@ from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_gen
 from moescope.analyze.readers.verl import RAY_PREFIX
 
 _I = rf"\s*({INT})\s*"
+_SR_COUNT = rf"\[({INT})/({INT})\]"  # EDSR's samples of the epoch: "[1600/16000]"
 
 
 def _epoch_from_one(match: re.Match[str]) -> int:
@@ -205,7 +207,7 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # EDSR-PyTorch's trainer and the super-resolution repositories built on it, the samples of the
     # epoch before its bracketed losses: "[1600/16000]\t[L1: 5.9633]\t65.8+0.4s" (the epoch on a
     # "[Epoch 26]\tLearning rate: 1.00e-4" header above)
-    (None, re.compile(rf"^\s*\[({INT})/{INT}\](?=\s*\[[A-Za-z])"), lambda m: int(m[1])),
+    (None, re.compile(rf"^\s*{_SR_COUNT}(?=\s*\[[A-Za-z])"), lambda m: int(m[1])),
     # or its step before "|"-separated "name value" fields: "250 | loss 4.09 | lr 3e-04 | 13707ms"
     (None, re.compile(rf"^\s*({INT})\s*\|(?=\s*[A-Za-z_])"), lambda m: int(m[1])),
     # or its step before a labelled field: "1336 Loss : 1.4627" (print(epoch, "Loss :", loss))
@@ -300,8 +302,15 @@ _LISTED = re.compile(rf"(?<=[:=])(\s*)\[\s*((?:{NUMBER})(?:(?:\s*,\s*|\s+)(?:{NU
 
 def _list_mean(match: re.Match[str]) -> str:
     """The mean of a printed array's elements, as text in its place."""
-    values = [parse_number(v) for v in re.split(r"[\s,]+", match.group(2).strip())]
-    return match.group(1) + repr(sum(values) / len(values))
+    return match.group(1) + repr(mean_of(match.group(2)))
+
+
+def mean_of(elements: str) -> float | None:
+    """The mean of a printed array's elements, split at commas or spaces (``2.31 2.29``; NaN where
+    one is), or ``None`` where one is no number."""
+    values = [number_or_none(v) for v in re.split(r"[\s,]+", elements.strip())]
+    numbers = [v for v in values if v is not None]
+    return sum(numbers) / len(numbers) if numbers and len(numbers) == len(values) else None
 
 
 # a value that ends a sentence, the line's last (TensorFlowTTS: "(Step: 95400) train_f0_loss = 0.0659.",
@@ -356,10 +365,8 @@ def is_metric(key: str) -> bool:
     code name that says it is a loss (``pid_loss``, ``triplet_loss``: a detector's or a re-id
     model's; WGAN's ``Loss_D``, a segmenter's ``loss_seg1``; words with spaces, ``mean center
     loss``, may be prose)."""
-    known = _known_names()
-    if key in known or _normal(key) in known or key.removeprefix("train/") in known:
-        return True
-    if _normal(key) in _SCORES:
+    known, normal = _known_names(), _normal(key)
+    if key in known or normal in known or normal in _SCORES or key.removeprefix("train/") in known:
         return True
     return (key.endswith("_loss") or key[:5].lower() == "loss_") and " " not in key
 
@@ -545,17 +552,9 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         nonlocal epoch
         end = unwrap(lines, i, width)  # a record a terminal wrapped at its width: pieces rejoined
         text = lines[i] if end == i + 1 else "".join(lines[i:end])
-        header = _KERAS_EPOCH.fullmatch(text)
+        header = _epoch_header(text)
         if header:
-            epoch = (int(header[1]), header[2] is not None)
-            return [], end
-        header = _SR_EPOCH.match(text) if text.lstrip().startswith("[Epoch") else None
-        if header:
-            epoch = (int(header[1]), True)
-            return [], end
-        interval = _KERAS_INTERVAL.fullmatch(text)  # keras-rl: its bar counts the interval's steps
-        if interval:
-            epoch = (int(interval[1]), True)
+            epoch = header
             return [], end
         found = record(text)
         if found is None:
@@ -599,7 +598,20 @@ _KERAS_INTERVAL = re.compile(rf"\s*Interval\s+({INT})\s+\({INT} steps performed\
 _KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")
 # EDSR's epoch header, "[Epoch 26]\tLearning rate: 1.00e-4", over its "[1600/16000]\t[L1: 5.96]" lines
 _SR_EPOCH = re.compile(rf"\s*\[Epoch\s+({INT})\]")
-_SR_COUNTER = re.compile(rf"\s*\[({INT})/({INT})\]")
+_SR_COUNTER = re.compile(rf"\s*{_SR_COUNT}")
+
+
+def _epoch_header(text: str) -> tuple[int, bool] | None:
+    """The epoch a header line opens, and whether the counter of the lines below it starts over
+    each epoch: Keras's ``Epoch 2/10`` (an old Keras's bare ``Epoch 9``: not), keras-rl's
+    ``Interval 5 (40000 steps performed)`` (its bar counts the interval's steps), EDSR's
+    ``[Epoch 26]\tLearning rate: 1.00e-4``; ``None`` for any other line."""
+    keras = _KERAS_EPOCH.fullmatch(text)
+    if keras:
+        return int(keras[1]), keras[2] is not None
+    edsr = _SR_EPOCH.match(text) if text.lstrip().startswith("[Epoch") else None
+    interval = edsr or _KERAS_INTERVAL.fullmatch(text)
+    return (int(interval[1]), True) if interval else None
 
 
 def _keras_step(text: str, epoch: tuple[int, bool] | None, step: int | None) -> int | None:

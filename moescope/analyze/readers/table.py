@@ -46,7 +46,7 @@ from typing import Any
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile, number_or_none
 from moescope.analyze.readers.keymap import guess_beyond_generic
-from moescope.analyze.readers.records import canonical_names, steps_in_tables
+from moescope.analyze.readers.records import canonical_names, mean_of, steps_in_tables
 
 _CELLS = re.compile(r"\s*\|\s*|\t+|\s{2,}")
 # the step column's name: HF's "Step", chainerrl's "steps", a loop's "iteration" or "updates",
@@ -131,11 +131,8 @@ def _numbers_only(row: list[str]) -> bool:
 def _number(cell: str) -> float | int | None:
     """A cell's number; a cell printed as an array (DeepXDE's ``[5.47e+03]``, one element a loss
     term) is the mean of its elements, as the records reader reads ``loss: [nan]``."""
-    if cell[:1] != "[" or cell[-1:] != "]":
-        return number_or_none(cell)
-    values = [number_or_none(v) for v in re.split(r"[\s,]+", cell[1:-1].strip())]
-    numbers = [v for v in values if v is not None]
-    return sum(numbers) / len(numbers) if numbers and len(numbers) == len(values) else None
+    bracketed = cell[:1] == "[" and cell[-1:] == "]"
+    return mean_of(cell[1:-1]) if bracketed else number_or_none(cell)
 
 
 def _fits(row: list[str], stepped: bool) -> bool:

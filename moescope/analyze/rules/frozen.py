@@ -64,7 +64,7 @@ def _pinned(trace: Trace) -> list[Finding]:
         exact = f"{last:.{printed[1]}f}" if printed[1] else f"{last:.6g}"
         held = f"exactly {exact}" if min(tail) == max(tail) else f"{last:#.5g} to 5 digits"
         held += f" (and {beside} with it)" if beside else ""
-        where = f"all {len(tail)} records" if start == 0 else f"its last {len(tail)} records"
+        where = _records(len(tail), len(values))
         message = (
             f"{key} is {held} on {where}, from step {steps[0]}: a loss that no batch moves is not "
             "computed from what the model learns (constant outputs, an output layer zeroed or "
@@ -101,7 +101,7 @@ def _at_chance(trace: Trace) -> list[Finding]:
         if len(values) - start < SUSTAIN:
             continue
         steps = [s for s, _ in points[start:]]
-        where = f"all {len(steps)} records" if start == 0 else f"its last {len(steps)} records"
+        where = _records(len(steps), len(values))
         message = (
             f"{key} sits at ln {classes} = {level:.5g}, the loss of a uniform guess among {classes} "
             f"classes, on {where}, from step {steps[0]}: the model's outputs do not depend on its "
@@ -124,7 +124,7 @@ def _nothing_right(trace: Trace) -> list[Finding]:
         if "acc" not in key.lower():
             continue
         points = series(trace, key)
-        held = next((i for i, (_, v) in enumerate(reversed(points)) if v != 0), len(points))
+        held = _held_at_end(points, 0)
         if held < REPLAYED_RUN:
             continue
         steps = [s for s, _ in points[len(points) - held :]]
@@ -133,7 +133,7 @@ def _nothing_right(trace: Trace) -> list[Finding]:
         if len(beside) < held or not _flat(beside):
             continue
         message = (
-            f"{key} is 0 on {'all' if held == len(points) else 'its last'} {held} records, from step "
+            f"{key} is 0 on {_records(held, len(points))}, from step "
             f"{steps[0]}, while {loss} holds at {beside[-1]:.4g}: the model gets no prediction right "
             "and no update changes that."
         )
@@ -156,8 +156,8 @@ def _one_class(trace: Trace) -> list[Finding]:
         if "acc" not in low or "best" in low or "reward" in low:
             continue
         points = series(trace, key)
-        held = next((i for i, (_, v) in enumerate(reversed(points)) if v != points[-1][1]), len(points))
         value = points[-1][1] if points else 0.0
+        held = _held_at_end(points, value)
         share = value / 100 if value > 1 else value
         classes = round(1 / share) if 0 < share <= 0.5 else 0
         if held < REPLAYED_RUN or not 2 <= classes <= 10 or abs(share * classes - 1) > 1e-9:
@@ -167,13 +167,23 @@ def _one_class(trace: Trace) -> list[Finding]:
             continue
         steps = [s for s, _ in points[len(points) - held :]]
         message = (
-            f"{key} is exactly {value:.{decimals}f} = 1/{classes} on "
-            f"{'all' if held == len(points) else 'its last'} {held} records, from step {steps[0]}: the "
+            f"{key} is exactly {value:.{decimals}f} = 1/{classes} on {_records(held, len(points))}, "
+            f"from step {steps[0]}: the "
             f"share of one class among {classes}, what a model that gives one answer whatever its input "
             "scores; no update changes it."
         )
         return [zero_grad(steps, message, key=key, classes=classes)]
     return []
+
+
+def _held_at_end(points: list[tuple[int, float]], value: float) -> int:
+    """How many records a series ends on hold ``value`` exactly."""
+    return next((i for i, (_, v) in enumerate(reversed(points)) if v != value), len(points))
+
+
+def _records(held: int, total: int) -> str:
+    """``all N records`` or ``its last N records``, as a finding names the run it rests on."""
+    return f"all {held} records" if held == total else f"its last {held} records"
 
 
 def _flat(values: list[float]) -> bool:

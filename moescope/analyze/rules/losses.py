@@ -93,7 +93,7 @@ def _perplexity_risen(trace: Trace) -> list[Finding]:
     lowest on the two records or more a log ends on (a warning): the exponential of a
     cross-entropy risen by ln 5 = 1.6 nats a token, which no learning run gives back once it has
     it (attention-is-all-you-need-pytorch#60: validation 86 → 865 → 950 after a bad commit)."""
-    for key in (k for k in logged_keys(trace) if k.lower().endswith(("ppl", "perplexity"))):
+    for key in _perplexities(trace):
         points = [(s, v) for s, v in series(trace, key) if math.isfinite(v)]
         values = [v for _, v in points]
         lowest = min(values, default=0.0)
@@ -119,10 +119,15 @@ def _any_loss_absurd(trace: Trace) -> list[Finding]:
     judged = level_losses(trace)
     keys = logged_keys(trace)
     limits = [(k, LOSS_CEILING, "the weights diverged") for k in keys if names_a_loss(k) and k not in judged]
-    limits += [(k, PERPLEXITY_CEILING, _PERPLEXED) for k in keys if k.lower().endswith(("ppl", "perplexity"))]
+    limits += [(k, PERPLEXITY_CEILING, _PERPLEXED) for k in _perplexities(trace)]
     found = (above_ceiling("loss_divergence", k, series(trace, k), top, k, why) for k, top, why in limits)
     first = min((f for f in found if f is not None), key=lambda f: f.step, default=None)
     return [first] if first else []
+
+
+def _perplexities(trace: Trace) -> list[str]:
+    """The perplexities logged (``ppl``, ``valid/ppl``, ``Validation perplexity``)."""
+    return [k for k in logged_keys(trace) if k.lower().endswith(("ppl", "perplexity"))]
 
 
 _PERPLEXED = (
