@@ -55,7 +55,8 @@ FIXTURE_FORMATS = {
     "megatron.log": "megatron",
     "entropy_log.txt": "entropy-log",
     "expert_load.log": "expert-load",
-    "plain_nan.log": "plain",
+    "plain_nan.log": "records",  # "iteration 2: the loss is NaN": a NaN loss on step 2
+    "plain_grep.log": "plain",
     "mixed.log": "verl-console",
     "prime_rl.log": "step-lines",
     "generic_steps.log": "step-lines",
@@ -556,7 +557,7 @@ def test_expert_load_labelled_tokens_count_column_and_no_layer(tmp_path: Path) -
 
 
 def test_plain_text_counts_nonfinite_lines_per_step() -> None:
-    trace = read_log(LOGS / "plain_nan.log")
+    trace = read_log(LOGS / "plain_nan.log", format="plain")
     steps = steps_of(trace)
     assert {s: r[S.NONFINITE] for s, r in steps.items()} == {2: 2, 3: 1}  # 'info'/'inference' do not count
     assert "found NaN in local grad norm" in steps[2]["raw"]

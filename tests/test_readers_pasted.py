@@ -1463,3 +1463,69 @@ def test_bars_whose_logged_step_starts_over_are_two_runs(tmp_path: Path) -> None
     runs = read_runs(path)
     assert [[s["step"] for s in run.steps] for run in runs] == [[0, 1, 2], [0, 1]]
     assert runs[0].steps[1][S.ACTOR_LOSS] == 8.7 and math.isnan(runs[1].steps[1][S.ACTOR_LOSS])
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("The training loss for Epoch {i} is {v}", S.ACTOR_LOSS),  # LXMERT's reference log (lxmert#22)
+        ("Loss at step {i} is {v}", S.ACTOR_LOSS),
+        ("At iteration {i}, the loss is {v}", S.ACTOR_LOSS),
+        ("loss for epoch {i} = {v}", S.ACTOR_LOSS),
+        ("Epoch {i} loss: {v}", S.ACTOR_LOSS),
+        ("Epoch {i} loss is {v}", S.ACTOR_LOSS),
+        ("Epoch {i}/20 loss: {v}", S.ACTOR_LOSS),
+        ("[Epoch {i}] loss: {v}", S.ACTOR_LOSS),
+        ("Epoch [{i}/20], Loss: {v}", S.ACTOR_LOSS),
+        ("Epoch {i}\tLoss {v}", S.ACTOR_LOSS),
+        ("epoch {i} train_loss {v}", S.ACTOR_LOSS),
+        ("Episode {i} reward: {v}", S.REWARD_MEAN),
+        ("Ep {i} | Return {v}", S.REWARD_MEAN),
+    ],
+)
+def test_a_loops_print_of_its_counter_and_a_metric_is_a_record_on_that_count(
+    tmp_path: Path, line: str, key: str
+) -> None:
+    """What a loop prints once an epoch, in prose or not, is a record on the epoch it names:
+    not one snapshot of names that hold the counter (``Epoch 3 loss``), not a metric ``is``."""
+    values = [7.0 - 0.25 * i for i in range(1, 13)]
+    text = "".join(line.format(i=i, v=v) + "\n" for i, v in enumerate(values, 1))
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == list(range(1, 13))
+    assert [s[key] for s in trace.steps] == values
+
+
+def test_the_pytorch_tutorials_epoch_and_step_count_across_epochs(tmp_path: Path) -> None:
+    text = "".join(
+        f"Epoch [{e}/5], Step [{i}/600], Loss: {0.5 / e + 0.001 * i:.4f}\n"
+        for e in (1, 2)
+        for i in (100, 200, 300)
+    )
+    assert [s["step"] for s in read_text(tmp_path, text).steps] == [100, 200, 300, 700, 800, 900]
+
+
+def test_a_nan_one_print_of_an_epoch_logs_is_not_hidden_by_a_later_print(tmp_path: Path) -> None:
+    """A loop that prints its epoch on each line it logs within the epoch: the lines of one epoch
+    merge into its step, but a NaN stays (a later finite value would hide it)."""
+    losses = {1: ["2.31", "2.20", "2.12"], 2: ["2.05", "nan", "1.98"], 3: ["1.95", "1.90", "1.88"]}
+    text = "".join(f"Epoch {e}: loss {v}\n" for e, printed in losses.items() for v in printed)
+    trace = read_text(tmp_path, text)
+    assert [s[S.ACTOR_LOSS] for s in trace.steps][::2] == [2.12, 1.88]
+    assert math.isnan(trace.steps[1][S.ACTOR_LOSS])
+    assert any("never over a NaN/Inf" in note for note in trace.notes)
+
+
+def test_a_sentence_that_says_the_loss_is_infinity_reads_it(tmp_path: Path) -> None:
+    """BigDL's optimizer (BigDL#1480): ``Loss is Infinity.`` ends a sentence, and is the loss."""
+    line = (
+        "[Epoch 64 {n}/1281167][Iteration {i}] Throughput is 408.4 records/second. "
+        "Loss is {loss}. Current learning rate is 0.0463.\n"
+    )
+    text = "".join(
+        line.format(n=736512 + 1792 * k, i=45457 + k, loss=v)
+        for k, v in enumerate(("1.26", "1.31", "Infinity"))
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [45457, 45458, 45459]
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [1.26, 1.31, math.inf]
+    assert trace.steps[0][S.LR] == 0.0463

@@ -218,6 +218,9 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
             continue
         if row.step is not None:  # an explicit step seen before, not a row that joined its step
             repeated[step] = None
+            # a NaN that a later print of the step logs finite stays: a loop that prints its
+            # epoch on each line it logs within the epoch, a tqdm bar refreshed, another rank
+            metrics = {key: value for key, value in metrics.items() if not _hides(record.get(key), value)}
         else:  # joined the step before: adds to it, never replaces what the step logged
             hidden += [
                 (key, row.line)
@@ -232,7 +235,7 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
         duplicates = list(repeated)
         notes.append(
             f"step {listing(duplicates)} appeared in more than one record (e.g. a validation line and a "
-            "training line); merged them, a later value wins"
+            "training line); merged them, a later value winning but never over a NaN/Inf"
         )
     if hidden:
         keys = listing(list(dict.fromkeys(key for key, _ in hidden)))

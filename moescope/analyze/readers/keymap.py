@@ -173,6 +173,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `lr` | `optim/lr` |
 | generic | `learning_rate` | `optim/lr` |
 | generic | `model_lr` | `optim/lr` |
+| generic | `current_learning_rate` | `optim/lr` |
+| generic | `current_lr` | `optim/lr` |
 | generic | `entropy` | `actor/entropy` |
 | generic | `kl` | `actor/kl` |
 | generic | `reward` | `reward/mean` |
@@ -528,6 +530,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "lr": S.LR,
         "learning_rate": S.LR,
         "model_lr": S.LR,  # XLM's optimizer of the model: "model LR: 1.0000e-04"
+        "current_learning_rate": S.LR,  # BigDL's "Current learning rate is 0.0463."
+        "current_lr": S.LR,
         "entropy": S.ENTROPY,
         "kl": S.KL,
         "reward": S.REWARD_MEAN,

@@ -89,6 +89,10 @@ from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_gen
 from moescope.analyze.readers.verl import RAY_PREFIX
 
 _I = rf"\s*({INT})\s*"
+# a counter's words before a labelled field: " Loss : 1.46", " train loss: 2.1" (a lookahead)
+_NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w ]{0,30}?\s*[:=]\s*[-+.\d])"
+# or a code name and its value, a space between: " train_loss 2.1", "\tLoss 6.7"
+_CODE_NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w./\-]*\s+[-+]?\.?\d)"
 _SR_COUNT = rf"\[({INT})/({INT})\]"  # EDSR's samples of the epoch: "[1600/16000]"
 
 
@@ -189,11 +193,31 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"(?<![\w/])Epoch\s+{INT},\s*batch\s+({INT})(?=,)"), lambda m: int(m[1])),
     # Raissi's physics-informed networks and the many loops copied from them: "It: 240, Loss: 8.126e+00"
     (None, re.compile(rf"^\s*It:\s*({INT})(?=,)"), lambda m: int(m[1])),
-    # an epoch's line, where no step is named: "===> Epoch 162 Complete: Avg. Loss: 0.014234" and
-    # "===> Epoch 162: testing psnr = 34.40" (MST)
+    # an epoch's line, where no step is named: "===> Epoch 162 Complete: Avg. Loss: 0.014234",
+    # "===> Epoch 162: testing psnr = 34.40" (MST), a loop's "Epoch 3 | loss 2.1", "Epoch 3 - loss:
+    # 2.1" and "Epoch 3 train loss: 2.1" (print("Epoch", epoch, "loss:", loss))
+    # (Episode alike), "Epoch 3/20 loss: 2.1", "[Epoch 3] loss: 2.1"
     (
         None,
-        re.compile(rf"(?<![\w/])Epoch\s+({INT})(?=\s*(?::|,|Complete\b|\]\s*$))", re.I),
+        re.compile(
+            rf"(?<![\w/])(?:Epoch|Episode|Ep\.?)\s*({INT})(?:\s*/\s*{INT})?"
+            rf"(?=\s*(?::|,|\||Complete\b|\]\s*$)|\s+-\s|\]?(?:{_NAME_THEN_VALUE}|{_CODE_NAME_THEN_VALUE}))",
+            re.I,
+        ),
+        lambda m: int(m[1]),
+    ),
+    # the PyTorch tutorials' loop, epochs from 1: "Epoch [1/5], Step [100/600], Loss: 0.2153"
+    (
+        None,
+        re.compile(
+            rf"(?<![\w/])Epoch\s*\[{_I}/\s*{INT}\s*\]\s*,?\s*(?:Step|Iter|Batch)\s*\[{_I}/{_I}\]", re.I
+        ),
+        _epoch_from_one,
+    ),
+    # and its loop that logs once an epoch: "Epoch [3/20], Loss: 2.1"
+    (
+        None,
+        re.compile(rf"(?<![\w/])Epoch\s*\[{_I}/\s*{INT}\s*\](?=\s*[,:|]|{_NAME_THEN_VALUE})", re.I),
         lambda m: int(m[1]),
     ),
     # YOLACT: "[  1]    1510 || B: 5.515 | C: 3.088 | M: 7.223 | S: 1.564 | T: 17.647 || ETA: …"
@@ -210,8 +234,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"^\s*{_SR_COUNT}(?=\s*\[[A-Za-z])"), lambda m: int(m[1])),
     # or its step before "|"-separated "name value" fields: "250 | loss 4.09 | lr 3e-04 | 13707ms"
     (None, re.compile(rf"^\s*({INT})\s*\|(?=\s*[A-Za-z_])"), lambda m: int(m[1])),
-    # or its step before a labelled field: "1336 Loss : 1.4627" (print(epoch, "Loss :", loss))
-    (None, re.compile(rf"^\s*({INT})\s+(?=[A-Za-z_][\w ]{{0,30}}?\s*[:=]\s*[-+.\d])"), lambda m: int(m[1])),
+    # or its step before a labelled field: "1336 Loss : 1.4627" (print(epoch, "Loss :", loss)),
+    # "100: loss=6.7"
+    (None, re.compile(rf"^\s*({INT}):?{_NAME_THEN_VALUE}"), lambda m: int(m[1])),
 )
 # the lookahead only skips the positions no separator starts at (most of them) before the
 # alternatives are tried: the same splits, in half the time; a number ending a sentence ("Mean
@@ -219,7 +244,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
 # after a name's colon are the gap before its value ("epoch:\t0\treward:\t0.10", a print with
 # sep="\t"; wav2letter's right-aligned "loss:        inf")
 _SPLIT = re.compile(
-    r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=\s])(?:\t+|\s{2,})|[\[\]]|(?<=\d)\.\s+)"
+    r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=\s])(?:\t+|\s{2,})|[\[\]]"
+    r"|(?:(?<=\d)|(?<=[Nn]a[Nn])|(?<=[Ii]nf)|(?<=[Ii]nfinity))\.\s+)"
 )
 _LABELLED = re.compile(
     rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>{NUMBER})(?=[\s,;|)\]}}]|$)"
@@ -493,9 +519,27 @@ _LOGGED_AT = re.compile(
 # "1epoch:train:1021-2040batch: iter_time=…, loss=5.321"
 _ESPNET_BATCHES = re.compile(rf"(?<!\w)({INT})epoch:train:{INT}-({INT})batch:")
 
+# prose a loop prints: a name, the counter it is "for" / "at", then the value ("The training loss
+# for Epoch 1 is 7.3978", LXMERT; "Loss at step 100: 2.31"), written "Epoch 1 | training loss: 7.3978"
+_WORDS = r"[A-Za-z_][\w./\-]*(?:\s+[A-Za-z_][\w./\-]*){0,2}?"
+_A_VALUE = r"(?=[-+]?(?:\d|\.\d|(?i:nan|inf)\b|(?i:infinity)\b))"
+_FOR_COUNTER = re.compile(
+    rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:for|at|after|in)\s+(?:the\s+)?"
+    rf"(?P<mark>(?:[Ee]poch|EPOCH|[Ss]tep|STEP|[Ii]ter(?:ation)?|ITER(?:ATION)?)\s*#?\s*{INT}(?:\s*/\s*{INT})?)"
+    rf"\s*,?\s*(?:is|was|[:=])\s*{_A_VALUE}"
+)
+# and a name said to be a value ("the loss is 7.39", "Epoch 1, training loss was 2.1"): "loss: 7.39"
+_SAID_TO_BE = re.compile(rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:is|was)\s+{_A_VALUE}")
+
 # the shapes written as "name: value" fields (or a step marker) before a line is read, each where
 # its literal is in the line
+_PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
+    *((word, _FOR_COUNTER, r"\g<mark> | \g<key>: ") for word in (" for ", " at ", " after ", " in ")),
+    (" is ", _SAID_TO_BE, r"\g<key>: "),
+    (" was ", _SAID_TO_BE, r"\g<key>: "),
+)
 _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
+    *_PROSE,
     ("] ", _BRACKETED, r"\g<key>: \g<value>"),
     ("]:", _INDEXED, r"step \g<step> | \g<key>:"),
     ("Key:", _KEY_VALUE, r"\g<key>: \g<value>"),
@@ -506,6 +550,14 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     (":", _LOGGED_AT, ""),
     ("epoch:train:", _ESPNET_BATCHES, r"epoch: \1 | step \2 |"),
 )
+
+
+def unprose(line: str) -> str:
+    """``line`` with a loop's prose written as fields: "Loss at step 100 is 2.31" → "step 100 |
+    Loss: 2.31" (:data:`_FOR_COUNTER`, :data:`_SAID_TO_BE`)."""
+    for literal, pattern, rewritten in _PROSE:
+        line = pattern.sub(rewritten, line) if literal in line else line
+    return line
 
 
 def _last_bar(line: str) -> str:
@@ -597,7 +649,7 @@ _KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})(/{INT})?\s*")
 _KERAS_INTERVAL = re.compile(rf"\s*Interval\s+({INT})\s+\({INT} steps performed\)\s*")
 _KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")
 # EDSR's epoch header, "[Epoch 26]\tLearning rate: 1.00e-4", over its "[1600/16000]\t[L1: 5.96]" lines
-_SR_EPOCH = re.compile(rf"\s*\[Epoch\s+({INT})\]")
+_SR_EPOCH = re.compile(rf"\s*\[Epoch\s+({INT})\](?=\s*(?:Learning rate:|$))")
 _SR_COUNTER = re.compile(rf"\s*{_SR_COUNT}")
 
 

@@ -36,7 +36,7 @@ from moescope.analyze.readers._fields import fields
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, LogFile
 from moescope.analyze.readers.keymap import FRAMEWORK_TABLES, MARKERS, guess_beyond_generic
-from moescope.analyze.readers.records import canonical_names, is_metric, pairs, record
+from moescope.analyze.readers.records import canonical_names, is_metric, pairs, record, unprose
 from moescope.analyze.readers.trl import dict_over_lines
 
 _TABLES = tuple(name for name in FRAMEWORK_TABLES if name != "prime-rl")
@@ -59,6 +59,7 @@ def _fields_after_step(line: str) -> tuple[int, dict] | None:
     such a step may count within its epoch (:func:`~moescope.analyze.readers._rows.steps_across_epochs`);
     a metric a key map knows printed before the step is the step's too (insightface's
     ``Speed 218.82 samples/sec   Loss nan   Epoch: 0   Global Step: 14750``)."""
+    line = unprose(line)  # "Loss at step 100 is 2.31": no metric "is"
     match = STEP.search(line)
     if match is None:
         return None

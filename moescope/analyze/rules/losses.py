@@ -230,6 +230,8 @@ def _jump_below_zero(key: str, points: list[tuple[int, float]]) -> list[Finding]
     the run did not come back to where it was (waveglow#38: −5.6 … −4.7, then 40490, then −3.5 …
     −1.1). A healthy run's lone spike falls back within its range."""
     values = [v for _, v in points]
+    if not values or min(values) > 0:  # no record at or below 0: no window's median is
+        return []
     for i in range(SUSTAIN, len(values) - 2):
         held = values[max(0, i - WINDOW) : i]
         level, top = statistics.median(held), max(held)
