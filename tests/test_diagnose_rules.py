@@ -835,3 +835,90 @@ def test_a_null_reward_does_not_make_an_sft_log_rl(tmp_path: Path) -> None:
     line = '{{"current_steps": {0}, "loss": {1}, "reward": null, "learning_rate": 3e-05, "epoch": 1.37}}\n'
     found = findings_of(tmp_path, line.format(4440, 2.7044) + line.format(4450, 0.0))
     assert found["zero_grad"].step == 4450
+
+
+_XL = "| epoch   3 step {0:8d} |   {1:4d} batches | lr 0.000239 | loss {2:5.2f} | ppl {3:.3f}\n"
+
+
+@pytest.mark.parametrize(
+    ("losses", "found"),
+    [
+        (
+            [7.31, 7.30, 7.31, 7.30, 7.31, 7.32, 7.32, 7.32, 7.31, 7.33],
+            True,
+        ),  # transformer-xl#95 at ppl 1,500
+        ([7.61 - 0.05 * i for i in range(10)], False),  # it falls: a model learning at that level
+        ([3.71, 3.70, 3.71, 3.70, 3.71, 3.72, 3.72, 3.72, 3.71, 3.73], False),  # ppl 41: a plateau of a model
+        ([7.31, 7.30, 7.31, 7.30, 7.31, 7.32, 7.32], False),  # seven records: too few to say
+    ],
+)
+def test_a_language_model_held_at_a_unigrams_perplexity_is_zero_grad(
+    tmp_path: Path, losses: list[float], found: bool
+) -> None:
+    text = "".join(_XL.format(26800 + 200 * i, 3860 + 200 * i, x, math.exp(x)) for i, x in enumerate(losses))
+    zero = findings_of(tmp_path, text).get("zero_grad")
+    assert (zero is not None) == found
+    if found:
+        assert zero.step == 26800 and "perplexity of about 1500" in zero.message
+
+
+def test_a_loss_of_zero_beside_an_accuracy_of_zero_scores_nothing_whatever_the_norm(tmp_path: Path) -> None:
+    """ms-swift#8142: ``loss 0.0`` and ``token_acc 0.0`` on every record, the gradient clipped to
+    1.0: no token is scored. Without the accuracy, a norm that large says the loss is 0 by
+    construction (a GRPO loss whose other keys the paste left out)."""
+    line = '{{"current_steps": {0}, "loss": 0.0, "grad_norm": 1.0, "learning_rate": 5e-05{1}}}\n'
+    text = "".join(line.format(s, ', "token_acc": 0.0') for s in (1, 10, 20, 30))
+    zero = findings_of(tmp_path, text, "log.jsonl").get("zero_grad")
+    assert zero is not None and zero.step == 1 and zero.evidence["loss_zero"]
+    assert "zero_grad" not in findings_of(
+        tmp_path, "".join(line.format(s, "") for s in (1, 10, 20, 30)), "log.jsonl"
+    )
+
+
+@pytest.mark.parametrize(("accuracy", "found"), [("0.1000", True), ("0.1164", False)])
+def test_one_record_at_a_guess_s_loss_and_accuracy_is_zero_grad(
+    tmp_path: Path, accuracy: str, found: bool
+) -> None:
+    """flower#1398: a federated CIFAR-10 model evaluated at ``loss: 2.3026 - accuracy: 0.1000``, the
+    loss ln 10 and the accuracy 1/10 of a uniform guess on one record; a loss near ln 10 alone is
+    an untrained start."""
+    text = (
+        "20/20 [==============================] - 5s 96ms/step - loss: 2.8006 - accuracy: 0.1164\n"
+        f"313/313 [==============================] - 4s 10ms/step - loss: 2.3026 - accuracy: {accuracy}\n"
+    )
+    zero = findings_of(tmp_path, text).get("zero_grad")
+    assert (zero is not None) == found
+    if found:
+        assert zero.step == 313 and "where accuracy is 1/10 too" in zero.message
+
+
+@pytest.mark.parametrize(
+    ("rounds", "accuracy", "found"), [(6, "0.673", True), (4, "0.673", False), (6, None, False)]
+)
+def test_a_loss_printed_to_three_digits_held_with_its_accuracy_on_five_records_is_zero_grad(
+    tmp_path: Path, rounds: int, accuracy: str | None, found: bool
+) -> None:
+    """tensorflow-federated#2820: ``Eval metrics: loss=0.823, accuracy=0.673`` round after round; a
+    three-digit loss repeats on a plateau by chance, but not with its accuracy on five records."""
+    fields = f"loss=0.823, accuracy={accuracy}" if accuracy else "loss=0.823"
+    text = "".join(f"Round {r}\nEval metrics: {fields}\n" for r in range(1, rounds + 1))
+    zero = findings_of(tmp_path, text).get("zero_grad")
+    assert (zero is not None) == found
+    if found:
+        assert "exactly 0.823 (and accuracy with it)" in zero.message
+
+
+def test_a_log2_loss_scale_below_0_is_an_overflow(tmp_path: Path) -> None:
+    """SegDiff#20: guided-diffusion's logger table with ``lg_loss_scale -0.821``, a scale of 0.57 that
+    started at 2^20."""
+    text = (
+        "-" * 28
+        + "\n| grad_norm     | 2.1      |\n| lg_loss_scale | -0.821   |\n| loss          | 5.99     |\n"
+    )
+    text += "| step          | 200      |\n" + "-" * 28 + "\n"
+    overflow = findings_of(tmp_path, text)["overflow"]
+    assert (
+        overflow.step == 200
+        and overflow.severity == "error"
+        and overflow.evidence["lowest_scale"] == 2**-0.821
+    )

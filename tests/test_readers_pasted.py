@@ -1529,3 +1529,31 @@ def test_a_sentence_that_says_the_loss_is_infinity_reads_it(tmp_path: Path) -> N
     assert [s["step"] for s in trace.steps] == [45457, 45458, 45459]
     assert [s[S.ACTOR_LOSS] for s in trace.steps] == [1.26, 1.31, math.inf]
     assert trace.steps[0][S.LR] == 0.0463
+
+
+def test_the_word_language_model_examples_batches_count_across_epochs(tmp_path: Path) -> None:
+    """PyTorch's word language model example (SDLM#2): ``| epoch 6 | 400/ 700 batches | … | loss
+    7.66 | ppl 2121.22`` (a name, a gap, its value), and the epoch's validation line after it on
+    that step, under its own names."""
+    text = (
+        "| epoch   1 |   200/  700 batches | lr 20.00 | ms/batch 135.70 | loss  7.66 | ppl  2121.22\n"
+        "| epoch   1 |   400/  700 batches | lr 20.00 | ms/batch 135.26 | loss  7.61 | ppl  2017.40\n"
+        "-----------------------------------------------------------------------------------------\n"
+        "| end of epoch   1 | time: 109.38s | valid loss  7.68 | valid ppl  2160.77\n"
+        "| epoch   2 |   200/  700 batches | lr 20.00 | ms/batch 137.22 | loss  7.59 | ppl  1977.34\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [200, 400, 900]
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [7.66, 7.61, 7.59]
+    assert trace.steps[1]["valid loss"] == 7.68 and trace.steps[2]["ppl"] == 1977.34
+
+
+def test_lightgbms_rounds_keep_each_data_sets_metric_and_are_not_unwrapped(tmp_path: Path) -> None:
+    """LightGBM#742: ``training's binary_logloss`` and ``valid_1's binary_logloss`` are two metrics;
+    lines of one fixed width, the widest, followed by a sentence once, are no terminal's wrap."""
+    row = "[{0}]\ttraining's binary_logloss: {1}\tvalid_1's binary_logloss: {2}\n"
+    text = row.format(1, "0.712679", "0.712513") + "Train until valid scores didn't improve in 100 rounds.\n"
+    text += row.format(2, "0.732192", "0.731889") + row.format(3, "0.751667", "0.751244")
+    trace = read_text(tmp_path, text)
+    assert [s["training/binary_logloss"] for s in trace.steps] == [0.712679, 0.732192, 0.751667]
+    assert [s["valid_1/binary_logloss"] for s in trace.steps] == [0.712513, 0.731889, 0.751244]

@@ -30,7 +30,7 @@ from typing import Any
 from moescope.analyze.readers._text import as_step, quoted_number
 from moescope.analyze.readers.keymap import rename
 from moescope.errors import MoescopeError
-from moescope.schema import RAW, STEP
+from moescope.schema import LOSS_SCALE, RAW, STEP
 from moescope.traces import Trace
 
 STEP_KEYS = (
@@ -205,6 +205,7 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
     hidden: list[tuple[str, int | None]] = []  # a joined line's non-finite value its step logs finite
     for step, row in zip(steps, parsed.rows, strict=True):
         metrics, lost = rename(table, row.metrics)
+        metrics = _scale_from_log2(metrics)
         row.metrics = {}  # handed over: a large log's records are not held twice
         if STEP in metrics or RAW in metrics:  # a logged key of that name must not replace ours
             for reserved in (STEP, RAW):
@@ -262,6 +263,23 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
         "framework": parsed.framework,
     }
     return Trace(header=header, steps=[merged[s] for s in sorted(merged)], path=path, notes=notes)
+
+
+LG_LOSS_SCALE = "lg_loss_scale"  # OpenAI's improved- and guided-diffusion log log2 of the fp16 scale
+
+
+def _scale_from_log2(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` with the loss scale 2 ** ``lg_loss_scale`` where a record logs only its log2
+    (SegDiff#20's table: ``lg_loss_scale -0.821``, a scale of 0.57 fallen from 2^20)."""
+    lg = metrics.get(LG_LOSS_SCALE)
+    if (
+        LOSS_SCALE in metrics
+        or not isinstance(lg, int | float)
+        or isinstance(lg, bool)
+        or not math.isfinite(lg)
+    ):
+        return metrics
+    return {**metrics, LOSS_SCALE: 2.0 ** min(lg, 1024.0)}
 
 
 def _hides(joined: Any, own: Any) -> bool:

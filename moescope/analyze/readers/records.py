@@ -29,6 +29,12 @@ on the line (or none). The marker is found first, each as its framework prints i
 - any ``step N``, ``global_step: N``, ``iteration N:``, ``iter N``, ``Step: N`` (DeepSpeed-Chat's
   ``epoch: 0|step: 3183|ppo_ep: 1|act_loss: …``, LLaMA-Factory's ``current_steps``, the
   ``iteration 10: load_balancing_loss: 1.09E+00`` of a hand-abbreviated paste);
+- a loop's prose, the name before its counter and the value after ``is`` (LXMERT's ``The training
+  loss for Epoch 1 is 7.3978``, ``Loss at step 100 is 2.31``), and its prints of an epoch or an
+  episode beside a metric (``Epoch 3 loss: 2.1``, ``[Epoch 3] loss: 2.1``, ``Epoch [3/20], Loss:
+  2.1``, ``Episode 3 reward: 9.0``); the PyTorch tutorials' ``Epoch [1/5], Step [100/600], Loss:
+  0.2153`` and the word language model example's ``| epoch 6 | 400/ 700 batches | … | loss 7.66``
+  ((epoch − 1) × n + i); LightGBM's ``[4]\ttraining's binary_logloss: 0.77`` (``training/…``);
 - a home-made loop's counter opening the line: ``268/446 (epoch 0), train_loss = 2.097``,
   ``[5000] model_grad_norm nan``, ``250 | loss 4.0938 | lr 3.000000e-04 | 13707.39ms``;
 - fairseq's early ``| epoch 010  2000 / 8223 loss=1.27 (1.50), …`` (epochs from 1), tianshou's
@@ -113,6 +119,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ("mmengine", re.compile(rf"Epoch\(train\)\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
     # mmcv 1.x's IterBasedRunner, mmengine's predecessor: "Iter [10100/316440]\tlr: 3.990e-04, …"
     ("mmengine", re.compile(rf"(?<![\w)])Iter\s*\[{_I}/\s*{INT}\s*\]"), lambda m: int(m[1])),
+    # the PyTorch word language model example and the LM repositories built on it, epochs from 1:
+    # "| epoch   6 |   400/  700 batches | lr 15.00 | ms/batch 135.70 | loss  7.66 | ppl  2121.22"
+    (None, re.compile(rf"^\s*\|\s*epoch{_I}\|{_I}/{_I}batches\b"), _epoch_from_one),
     # fairseq's early progress lines, epochs from 1: "| epoch 010  2000 / 8223 loss=1.27 (1.50), …"
     # (where the line counts its updates, "num_updates=431", they are the step)
     (
@@ -196,11 +205,12 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # an epoch's line, where no step is named: "===> Epoch 162 Complete: Avg. Loss: 0.014234",
     # "===> Epoch 162: testing psnr = 34.40" (MST), a loop's "Epoch 3 | loss 2.1", "Epoch 3 - loss:
     # 2.1" and "Epoch 3 train loss: 2.1" (print("Epoch", epoch, "loss:", loss))
-    # (Episode alike), "Epoch 3/20 loss: 2.1", "[Epoch 3] loss: 2.1"
+    # (Episode alike), "Epoch 3/20 loss: 2.1", "[Epoch 3] loss: 2.1"; not the PyTorch word language
+    # model's "| end of epoch   7 | time: 109.38s | valid loss  7.68": its validation, on the step before
     (
         None,
         re.compile(
-            rf"(?<![\w/])(?:Epoch|Episode|Ep\.?)\s*({INT})(?:\s*/\s*{INT})?"
+            rf"(?<![\w/])(?<![Ee]nd of )(?:Epoch|Episode|Ep\.?)\s*({INT})(?:\s*/\s*{INT})?"
             rf"(?=\s*(?::|,|\||Complete\b|\]\s*$)|\s+-\s|\]?(?:{_NAME_THEN_VALUE}|{_CODE_NAME_THEN_VALUE}))",
             re.I,
         ),
@@ -244,7 +254,7 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
 # after a name's colon are the gap before its value ("epoch:\t0\treward:\t0.10", a print with
 # sep="\t"; wav2letter's right-aligned "loss:        inf")
 _SPLIT = re.compile(
-    r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=\s])(?:\t+|\s{2,})|[\[\]]"
+    r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=\s])(?:\t+|\s{2,}(?![-+]?\.?\d))|[\[\]]"
     r"|(?:(?<=\d)|(?<=[Nn]a[Nn])|(?<=[Ii]nf)|(?<=[Ii]nfinity))\.\s+)"
 )
 _LABELLED = re.compile(
@@ -533,6 +543,11 @@ _SAID_TO_BE = re.compile(rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:is|was)\s+{_A
 
 # the shapes written as "name: value" fields (or a step marker) before a line is read, each where
 # its literal is in the line
+# LightGBM's evaluation lines name each metric after its data set: "[4]\ttraining's binary_logloss:
+# 0.77109\tvalid_1's binary_logloss: 0.770573", read "training/binary_logloss", "valid_1/…" (one
+# name for both, the held-out value would replace the training one)
+_OWNED = re.compile(r"(?<![\w'])(?P<owner>[A-Za-z_]\w*)'s (?P<key>[A-Za-z_][\w.\-]*)(?=\s*:)")
+
 _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     *((word, _FOR_COUNTER, r"\g<mark> | \g<key>: ") for word in (" for ", " at ", " after ", " in ")),
     (" is ", _SAID_TO_BE, r"\g<key>: "),
@@ -540,6 +555,7 @@ _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
 )
 _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     *_PROSE,
+    ("'s ", _OWNED, r"\g<owner>/\g<key>"),
     ("] ", _BRACKETED, r"\g<key>: \g<value>"),
     ("]:", _INDEXED, r"step \g<step> | \g<key>:"),
     ("Key:", _KEY_VALUE, r"\g<key>: \g<value>"),
@@ -694,12 +710,26 @@ def _bars_as_epochs(rows: list[Row]) -> None:
 
 def wrap_width(lines: list[str]) -> int | None:
     """The width a terminal wrapped the log's lines at: a length of 60 or more that several lines
-    with a step marker share exactly while others are shorter, else ``None``."""
-    lengths = Counter(len(line) for line in lines[:5000] if len(line) >= 60 and marker(line))
+    with a step marker share exactly while others are shorter, and that half of them or more are
+    followed by a line without one (its rest), else ``None``: records of one fixed width, line
+    after line (LightGBM's ``[2]\ttraining's binary_logloss: 0.732192\t…``), were not wrapped."""
+    head = lines[:5000]
+    marked = [i for i, line in enumerate(head) if len(line) >= 60 and marker(line)]
+    lengths = Counter(len(head[i]) for i in marked)
     if not lengths:
         return None
     width, n = lengths.most_common(1)[0]
-    return width if n >= 2 and width == max(len(line) for line in lines[:5000]) else None
+    if n < 2 or width != max(len(line) for line in head):
+        return None
+    full = [i for i in marked if len(head[i]) == width]
+    rests = sum(1 for i in full if i + 1 < len(head) and _rest_of(head[i], head[i + 1]))
+    return width if 2 * rests >= len(full) else None
+
+
+def _rest_of(piece: str, after: str) -> bool:
+    """Whether ``after`` may be the rest of a record the terminal cut at ``piece``'s end: not blank,
+    and no record of its own (no step marker, or a number the wrap cut in two)."""
+    return bool(after.strip()) and (marker(after) is None or _cut_number(piece, after))
 
 
 def unwrap(lines: list[str], i: int, width: int | None) -> int:
@@ -713,8 +743,7 @@ def unwrap(lines: list[str], i: int, width: int | None) -> int:
         end < len(lines)
         and end - i < MAX_PIECES
         and len(lines[end - 1]) == width
-        and lines[end].strip()
-        and (marker(lines[end]) is None or _cut_number(lines[end - 1], lines[end]))
+        and _rest_of(lines[end - 1], lines[end])
         and not _KERAS_EPOCH.fullmatch(lines[end])  # a header of the records below, no piece
         and not megatron.is_overflow(lines[end])  # DeepSpeed's line between two records
         and not _DATED.match(lines[end])  # a logger's next line (mmengine's "… INFO - Exp name: …")

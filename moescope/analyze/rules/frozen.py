@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.losses import held_out_losses, is_rl, lm_losses
+from moescope.analyze.rules.losses import HELD_OUT_KEY, held_out_losses, is_rl, lm_losses
 from moescope.analyze.rules.series import logged_keys, series
 from moescope.analyze.rules.thresholds import (
     CHANCE_RESOLUTION,
@@ -23,6 +24,9 @@ from moescope.analyze.rules.thresholds import (
     HALF_HELD,
     PINNED_DIGITS,
     PINNED_SPREAD,
+    PLATEAU_PPL,
+    PLATEAU_RECORDS,
+    PLATEAU_SPREAD,
     REPLAYED_RUN,
     SUSTAIN,
     WINDOW,
@@ -36,7 +40,7 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
     values there, one held at the loss of a uniform guess, or an accuracy held at 0 beside a loss
     that does not fall."""
     held = _pinned(trace) or _replayed(trace) or _recycled(trace)
-    return held or _at_chance(trace) or _nothing_right(trace) or _one_class(trace)
+    return held or _at_chance(trace) or _nothing_right(trace) or _one_class(trace) or _lm_plateau(trace)
 
 
 def _pinned(trace: Trace) -> list[Finding]:
@@ -54,9 +58,18 @@ def _pinned(trace: Trace) -> list[Finding]:
         printed = _printed_in_text(trace, points[-WINDOW:])
         start = _held_from(values, printed=printed)
         beside = None
-        if start is None:  # a shorter hold counts where the model's accuracy holds with it
-            start = _held_from(values, SUSTAIN, printed)
-            beside = _held_beside(trace, key, {s for s, _ in points[start:]}) if start is not None else None
+        if start is None:  # a shorter hold counts where the model's accuracy holds with it, and one
+            # printed to a digit less where it does on REPLAYED_RUN records (tensorflow-federated#2820:
+            # "loss=0.823, accuracy=0.673" round after round)
+            for run, digits in ((SUSTAIN, PINNED_DIGITS), (REPLAYED_RUN, PINNED_DIGITS - 1)):
+                start = _held_from(values, run, printed, digits)
+                beside = (
+                    _held_beside(trace, key, {s for s, _ in points[start:]}, digits)
+                    if start is not None
+                    else None
+                )
+                if beside is not None:
+                    break
             if beside is None:
                 continue
         steps, last = [s for s, _ in points[start:]], values[-1]
@@ -85,7 +98,7 @@ def _at_chance(trace: Trace) -> list[Finding]:
     for key in (*lm_losses(trace), *held_out_losses(trace)):
         points = series(trace, key)
         values = [v for _, v in points]
-        last = values[-1] if len(values) >= SUSTAIN else 0.0
+        last = values[-1] if values else 0.0
         classes = round(math.exp(last)) if 0 < last < _CHANCE_MAX else 0
         if classes < 2:
             continue
@@ -98,17 +111,34 @@ def _at_chance(trace: Trace) -> list[Finding]:
         start = len(values)
         while start > 0 and abs(values[start - 1] - level) <= near:
             start -= 1
-        if len(values) - start < SUSTAIN:
+        accuracy = _accuracy_of_one_in(trace, points[-1][0], classes) if start < len(values) else None
+        if len(values) - start < SUSTAIN and accuracy is None:
             continue
         steps = [s for s, _ in points[start:]]
         where = _records(len(steps), len(values))
+        beside = f", where {accuracy} is 1/{classes} too" if accuracy else ""
         message = (
             f"{key} sits at ln {classes} = {level:.5g}, the loss of a uniform guess among {classes} "
-            f"classes, on {where}, from step {steps[0]}: the model's outputs do not depend on its "
-            "inputs, and no update changes that."
+            f"classes, on {where}, from step {steps[0]}{beside}: the model's outputs do not depend on "
+            "its inputs, and no update changes that."
         )
         return [zero_grad(steps, message, key=key, value=values[-1], classes=classes)]
     return []
+
+
+def _accuracy_of_one_in(trace: Trace, step: int, classes: int) -> str | None:
+    """An accuracy (not RL's, not a best so far) logged at ``step`` as exactly 1/``classes``, as a
+    share or a percentage: with a loss at ln ``classes`` on that record, two numbers that name the
+    same uniform guess, which one record shows (flower#1398: a federated CIFAR-10 model evaluated at
+    ``loss: 2.3026 - accuracy: 0.1000``)."""
+    for key in logged_keys(trace):
+        low = key.lower()
+        if "acc" not in low or "best" in low or "reward" in low:
+            continue
+        value = dict(series(trace, key)).get(step)
+        if value is not None and abs((value / 100 if value > 1 else value) * classes - 1) <= 1e-9:
+            return key
+    return None
 
 
 def _nothing_right(trace: Trace) -> list[Finding]:
@@ -176,6 +206,50 @@ def _one_class(trace: Trace) -> list[Finding]:
     return []
 
 
+def _lm_plateau(trace: Trace) -> list[Finding]:
+    """A language model's training perplexity (``ppl``, or exp of a loss named ``lm loss``) held
+    at ``PLATEAU_PPL`` or more on the ``PLATEAU_RECORDS`` or more records a log ends on, flat and
+    not falling (:data:`~moescope.analyze.rules.thresholds.PLATEAU_SPREAD`): a model no better
+    than counting words, that no update improves. A learning model falls fastest at such a
+    level; a plateau there is one where nothing is learned."""
+    if is_rl(trace):
+        return []
+    for key in logged_keys(trace):
+        low = key.lower()
+        perplexity = low.endswith(("ppl", "perplexity"))
+        if not (perplexity or S.LM_LOSS in low or S.LM_LOSS_SPACED in low) or HELD_OUT_KEY.match(low):
+            continue
+        points = series(trace, key)
+        losses = [math.log(v) if perplexity else v for _, v in points if not perplexity or v > 0]
+        if len(losses) != len(points):
+            continue
+        start = len(losses)
+        while start > 0 and _level(losses[start - 1 :]) and math.exp(losses[start - 1]) >= PLATEAU_PPL:
+            start -= 1
+        tail = losses[start:]
+        third = len(tail) // 3
+        if len(tail) < PLATEAU_RECORDS or np.mean(tail[-third:]) < (1 - FLAT_SHARE / 2) * np.mean(
+            tail[:third]
+        ):
+            continue
+        steps = [s for s, _ in points[start:]]
+        level = math.exp(float(np.mean(tail)))
+        message = (
+            f"{key} holds at a perplexity of about {level:.0f} (a loss of {math.log(level):.3g}) on "
+            f"{_records(len(tail), len(losses))}, from step {steps[0]}, within {PLATEAU_SPREAD:.0%} and not "
+            "falling: a language model no better than counting words, which no update improves (an output "
+            "layer not trained or detached, labels not shifted against the inputs, a learning rate far off)."
+        )
+        return [zero_grad(steps, message, key=key, perplexity=level)]
+    return []
+
+
+def _level(losses: list[float]) -> bool:
+    """Whether ``losses`` stay within ``PLATEAU_SPREAD`` of their mean."""
+    mean = float(np.mean(losses))
+    return max(losses) - min(losses) <= PLATEAU_SPREAD * abs(mean)
+
+
 def _held_at_end(points: list[tuple[int, float]], value: float) -> int:
     """How many records a series ends on hold ``value`` exactly."""
     return next((i for i, (_, v) in enumerate(reversed(points)) if v != value), len(points))
@@ -183,6 +257,8 @@ def _held_at_end(points: list[tuple[int, float]], value: float) -> int:
 
 def _records(held: int, total: int) -> str:
     """``all N records`` or ``its last N records``, as a finding names the run it rests on."""
+    if held == 1:
+        return "its one record" if total == 1 else "its last record"
     return f"all {held} records" if held == total else f"its last {held} records"
 
 
@@ -193,7 +269,7 @@ def _flat(values: list[float]) -> bool:
 _CHANCE_MAX = 25.0  # nats: a guess among e^25 (7e10) classes; beyond, no print tells K from K ± 1
 
 
-def _held_beside(trace: Trace, loss: str, steps: set[int]) -> str | None:
+def _held_beside(trace: Trace, loss: str, steps: set[int], digits: int = PINNED_DIGITS) -> str | None:
     """An accuracy or another loss logged on exactly ``steps`` among the last records that holds
     one value there too (``None`` where none does), printed as finely as a pinned loss must be: a
     model whose loss and accuracy both stop to the last digit gives the same outputs (Keras's
@@ -205,7 +281,7 @@ def _held_beside(trace: Trace, loss: str, steps: set[int]) -> str | None:
             continue
         points = [(s, v) for s, v in series(trace, key) if s in steps]
         values = [v for _, v in points]
-        if len(points) == len(steps) and _held_from(values, SUSTAIN) == 0:
+        if len(points) == len(steps) and _held_from(values, SUSTAIN, digits=digits) == 0:
             return key
     return None
 
@@ -234,19 +310,25 @@ def _printed_in_text(trace: Trace, points: list[tuple[int, float]]) -> tuple[int
 _NUMBER_TEXT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
-def _held_from(values: list[float], run: int = REPLAYED_RUN, printed: tuple[int, int] = (0, 0)) -> int | None:
+def _held_from(
+    values: list[float],
+    run: int = REPLAYED_RUN,
+    printed: tuple[int, int] = (0, 0),
+    digits: int = PINNED_DIGITS,
+) -> int | None:
     """Where the run of values a series ends on, held as :func:`_pinned` says, starts; ``None``
     where it is shorter than ``run`` records (``HALF_HELD`` for a half-precision print), is 0, or
     was reached by a jump of ``DIVERGENCE_FACTOR`` times the median before it
     (``loss_divergence``'s) or, held only within a spread, by a climb above every value before it.
-    ``printed``: the digits and decimals the log's text shows."""
+    ``printed``: the digits and decimals the log's text shows; ``digits``: the fewest significant
+    digits a held value must be printed with."""
     if len(values) < run or not values[-1] or not math.isfinite(values[-1]):
         return None
-    digits, _, half = _printing([v for v in values[-WINDOW:] if math.isfinite(v)], printed)
+    shown, _, half = _printing([v for v in values[-WINDOW:] if math.isfinite(v)], printed)
     run = max(run, HALF_HELD) if half else run  # a half-precision number repeats by chance, briefly
-    if digits < PINNED_DIGITS:
+    if shown < digits:
         return None
-    spread = abs(values[-1]) * PINNED_SPREAD if digits >= FINE_DIGITS else 0.0
+    spread = abs(values[-1]) * PINNED_SPREAD if shown >= FINE_DIGITS else 0.0
     start, low, high = len(values) - 1, values[-1], values[-1]
     while start > 0 and max(high, values[start - 1]) - min(low, values[start - 1]) <= spread:
         start -= 1
@@ -357,11 +439,13 @@ def _decimals(value: float) -> int:
 
 def _half(value: float, decimals: int) -> bool:
     """Whether ``value`` is a float16 number (11 significant bits; every bfloat16 number within
-    float16's range is one) rounded to ``decimals``."""
+    float16's range is one) rounded to ``decimals``, where that print is finer than float16's grid
+    there (a coarser print, ``0.823``, rounds every number near a float16 one: it says nothing)."""
     if value == 0 or not math.isfinite(value):
         return value == 0
     quantum = 2.0 ** (math.floor(math.log2(abs(value))) - 10)
-    return abs(round(value / quantum) * quantum - value) <= 0.5 * 10.0**-decimals + 1e-12
+    unit = 10.0**-decimals
+    return quantum > unit and abs(round(value / quantum) * quantum - value) <= 0.5 * unit + 1e-12
 
 
 def significant_digits(value: float) -> int:

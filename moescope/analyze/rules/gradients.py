@@ -257,10 +257,22 @@ def _pair_at_zero(trace: Trace, family: str, least: int = 1) -> tuple[str, str, 
 
 def _zero_with_a_small_norm(rec: dict[str, Any], loss: str, norm: str | None) -> bool:
     """A loss of 0 (within ``ZERO_LOSS``: caffe's ``loss = -6.43825e-20`` is a sum's rounding)
-    whose gradient norm, where logged, is finite and below ``ZERO_LOSS_GRAD_MAX``."""
+    whose gradient norm, where logged, is finite and below ``ZERO_LOSS_GRAD_MAX``, or beside an
+    accuracy of exactly 0: a loss of 0 scores every token right, an accuracy of 0 none, so no
+    token is scored at all (ms-swift#8142: ``loss 0.0, token_acc 0.0`` beside a clipped norm of
+    1.0 on every record; a GRPO loss, 0 by construction, logs no accuracy)."""
     value = rec.get(norm) if norm else None
     small = (norm not in rec) if value is None else is_number(value) and 0 <= value < ZERO_LOSS_GRAD_MAX
-    return abs(rec[loss]) <= ZERO_LOSS and small
+    unread = is_number(value) and not math.isfinite(value)  # the non-finite finding's record
+    return abs(rec[loss]) <= ZERO_LOSS and (small or (_none_right(rec) and not unread))
+
+
+def _none_right(rec: dict[str, Any]) -> bool:
+    """Whether the record logs an accuracy (not a reward's) of exactly 0."""
+    return any(
+        "acc" in key.lower() and "reward" not in key.lower() and is_number(value) and value == 0
+        for key, value in rec.items()
+    )
 
 
 def _ending_run(

@@ -138,10 +138,10 @@ _PERPLEXED = (
 def held_out_losses(trace: Trace) -> tuple[str, ...]:
     """The losses logged on held-out data (``val_loss``, ``validation loss``, ``valid/loss``,
     ``eval_loss``, ``test loss``): not trained on, but scored by the same outputs."""
-    return tuple(key for key in logged_keys(trace) if names_a_loss(key) and _HELD_OUT.match(key.lower()))
+    return tuple(key for key in logged_keys(trace) if names_a_loss(key) and HELD_OUT_KEY.match(key.lower()))
 
 
-_HELD_OUT = re.compile(r"(?:val|valid|validation|eval|evaluation|test)(?:[/_ .]|$)")
+HELD_OUT_KEY = re.compile(r"(?:val|valid|validation|eval|evaluation|test)(?:[/_ .]|$)")  # a key, lower case
 
 
 def names_a_loss(key: str) -> bool:

@@ -64,6 +64,13 @@ FINE_DIGITS = 7
 CHANCE_SPREAD = 1e-3
 CHANCE_RESOLUTION = 0.25
 FLAT_SHARE = 0.01  # a loss that moves by less than this share of itself over some records does not fall
+# a language model's perplexity held at or above PLATEAU_PPL (a unigram model's level, or worse) on
+# PLATEAU_RECORDS or more records a log ends on, within PLATEAU_SPREAD of its mean in loss and
+# without falling by FLAT_SHARE / 2 from the first third of them to the last: no update improves it
+# (transformer-xl#95: 7.30-7.33 at ppl 1,500 over 1,800 steps; a fine-tune's 11.49-11.63)
+PLATEAU_PPL = 300.0
+PLATEAU_RECORDS = 8
+PLATEAU_SPREAD = 0.02
 # ...and one whose last records repeat, value for value, those a fixed number of steps before them
 # (an epoch's batches scored again by a model that did not change): this many records at least
 REPLAYED_RUN = 5
