@@ -272,6 +272,8 @@ def test_a_nan_a_joining_line_cannot_put_on_its_step_is_noted(tmp_path: Path) ->
     trace = read_log(write(tmp_path, "joined.log", text))
     assert steps_of(trace)[3][S.ACTOR_LOSS] == 7.4369  # the step's own value stays
     assert any("actor/loss is NaN/Inf on line 2" in note for note in trace.notes)
+    assert steps_of(trace)[3][S.NONFINITE] == 1  # and the NaN printed counts on it
+    assert steps_of(trace)[3][S.ALERTS] == "loss: nan samples/sec: 73.373"
 
 
 def test_roll_metrics_tag_lines() -> None:

@@ -1481,6 +1481,9 @@ def test_bars_whose_logged_step_starts_over_are_two_runs(tmp_path: Path) -> None
         ("epoch {i} train_loss {v}", S.ACTOR_LOSS),
         ("Episode {i} reward: {v}", S.REWARD_MEAN),
         ("Ep {i} | Return {v}", S.REWARD_MEAN),
+        ("Episode: {i}, Reward: {v}, Steps: 200", S.REWARD_MEAN),
+        ("Epoch {i} finished. Loss: {v}", S.ACTOR_LOSS),
+        ("Epoch {i} completed with loss {v}", S.ACTOR_LOSS),
     ],
 )
 def test_a_loops_print_of_its_counter_and_a_metric_is_a_record_on_that_count(
@@ -1557,3 +1560,27 @@ def test_lightgbms_rounds_keep_each_data_sets_metric_and_are_not_unwrapped(tmp_p
     trace = read_text(tmp_path, text)
     assert [s["training/binary_logloss"] for s in trace.steps] == [0.712679, 0.732192, 0.751667]
     assert [s["valid_1/binary_logloss"] for s in trace.steps] == [0.712513, 0.731889, 0.751244]
+
+
+@pytest.mark.parametrize(
+    ("line", "first"),
+    [
+        ("Epoch {i} Loss {v} Accuracy 0.4000", 1),  # a NaN after a bare name: the same record's
+        ("train: epoch {i} loss {v} acc 0.4", 1),
+        ("episode {i} total_reward {v} epsilon 0.5", 1),
+        ("Epoch {i}/12\n100/100 - 3s - loss: {v} - accuracy: 0.8000", 100),  # Keras, verbose=2
+        ("[{j}/1200] loss: {v}", 100),
+        ("({j}/1200) loss: {v}", 100),
+        ("It {j}: loss={v}", 100),
+    ],
+)
+def test_a_nan_a_loop_prints_is_on_the_record_of_its_count(tmp_path: Path, line: str, first: int) -> None:
+    """Twelve prints, the eighth NaN: each its own record on the count it names (a line whose NaN
+    read as no value would join the record before, where a finite loss hides it)."""
+    values = [f"{7.0 - 0.3 * i:.4f}" if i != 8 else "nan" for i in range(1, 13)]
+    text = "".join(line.format(i=i, j=100 * i, v=v) + "\n" for i, v in enumerate(values, 1))
+    trace = read_text(tmp_path, text)
+    steps = [s["step"] for s in trace.steps]
+    assert len(steps) == 12 and steps[0] == first
+    (found,) = [f for f in diagnose(trace) if f.type == "nonfinite"]
+    assert found.step == steps[7]

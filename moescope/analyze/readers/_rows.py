@@ -30,7 +30,7 @@ from typing import Any
 from moescope.analyze.readers._text import as_step, quoted_number
 from moescope.analyze.readers.keymap import rename
 from moescope.errors import MoescopeError
-from moescope.schema import LOSS_SCALE, RAW, STEP
+from moescope.schema import ALERTS, LOSS_SCALE, NONFINITE, RAW, STEP
 from moescope.traces import Trace
 
 STEP_KEYS = (
@@ -76,7 +76,7 @@ def flat_row(record: dict[str, Any], raw: str, line: int | None, step: int | Non
 
 
 def steps_from_epochs(parsed: Parsed) -> bool:
-    """Number ``parsed``'s rows by the epoch counter every one logs (``epoch`` or ``Epoch``),
+    """Number ``parsed``'s rows by the epoch counter every one logs (``epoch``, ``Epoch``, an episode's),
     where it is a whole number rising from row to row, and say so; whether it did. A loop that
     logs once an epoch names no other step."""
     epochs = _epoch_counters(parsed.rows)
@@ -89,10 +89,13 @@ def steps_from_epochs(parsed: Parsed) -> bool:
     return True
 
 
+_EPOCH_KEYS = ("epoch", "Epoch", "episode", "Episode")  # an RL loop's episode counts as its epoch does
+
+
 def _epoch_counters(rows: list[Row]) -> list[int] | None:
-    """The whole-number epoch counter (``epoch`` or ``Epoch``) each of ``rows`` logs, or ``None``
-    where one does not."""
-    epochs = [row.metrics.get("epoch", row.metrics.get("Epoch")) for row in rows]
+    """The whole-number epoch (or episode) counter each of ``rows`` logs, or ``None`` where one
+    does not."""
+    epochs = [next((row.metrics[k] for k in _EPOCH_KEYS if k in row.metrics), None) for row in rows]
     whole = all(isinstance(e, int) and not isinstance(e, bool) for e in epochs)
     return epochs if whole else None
 
@@ -223,12 +226,16 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
             # epoch on each line it logs within the epoch, a tqdm bar refreshed, another rank
             metrics = {key: value for key, value in metrics.items() if not _hides(record.get(key), value)}
         else:  # joined the step before: adds to it, never replaces what the step logged
-            hidden += [
+            lost = [
                 (key, row.line)
                 for key, value in metrics.items()
                 if key in record and _hides(value, record[key])
             ]
             metrics = {key: value for key, value in metrics.items() if key not in record}
+            if lost:  # the NaN was printed all the same: counted on the step, as a skipped line's is
+                metrics[NONFINITE] = record.get(NONFINITE, 0) + len(lost)
+                metrics[ALERTS] = "\n".join(filter(None, [record.get(ALERTS), row.raw]))
+                hidden += lost
         raw = record.pop(RAW) + "\n" + row.raw
         record.update(metrics)
         record[RAW] = raw  # raw stays last
@@ -243,7 +250,8 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
         lines = listing([line for _, line in hidden if line is not None]) or "?"
         notes.append(
             f"{keys} is NaN/Inf on line {lines}, a line without a step number that joined a step "
-            "already logging it finite: the step keeps the finite value (a joining line never replaces one)"
+            "already logging it finite: the step keeps the finite value (a joining line never replaces one) "
+            "and counts it non-finite (health/nonfinite)"
         )
     if kept:
         notes.append(

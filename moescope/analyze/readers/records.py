@@ -96,9 +96,9 @@ from moescope.analyze.readers.verl import RAY_PREFIX
 
 _I = rf"\s*({INT})\s*"
 # a counter's words before a labelled field: " Loss : 1.46", " train loss: 2.1" (a lookahead)
-_NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w ]{0,30}?\s*[:=]\s*[-+.\d])"
-# or a code name and its value, a space between: " train_loss 2.1", "\tLoss 6.7"
-_CODE_NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w./\-]*\s+[-+]?\.?\d)"
+_NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w ]{0,30}?\s*[:=]\s*(?:[-+.\d]|(?i:nan|inf)))"
+# or a code name and its value, a space between: " train_loss 2.1", "\tLoss 6.7", " loss nan"
+_CODE_NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w./\-]*\s+(?:[-+]?\.?\d|[-+]?(?i:nan|inf)))"
 _SR_COUNT = rf"\[({INT})/({INT})\]"  # EDSR's samples of the epoch: "[1600/16000]"
 
 
@@ -201,7 +201,7 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # icefall (k2), the batch counted within the epoch: "Epoch 1, batch 14300, loss[loss=0.6675, …]"
     (None, re.compile(rf"(?<![\w/])Epoch\s+{INT},\s*batch\s+({INT})(?=,)"), lambda m: int(m[1])),
     # Raissi's physics-informed networks and the many loops copied from them: "It: 240, Loss: 8.126e+00"
-    (None, re.compile(rf"^\s*It:\s*({INT})(?=,)"), lambda m: int(m[1])),
+    (None, re.compile(rf"^\s*It:?\s*({INT})(?=[,:])"), lambda m: int(m[1])),
     # an epoch's line, where no step is named: "===> Epoch 162 Complete: Avg. Loss: 0.014234",
     # "===> Epoch 162: testing psnr = 34.40" (MST), a loop's "Epoch 3 | loss 2.1", "Epoch 3 - loss:
     # 2.1" and "Epoch 3 train loss: 2.1" (print("Epoch", epoch, "loss:", loss))
@@ -211,7 +211,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         None,
         re.compile(
             rf"(?<![\w/])(?<![Ee]nd of )(?:Epoch|Episode|Ep\.?)\s*({INT})(?:\s*/\s*{INT})?"
-            rf"(?=\s*(?::|,|\||Complete\b|\]\s*$)|\s+-\s|\]?(?:{_NAME_THEN_VALUE}|{_CODE_NAME_THEN_VALUE}))",
+            rf"(?=\s*(?::|,|\||(?:Complete|completed|finished|done)\b|\]\s*$)|\s+-\s"
+            rf"|\]?(?:{_NAME_THEN_VALUE}|{_CODE_NAME_THEN_VALUE}))",
             re.I,
         ),
         lambda m: int(m[1]),
@@ -238,6 +239,12 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # model_grad_norm nan / …"
     (None, re.compile(rf"^\s*({INT})/{INT}(?=[\s,(]|:\s)(?!\s+\d{{1,2}}:\d\d)"), lambda m: int(m[1])),
     (None, re.compile(rf"^\s*\[({INT})\](?=\s)"), lambda m: int(m[1])),
+    # or in brackets over its total, before a field: "[100/1200] loss: 6.7", "(100/1200) loss: 6.7"
+    (
+        None,
+        re.compile(rf"^\s*[\[(]\s*({INT})\s*/\s*{INT}\s*[\])](?={_NAME_THEN_VALUE})"),
+        lambda m: int(m[1]),
+    ),
     # EDSR-PyTorch's trainer and the super-resolution repositories built on it, the samples of the
     # epoch before its bracketed losses: "[1600/16000]\t[L1: 5.9633]\t65.8+0.4s" (the epoch on a
     # "[Epoch 26]\tLearning rate: 1.00e-4" header above)
@@ -250,12 +257,14 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
 )
 # the lookahead only skips the positions no separator starts at (most of them) before the
 # alternatives are tried: the same splits, in half the time; a number ending a sentence ("Mean
-# Reward: -57.270. Std of Reward: 0.000.", ML-Agents' summary) ends its field; a tab or spaces
-# after a name's colon are the gap before its value ("epoch:\t0\treward:\t0.10", a print with
-# sep="\t"; wav2letter's right-aligned "loss:        inf")
+# Reward: -57.270. Std of Reward: 0.000.", ML-Agents' summary) ends its field, and so does a word
+# of four letters or more ending one ("Epoch 3 finished. Loss: 2.1"; "Avg. Loss" stays one name);
+# a tab or spaces after a name's colon are the gap before its value ("epoch:\t0\treward:\t0.10", a
+# print with sep="\t"; wav2letter's right-aligned "loss:        inf"), and a run of spaces before a
+# number is the gap between a name and its value ("| loss  7.66 |"), no field's end
 _SPLIT = re.compile(
     r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=\s])(?:\t+|\s{2,}(?![-+]?\.?\d))|[\[\]]"
-    r"|(?:(?<=\d)|(?<=[Nn]a[Nn])|(?<=[Ii]nf)|(?<=[Ii]nfinity))\.\s+)"
+    r"|(?:(?<=\d)|(?<=[Nn]a[Nn])|(?<=[Ii]nf)|(?<=[Ii]nfinity))\.\s+|(?<=[a-z]{4})\.\s+(?=[A-Z]))"
 )
 _LABELLED = re.compile(
     rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>{NUMBER})(?=[\s,;|)\]}}]|$)"
@@ -420,6 +429,8 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
             None,
             {("valid/" if held_out else "") + output.group("key"): parse_number(output.group("value"))},
         )
+    if "%|" not in line and megatron.is_overflow(line):  # a scaler's line: the alerts' to fold
+        return None
     line = _last_bar(line) if line.count("%|") > 1 else line
     for literal, pattern, rewritten in _REWRITES:  # the literal first: a search is slow
         line = pattern.sub(rewritten, line) if literal in line else line
@@ -663,7 +674,8 @@ _HELD_OUT_TAG = re.compile(
 )
 _KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})(/{INT})?\s*")
 _KERAS_INTERVAL = re.compile(rf"\s*Interval\s+({INT})\s+\({INT} steps performed\)\s*")
-_KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+\[[=>.]*\]")
+# Keras's bar, or its verbose=2 line without one: "100/100 - 3s - loss: 0.49 - accuracy: 0.80"
+_KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+(?:\[[=>.]*\]|-\s+\d+m?s\b)")
 # EDSR's epoch header, "[Epoch 26]\tLearning rate: 1.00e-4", over its "[1600/16000]\t[L1: 5.96]" lines
 _SR_EPOCH = re.compile(rf"\s*\[Epoch\s+({INT})\](?=\s*(?:Learning rate:|$))")
 _SR_COUNTER = re.compile(rf"\s*{_SR_COUNT}")
