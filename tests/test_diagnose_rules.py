@@ -922,3 +922,30 @@ def test_a_log2_loss_scale_below_0_is_an_overflow(tmp_path: Path) -> None:
         and overflow.severity == "error"
         and overflow.evidence["lowest_scale"] == 2**-0.821
     )
+
+
+def test_an_error_rate_held_at_one_beside_a_flat_loss_is_zero_grad(tmp_path: Path) -> None:
+    """deep_avsr#43: ``Tr.CER: 1.000`` on every record from step 3 while the loss holds at 3.32."""
+    line = "Step: {0:03d} || Tr.Loss: {1}  Val.Loss: 3.31 || Tr.CER: {2}  Val.CER: 1.000\n"
+    rows = [(3.1358, "0.977"), (2.9118, "0.928")] + [(3.3232 + 0.0004 * (i % 3), "1.000") for i in range(5)]
+    zero = findings_of(tmp_path, "".join(line.format(i, *row) for i, row in enumerate(rows)))["zero_grad"]
+    assert zero.step == 2 and "Tr.CER is 1 on its last 5 records" in zero.message
+
+
+def test_a_heads_loss_of_zero_beside_an_accuracy_of_zero_is_zero_grad(tmp_path: Path) -> None:
+    """PaddleOCR (PaddleOCR#7791): ``acc: 0.000000, … CTCLoss: 0.000000, SARLoss: 1.69`` on every
+    record: the CTC head scores nothing while the other head's loss moves."""
+    line = "ppocr INFO: global_step: {0}, acc: {1}, CTCLoss: 0.000000, SARLoss: {2}, loss: {2}\n"
+    rows = ((90, "0.000000", 1.6922), (93, "0.000000", 1.6756), (100, "0.000000", 1.6535))
+    zero = findings_of(tmp_path, "".join(line.format(*row) for row in rows))["zero_grad"]
+    assert zero.step == 90 and zero.evidence["key"] == "CTCLoss"
+    learning = "".join(line.format(s, "0.012000", x) for s, _, x in rows)
+    assert "zero_grad" not in findings_of(tmp_path, learning)
+
+
+def test_warnings_alone_of_a_scale_fallen_far_below_one_are_an_overflow(tmp_path: Path) -> None:
+    """icefall#1463: ``Grad scale is small: 1.29e-26`` on each rank, and nothing else pasted."""
+    line = "2024-01-14 01:03:0{0},826 WARNING [train.py:1057] ({0}/4) Grad scale is small: 1.29e-26\n"
+    text = "".join(line.format(r) for r in range(2))
+    overflow = findings_of(tmp_path, text)["overflow"]
+    assert overflow.severity == "error" and overflow.evidence["lowest_scale"] == 1.29e-26

@@ -1584,3 +1584,77 @@ def test_a_nan_a_loop_prints_is_on_the_record_of_its_count(tmp_path: Path, line:
     assert len(steps) == 12 and steps[0] == first
     (found,) = [f for f in diagnose(trace) if f.type == "nonfinite"]
     assert found.step == steps[7]
+
+
+@pytest.mark.parametrize(
+    ("line", "keys"),
+    [
+        ("{i} [D loss: 0.6931, acc.: 50.00%] [G loss: 0.7{i}]", {"D loss", "D acc", "G loss"}),  # Keras-GAN
+        ("{i} [D loss: 7.97 | D Accuracy: 50.0] [G loss: 1.2e-07]", {"D loss", "D Accuracy", "G loss"}),
+    ],
+)
+def test_a_gans_bracketed_groups_keep_each_networks_names(tmp_path: Path, line: str, keys: set[str]) -> None:
+    """Keras-GAN's ``5 [D loss: 0.693, acc.: 50.00%] [G loss: 0.71]``: the counter is the step, and
+    a group's other names are its network's (``D acc``), read as a percentage's number."""
+    trace = read_text(tmp_path, "".join(line.format(i=i) + "\n" for i in range(100, 106)))
+    assert [s["step"] for s in trace.steps] == list(range(100, 106))
+    assert set(trace.steps[0]) - {"step", "raw"} == keys and trace.steps[0]["D loss"] in (0.6931, 7.97)
+    acc = next(key for key in keys if "acc" in key.lower())
+    zero = {f.type: f for f in diagnose(trace)}["zero_grad"]  # a discriminator at exactly 50 %: one answer
+    assert zero.evidence["key"] == acc and zero.evidence["classes"] == 2
+
+
+def test_an_old_keras_bar_that_counts_past_its_end_is_an_epoch(tmp_path: Path) -> None:
+    bar = "215424/215375 [==============================] - 418s - train loss: {}\n"
+    trace = read_text(tmp_path, "".join(bar.format(x) for x in (3.7656, 3.7264, 3.7595)))
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(1, 3.7656), (2, 3.7264), (3, 3.7595)]
+
+
+def test_basicsr_iterations_with_thousands_separators_and_its_l_losses(tmp_path: Path) -> None:
+    """GFPGAN#270: ``[epoch:  0, iter:  25,377, lr:(2.000e-04,)] … l_g_pix: 0.0078``; its ``l_``
+    terms are losses, one at 1.4e27 a divergence."""
+    line = "2022-09-26 16:29:0{0},193 INFO: [train..][epoch:  0, iter:  {1}, lr:(2.000e-04,)] l_g_pix: {2}\n"
+    rows = (
+        ("25,377", "0.0078"),
+        ("25,378", "85927904.0000"),
+        ("25,379", "1374784627652024264225193984.0000"),
+    )
+    trace = read_text(tmp_path, "".join(line.format(i, *row) for i, row in enumerate(rows)))
+    assert [s["step"] for s in trace.steps] == [25377, 25378, 25379]
+    found = {f.type: f for f in diagnose(trace)}["loss_divergence"]
+    assert found.step == 25379 and found.severity == "error" and "l_g_pix" in found.message
+
+
+def test_a_dict_printed_as_a_fields_value_is_no_dict_record(tmp_path: Path) -> None:
+    """InternEvo's ``step=642 loss=2.17 … grad_norm={'0_default': 2.15, '1_fp32': 0.0} …``: a line of
+    ``key=value`` fields, one of which prints a dict, not an HF record."""
+    line = "INFO pipeline.py:770 -- tflops=229.6 step={0} loss={1} grad_norm={{'0_default': 2.1}} acc=0.55\n"
+    trace = read_text(tmp_path, line.format(642, 2.1725) + line.format(643, 2.0464))
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in trace.steps] == [(642, 2.1725), (643, 2.0464)]
+
+
+def test_verls_sft_tracker_lines_are_one_record_of_their_step(tmp_path: Path) -> None:
+    line = "[243/256] : (avg (std), med) = ( {0} [ 0.0000] ( 0.1269), {0})  # {1}\n"
+    trace = read_text(
+        tmp_path, line.format("0.2912", "train/grad_norm") + line.format("0.0199", "train/loss")
+    )
+    (step,) = trace.steps
+    assert (step["step"], step[S.GRAD_NORM], step[S.ACTOR_LOSS]) == (243, 0.2912, 0.0199)
+
+
+def test_a_csv_loggers_time_stamp_column_is_left_out(tmp_path: Path) -> None:
+    """Lightning's ``metrics.csv`` with a ``created_at`` column (StableSR#161)."""
+    text = "train/loss_step,global_step,epoch,created_at\n"
+    text += "0.2514,49.0,0,2025-11-07 06:02:10.484610\n0.0960,99.0,0,2025-11-07 06:09:01.771131\n"
+    trace = read_text(tmp_path, text)
+    assert [(s["step"], s["train/loss_step"]) for s in trace.steps] == [(49, 0.2514), (99, 0.096)]
+
+
+def test_nemos_unfilled_bar_loss_beside_its_reduced_train_loss_is_left_out(tmp_path: Path) -> None:
+    """NeMo 1.x's Megatron models report ``reduced_train_loss``; Lightning's ``loss`` in the same bar
+    stays NaN (aws-neuron/neuronx-nemo-megatron#28): no non-finite loss."""
+    bar = "Epoch 0:   3%|▎ | {0}/20101 [2:12:19<76:15:08, 14.05s/it, loss=nan, reduced_train_loss={1}]\n"
+    trace = read_text(tmp_path, bar.format(565, 3.910) + bar.format(566, 3.905))
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [3.91, 3.905] and "loss" not in trace.steps[0]
+    assert "nonfinite" not in {f.type for f in diagnose(trace)}
+    assert any("Lightning's running loss" in note for note in trace.notes)

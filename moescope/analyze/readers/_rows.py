@@ -30,7 +30,7 @@ from typing import Any
 from moescope.analyze.readers._text import as_step, quoted_number
 from moescope.analyze.readers.keymap import rename
 from moescope.errors import MoescopeError
-from moescope.schema import ALERTS, LOSS_SCALE, NONFINITE, RAW, STEP
+from moescope.schema import ACTOR_LOSS, ALERTS, LOSS_SCALE, NONFINITE, RAW, STEP
 from moescope.traces import Trace
 
 STEP_KEYS = (
@@ -206,7 +206,11 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
     repeated: dict[int, None] = {}  # in order of first repeat; a dict, as a log may repeat every step
     kept: set[str] = set()
     hidden: list[tuple[str, int | None]] = []  # a joined line's non-finite value its step logs finite
+    placeholders: list[int | None] = []  # rows whose bar's loss=nan is Lightning's, unfilled by NeMo
     for step, row in zip(steps, parsed.rows, strict=True):
+        if _placeholder_loss(row.metrics):
+            row.metrics = _without_placeholder(row.metrics)
+            placeholders.append(row.line)
         metrics, lost = rename(table, row.metrics)
         metrics = _scale_from_log2(metrics)
         row.metrics = {}  # handed over: a large log's records are not held twice
@@ -253,6 +257,12 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
             "already logging it finite: the step keeps the finite value (a joining line never replaces one) "
             "and counts it non-finite (health/nonfinite)"
         )
+    if placeholders:
+        notes.append(
+            f"the progress bar's loss=nan beside reduced_train_loss (line {placeholders[0] or '?'}) is "
+            "Lightning's running loss, which NeMo's Megatron models leave unfilled: left out, "
+            "reduced_train_loss read"
+        )
     if kept:
         notes.append(
             f"{listing(sorted(kept))} kept their own names: another key of the step took the canonical one"
@@ -271,6 +281,27 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
         "framework": parsed.framework,
     }
     return Trace(header=header, steps=[merged[s] for s in sorted(merged)], path=path, notes=notes)
+
+
+def _placeholder_loss(metrics: dict[str, Any]) -> bool:
+    """A bar's ``loss=nan`` beside a finite ``reduced_train_loss``: NeMo 1.x's Megatron models
+    report their loss as that, and Lightning's own running ``loss`` in the bar stays NaN
+    (aws-neuron/neuronx-nemo-megatron#28: ``loss=nan, … reduced_train_loss=3.910``)."""
+    loss, reduced = metrics.get("loss", metrics.get(ACTOR_LOSS)), metrics.get(REDUCED_TRAIN_LOSS)
+    finite = isinstance(reduced, int | float) and not isinstance(reduced, bool) and math.isfinite(reduced)
+    return isinstance(loss, float) and math.isnan(loss) and finite
+
+
+REDUCED_TRAIN_LOSS = "reduced_train_loss"
+
+
+def _without_placeholder(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` without the bar's ``loss``; where a reader named it the loss already, the
+    reduced loss takes that name."""
+    if "loss" in metrics:
+        return {key: value for key, value in metrics.items() if key != "loss"}
+    out = {key: value for key, value in metrics.items() if key not in (ACTOR_LOSS, REDUCED_TRAIN_LOSS)}
+    return {**out, ACTOR_LOSS: metrics[REDUCED_TRAIN_LOSS]}
 
 
 LG_LOSS_SCALE = "lg_loss_scale"  # OpenAI's improved- and guided-diffusion log log2 of the fp16 scale

@@ -63,6 +63,8 @@ _NOT_RUN = re.compile(rf"optimizer not run, scale_before:\s*({NUMBER}),\s*scale_
 # OpenAI's improved- and guided-diffusion (and the trainers built on them) keep log2 of the fp16 scale:
 # "Found NaN, decreased lg_loss_scale to 16.929000000013357"
 _LG_SCALE = re.compile(rf"Found NaN, decreased lg_loss_scale to ({NUMBER})")
+# icefall (k2) before it raises "grad_scale is too small": "Grad scale is small: 1.2924697071141057e-26"
+_SMALL_SCALE = re.compile(rf"Grad scale is small:\s*({NUMBER})", re.IGNORECASE)
 # fairseq's "Minimum loss scale reached (X)" as it gives up (its overflow lines are OVERFLOW's)
 _SCALE_FLOOR = re.compile(rf"minimum loss scale reached \(({NUMBER})\)", re.IGNORECASE)
 
@@ -124,6 +126,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     (_NOT_RUN, _not_run),
     (_LG_SCALE, _lg_scale),
     (_SCALE_FLOOR, _scale_floor),
+    (_SMALL_SCALE, lambda match, line: {S.LOSS_SCALE: parse_number(match.group(1))}),
     (re.compile(r"loss scale already at minimum", re.IGNORECASE), _scaler_stopped),
     (_COUNTER, _counter),
 )

@@ -31,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import moescope.analyze.readers.alerts as alerts
 import moescope.analyze.readers.columns as columns
 import moescope.analyze.readers.jsonl as jsonl
 import moescope.analyze.readers.keyvalues as keyvalues
@@ -113,6 +114,8 @@ def sniff(log: LogFile) -> Sniff:
         return Sniff("records", Counter({"records": loose}))
     if mentions:
         return Sniff("plain", counts)
+    if any(alerts.said(line) for line in log.lines):  # a framework's warnings alone: each is a record
+        return Sniff("records", Counter())
     raise MoescopeError(
         f"{path} has no step this reader recognises: no line attaches a number to a metric name; pass "
         "format=... (see moescope.analyze.readers.FORMATS) or check it is a training log."

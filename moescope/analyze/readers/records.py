@@ -188,11 +188,12 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (
         None,
         re.compile(
-            rf"(?<![\w/.])(?:global[_ ]step|current_steps|step|iteration|iter|num_updates)\s*[:=#]?\s*({INT})"
+            rf"(?<![\w/.])(?:global[_ ]step|current_steps|step|iteration|iter|num_updates)\s*[:=#]?\s*"
+            rf"(\d{{1,3}}(?:,\d{{3}})+(?![\d.])|{INT})"  # BasicSR's "iter:  25,377," (GFPGAN, Real-ESRGAN)
             rf"(?:\s*/\s*{INT})?(?![\w]|\.\d)",  # "Step: 19000. Mean Reward: …" ends a sentence
             re.IGNORECASE,
         ),
-        lambda m: int(m[1]),
+        lambda m: int(m[1].replace(",", "")),
     ),
     # OpenNMT-py's early trainer, epochs from 1: "Epoch  1, 12850/37527; acc:   3.99; ppl: 12792.57; …"
     (None, re.compile(rf"(?<![\w/])Epoch\s+{_I},{_I}/{_I};"), _epoch_from_one),
@@ -239,6 +240,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # model_grad_norm nan / …"
     (None, re.compile(rf"^\s*({INT})/{INT}(?=[\s,(]|:\s)(?!\s+\d{{1,2}}:\d\d)"), lambda m: int(m[1])),
     (None, re.compile(rf"^\s*\[({INT})\](?=\s)"), lambda m: int(m[1])),
+    # or before a GAN's bracketed groups: "13882 [D loss: 7.97 | D Accuracy: 50.0] [G loss: 1.2e-07]"
+    (None, re.compile(rf"^\s*({INT}):?\s+(?=\[[A-Z]\w{{0,2}} loss:)"), lambda m: int(m[1])),
     # or in brackets over its total, before a field: "[100/1200] loss: 6.7", "(100/1200) loss: 6.7"
     (
         None,
@@ -405,6 +408,9 @@ def _normal(key: str) -> str:
 _SCORES = frozenset({"accuracy", "acc", "ppl", "perplexity", "wer", "cer", "bleu", "auc", "f1"})
 
 
+_NETWORK_METRIC = re.compile(r"[A-Z]\w{0,2} ([A-Za-z_]\w*)")
+
+
 def is_metric(key: str) -> bool:
     """A name some key map knows (as given, normalised, or behind a ``train/`` prefix), or a
     code name that says it is a loss (``pid_loss``, ``triplet_loss``: a detector's or a re-id
@@ -412,6 +418,9 @@ def is_metric(key: str) -> bool:
     loss``, may be prose)."""
     known, normal = _known_names(), _normal(key)
     if key in known or normal in known or normal in _SCORES or key.removeprefix("train/") in known:
+        return True
+    net = _NETWORK_METRIC.fullmatch(key)  # a GAN's "D loss", "G loss", "D acc"
+    if net and (net.group(1).lower() == "loss" or is_metric(net.group(1))):
         return True
     return (key.endswith("_loss") or key[:5].lower() == "loss_") and " " not in key
 
@@ -559,6 +568,33 @@ _SAID_TO_BE = re.compile(rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:is|was)\s+{_A
 # name for both, the held-out value would replace the training one)
 _OWNED = re.compile(r"(?<![\w'])(?P<owner>[A-Za-z_]\w*)'s (?P<key>[A-Za-z_][\w.\-]*)(?=\s*:)")
 
+# a GAN loop's bracketed groups, each opened by its network's loss (Keras-GAN's "5 [D loss: 0.693, acc.:
+# 50.00%] [G loss: 0.71]", a DCGAN's "[D loss: 7.97, acc: 0.50]  [A loss: 0.00, acc: 1.00]"): the other
+# names of a group are that network's ("D acc", "A acc"), not one "acc" the last group sets
+_GAN_GROUP = re.compile(r"\[(?P<net>[A-Z]\w{0,2}) loss: (?P<rest>[^\]]*)\]")
+_GROUP_NAME = re.compile(r"(?P<sep>[,|]\s*)(?P<name>[A-Za-z][\w]*)\.?:")
+
+
+def _gan_group(match: re.Match[str]) -> str:
+    """One group with each name after the loss given its network's prefix."""
+    net = match.group("net")
+
+    def named(field: re.Match[str]) -> str:
+        name = field.group("name")
+        return field.group(0) if name == net else f"{field.group('sep')}{net} {name}:"
+
+    rest = re.sub(r"(?<=\d)%", "", match.group("rest"))  # "acc.: 50.00%": a percentage, read as 50.0
+    return f"[{net} loss: {_GROUP_NAME.sub(named, rest)}]"
+
+
+# verl's SFT trainer's tracker, one metric a line, the name after a comment's "#": "[243/256] : (avg (std),
+# med) = (    0.2912 [     0.0000] (    0.1269),     0.2669)  # train/grad_norm" (the average the value)
+_AVG_STD_MED = re.compile(
+    rf"\[({INT})/{INT}\]\s*:\s*\(avg \(std\), med\) = "
+    rf"\(\s*({NUMBER})\s*\[[^\]]*\]\s*\([^)]*\),\s*(?:{NUMBER})\)"
+    r"\s*#\s*(\S+)\s*$"
+)
+
 _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     *((word, _FOR_COUNTER, r"\g<mark> | \g<key>: ") for word in (" for ", " at ", " after ", " in ")),
     (" is ", _SAID_TO_BE, r"\g<key>: "),
@@ -567,6 +603,8 @@ _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
 _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     *_PROSE,
     ("'s ", _OWNED, r"\g<owner>/\g<key>"),
+    (" loss: ", _GAN_GROUP, _gan_group),
+    ("(avg (std), med)", _AVG_STD_MED, r"step \1 | \3: \2"),
     ("] ", _BRACKETED, r"\g<key>: \g<value>"),
     ("]:", _INDEXED, r"step \g<step> | \g<key>:"),
     ("Key:", _KEY_VALUE, r"\g<key>: \g<value>"),
@@ -710,11 +748,13 @@ def _keras_step(text: str, epoch: tuple[int, bool] | None, step: int | None) -> 
 
 def _bars_as_epochs(rows: list[Row]) -> None:
     """Keras's bars pasted without their ``Epoch e/E`` headers, every one finished (``1875/1875
-    [=====] - 5s 3ms/step - loss: 0.49``, a line an epoch): each bar's count is the same, so the
+    [=====] - 5s 3ms/step - loss: 0.49``, a line an epoch; an old Keras counts past the end,
+    ``215424/215375``): each bar's count is the same, so the
     bars are numbered as the epochs they end, from 1 (read as their count, they were one step)."""
     bars = [(row, _KERAS_BAR.match(row.raw)) for row in rows]
     ended = [(row, bar) for row, bar in bars if bar is not None]
-    if len(ended) < 2 or any(bar[1] != bar[2] for _, bar in ended) or len({bar[2] for _, bar in ended}) > 1:
+    finished = all(int(bar[1]) >= int(bar[2]) for _, bar in ended)  # an old Keras overshoots: 215424/215375
+    if len(ended) < 2 or not finished or len({bar[2] for _, bar in ended}) > 1:
         return
     for epoch, (row, _) in enumerate(ended, start=1):
         row.step = epoch

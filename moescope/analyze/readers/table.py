@@ -124,8 +124,15 @@ def _names_only(line: str) -> bool:
 
 
 def _numbers_only(row: list[str]) -> bool:
-    """Every cell a number, or empty (a CSV's column not logged on that row), one at least."""
-    return any(c for c in row) and all(c == "" or _number(c) is not None for c in row)
+    """Every cell a number, or empty (a CSV's column not logged on that row), or a time stamp
+    (Lightning's ``metrics.csv`` with a ``created_at`` column), one a number at least."""
+    numbers = [_number(c) for c in row]
+    return any(v is not None for v in numbers) and all(
+        v is not None or c == "" or _TIME_STAMP.fullmatch(c) for c, v in zip(row, numbers, strict=True)
+    )
+
+
+_TIME_STAMP = re.compile(r"\d{4}-\d\d-\d\d(?:[ T]\d\d:\d\d(?::\d\d(?:\.\d+)?)?)?")
 
 
 def _number(cell: str) -> float | int | None:

@@ -43,7 +43,9 @@ from moescope.analyze.readers.jsonl import load_json
 from moescope.analyze.readers.keymap import guess_framework
 from moescope.errors import MoescopeError
 
-DICT_START = re.compile(r"\{\s*['\"]")
+DICT_START = re.compile(
+    r"(?<!=)(?<!= )\{\s*['\"]"
+)  # not a field's dict value: InternEvo's "grad_norm={'0_default': 2.1}"
 # a record whose braces the paste lost: "'loss': -0.0, 'grad_norm': 0.0, …" (two quoted keys at least)
 BARE_DICT = re.compile(r"""^\s*(['"])[^'"\n]+\1:\s*[^,\n]+,\s*(['"])[^'"\n]+\2:""")
 _BAR = re.compile(rf"({INT})/({INT})\s*\[")

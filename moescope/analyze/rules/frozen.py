@@ -142,19 +142,21 @@ def _accuracy_of_one_in(trace: Trace, step: int, classes: int) -> str | None:
 
 
 def _nothing_right(trace: Trace) -> list[Finding]:
-    """An accuracy of exactly 0 on the ``REPLAYED_RUN`` or more records a log ends on, beside a
-    language-modelling loss that does not fall there (within :data:`FLAT_SHARE` of its mean): a
-    model that gets no prediction right and does not learn (ALBERT's pre-training after a
-    TensorFlow upgrade, ``MLM_acc: 0.000`` for 80 steps beside a loss at 11.17). Not in RL, where
+    """An accuracy of exactly 0, or an error rate of exactly 1, on the ``REPLAYED_RUN`` or more
+    records a log ends on, beside a language-modelling loss that does not fall there (within
+    :data:`FLAT_SHARE` of its mean): a model that gets no prediction right and does not learn
+    (ALBERT's pre-training after a TensorFlow upgrade, ``MLM_acc: 0.000`` for 80 steps beside a
+    loss at 11.17; a lip-reading model's ``Tr.CER: 1.000`` beside a loss at 3.32). Not in RL, where
     an accuracy of 0 is the rewards' (``no_signal``'s)."""
     if is_rl(trace):
         return []
     loss = next((key for key in lm_losses(trace) if series(trace, key)), None)
     for key in logged_keys(trace) if loss else ():
-        if "acc" not in key.lower():
+        nothing = _nothing_right_at(key)
+        if nothing is None:
             continue
         points = series(trace, key)
-        held = _held_at_end(points, 0)
+        held = _held_at_end(points, nothing)
         if held < REPLAYED_RUN:
             continue
         steps = [s for s, _ in points[len(points) - held :]]
@@ -163,12 +165,24 @@ def _nothing_right(trace: Trace) -> list[Finding]:
         if len(beside) < held or not _flat(beside):
             continue
         message = (
-            f"{key} is 0 on {_records(held, len(points))}, from step "
+            f"{key} is {nothing:g} on {_records(held, len(points))}, from step "
             f"{steps[0]}, while {loss} holds at {beside[-1]:.4g}: the model gets no prediction right "
             "and no update changes that."
         )
         return [zero_grad(steps, message, key=key, loss=loss)]
     return []
+
+
+_ERROR_RATE = re.compile(r"(?:^|[\W_])(?:cer|wer)$")  # a character or word error rate: "Tr.CER", "val_wer"
+
+
+def _nothing_right_at(key: str) -> float | None:
+    """The value at which ``key`` scores nothing right: 0 for an accuracy, 1 for a character or
+    word error rate (every one wrong: a lip-reading model's ``Tr.CER: 1.000``), else ``None``."""
+    low = key.lower()
+    if "acc" in low:
+        return 0.0
+    return 1.0 if _ERROR_RATE.search(low) else None
 
 
 def _one_class(trace: Trace) -> list[Finding]:

@@ -15,7 +15,7 @@ import numpy as np
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.frozen import unmoved_loss, zero_grad
-from moescope.analyze.rules.losses import LM_LOSSES, lm_losses
+from moescope.analyze.rules.losses import LM_LOSSES, is_rl, lm_losses, names_a_loss
 from moescope.analyze.rules.series import (
     above_ceiling,
     column,
@@ -25,6 +25,7 @@ from moescope.analyze.rules.series import (
     held_to_end,
     is_number,
     logged_key_set,
+    logged_keys,
     row_medians,
     series,
     steps_of,
@@ -191,9 +192,20 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
     """A language-modelling loss at exactly 0, as logged, on the two or more records the log ends
     on, or the one a short paste ends on (a record whose gradient norm is not finite belongs to the
     non-finite finding): one record of 0 may be a batch whose labels were all masked, two in a
-    row are the run (TRL#618's 4-bit SFT, 0.0 after a jump to 31.45, epoch after epoch)."""
-    for key in lm_losses(trace):
-        steps = _ending_run(trace, key, partial(_zero_with_a_small_norm, loss=key, norm=norm), length=2)
+    row are the run (TRL#618's 4-bit SFT, 0.0 after a jump to 31.45, epoch after epoch). A loss of
+    another name (one head's of several) counts where an accuracy of 0 stands beside it: PaddleOCR's
+    ``acc: 0.000000, CTCLoss: 0.000000`` while its SAR head's loss moves."""
+    scored = lm_losses(trace)
+    heads = (
+        () if is_rl(trace) else tuple(k for k in logged_keys(trace) if names_a_loss(k) and k not in scored)
+    )
+    for key in (*scored, *heads):
+        flag = (
+            partial(_zero_with_a_small_norm, loss=key, norm=norm)
+            if key in scored
+            else partial(_unscored, loss=key)
+        )
+        steps = _ending_run(trace, key, flag, length=2)
         if steps:
             last = dict(series(trace, key))[steps[-1]]
             zero = "0" if last == 0 else f"{last:.3g}, 0 but for rounding,"
@@ -265,6 +277,11 @@ def _zero_with_a_small_norm(rec: dict[str, Any], loss: str, norm: str | None) ->
     small = (norm not in rec) if value is None else is_number(value) and 0 <= value < ZERO_LOSS_GRAD_MAX
     unread = is_number(value) and not math.isfinite(value)  # the non-finite finding's record
     return abs(rec[loss]) <= ZERO_LOSS and (small or (_none_right(rec) and not unread))
+
+
+def _unscored(rec: dict[str, Any], loss: str) -> bool:
+    """A loss of 0 beside an accuracy of 0 on the record."""
+    return abs(rec[loss]) <= ZERO_LOSS and _none_right(rec)
 
 
 def _none_right(rec: dict[str, Any]) -> bool:

@@ -145,10 +145,12 @@ HELD_OUT_KEY = re.compile(r"(?:val|valid|validation|eval|evaluation|test)(?:[/_ 
 
 
 def names_a_loss(key: str) -> bool:
-    """A metric named a loss, whatever its kind (``actor/loss``, ``softmax_loss``, ``Loss_D``); not
-    a run's best so far (fairseq's ``best_loss``), held by construction between improvements."""
+    """A metric named a loss, whatever its kind (``actor/loss``, ``softmax_loss``, ``Loss_D``,
+    BasicSR's ``l_g_pix`` and ``l_identity``: GFPGAN, Real-ESRGAN); not a run's best so far
+    (fairseq's ``best_loss``), held by construction between improvements."""
     low = key.lower().rsplit("/", 1)[-1]
-    return (low.endswith("loss") or low.startswith("loss_")) and not low.startswith("best")
+    named = low.endswith("loss") or low.startswith(("loss_", "l_"))
+    return named and not low.startswith("best")
 
 
 def _level_left(key: str, points: list[tuple[int, float]]) -> list[Finding]:
