@@ -1658,3 +1658,17 @@ def test_nemos_unfilled_bar_loss_beside_its_reduced_train_loss_is_left_out(tmp_p
     assert [s[S.ACTOR_LOSS] for s in trace.steps] == [3.91, 3.905] and "loss" not in trace.steps[0]
     assert "nonfinite" not in {f.type for f in diagnose(trace)}
     assert any("Lightning's running loss" in note for note in trace.notes)
+
+
+def test_gaussian_splattings_evaluations_keep_each_sets_metrics(tmp_path: Path) -> None:
+    """3D Gaussian Splatting's ``[ITER 7000] Evaluating test: L1 0.4732 PSNR 5.39``, then the train
+    set's line: one record of that iteration, each set's L1 and PSNR under its name."""
+    line = "[ITER {0}] Evaluating {1}: L1 {2} PSNR {3} [10/02 10:12:07]\n"
+    text = line.format(7000, "test", 0.4732, 5.3944) + line.format(7000, "train", 0.4752, 5.3429)
+    (step,) = read_text(tmp_path, text + line.format(30000, "test", 0.4732, 5.3944)).steps[:1]
+    assert (step["step"], step["test/L1"], step["train/L1"], step["train/PSNR"]) == (
+        7000,
+        0.4732,
+        0.4752,
+        5.3429,
+    )

@@ -595,6 +595,10 @@ _AVG_STD_MED = re.compile(
     r"\s*#\s*(\S+)\s*$"
 )
 
+# 3D Gaussian Splatting's evaluation (graphdeco-inria and its forks): "[ITER 7000] Evaluating test: L1
+# 0.4732 PSNR 5.3944", each set's metrics under its name ("test/L1"), not one L1 the train set replaces
+_SPLAT_EVAL = re.compile(rf"\[ITER\s+({INT})\]\s+Evaluating\s+(\w+):\s+L1\s+({NUMBER})\s+PSNR\s+({NUMBER})")
+
 _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     *((word, _FOR_COUNTER, r"\g<mark> | \g<key>: ") for word in (" for ", " at ", " after ", " in ")),
     (" is ", _SAID_TO_BE, r"\g<key>: "),
@@ -605,6 +609,7 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     ("'s ", _OWNED, r"\g<owner>/\g<key>"),
     (" loss: ", _GAN_GROUP, _gan_group),
     ("(avg (std), med)", _AVG_STD_MED, r"step \1 | \3: \2"),
+    ("] Evaluating ", _SPLAT_EVAL, r"step \1 | \2/L1: \3 | \2/PSNR: \4"),
     ("] ", _BRACKETED, r"\g<key>: \g<value>"),
     ("]:", _INDEXED, r"step \g<step> | \g<key>:"),
     ("Key:", _KEY_VALUE, r"\g<key>: \g<value>"),
