@@ -203,11 +203,11 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"(?<![\w/])Epoch\s+{INT},\s*batch\s+({INT})(?=,)"), lambda m: int(m[1])),
     # Raissi's physics-informed networks and the many loops copied from them: "It: 240, Loss: 8.126e+00"
     (None, re.compile(rf"^\s*It:?\s*({INT})(?=[,:])"), lambda m: int(m[1])),
-    # an epoch's line, where no step is named: "===> Epoch 162 Complete: Avg. Loss: 0.014234",
-    # "===> Epoch 162: testing psnr = 34.40" (MST), a loop's "Epoch 3 | loss 2.1", "Epoch 3 - loss:
-    # 2.1" and "Epoch 3 train loss: 2.1" (print("Epoch", epoch, "loss:", loss))
-    # (Episode alike), "Epoch 3/20 loss: 2.1", "[Epoch 3] loss: 2.1"; not the PyTorch word language
-    # model's "| end of epoch   7 | time: 109.38s | valid loss  7.68": its validation, on the step before
+    # an epoch's (or an episode's) line, where no step is named: "===> Epoch 162 Complete: Avg. Loss:
+    # 0.014234", "===> Epoch 162: testing psnr = 34.40" (MST), a loop's "Epoch 3 | loss 2.1", "Epoch 3
+    # - loss: 2.1", "Epoch 3/20 loss: 2.1", "[Epoch 3] loss: 2.1" and "Epoch 3 train loss: 2.1"
+    # (print("Epoch", epoch, "loss:", loss)); not the PyTorch word language model's "| end of epoch
+    # 7 | time: 109.38s | valid loss  7.68": its validation, on the step before
     (
         None,
         re.compile(
@@ -561,8 +561,6 @@ _FOR_COUNTER = re.compile(
 # and a name said to be a value ("the loss is 7.39", "Epoch 1, training loss was 2.1"): "loss: 7.39"
 _SAID_TO_BE = re.compile(rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:is|was)\s+{_A_VALUE}")
 
-# the shapes written as "name: value" fields (or a step marker) before a line is read, each where
-# its literal is in the line
 # LightGBM's evaluation lines name each metric after its data set: "[4]\ttraining's binary_logloss:
 # 0.77109\tvalid_1's binary_logloss: 0.770573", read "training/binary_logloss", "valid_1/…" (one
 # name for both, the held-out value would replace the training one)
@@ -573,6 +571,7 @@ _OWNED = re.compile(r"(?<![\w'])(?P<owner>[A-Za-z_]\w*)'s (?P<key>[A-Za-z_][\w.\
 # names of a group are that network's ("D acc", "A acc"), not one "acc" the last group sets
 _GAN_GROUP = re.compile(r"\[(?P<net>[A-Z]\w{0,2}) loss: (?P<rest>[^\]]*)\]")
 _GROUP_NAME = re.compile(r"(?P<sep>[,|]\s*)(?P<name>[A-Za-z][\w]*)\.?:")
+_PERCENT_SIGN = re.compile(r"(?<=\d)%")
 
 
 def _gan_group(match: re.Match[str]) -> str:
@@ -583,7 +582,7 @@ def _gan_group(match: re.Match[str]) -> str:
         name = field.group("name")
         return field.group(0) if name == net else f"{field.group('sep')}{net} {name}:"
 
-    rest = re.sub(r"(?<=\d)%", "", match.group("rest"))  # "acc.: 50.00%": a percentage, read as 50.0
+    rest = _PERCENT_SIGN.sub("", match.group("rest"))  # "acc.: 50.00%": a percentage, read as 50.0
     return f"[{net} loss: {_GROUP_NAME.sub(named, rest)}]"
 
 
@@ -604,6 +603,8 @@ _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     (" is ", _SAID_TO_BE, r"\g<key>: "),
     (" was ", _SAID_TO_BE, r"\g<key>: "),
 )
+# the shapes written as "name: value" fields (or a step marker) before a line is read, each where
+# its literal is in the line
 _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     *_PROSE,
     ("'s ", _OWNED, r"\g<owner>/\g<key>"),

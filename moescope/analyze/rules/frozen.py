@@ -131,10 +131,7 @@ def _accuracy_of_one_in(trace: Trace, step: int, classes: int) -> str | None:
     share or a percentage: with a loss at ln ``classes`` on that record, two numbers that name the
     same uniform guess, which one record shows (flower#1398: a federated CIFAR-10 model evaluated at
     ``loss: 2.3026 - accuracy: 0.1000``)."""
-    for key in logged_keys(trace):
-        low = key.lower()
-        if "acc" not in low or "best" in low or "reward" in low:
-            continue
+    for key in _accuracies(trace):
         value = dict(series(trace, key)).get(step)
         if value is not None and abs((value / 100 if value > 1 else value) * classes - 1) <= 1e-9:
             return key
@@ -195,10 +192,7 @@ def _one_class(trace: Trace) -> list[Finding]:
     ranked right is 0, 0.5 or 1)."""
     if is_rl(trace):
         return []
-    for key in logged_keys(trace):
-        low = key.lower()
-        if "acc" not in low or "best" in low or "reward" in low:
-            continue
+    for key in _accuracies(trace):
         points = series(trace, key)
         value = points[-1][1] if points else 0.0
         held = _held_at_end(points, value)
@@ -237,9 +231,7 @@ def _lm_plateau(trace: Trace) -> list[Finding]:
         losses = [math.log(v) if perplexity else v for _, v in points if not perplexity or v > 0]
         if len(losses) != len(points):
             continue
-        start = len(losses)
-        while start > 0 and _level(losses[start - 1 :]) and math.exp(losses[start - 1]) >= PLATEAU_PPL:
-            start -= 1
+        start = _level_from(losses)
         tail = losses[start:]
         third = len(tail) // 3
         if len(tail) < PLATEAU_RECORDS or np.mean(tail[-third:]) < (1 - FLAT_SHARE / 2) * np.mean(
@@ -258,10 +250,29 @@ def _lm_plateau(trace: Trace) -> list[Finding]:
     return []
 
 
-def _level(losses: list[float]) -> bool:
-    """Whether ``losses`` stay within ``PLATEAU_SPREAD`` of their mean."""
-    mean = float(np.mean(losses))
-    return max(losses) - min(losses) <= PLATEAU_SPREAD * abs(mean)
+def _level_from(losses: list[float]) -> int:
+    """Where the run of losses a series ends on starts that stays within ``PLATEAU_SPREAD`` of
+    its mean and at ``PLATEAU_PPL`` or above, walked back once (a running sum, low and high)."""
+    start, total, low, high = len(losses), 0.0, math.inf, -math.inf
+    while start > 0:
+        value = losses[start - 1]
+        low, high, total = min(low, value), max(high, value), total + value
+        if high - low > PLATEAU_SPREAD * abs(total / (len(losses) - start + 1)) or value < _PLATEAU_LOSS:
+            break
+        start -= 1
+    return start
+
+
+_PLATEAU_LOSS = math.log(PLATEAU_PPL)
+
+
+def _accuracies(trace: Trace) -> list[str]:
+    """The accuracies logged, but for a run's best so far and a preference run's reward accuracy."""
+    return [
+        key
+        for key in logged_keys(trace)
+        if "acc" in (low := key.lower()) and "best" not in low and "reward" not in low
+    ]
 
 
 def _held_at_end(points: list[tuple[int, float]], value: float) -> int:
