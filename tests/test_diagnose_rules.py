@@ -949,3 +949,21 @@ def test_warnings_alone_of_a_scale_fallen_far_below_one_are_an_overflow(tmp_path
     text = "".join(line.format(r) for r in range(2))
     overflow = findings_of(tmp_path, text)["overflow"]
     assert overflow.severity == "error" and overflow.evidence["lowest_scale"] == 1.29e-26
+
+
+@pytest.mark.parametrize(("accuracy_after", "found"), [(0.22, True), (0.45, False)])
+def test_a_loss_that_doubles_while_the_accuracy_halves_is_a_divergence(
+    tmp_path: Path, accuracy_after: float, found: bool
+) -> None:
+    """ms-swift#3617, a multi-image SFT run "degrading": the training loss 2.81 -> 5.29 while the token
+    accuracy falls 0.46 -> 0.22; a loss that rises while the accuracy holds is a harder stretch of data."""
+    line = '{{"loss": {1}, "token_acc": {2}, "grad_norm": 15.0, "learning_rate": 4.8e-06, "step": {0}}}\n'
+    losses = [2.81, 2.85, 2.88, 2.83, 4.07, 4.16, 4.08, 4.13, 5.28, 5.23, 5.31, 5.22]
+    accuracy = [*[0.46] * 4, *[0.29] * 4, *[accuracy_after] * 4]
+    text = "".join(
+        line.format(1500 + 20 * i, x, a) for i, (x, a) in enumerate(zip(losses, accuracy, strict=True))
+    )
+    worse = findings_of(tmp_path, text, "log.jsonl").get("loss_divergence")
+    assert (worse is not None) == found
+    if found:
+        assert worse.step == 1580 and "the model gets worse at the data it trains on" in worse.message

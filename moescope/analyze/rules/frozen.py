@@ -13,7 +13,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.losses import HELD_OUT_KEY, held_out_losses, is_rl, lm_losses
-from moescope.analyze.rules.series import logged_keys, series
+from moescope.analyze.rules.series import accuracies, logged_keys, series
 from moescope.analyze.rules.thresholds import (
     CHANCE_RESOLUTION,
     CHANCE_SPREAD,
@@ -131,7 +131,7 @@ def _accuracy_of_one_in(trace: Trace, step: int, classes: int) -> str | None:
     share or a percentage: with a loss at ln ``classes`` on that record, two numbers that name the
     same uniform guess, which one record shows (flower#1398: a federated CIFAR-10 model evaluated at
     ``loss: 2.3026 - accuracy: 0.1000``)."""
-    for key in _accuracies(trace):
+    for key in accuracies(trace):
         value = dict(series(trace, key)).get(step)
         if value is not None and abs((value / 100 if value > 1 else value) * classes - 1) <= 1e-9:
             return key
@@ -192,7 +192,7 @@ def _one_class(trace: Trace) -> list[Finding]:
     ranked right is 0, 0.5 or 1)."""
     if is_rl(trace):
         return []
-    for key in _accuracies(trace):
+    for key in accuracies(trace):
         points = series(trace, key)
         value = points[-1][1] if points else 0.0
         held = _held_at_end(points, value)
@@ -264,15 +264,6 @@ def _level_from(losses: list[float]) -> int:
 
 
 _PLATEAU_LOSS = math.log(PLATEAU_PPL)
-
-
-def _accuracies(trace: Trace) -> list[str]:
-    """The accuracies logged, but for a run's best so far and a preference run's reward accuracy."""
-    return [
-        key
-        for key in logged_keys(trace)
-        if "acc" in (low := key.lower()) and "best" not in low and "reward" not in low
-    ]
 
 
 def _held_at_end(points: list[tuple[int, float]], value: float) -> int:

@@ -12,6 +12,7 @@ from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.series import (
     above_ceiling,
+    accuracies,
     column,
     first_logged,
     is_number,
@@ -28,6 +29,8 @@ from moescope.analyze.rules.thresholds import (
     PERPLEXITY_CEILING,
     SUSTAIN,
     WINDOW,
+    WORSE_ACCURACY,
+    WORSE_LOSS,
 )
 from moescope.traces import Trace
 
@@ -85,7 +88,44 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
             out.append(replace(left[0], severity="error", message=left[0].message + beyond))
         else:
             out.append(absurd)
-    return out or _any_loss_absurd(trace) or _perplexity_risen(trace)
+    return out or _any_loss_absurd(trace) or _perplexity_risen(trace) or _worse_at_its_data(trace)
+
+
+def _worse_at_its_data(trace: Trace) -> list[Finding]:
+    """A language-modelling loss whose median over the last third of the records it shares with an
+    accuracy (``SUSTAIN`` or more records a third) is ``WORSE_LOSS`` times its median over the
+    first third, while the accuracy's falls to ``WORSE_ACCURACY`` of its own: the model gets
+    worse at the data it trains on, two measures agreeing where a rise alone may be a harder
+    stretch of data (ms-swift#3617: 2.81 -> 5.29 while token_acc 0.46 -> 0.22). Dated where the
+    loss rises above the first third's highest for good."""
+    loss = next((key for key in lm_losses(trace) if series(trace, key)), None)
+    for key in accuracies(trace) if loss else ():
+        if HELD_OUT_KEY.match(key.lower()):
+            continue
+        right = dict(series(trace, key))
+        both = [(step, value, right[step]) for step, value in series(trace, loss) if step in right]
+        third = len(both) // 3
+        if third < SUSTAIN:
+            continue
+        before = statistics.median(v for _, v, _ in both[:third])
+        after = statistics.median(v for _, v, _ in both[-third:])
+        right_before = statistics.median(a for _, _, a in both[:third])
+        right_after = statistics.median(a for _, _, a in both[-third:])
+        if not (
+            before > 0 and after >= WORSE_LOSS * before and 0 < right_after <= WORSE_ACCURACY * right_before
+        ):
+            continue
+        highest, start = max(v for _, v, _ in both[:third]), len(both)
+        while start > third and both[start - 1][1] > highest:  # the run above the first third, to the end
+            start -= 1
+        step = both[min(start, len(both) - 1)][0]
+        message = (
+            f"{loss} rises from a median of {before:.3g} to {after:.3g} ({after / before:.1f}x) while {key} "
+            f"falls from {right_before:.3g} to {right_after:.3g}: the model gets worse at the data it trains "
+            f"on, from step {step} (a learning rate too high for the run, a data stream that changed)."
+        )
+        return [Finding("loss_divergence", step, "warning", message, {"key": loss, "baseline": before})]
+    return []
 
 
 def _perplexity_risen(trace: Trace) -> list[Finding]:

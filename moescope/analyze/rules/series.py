@@ -74,6 +74,15 @@ def logged_key_set(trace: Trace) -> frozenset[str]:
     return shared(trace, ("key set",), lambda: frozenset(logged_keys(trace)))
 
 
+def accuracies(trace: Trace) -> list[str]:
+    """The accuracies logged, but for a run's best so far and a preference run's reward accuracy."""
+    return [
+        key
+        for key in logged_keys(trace)
+        if "acc" in (low := key.lower()) and "best" not in low and "reward" not in low
+    ]
+
+
 def first_logged(trace: Trace, keys: Sequence[str]) -> str | None:
     """The first of ``keys`` the trace logs at all."""
     logged = logged_key_set(trace)

@@ -63,6 +63,11 @@ FINE_DIGITS = 7
 # distance to ln(K ± 1), past half a unit of the last digit printed, which must tell K from K ± 1
 CHANCE_SPREAD = 1e-3
 CHANCE_RESOLUTION = 0.25
+# a model getting worse at its own training data: the median training loss of the last third of the
+# records this many times that of the first third while the median accuracy falls to this share of
+# its own (an SFT run "degrading": ms-swift#3617, loss 2.81 -> 5.29 while token_acc 0.46 -> 0.22)
+WORSE_LOSS = 1.5
+WORSE_ACCURACY = 2 / 3
 FLAT_SHARE = 0.01  # a loss that moves by less than this share of itself over some records does not fall
 # a language model's perplexity held at or above PLATEAU_PPL (a unigram model's level, or worse) on
 # PLATEAU_RECORDS or more records a log ends on, within PLATEAU_SPREAD of its mean in loss and
