@@ -1672,3 +1672,21 @@ def test_gaussian_splattings_evaluations_keep_each_sets_metrics(tmp_path: Path) 
         0.4752,
         5.3429,
     )
+
+
+def test_a_table_on_its_side_reads_a_column_a_step(tmp_path: Path) -> None:
+    """A PR's Markdown table of a few steps (NeMo-RL): ``| step | 1 | 2 | … |`` over ``| reward |
+    .406 | …``, a last column that is no step (``→ eval@20``) left out; a second table continues."""
+    text = (
+        "**Training reward (per step):**\n\n| step | 1 | 2 | 3 |\n|---|---|---|---|\n"
+        "| reward | .406 | .441 | .406 |\n\n"
+        "| step | 4 | 5 | → eval@6 |\n|---|---|---|---|\n| reward | .434 | .520 | **0.789** |\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert [(s["step"], s[S.REWARD_MEAN]) for s in trace.steps] == [
+        (1, 0.406),
+        (2, 0.441),
+        (3, 0.406),
+        (4, 0.434),
+        (5, 0.52),
+    ]

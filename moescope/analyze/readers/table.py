@@ -83,7 +83,7 @@ def header(lines: list[str]) -> int | None:
     row over rows that start with a step, a ``|`` row of names over rows of numbers, or an
     ``Epoch`` header over ``e/E`` rows."""
     for i, line in enumerate(lines[:5000]):
-        if _yolo_header(lines, i):
+        if _yolo_header(lines, i) or _transposed(lines, i):
             return i
         stepped = _HEADER.match(line) is not None
         if not stepped and not _names_only(line):
@@ -93,6 +93,60 @@ def header(lines: list[str]) -> int | None:
         if len(names) >= 2 and any(len(r) == len(names) and _fits(r, stepped) for r in rows):
             return i
     return None
+
+
+def _transposed(lines: list[str], i: int) -> tuple[list[Row], int] | None:
+    """A table turned on its side, as a PR or a report prints a few steps (NeMo-RL's ``| step | 1 |
+    2 | … |`` over ``| reward | .406 | .441 | … |``): the header's cells after the first are the
+    steps, each row below a metric named by its first cell; the rows of each step, the index after
+    the table. ``None`` where line ``i`` is no such header over such a row."""
+    steps = _step_cells(lines[i])
+    if steps is None:
+        return None
+    by_step: dict[int, dict[str, Any]] = {}
+    end = i + 1
+    while end < len(lines) and (_RULE.match(lines[end]) or _metric_row(lines[end], len(steps))):
+        if not _RULE.match(lines[end]):
+            name, *values = _sideways_cells(lines[end])
+            for step, value in zip(steps, values, strict=True):
+                if step is not None and (number := _number(value)) is not None:
+                    by_step.setdefault(step, {})[_name(name)] = number
+        end += 1
+    if not by_step:
+        return None
+    rows = [Row(step, metrics, "\n".join(lines[i:end]), i + 1) for step, metrics in by_step.items()]
+    return rows, end
+
+
+def _step_cells(line: str) -> list[int | None] | None:
+    """The steps a sideways table's header names (``None`` for a cell that is no whole number, an
+    ``→ eval@20``), where its first cell is a step column's name and two others are steps."""
+    found = _sideways_cells(line)
+    if len(found) < 3 or not _SIDEWAYS.fullmatch(found[0]):
+        return None
+    steps = [int(c) if _STEP.match(c) else None for c in found[1:]]
+    return steps if steps.count(None) <= 1 and len(steps) >= 2 else None
+
+
+def _sideways_cells(line: str) -> list[str]:
+    """A sideways table's cells, cut at ``|`` or tabs only (a Markdown table, a copied one)."""
+    if "|" not in line and "\t" not in line:
+        return []
+    parts = [p.strip() for p in re.split(r"\||\t", line.strip())]
+    return [p for p in parts if p != ""] if line.strip().startswith("|") else parts
+
+
+def _metric_row(line: str, width: int) -> bool:
+    """A row of a sideways table: a name, then ``width`` cells, numbers among them."""
+    found = _sideways_cells(line)
+    return (
+        len(found) == width + 1
+        and _LETTER.match(found[0]) is not None
+        and any(_number(c) is not None for c in found[1:])
+    )
+
+
+_SIDEWAYS = re.compile(r"steps?|iterations?|iter|epochs?|updates?", re.IGNORECASE)
 
 
 def _yolo_header(lines: list[str], i: int) -> bool:
@@ -188,6 +242,9 @@ def read(log: LogFile) -> Parsed:
             return [], i + 1
         if yolo:
             return _epoch_rows(lines, i, names)
+        sideways = _transposed(lines, i)
+        if sideways:
+            return sideways
         if _HEADER.match(lines[i]) or _names_only(lines[i]):
             names, stepped = [_name(c) for c in cells(lines[i])], _HEADER.match(lines[i]) is not None
             return [], i + 1
