@@ -1572,6 +1572,11 @@ def test_lightgbms_rounds_keep_each_data_sets_metric_and_are_not_unwrapped(tmp_p
         ("[{j}/1200] loss: {v}", 100),
         ("({j}/1200) loss: {v}", 100),
         ("It {j}: loss={v}", 100),
+        ("epoch {i} step {j} loss {v} grad_norm 1.0", 100),  # names and values one space apart
+        ("{i}, {v}", 1),  # print(epoch, loss, sep=", ")
+        ("Epoch #{i} loss={v}", 1),
+        ("(Epoch {i}) Loss: {v}", 1),
+        ("Round {i}: loss {v}", 1),  # a federated round
     ],
 )
 def test_a_nan_a_loop_prints_is_on_the_record_of_its_count(tmp_path: Path, line: str, first: int) -> None:

@@ -26,6 +26,9 @@ _LABELLED = re.compile(rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*[:=]\s*(?P<value>
 _GROUPED_FIELD = re.compile(rf"(?P<key>[A-Za-z_][\w .()/@%+\-]*?)\s*[:=]\s*(?P<value>{GROUPED})")
 _DURATION = re.compile(rf"(?P<value>{NUMBER})\s*s")
 _PAIR = re.compile(rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)\s*[:=]\s*(?P<value>{NUMBER})(?![\w.])")
+_NUMBER_WORD = re.compile(rf"(?:^|\s)(?:{NUMBER})(?:\s|$)")  # a number standing alone among a name's words
+_SPACED_PAIR = re.compile(rf"(?P<key>[A-Za-z_][\w./@\-]*)\s+(?P<value>{NUMBER})(?=\s|$)")
+_SPACED_PAIRS = re.compile(rf"[A-Za-z_][\w./@\-]*\s+(?:{NUMBER})(?:\s+[A-Za-z_][\w./@\-]*\s+(?:{NUMBER}))+")
 SEPARATORS = re.compile(r"\s*\|\s*|\s*,\s+|\s+-\s+|\t+")
 DURATION_KEY = "Time"
 HELD_OUT = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
@@ -35,9 +38,12 @@ _SPLIT_LABEL = re.compile(r"\s*(?P<split>[A-Za-z]+)\s*:\s*(?=[A-Za-z_])")
 
 def field(piece: str, labelled: bool = False) -> tuple[str, Any] | None:
     """The one ``(name, value)`` field ``piece`` is, or ``None``; ``labelled``: only with a
-    ``:`` or ``=`` between them (a line of prose is not a field then)."""
+    ``:`` or ``=`` between them (a line of prose is not a field then). A name with a number among
+    its words is no name: ``loss 6.70 grad_norm 1.0`` is two fields (:func:`fields`)."""
     piece = piece.strip()
     match = (_LABELLED if labelled else _FIELD).fullmatch(piece)
+    if match and _NUMBER_WORD.search(match.group("key")):
+        match = None
     if match and not (match.group("unit") and match.group("value")[-1].isalpha()):  # "info" is no inf + "o"
         return match.group("key").strip(), parse_number(match.group("value"))
     grouped = _GROUPED_FIELD.fullmatch(piece)  # "kl_divergence_mean: 1,568,987.96" (torchforge#664)
@@ -48,12 +54,16 @@ def field(piece: str, labelled: bool = False) -> tuple[str, Any] | None:
 
 
 def fields(text: str) -> dict[str, Any]:
-    """Every field of ``text``, split at ``|``, ``, ``, `` - `` or tabs; a later name wins."""
+    """Every field of ``text``, split at ``|``, ``, ``, `` - `` or tabs; a later name wins; a piece
+    of names and values one space apart (``loss 6.70 grad_norm 1.0``) is a field a pair."""
     out: dict[str, Any] = {}
     for piece in SEPARATORS.split(text):
         found = field(piece)
         if found:
             out[found[0]] = found[1]
+            continue
+        if _SPACED_PAIRS.fullmatch(piece.strip()):
+            out.update((m.group("key"), parse_number(m.group("value"))) for m in _SPACED_PAIR.finditer(piece))
             continue
         split = _held_out_split(piece)
         for pair in _PAIR.finditer(piece):

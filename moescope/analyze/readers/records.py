@@ -211,9 +211,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (
         None,
         re.compile(
-            rf"(?<![\w/])(?<![Ee]nd of )(?:Epoch|Episode|Ep\.?)\s*({INT})(?:\s*/\s*{INT})?"
+            rf"(?<![\w/])(?<![Ee]nd of )(?:Epoch|Episode|Ep\.?|Round)\s*#?\s*({INT})(?:\s*/\s*{INT})?"
             rf"(?=\s*(?::|,|\||(?:Complete|completed|finished|done)\b|\]\s*$)|\s+-\s"
-            rf"|\]?(?:{_NAME_THEN_VALUE}|{_CODE_NAME_THEN_VALUE}))",
+            rf"|[\])]?(?:{_NAME_THEN_VALUE}|{_CODE_NAME_THEN_VALUE}))",
             re.I,
         ),
         lambda m: int(m[1]),
@@ -474,7 +474,7 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     if tacotron:  # the iteration between the name and its value: no "loss" of 0, 1, 2, …
         step, loss, norm = tacotron.groups()
         return int(step), None, {"loss": parse_number(loss), "grad_norm": parse_number(norm)}
-    counted = _COUNTED_VALUE.match(line) if ":" in line else None
+    counted = _COUNTED_VALUE.match(line) if ":" in line or "," in line else None
     if counted:  # print(f"{iteration}:\t{loss}"): the one number a loop prints beside its counter
         return int(counted[1]), None, {"loss": parse_number(counted[2])}
     fields = (
