@@ -1577,6 +1577,8 @@ def test_lightgbms_rounds_keep_each_data_sets_metric_and_are_not_unwrapped(tmp_p
         ("Epoch #{i} loss={v}", 1),
         ("(Epoch {i}) Loss: {v}", 1),
         ("Round {i}: loss {v}", 1),  # a federated round
+        ("Step {j}: {{'loss': {v}, 'lr': 1e-05}}", 100),  # a dict record after the step it names
+        ("Epoch {i}: {{'loss': {v}, 'acc': 0.5}}", 1),
     ],
 )
 def test_a_nan_a_loop_prints_is_on_the_record_of_its_count(tmp_path: Path, line: str, first: int) -> None:
