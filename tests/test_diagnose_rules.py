@@ -967,3 +967,16 @@ def test_a_loss_that_doubles_while_the_accuracy_halves_is_a_divergence(
     assert (worse is not None) == found
     if found:
         assert worse.step == 1580 and "the model gets worse at the data it trains on" in worse.message
+
+
+def test_an_accuracy_that_falls_to_one_in_k_and_holds_three_records_is_zero_grad(tmp_path: Path) -> None:
+    """tch-rs#244: CIFAR-10 test accuracy 72.32 % then exactly 10.00 % on three epochs: a model that
+    had learned answers one class; three records at 1/K without that fall are too few."""
+    line = "epoch: {0:4d} test acc: {1}%\n"
+    fallen = "".join(
+        line.format(e, a) for e, a in enumerate(["60.67", "71.65", "72.32", "10.00", "10.00", "10.00"], 1)
+    )
+    zero = findings_of(tmp_path, fallen)["zero_grad"]
+    assert zero.step == 4 and zero.evidence["classes"] == 10
+    start = "".join(line.format(e, "10.00") for e in range(1, 4))
+    assert "zero_grad" not in findings_of(tmp_path, start)

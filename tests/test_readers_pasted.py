@@ -1697,3 +1697,37 @@ def test_a_table_on_its_side_reads_a_column_a_step(tmp_path: Path) -> None:
         (4, 0.434),
         (5, 0.52),
     ]
+
+
+def test_a_held_out_metric_line_behind_a_logger_prefix_is_a_record(tmp_path: Path) -> None:
+    """kur's ``[INFO 2017-03-02 18:11:38,332 kur.model.executor:175] Validation loss: 155.686``."""
+    line = '[INFO 2017-03-02 18:11:38,332 kur.model.executor:175] Validation loss: {}\nPrediction: "i se"\n'
+    trace = read_text(tmp_path, line.format(155.686) + line.format(159.761))
+    assert [s["Validation loss"] for s in trace.steps] == [155.686, 159.761]
+
+
+def test_a_splits_name_and_a_percentage_sign_stay_with_their_field(tmp_path: Path) -> None:
+    """tch-rs's ``epoch:    1 test acc: 60.67%``: the held-out accuracy under its own name, and the
+    percentage's number; a training loss beside a validation one keeps its own name too."""
+    text = "".join(f"epoch: {e:4d} test acc: {a}%\n" for e, a in ((1, "60.67"), (2, "71.65"), (3, "72.22")))
+    assert [s["test acc"] for s in read_text(tmp_path, text).steps] == [60.67, 71.65, 72.22]
+
+
+def test_mxnet_speedometer_batches_count_on_across_epochs(tmp_path: Path) -> None:
+    """MXNet's ``Epoch[5] Batch [700]``: the batch starts over each epoch, and is counted on."""
+    line = "INFO:root:Epoch[{0}] Batch [{1}]  Speed: 52137.26 samples/sec     Train-accuracy={2}\n"
+    text = "".join(line.format(e, b, 0.0975) for e in (5, 6) for b in (100, 200))
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [100, 200, 201, 301]
+    assert any("counted on across epochs" in note for note in trace.notes)
+
+
+def test_an_epochs_step_printed_twice_is_one_record_and_the_next_epoch_another(tmp_path: Path) -> None:
+    """mindyolo prints ``Epoch 35/300, Step 4/4`` twice an epoch (its loss, then its step time)."""
+    text = "".join(
+        f"[INFO] Epoch {e}/300, Step 4/4, imgsize (640, 640), loss: {x}, cur_lr: 0.0088\n"
+        f"[INFO] Epoch {e}/300, Step 4/4, step time: 23330.36 ms\n"
+        for e, x in ((35, 0.2778), (36, 0.2732), (37, 0.2813))
+    )
+    trace = read_text(tmp_path, text)
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [0.2778, 0.2732, 0.2813]

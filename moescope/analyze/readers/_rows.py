@@ -118,7 +118,14 @@ def steps_across_epochs(parsed: Parsed) -> bool:
     epochs = _epoch_counters([row for row, _ in stepped])
     if epochs is None or len(epochs) < 2 or any(b < a for a, b in pairwise(epochs)):
         return False
-    restarts = [i for i in range(1, len(stepped)) if stepped[i][1] <= stepped[i - 1][1]]
+    # a step at or below the one before starts the count over, but for the same step of the same
+    # epoch again (a step's second line: mindyolo's "Epoch 35/300, Step 4/4, step time: …")
+    restarts = [
+        i
+        for i in range(1, len(stepped))
+        if stepped[i][1] < stepped[i - 1][1]
+        or (stepped[i][1] == stepped[i - 1][1] and epochs[i] != epochs[i - 1])
+    ]
     if not restarts or any(epochs[i] == epochs[i - 1] for i in restarts):
         return False
     offset, counted, starts = 0, -1, set(restarts)

@@ -180,9 +180,6 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"^\s*[A-Z]+ - [\d/]+ [\d:]+ - \d+:\d\d:\d\d -\s+({INT}) - "), lambda m: int(m[1])),
     # Marian's updates: "Ep. 8 : Up. 535500 : Sen. 94,495,934 : Cost nan : … : gNorm 0.6068 : L.r. 5.18e-05"
     ("marian", re.compile(rf"(?<![\w/.])Up\.\s+({INT})(?!\d)"), lambda m: int(m[1])),
-    # MXNet's Speedometer (Sockeye, GluonCV), the batch counted within the epoch:
-    # "Epoch[0] Batch [50]\tSpeed: 51.34 samples/sec\tperplexity=45560.6"
-    (None, re.compile(rf"Epoch\[({INT})\]\s*Batch\s*\[({INT})\]"), lambda m: int(m[2])),
     # a global counter beside the inner ones (MiniLLM: "inner iter:   3/  8 | … | global iter:     15/  5000")
     (None, re.compile(rf"(?<![\w/.])global[_ ]iter(?:ation)?\s*[:=#]?\s*({INT})", re.I), lambda m: int(m[1])),
     (
@@ -270,8 +267,9 @@ _SPLIT = re.compile(
     r"|(?:(?<=\d)|(?<=[Nn]a[Nn])|(?<=[Ii]nf)|(?<=[Ii]nfinity))\.\s+|(?<=[a-z]{4})\.\s+(?=[A-Z]))"
 )
 _LABELLED = re.compile(
-    rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>{NUMBER})(?=[\s,;|)\]}}]|$)"
-)
+    rf"(?<![\w./@\-])(?P<key>(?:(?i:train|training|val|valid|validation|eval|test)\s)?[A-Za-z_][\w./@\-()]*)"
+    rf"\s*[:=]\s*(?P<value>{NUMBER})%?(?=[\s,;|)\]}}]|$)"
+)  # a split's name before the metric's is the name's ("test acc: 60.67%"); a percentage's sign passed over
 _SIMPLE = re.compile(r"(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>\S+)")
 _SPACED = re.compile(rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)\s+(?P<value>{NUMBER})(?=\s|$)")
 _BAR = re.compile(r"\d+%\|")
@@ -425,6 +423,14 @@ def is_metric(key: str) -> bool:
     return (key.endswith("_loss") or key[:5].lower() == "loss_") and " " not in key
 
 
+def _held_out_metric(key: str) -> bool:
+    """A held-out split's metric (``Validation loss``, ``test acc``): a line of one makes a record,
+    though it votes for no snapshot (a paste's ``Valid loss: 5.11`` lines beside its ``Train loss
+    0.35`` records are no key-values snapshot)."""
+    split, _, rest = key.partition(" ")
+    return bool(rest) and split.lower() in HELD_OUT and " " not in rest and is_metric(rest)
+
+
 def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     """``(step, framework, fields)`` of a record line, or ``None``."""
     line = RAY_PREFIX.sub("", line, count=1)  # "(TaskRunner pid=17)" names no metric "pid"
@@ -480,7 +486,9 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     fields = (
         {row.group("key"): parse_number(row.group("value"))} if row else pairs(line) if _numeric(line) else {}
     )
-    if fields and (row or any(is_metric(k) for k in fields)):  # a boxed table's row, whatever its name
+    if fields and (
+        row or any(is_metric(k) or _held_out_metric(k) for k in fields)
+    ):  # a table's row: any name
         return None, None, fields
     return None
 
@@ -594,6 +602,10 @@ _AVG_STD_MED = re.compile(
     r"\s*#\s*(\S+)\s*$"
 )
 
+# MXNet's Speedometer (Sockeye, GluonCV), the batch counted within the epoch: "Epoch[0] Batch [50]\tSpeed:
+# 51.34 samples/sec\tperplexity=45560.6", read "epoch: 0 | step 50 |", the batches counted on across epochs
+_SPEEDOMETER = re.compile(rf"Epoch\[({INT})\]\s*Batch\s*\[({INT})\]")
+
 # 3D Gaussian Splatting's evaluation (graphdeco-inria and its forks): "[ITER 7000] Evaluating test: L1
 # 0.4732 PSNR 5.3944", each set's metrics under its name ("test/L1"), not one L1 the train set replaces
 _SPLAT_EVAL = re.compile(rf"\[ITER\s+({INT})\]\s+Evaluating\s+(\w+):\s+L1\s+({NUMBER})\s+PSNR\s+({NUMBER})")
@@ -611,6 +623,7 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     (" loss: ", _GAN_GROUP, _gan_group),
     ("(avg (std), med)", _AVG_STD_MED, r"step \1 | \3: \2"),
     ("] Evaluating ", _SPLAT_EVAL, r"step \1 | \2/L1: \3 | \2/PSNR: \4"),
+    ("] Batch", _SPEEDOMETER, r"epoch: \1 | step \2 |"),
     ("] ", _BRACKETED, r"\g<key>: \g<value>"),
     ("]:", _INDEXED, r"step \g<step> | \g<key>:"),
     ("Key:", _KEY_VALUE, r"\g<key>: \g<value>"),

@@ -184,7 +184,9 @@ def _nothing_right_at(key: str) -> float | None:
 
 def _one_class(trace: Trace) -> list[Finding]:
     """An accuracy held at exactly 1/K (K = 2 … 10; as a share or a percentage) on the
-    ``REPLAYED_RUN`` or more records a log ends on, printed to three decimals or more: the share
+    ``REPLAYED_RUN`` or more records a log ends on (``SUSTAIN`` where it fell there from twice that
+    or more: a model that had learned, then collapsed, tch-rs#244's CIFAR-10 test accuracy 72.32 %
+    to 10.00 %), printed to three decimals or more: the share
     of one class among K balanced ones, what a model that answers that class whatever its input
     scores (a link predictor's ``train acc: 0.5000 val acc: 0.5000`` epoch after epoch while its
     loss wanders). A model that learns moves its accuracy in the third decimal. Not in RL, nor a
@@ -198,7 +200,8 @@ def _one_class(trace: Trace) -> list[Finding]:
         held = _held_at_end(points, value)
         share = value / 100 if value > 1 else value
         classes = round(1 / share) if 0 < share <= 0.5 else 0
-        if held < REPLAYED_RUN or not 2 <= classes <= 10 or abs(share * classes - 1) > 1e-9:
+        fell = held >= SUSTAIN and any(v >= 2 * value for _, v in points[: len(points) - held])
+        if (held < REPLAYED_RUN and not fell) or not 2 <= classes <= 10 or abs(share * classes - 1) > 1e-9:
             continue
         _, decimals, _ = _printing([value], _printed_in_text(trace, points[-WINDOW:]))
         if decimals < (1 if value > 1 else 3):  # 0.500 as a share, 50.0 as a percentage
