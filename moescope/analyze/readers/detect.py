@@ -15,7 +15,8 @@ a notebook's ``Step | …`` progress table is recognised before the vote, its ro
 numbers. The scan stops once enough lines are recognised, so a long preamble (verl prints its
 whole config first) costs a pass, not a guess.
 Columns are ``entropy-log`` or ``expert-load`` by the file name when it says (``entropy_log.txt``,
-``expert_load.log``), else by their shape. A text log with none of these is ``jsonl`` when it
+``expert_load.log``), else by their shape, but for two bare numbers a line: a loop's
+``print(step, loss)``, ``records``. A text log with none of these is ``jsonl`` when it
 holds JSON objects printed over several lines (``json.dumps(..., indent=2)``), else ``key-values``
 when it has ``name: value`` lines (a pasted snapshot, NeMo-RL's console blocks, rlkit's
 ``name   value`` table rows) at least as many as its other lines mentioning NaN/Inf, and,
@@ -46,7 +47,7 @@ import moescope.analyze.readers.topk as topk
 import moescope.analyze.readers.trl as trl
 import moescope.analyze.readers.verl as verl
 import moescope.analyze.readers.wandb as wandb
-from moescope.analyze.readers._text import LogFile
+from moescope.analyze.readers._text import LogFile, number_or_none
 from moescope.errors import MoescopeError
 
 ENOUGH = 500  # recognised lines after which the vote is settled
@@ -97,7 +98,7 @@ def sniff(log: LogFile) -> Sniff:
         return Sniff("step-table", Counter())
     counts, loose = _vote(log.lines)
     if counts and counts.most_common(1)[0][1] >= loose:
-        return Sniff(_columns_by_name(path, counts.most_common(1)[0][0]), counts)
+        return Sniff(_columns_by_name(path, counts.most_common(1)[0][0], log.lines), counts)
     if counts:  # more records without a step than lines of the winning format: those are the log
         return Sniff("records", counts + Counter({"records": loose}))
     spread = jsonl.spread_objects(log.lines)  # JSON objects printed over several lines each
@@ -189,7 +190,10 @@ def _overflows_counted(counts: Counter[str]) -> Counter[str]:
     return out
 
 
-def _columns_by_name(path: Path, best: str) -> str:
+def _columns_by_name(path: Path, best: str, lines: list[str]) -> str:
+    """Columns by the file's name where it says; else by their shape, but for two columns alone,
+    a step and a number: a loop's ``print(step, loss)`` (``records`` reads the number as the
+    loss), not an entropy log that no name announces."""
     if best not in ("entropy-log", "expert-load"):
         return best
     name = path.name.lower()
@@ -197,4 +201,11 @@ def _columns_by_name(path: Path, best: str) -> str:
         return "entropy-log"
     if "expert" in name or "load" in name:
         return "expert-load"
-    return best
+    rows = [line.split() for line in lines[:200] if line.strip() and not line.lstrip().startswith("#")]
+    two = best == "entropy-log" and rows and all(len(row) == 2 and _bare_numbers(row) for row in rows)
+    return "records" if two else best
+
+
+def _bare_numbers(tokens: list[str]) -> bool:
+    """Whether every token is a number with no label (``12``, ``0.52``; not ``entropy=0.52``)."""
+    return all(number_or_none(token) is not None for token in tokens)

@@ -239,6 +239,10 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `avg_return` | `reward/mean` |
 | generic | `mean_return` | `reward/mean` |
 | generic | `episode_return` | `reward/mean` |
+| generic | `ret` | `reward/mean` |
+| generic | `ep_ret` | `reward/mean` |
+| generic | `epret` | `reward/mean` |
+| generic | `averageepret` | `reward/mean` |
 | generic | `episode_reward` | `reward/mean` |
 | generic | `episode_reward_mean` | `reward/mean` |
 | generic | `ep_rewmean` | `reward/mean` |
@@ -571,6 +575,10 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "avg_return": S.REWARD_MEAN,
         "mean_return": S.REWARD_MEAN,
         "episode_return": S.REWARD_MEAN,
+        "ret": S.REWARD_MEAN,  # a loop's "ep 12 | ret 9.4", Spinning Up's "EpRet" / "AverageEpRet"
+        "ep_ret": S.REWARD_MEAN,
+        "epret": S.REWARD_MEAN,
+        "averageepret": S.REWARD_MEAN,
         "episode_reward": S.REWARD_MEAN,
         "episode_reward_mean": S.REWARD_MEAN,
         "ep_rewmean": S.REWARD_MEAN,

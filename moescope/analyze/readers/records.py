@@ -293,7 +293,7 @@ _DARKNET = re.compile(rf"^\s*({INT}):\s*{DARKNET_COUNTS}")  # darknet's iteratio
 _TACOTRON = re.compile(rf"^\s*Train loss\s+({INT})\s+({NUMBER})\s+Grad Norm\s+({NUMBER})")
 # NVIDIA's WaveGlow: "123873:\t-5.480178833", the iteration and its loss, unnamed, alone on the line;
 # a loop's print(step, loss, sep=", ") likewise
-_COUNTED_VALUE = re.compile(rf"^\s*({INT})[:,]\s+({NUMBER})\s*$")
+_COUNTED_VALUE = re.compile(rf"^\s*({INT})(?:[:,]\s+|\s+)({NUMBER})\s*$")
 _TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
 
 
@@ -480,7 +480,7 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     if tacotron:  # the iteration between the name and its value: no "loss" of 0, 1, 2, …
         step, loss, norm = tacotron.groups()
         return int(step), None, {"loss": parse_number(loss), "grad_norm": parse_number(norm)}
-    counted = _COUNTED_VALUE.match(line) if ":" in line or "," in line else None
+    counted = _COUNTED_VALUE.match(line) if line[:1].isspace() or line[:1].isdigit() else None
     if counted:  # print(f"{iteration}:\t{loss}"): the one number a loop prints beside its counter
         return int(counted[1]), None, {"loss": parse_number(counted[2])}
     fields = (
