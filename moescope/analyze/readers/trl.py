@@ -43,15 +43,14 @@ from moescope.analyze.readers.jsonl import load_json
 from moescope.analyze.readers.keymap import guess_framework
 from moescope.errors import MoescopeError
 
-DICT_START = re.compile(
-    r"(?<!=)(?<!= )\{\s*['\"]"
-)  # not a field's dict value: InternEvo's "grad_norm={'0_default': 2.1}"
+# a record's opening brace, not a field's dict value (InternEvo's "grad_norm={'0_default': 2.1}")
+DICT_START = re.compile(r"(?<!=)(?<!= )\{\s*['\"]")
 # a record whose braces the paste lost: "'loss': -0.0, 'grad_norm': 0.0, …" (two quoted keys at least)
 BARE_DICT = re.compile(r"""^\s*(['"])[^'"\n]+\1:\s*[^,\n]+,\s*(['"])[^'"\n]+\2:""")
 _BAR = re.compile(rf"({INT})/({INT})\s*\[")
 # the step a prefix names before its record: slime's "rollout 12: {…}", a loop's "Step 100: {'loss': …}",
 # "Epoch 3: {…}"
-_SLIME_STEP = re.compile(
+_PREFIX_STEP = re.compile(
     rf"\b(?:step|rollout|eval|iter(?:ation)?|epoch)\s*[:=]?\s*({INT}):?\s*$", re.IGNORECASE
 )
 _LOG_HISTORY = re.compile(r'"log_history"\s*:\s*\[')
@@ -130,8 +129,8 @@ def read_console(log: LogFile) -> Parsed:
             )
             cut.add(i + 1)
         prefix = text[: match.start()]
-        slime = _SLIME_STEP.search(prefix)
-        row = flat_row(record, "\n".join(lines[i:end]), i + 1, int(slime.group(1)) if slime else None)
+        named = _PREFIX_STEP.search(prefix)
+        row = flat_row(record, "\n".join(lines[i:end]), i + 1, int(named.group(1)) if named else None)
         counts = _BAR.findall(prefix)
         if row.step is None and counts:
             bars.append((row, int(counts[-1][0]), int(counts[-1][1])))
