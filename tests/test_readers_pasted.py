@@ -1507,14 +1507,30 @@ def test_the_pytorch_tutorials_epoch_and_step_count_across_epochs(tmp_path: Path
     assert [s["step"] for s in read_text(tmp_path, text).steps] == [100, 200, 300, 700, 800, 900]
 
 
-def test_a_nan_one_print_of_an_epoch_logs_is_not_hidden_by_a_later_print(tmp_path: Path) -> None:
-    """A loop that prints its epoch on each line it logs within the epoch: the lines of one epoch
-    merge into its step, but a NaN stays (a later finite value would hide it)."""
+def test_a_loop_that_prints_its_epoch_within_the_epoch_keeps_every_print(tmp_path: Path) -> None:
+    """A loop that prints its epoch on each line it logs within the epoch: every print its own
+    record, in order, keeping its epoch (on the epoch they would merge, a later value hiding the
+    NaN and the climb within it)."""
     losses = {1: ["2.31", "2.20", "2.12"], 2: ["2.05", "nan", "1.98"], 3: ["1.95", "1.90", "1.88"]}
     text = "".join(f"Epoch {e}: loss {v}\n" for e, printed in losses.items() for v in printed)
     trace = read_text(tmp_path, text)
-    assert [s[S.ACTOR_LOSS] for s in trace.steps][::2] == [2.12, 1.88]
-    assert math.isnan(trace.steps[1][S.ACTOR_LOSS])
+    assert [s["step"] for s in trace.steps] == list(range(9))
+    assert [s["epoch"] for s in trace.steps] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert math.isnan(trace.steps[4][S.ACTOR_LOSS]) and trace.steps[5][S.ACTOR_LOSS] == 1.98
+    assert any("prints several lines an epoch" in note for note in trace.notes)
+
+
+def test_a_nan_a_later_print_of_its_step_logs_finite_is_not_hidden(tmp_path: Path) -> None:
+    """Two prints of one step (a bar redrawn, another rank's line): merged, but a NaN stays."""
+    bar = "{0}%|█ | {1}/100 [00:10<01:30,  1.0it/s, loss={2}]\n"
+    text = (
+        bar.format(5, 5, "2.31")
+        + bar.format(6, 6, "nan")
+        + bar.format(6, 6, "2.20")
+        + bar.format(7, 7, "2.1")
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [5, 6, 7] and math.isnan(trace.steps[1][S.ACTOR_LOSS])
     assert any("never over a NaN/Inf" in note for note in trace.notes)
 
 

@@ -233,8 +233,8 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
             continue
         if row.step is not None:  # an explicit step seen before, not a row that joined its step
             repeated[step] = None
-            # a NaN that a later print of the step logs finite stays: a loop that prints its
-            # epoch on each line it logs within the epoch, a tqdm bar refreshed, another rank
+            # a NaN that a later print of the step logs finite stays: a tqdm bar redrawn, another
+            # rank's line
             metrics = {key: value for key, value in metrics.items() if not _hides(record.get(key), value)}
         else:  # joined the step before: adds to it, never replaces what the step logged
             lost = [

@@ -32,7 +32,8 @@ on the line (or none). The marker is found first, each as its framework prints i
 - a loop's prose, the name before its counter and the value after ``is`` (LXMERT's ``The training
   loss for Epoch 1 is 7.3978``, ``Loss at step 100 is 2.31``), and its prints of an epoch or an
   episode beside a metric (``Epoch 3 loss: 2.1``, ``[Epoch 3] loss: 2.1``, ``Epoch [3/20], Loss:
-  2.1``, ``Episode 3 reward: 9.0``); the PyTorch tutorials' ``Epoch [1/5], Step [100/600], Loss:
+  2.1``, ``Episode 3 reward: 9.0``: the epoch the step, or, printed on several lines of an epoch,
+  each line its own record in order); the PyTorch tutorials' ``Epoch [1/5], Step [100/600], Loss:
   0.2153`` and the word language model example's ``| epoch 6 | 400/ 700 batches | … | loss 7.66``
   ((epoch − 1) × n + i); LightGBM's ``[4]\ttraining's binary_logloss: 0.77`` (``training/…``);
 - a home-made loop's counter opening the line: ``268/446 (epoch 0), train_loss = 2.097``,
@@ -100,6 +101,14 @@ _NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w ]{0,30}?\s*[:=]\s*(?:[-+.\d]|(?i:nan|inf
 # or a code name and its value, a space between: " train_loss 2.1", "\tLoss 6.7", " loss nan"
 _CODE_NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w./\-]*\s+(?:[-+]?\.?\d|[-+]?(?i:nan|inf)))"
 _SR_COUNT = rf"\[({INT})/({INT})\]"  # EDSR's samples of the epoch: "[1600/16000]"
+# an epoch's (or an episode's, a round's) own line: its marker in MARKS, the step only where it logs
+# once an epoch (:func:`_epochs_printed_within`)
+_EPOCH_LINE = re.compile(
+    rf"(?<![\w/])(?<![Ee]nd of )(?:Epoch|Episode|Ep\.?|Round)\s*#?\s*({INT})(?:\s*/\s*{INT})?"
+    rf"(?=\s*(?::|,|\||(?:Complete|completed|finished|done)\b|\]\s*$)|\s+-\s"
+    rf"|[\])]?(?:{_NAME_THEN_VALUE}|{_CODE_NAME_THEN_VALUE}))",
+    re.I,
+)
 
 
 def _epoch_from_one(match: re.Match[str]) -> int:
@@ -205,16 +214,7 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # - loss: 2.1", "Epoch 3/20 loss: 2.1", "[Epoch 3] loss: 2.1" and "Epoch 3 train loss: 2.1"
     # (print("Epoch", epoch, "loss:", loss)); not the PyTorch word language model's "| end of epoch
     # 7 | time: 109.38s | valid loss  7.68": its validation, on the step before
-    (
-        None,
-        re.compile(
-            rf"(?<![\w/])(?<![Ee]nd of )(?:Epoch|Episode|Ep\.?|Round)\s*#?\s*({INT})(?:\s*/\s*{INT})?"
-            rf"(?=\s*(?::|,|\||(?:Complete|completed|finished|done)\b|\]\s*$)|\s+-\s"
-            rf"|[\])]?(?:{_NAME_THEN_VALUE}|{_CODE_NAME_THEN_VALUE}))",
-            re.I,
-        ),
-        lambda m: int(m[1]),
-    ),
+    (None, _EPOCH_LINE, lambda m: int(m[1])),
     # the PyTorch tutorials' loop, epochs from 1: "Epoch [1/5], Step [100/600], Loss: 0.2153"
     (
         None,
@@ -711,6 +711,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         _bars_as_epochs(parsed.rows)
     parsed.rows = [r for r in _merge_runs(parsed.rows) if r.metrics]
     steps_in_tables(parsed)
+    _epochs_printed_within(parsed)
     epochs_as_steps(parsed)
     keys = {k for row in parsed.rows for k in row.metrics}
     named = max(set(frameworks), key=frameworks.count) if frameworks else None
@@ -869,6 +870,39 @@ def steps_in_tables(parsed: Parsed) -> None:
         row.step = step
         del row.metrics[key]
     parsed.rows = [row for row in parsed.rows if row.metrics]
+
+
+def _epochs_printed_within(parsed: Parsed) -> None:
+    """A loop that prints its epoch on each line it logs within the epoch (``Epoch 3: loss 2.14``
+    … ``Epoch 3: loss 2.09``): where every record with a step has it from an epoch's line and two
+    records in a row or more repeat an epoch with the same names and other values, the records
+    are indexed in order, each keeping its epoch; read on their epoch they would merge, a later
+    value replacing the one before (a spike, a climb within the epoch)."""
+    stepped = [row for row in parsed.rows if row.step is not None]
+    repeats = [
+        b
+        for a, b in pairwise(stepped)
+        if a.step == b.step and a.metrics.keys() == b.metrics.keys() and a.metrics != b.metrics
+    ]
+    # the repeats' own markers first: a log of another counter (ranks' copies of a step) is
+    # passed over without reading the marker of each of its records again
+    if len(repeats) < 2 or not all(_epoch_marked(row.raw) for row in (stepped[0], *repeats[:8])):
+        return
+    if not all(_epoch_marked(row.raw) for row in stepped):
+        return
+    for row in stepped:
+        row.metrics.setdefault("epoch", row.step)
+        row.step = None
+    parsed.notes.append(
+        f"the epoch repeats on records of the same metrics (a loop that prints several lines an epoch): "
+        f"its {len(stepped)} records are indexed in order, each keeping its epoch"
+    )
+
+
+def _epoch_marked(raw: str) -> bool:
+    """Whether the record's step came from an epoch's own line."""
+    found = marker(raw)
+    return found is not None and found[2].re is _EPOCH_LINE
 
 
 def _merge_runs(rows: list[Row]) -> list[Row]:
