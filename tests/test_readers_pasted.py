@@ -1747,3 +1747,12 @@ def test_an_epochs_step_printed_twice_is_one_record_and_the_next_epoch_another(t
     )
     trace = read_text(tmp_path, text)
     assert [s[S.ACTOR_LOSS] for s in trace.steps] == [0.2778, 0.2732, 0.2813]
+
+
+def test_a_counter_that_opens_each_line_with_a_colon_is_no_rank_label(tmp_path: Path) -> None:
+    """CatBoost's ``58:     learn: 0.1234829`` and a DCGAN's ``48: [D loss: …]`` open each line with a
+    count that rises to 32 and beyond: the step, where ``srun -l``'s `` 0: `` is a rank, taken off."""
+    text = "".join(f"{i}:     learn: {0.13 - 0.001 * i:.7f}        total: 6m 47s\n" for i in range(56, 61))
+    assert [s["step"] for s in read_text(tmp_path, text).steps] == [56, 57, 58, 59, 60]
+    ranks = "".join(f"{r}: step {s} loss {2.0 - 0.1 * s}\n" for s in (1, 2) for r in (0, 1))
+    assert [s["step"] for s in read_text(tmp_path, ranks).steps] == [1, 2]

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import compress
+from itertools import compress, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -233,7 +233,10 @@ class LogFile:
             raw[0] = raw[0].removeprefix("\ufeff")
         if not any(map(str.strip, raw)):
             raise MoescopeError(f"{self.path} is empty; pass a training log that has at least one step.")
-        return [_unmarked(line) if line[:1] in _MARKED_STARTS or line[-1:] == "`" else line for line in raw]
+        ranks = not _counted(raw)
+        return [
+            _unmarked(line, ranks) if line[:1] in _MARKED_STARTS or line[-1:] == "`" else line for line in raw
+        ]
 
     def _read_capped(self) -> Iterator[list[str]]:
         """The file's lines, a block of them at a time: one read, one decode and one split per
@@ -284,15 +287,29 @@ def cleaned(text: str) -> str:
     return text.translate(_CLEANED) if _TO_CLEAN.search(text) else text
 
 
-def _unmarked(line: str) -> str:
+_SRUN_LABEL = re.compile(r" {0,3}(\d{1,4}): ")
+
+
+def _counted(lines: list[str]) -> bool:
+    """Whether the ``N: `` that opens lines is a loop's counter, not ``srun -l``'s rank label: it
+    rises on every such line, three or more, to 32 or beyond (a DCGAN's ``48: [D loss: …]``); a
+    rank repeats, and the ranks of a paste seldom reach 32."""
+    numbers = [int(found.group(1)) for line in lines[:2000] if (found := _SRUN_LABEL.match(line))]
+    return len(numbers) >= 3 and numbers[-1] >= 32 and all(a < b for a, b in pairwise(numbers))
+
+
+def _unmarked(line: str, ranks: bool = True) -> str:
     """``line`` without a launcher's rank label in front, and without the Markdown bold a user put
     around it, or around a cell of a logger's table, when pasting into an issue (``**Train loss
     12001 0.166141** Grad Norm 0.372761``, ``|    reward    | **-3.8389**  |``): no log line
     opens with ``**``, and no table cell holds one; nor with or after a backtick, which a code
-    fence left glued to the first or last pasted line (DeepXDE's ```Step      Train loss …``)."""
+    fence left glued to the first or last pasted line (DeepXDE's ```Step      Train loss …``).
+    ``ranks``: ``N: `` is a rank's label (not where the file's are a counter, :func:`_counted`)."""
     if line[:1] == "`" or line[-1:] == "`":  # a code fence's backticks glued to the pasted log
         line = line.strip("`")
     label = RANK_LABEL.match(line)
+    if label and not ranks and _SRUN_LABEL.match(line):
+        label = None  # a counter, kept
     if label and not _DARKNET_REST.match(line, label.end()):
         line = line[label.end() :]
     return line.replace("**", "") if "**" in line and line.lstrip()[:1] in ("*", "|") else line
