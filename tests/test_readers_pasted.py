@@ -1756,3 +1756,13 @@ def test_a_counter_that_opens_each_line_with_a_colon_is_no_rank_label(tmp_path: 
     assert [s["step"] for s in read_text(tmp_path, text).steps] == [56, 57, 58, 59, 60]
     ranks = "".join(f"{r}: step {s} loss {2.0 - 0.1 * s}\n" for s in (1, 2) for r in (0, 1))
     assert [s["step"] for s in read_text(tmp_path, ranks).steps] == [1, 2]
+
+
+def test_json_lines_a_logger_wrote_with_pythons_nan_are_read(tmp_path: Path) -> None:
+    """An f-string's JSON writes a NaN as Python prints it (``{"step": 3, "train/loss": nan}``), no
+    JSON; read as ``json.dumps`` writes it (``NaN``), the NaN on its record, not a skipped line."""
+    text = "".join(
+        f'{{"step": {i}, "train/loss": {"nan" if i == 3 else 7 - 0.3 * i}}}\n' for i in range(1, 5)
+    )
+    trace = read_text(tmp_path, text, "log.jsonl")
+    assert [s["step"] for s in trace.steps] == [1, 2, 3, 4] and math.isnan(trace.steps[2][S.ACTOR_LOSS])

@@ -37,11 +37,27 @@ LISTED_ELSEWHERE = ("llamafactory", "nemo-automodel", "tinker", "areal", "nemo")
 
 
 def load_json(text: str) -> Any:
-    """``json.loads``, or ``None`` for text that is not JSON (however mangled)."""
+    """``json.loads``, or ``None`` for text that is not JSON (however mangled); a value a logger
+    wrote as Python prints it (``"loss": nan``, ``inf``: an f-string's JSON) is read as ``NaN`` /
+    ``Infinity``, as ``json.dumps`` writes them."""
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
+        pass
+    if "nan" not in text and "inf" not in text:
         return None
+    try:
+        return json.loads(_PYTHON_FLOAT.sub(_as_json_float, text))
+    except (ValueError, RecursionError):
+        return None
+
+
+# a bare nan / inf / -inf where a JSON value stands (after ":", "[" or ","), not inside a string
+_PYTHON_FLOAT = re.compile(r"(?<=[:\[,])(\s*)(-?)(nan|inf)(?=\s*[,}\]])")
+
+
+def _as_json_float(match: re.Match[str]) -> str:
+    return match.group(1) + ("NaN" if match.group(3) == "nan" else match.group(2) + "Infinity")
 
 
 def is_trace_header(line: str) -> bool:
