@@ -1766,3 +1766,13 @@ def test_json_lines_a_logger_wrote_with_pythons_nan_are_read(tmp_path: Path) -> 
     )
     trace = read_text(tmp_path, text, "log.jsonl")
     assert [s["step"] for s in trace.steps] == [1, 2, 3, 4] and math.isnan(trace.steps[2][S.ACTOR_LOSS])
+
+
+def test_a_table_pasted_without_its_header_row_is_read_on_its_rising_column(tmp_path: Path) -> None:
+    """WeSpeaker's rows behind a logger's prefix, the header row left out of the paste
+    (wespeaker#426): the columns numbered, the one rising on every row the step; a NaN cell found."""
+    row = "[ INFO : 2025-06-14 04:05:47 ] - |       150|     {0}|5.0113e-05|       0.2|    {1}|    78.579|\n"
+    text = "".join(row.format(16300 + 100 * i, x) for i, x in enumerate(["1.1553", "nan", "1.1558"]))
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [16300, 16400, 16500] and trace.steps[0]["column 5"] == 1.1553
+    assert {f.type for f in diagnose(trace)} == {"nonfinite"}

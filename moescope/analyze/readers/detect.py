@@ -113,6 +113,8 @@ def sniff(log: LogFile) -> Sniff:
         return Sniff("key-values", Counter({"key-values": len(fields)}))
     if loose:
         return Sniff("records", Counter({"records": loose}))
+    if table.headerless(log.lines) is not None:  # a table whose header row the paste left out
+        return Sniff("step-table", Counter())
     if mentions:
         return Sniff("plain", counts)
     if any(alerts.said(line) for line in log.lines):  # a framework's warnings alone: each is a record

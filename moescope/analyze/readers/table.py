@@ -36,11 +36,16 @@ header before the bar's ``:``; the epoch is the step (a bar redrawn on the same 
 a cell with a unit (``65.1G``) is no value, and YOLOv5's loss columns ``box``, ``obj``, ``cls``
 and ``total`` are named as the later versions name them (``box_loss``, …). Rows pasted above the
 first header are read under it.
+
+A table pasted without its header row (rows of numbers of one width behind whatever prefix the
+logger wrote, cut at ``|``) is read with its columns numbered, the one of whole numbers rising on
+every row its step; no metric is named, so only a non-finite cell is judged.
 """
 
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row, scan
@@ -149,6 +154,36 @@ def _metric_row(line: str, width: int) -> bool:
 _SIDEWAYS = re.compile(r"steps?|iterations?|iter|epochs?|updates?", re.IGNORECASE)
 
 
+def headerless(lines: list[str]) -> tuple[int, int] | None:
+    """``(width, step column)`` of a table pasted without its header row (WeSpeaker's ``[ INFO :
+    … ] - |       150|     16300|5.0113e-05|  0.2|    1.1553|    78.579|``): three rows or more of
+    the same width, three cells or more, cut at ``|`` after whatever prefix the logger wrote, every
+    cell a number, one column of whole numbers rising on every row (the step); else ``None``."""
+    rows = [_sideways_cells(line[line.index("|") :]) for line in lines[:5000] if "|" in line]
+    rows = [row for row in rows if len(row) >= 3 and all(_number(c) is not None for c in row)]
+    widths = {len(row) for row in rows}
+    if len(rows) < 3 or len(widths) != 1:
+        return None
+    for column in range(widths.pop()):
+        values = [row[column] for row in rows]
+        if all(_STEP.match(v) for v in values) and all(int(a) < int(b) for a, b in pairwise(values)):
+            return len(rows[0]), column
+    return None
+
+
+def _headerless_rows(lines: list[str], i: int, shape: tuple[int, int]) -> tuple[list[Row], int] | None:
+    """The row at line ``i`` of a table without its header: on its step column's count, the other
+    cells under their column's number (``column 5``)."""
+    if "|" not in lines[i]:
+        return None
+    row = _sideways_cells(lines[i][lines[i].index("|") :])
+    width, step = shape
+    if len(row) != width or not _STEP.match(row[step]):
+        return None
+    metrics = {f"column {k + 1}": v for k, c in enumerate(row) if k != step and (v := _number(c)) is not None}
+    return [Row(int(row[step]), metrics, lines[i], i + 1)], i + 1
+
+
 def _yolo_header(lines: list[str], i: int) -> bool:
     """Whether line ``i`` is an ``Epoch`` header over ``e/E`` rows (YOLO's), not over rows that
     open with a whole epoch (Chainer's ``epoch  main/loss …``, read as any step table)."""
@@ -231,12 +266,15 @@ def _epoch_rows(lines: list[str], i: int, names: list[str]) -> tuple[list[Row], 
 def read(log: LogFile) -> Parsed:
     """One row per table row under the header (a second header, another table, resets the names)."""
     first = header(log.lines)  # an Epoch header names the rows pasted above it too
+    unnamed = headerless(log.lines) if first is None else None
     yolo = first is not None and _yolo_header(log.lines, first)
     names: list[str] = _epoch_names(log.lines[first]) if yolo else []
     stepped = True
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
         nonlocal names, stepped, yolo
+        if unnamed is not None:
+            return _headerless_rows(lines, i, unnamed)
         if _yolo_header(lines, i):
             names, stepped, yolo = _epoch_names(lines[i]), True, True
             return [], i + 1
@@ -258,6 +296,11 @@ def read(log: LogFile) -> Parsed:
         return [Row(int(row[0]), _logged(names[1:], row[1:]), lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
+    if unnamed is not None:
+        parsed.notes.append(
+            f"a table pasted without its header row: its {unnamed[0]} columns are numbered, column "
+            f"{unnamed[1] + 1} (whole numbers rising on every row) the step; no metric is named"
+        )
     steps_in_tables(parsed)  # a table without a step column may log one among the others
     keys = {k for row in parsed.rows for k in row.metrics}
     parsed.framework = guess_beyond_generic(keys) or ("trl" if "reward" in keys or "loss" in keys else None)
