@@ -94,7 +94,10 @@ def test_column_files_are_told_apart_by_name_then_by_shape(tmp_path: Path) -> No
     # a step and a number alone, in a file no name announces: a loop's print(step, loss)
     curve = read_log(write(tmp_path, "curve.txt", "1 0.52\n2 0.50\n"))
     assert curve.header["format"] == "records" and [s[S.ACTOR_LOSS] for s in curve.steps] == [0.52, 0.5]
-    assert detect_format(write(tmp_path, "curve.txt", "1 3 0.52\n2 3 0.50\n")) == "entropy-log"
+    assert detect_format(write(tmp_path, "entropy.txt", "1 3 0.52\n2 3 0.50\n")) == "entropy-log"
+    # more bare numbers a line, no name announcing an entropy log: a table without its header
+    table = read_log(write(tmp_path, "curve.txt", "1 3 0.52\n2 3 nan\n3 3 0.50\n"))
+    assert table.header["format"] == "step-table" and [s["step"] for s in table.steps] == [1, 2, 3]
     labelled = "step=1    loss=15.50  gnorm=42.7\nstep=55   loss=13.00  gnorm=14.0\n"  # entrenar#274
     assert detect_format(write(tmp_path, "train.log", labelled)) == "step-lines"
     assert (

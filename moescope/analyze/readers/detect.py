@@ -15,8 +15,9 @@ a notebook's ``Step | …`` progress table is recognised before the vote, its ro
 numbers. The scan stops once enough lines are recognised, so a long preamble (verl prints its
 whole config first) costs a pass, not a guess.
 Columns are ``entropy-log`` or ``expert-load`` by the file name when it says (``entropy_log.txt``,
-``expert_load.log``), else by their shape, but for two bare numbers a line: a loop's
-``print(step, loss)``, ``records``. A text log with none of these is ``jsonl`` when it
+``expert_load.log``), else by their shape, but for bare numbers in a file no name announces as
+an entropy log: two a line a loop's ``print(step, loss)`` (``records``), more a table without
+its header (``step-table``). A text log with none of these is ``jsonl`` when it
 holds JSON objects printed over several lines (``json.dumps(..., indent=2)``), else ``key-values``
 when it has ``name: value`` lines (a pasted snapshot, NeMo-RL's console blocks, rlkit's
 ``name   value`` table rows) at least as many as its other lines mentioning NaN/Inf, and,
@@ -193,9 +194,10 @@ def _overflows_counted(counts: Counter[str]) -> Counter[str]:
 
 
 def _columns_by_name(path: Path, best: str, lines: list[str]) -> str:
-    """Columns by the file's name where it says; else by their shape, but for two columns alone,
-    a step and a number: a loop's ``print(step, loss)`` (``records`` reads the number as the
-    loss), not an entropy log that no name announces."""
+    """Columns by the file's name where it says; else by their shape, but for bare numbers that
+    no name announces as an entropy log: two a line are a loop's ``print(step, loss)`` (``records``
+    reads the number as the loss), more a table without its header (columns numbered, the one
+    rising on every row the step), not an entropy in the last column."""
     if best not in ("entropy-log", "expert-load"):
         return best
     name = path.name.lower()
@@ -204,8 +206,11 @@ def _columns_by_name(path: Path, best: str, lines: list[str]) -> str:
     if "expert" in name or "load" in name:
         return "expert-load"
     rows = [line.split() for line in lines[:200] if line.strip() and not line.lstrip().startswith("#")]
-    two = best == "entropy-log" and rows and all(len(row) == 2 and _bare_numbers(row) for row in rows)
-    return "records" if two else best
+    if best != "entropy-log" or not rows or not all(_bare_numbers(row) for row in rows):
+        return best
+    if all(len(row) == 2 for row in rows):
+        return "records"
+    return "step-table" if table.headerless(lines) is not None else best
 
 
 def _bare_numbers(tokens: list[str]) -> bool:

@@ -159,7 +159,7 @@ def headerless(lines: list[str]) -> tuple[int, int] | None:
     … ] - |       150|     16300|5.0113e-05|  0.2|    1.1553|    78.579|``): three rows or more of
     the same width, three cells or more, cut at ``|`` after whatever prefix the logger wrote, every
     cell a number, one column of whole numbers rising on every row (the step); else ``None``."""
-    rows = [_sideways_cells(line[line.index("|") :]) for line in lines[:5000] if "|" in line]
+    rows = [_unruled_cells(line) for line in lines[:5000] if line.strip()]
     rows = [row for row in rows if len(row) >= 3 and all(_number(c) is not None for c in row)]
     widths = {len(row) for row in rows}
     if len(rows) < 3 or len(widths) != 1:
@@ -171,12 +171,18 @@ def headerless(lines: list[str]) -> tuple[int, int] | None:
     return None
 
 
+def _unruled_cells(line: str) -> list[str]:
+    """The cells of a headerless table's row: cut at ``|`` after whatever prefix comes before the
+    first, else at whitespace (``print(epoch, loss, acc)``)."""
+    return _sideways_cells(line[line.index("|") :]) if "|" in line else line.split()
+
+
 def _headerless_rows(lines: list[str], i: int, shape: tuple[int, int]) -> tuple[list[Row], int] | None:
     """The row at line ``i`` of a table without its header: on its step column's count, the other
     cells under their column's number (``column 5``)."""
-    if "|" not in lines[i]:
+    if not lines[i].strip():
         return None
-    row = _sideways_cells(lines[i][lines[i].index("|") :])
+    row = _unruled_cells(lines[i])
     width, step = shape
     if len(row) != width or not _STEP.match(row[step]):
         return None
