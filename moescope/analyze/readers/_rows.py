@@ -215,7 +215,7 @@ def assemble(parsed: Parsed, fmt: str, path: Path) -> Trace:
     hidden: list[tuple[str, int | None]] = []  # a joined line's non-finite value its step logs finite
     placeholders: list[int | None] = []  # rows whose bar's loss=nan is Lightning's, unfilled by NeMo
     for step, row in zip(steps, parsed.rows, strict=True):
-        if _placeholder_loss(row.metrics):
+        if REDUCED_TRAIN_LOSS in row.metrics and _placeholder_loss(row.metrics):
             row.metrics = _without_placeholder(row.metrics)
             placeholders.append(row.line)
         metrics, lost = rename(table, row.metrics)
@@ -294,9 +294,8 @@ def _placeholder_loss(metrics: dict[str, Any]) -> bool:
     """A bar's ``loss=nan`` beside a finite ``reduced_train_loss``: NeMo 1.x's Megatron models
     report their loss as that, and Lightning's own running ``loss`` in the bar stays NaN
     (aws-neuron/neuronx-nemo-megatron#28: ``loss=nan, … reduced_train_loss=3.910``)."""
-    loss, reduced = metrics.get("loss", metrics.get(ACTOR_LOSS)), metrics.get(REDUCED_TRAIN_LOSS)
-    finite = isinstance(reduced, int | float) and not isinstance(reduced, bool) and math.isfinite(reduced)
-    return isinstance(loss, float) and math.isnan(loss) and finite
+    loss = metrics["loss"] if "loss" in metrics else metrics.get(ACTOR_LOSS)
+    return isinstance(loss, float) and math.isnan(loss) and _finite(metrics.get(REDUCED_TRAIN_LOSS))
 
 
 REDUCED_TRAIN_LOSS = "reduced_train_loss"
@@ -318,20 +317,19 @@ def _scale_from_log2(metrics: dict[str, Any]) -> dict[str, Any]:
     """``metrics`` with the loss scale 2 ** ``lg_loss_scale`` where a record logs only its log2
     (SegDiff#20's table: ``lg_loss_scale -0.821``, a scale of 0.57 fallen from 2^20)."""
     lg = metrics.get(LG_LOSS_SCALE)
-    if (
-        LOSS_SCALE in metrics
-        or not isinstance(lg, int | float)
-        or isinstance(lg, bool)
-        or not math.isfinite(lg)
-    ):
+    if LOSS_SCALE in metrics or not _finite(lg):
         return metrics
     return {**metrics, LOSS_SCALE: 2.0 ** min(lg, 1024.0)}
 
 
 def _hides(joined: Any, own: Any) -> bool:
     """A joined line's value that is not finite where the step's own is a finite number."""
-    own_finite = isinstance(own, int | float) and not isinstance(own, bool) and math.isfinite(own)
-    return own_finite and isinstance(joined, float) and not math.isfinite(joined)
+    return _finite(own) and isinstance(joined, float) and not math.isfinite(joined)
+
+
+def _finite(value: Any) -> bool:
+    """A logged number (not a bool) that is finite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _assign_steps(rows: list[Row], path: Path, notes: list[str]) -> list[int]:

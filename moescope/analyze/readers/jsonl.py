@@ -44,10 +44,11 @@ def load_json(text: str) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError):
         pass
-    if "nan" not in text and "inf" not in text:
+    written = _PYTHON_FLOAT.sub(_as_json_float, text) if "nan" in text or "inf" in text else text
+    if written == text:  # no Python float to write as JSON: not JSON, and no second parse
         return None
     try:
-        return json.loads(_PYTHON_FLOAT.sub(_as_json_float, text))
+        return json.loads(written)
     except (ValueError, RecursionError):
         return None
 

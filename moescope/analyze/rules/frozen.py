@@ -13,7 +13,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.losses import HELD_OUT_KEY, held_out_losses, is_rl, lm_losses
-from moescope.analyze.rules.series import accuracies, logged_keys, series
+from moescope.analyze.rules.series import accuracies, logged_keys, run_from_end, series
 from moescope.analyze.rules.thresholds import (
     CHANCE_RESOLUTION,
     CHANCE_SPREAD,
@@ -108,9 +108,7 @@ def _at_chance(trace: Trace) -> list[Finding]:
         if half_unit >= CHANCE_RESOLUTION * gap or half:
             continue  # a print too coarse, or one of a bfloat16 or float16 number: on its grid by chance
         near = min(CHANCE_SPREAD * level, CHANCE_RESOLUTION * gap) + half_unit
-        start = len(values)
-        while start > 0 and abs(values[start - 1] - level) <= near:
-            start -= 1
+        start = run_from_end(values, lambda v, level=level, near=near: abs(v - level) <= near)
         accuracy = _accuracy_of_one_in(trace, points[-1][0], classes) if start < len(values) else None
         if len(values) - start < SUSTAIN and accuracy is None:
             continue
@@ -133,7 +131,7 @@ def _accuracy_of_one_in(trace: Trace, step: int, classes: int) -> str | None:
     ``loss: 2.3026 - accuracy: 0.1000``)."""
     for key in accuracies(trace):
         value = dict(series(trace, key)).get(step)
-        if value is not None and abs((value / 100 if value > 1 else value) * classes - 1) <= 1e-9:
+        if value is not None and abs(_share(value) * classes - 1) <= 1e-9:
             return key
     return None
 
@@ -198,7 +196,7 @@ def _one_class(trace: Trace) -> list[Finding]:
         points = series(trace, key)
         value = points[-1][1] if points else 0.0
         held = _held_at_end(points, value)
-        share = value / 100 if value > 1 else value
+        share = _share(value)
         classes = round(1 / share) if 0 < share <= 0.5 else 0
         fell = held >= SUSTAIN and any(v >= 2 * value for _, v in points[: len(points) - held])
         if (held < REPLAYED_RUN and not fell) or not 2 <= classes <= 10 or abs(share * classes - 1) > 1e-9:
@@ -271,7 +269,12 @@ _PLATEAU_LOSS = math.log(PLATEAU_PPL)
 
 def _held_at_end(points: list[tuple[int, float]], value: float) -> int:
     """How many records a series ends on hold ``value`` exactly."""
-    return next((i for i, (_, v) in enumerate(reversed(points)) if v != value), len(points))
+    return len(points) - run_from_end(points, lambda point: point[1] == value)
+
+
+def _share(accuracy: float) -> float:
+    """An accuracy as a share: one above 1 is a percentage."""
+    return accuracy / 100 if accuracy > 1 else accuracy
 
 
 def _records(held: int, total: int) -> str:

@@ -18,6 +18,7 @@ from moescope.analyze.rules.series import (
     is_number,
     logged_key_set,
     logged_keys,
+    run_from_end,
     series,
     shift,
 )
@@ -115,9 +116,8 @@ def _worse_at_its_data(trace: Trace) -> list[Finding]:
             before > 0 and after >= WORSE_LOSS * before and 0 < right_after <= WORSE_ACCURACY * right_before
         ):
             continue
-        highest, start = max(v for _, v, _ in both[:third]), len(both)
-        while start > third and both[start - 1][1] > highest:  # the run above the first third, to the end
-            start -= 1
+        highest = max(v for _, v, _ in both[:third])  # the run above the first third, to the end
+        start = run_from_end(both, lambda row, highest=highest: row[1] > highest, floor=third)
         step = both[min(start, len(both) - 1)][0]
         message = (
             f"{loss} rises from a median of {before:.3g} to {after:.3g} ({after / before:.1f}x) while {key} "
@@ -137,9 +137,7 @@ def _perplexity_risen(trace: Trace) -> list[Finding]:
         points = [(s, v) for s, v in series(trace, key) if math.isfinite(v)]
         values = [v for _, v in points]
         lowest = min(values, default=0.0)
-        start = len(values)
-        while start > 0 and values[start - 1] >= DIVERGENCE_FACTOR * lowest:
-            start -= 1
+        start = run_from_end(values, lambda v, lowest=lowest: v >= DIVERGENCE_FACTOR * lowest)
         if lowest <= 0 or start == 0 or len(values) - start < 2:
             continue
         step, last = points[start][0], values[-1]

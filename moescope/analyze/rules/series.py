@@ -74,6 +74,16 @@ def logged_key_set(trace: Trace) -> frozenset[str]:
     return shared(trace, ("key set",), lambda: frozenset(logged_keys(trace)))
 
 
+def run_from_end(values: Sequence[Any], flag: Callable[[Any], bool], floor: int = 0) -> int:
+    """Where the run of ``values`` a series ends on, each ``flag``ged, starts (``len(values)``
+    where the last is not; never before ``floor``): walked back from the end, so a long series
+    costs its run, not its length."""
+    start = len(values)
+    while start > floor and flag(values[start - 1]):
+        start -= 1
+    return start
+
+
 def accuracies(trace: Trace) -> list[str]:
     """The accuracies logged, but for a run's best so far and a preference run's reward accuracy."""
     return [
