@@ -853,6 +853,24 @@ def test_overflow_anomaly_and_counter_lines_in_other_formats(tmp_path: Path) -> 
     assert S.ALERTS not in steps[1]
 
 
+def test_deepspeeds_engine_lines_leave_the_trainers_records_to_be_read(tmp_path: Path) -> None:
+    """HF's Trainer under DeepSpeed: the engine's ``step=N, skipped=K, lr=[…]`` every
+    steps_per_print, as many as the trainer's records, took the vote and the NaN loss was lost."""
+    engine = (
+        "[2023-08-01 10:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 0] step={n}, skipped=0, lr=[1e-05]\n"
+    )
+    text = "".join(
+        engine.format(n=10 * i) + f"{{'loss': {loss}, 'epoch': 0.0{i}}}\n"
+        for i, loss in enumerate(["1.2", "1.1", "nan", "nan"], start=1)
+    )
+    trace = read_log(write(tmp_path, "train.log", text))
+    assert [step[S.ACTOR_LOSS] for step in trace.steps][:2] == [1.2, 1.1]
+    assert all(math.isnan(step[S.ACTOR_LOSS]) for step in trace.steps[2:])
+    alone = read_log(write(tmp_path, "engine.log", "".join(engine.format(n=10 * i) for i in range(1, 5))))
+    assert [step["step"] for step in alone.steps] == [10, 20, 30, 40]  # alone: the engine's steps
+    assert alone.steps[0][S.SKIPPED_TOTAL] == 0
+
+
 def test_detectrons_diverged_boxes_check_is_a_nonfinite_alert(tmp_path: Path) -> None:
     """DeFRCN (detectron2) stops on its box check after one record: the record the alert follows."""
     text = (

@@ -5,7 +5,8 @@ whose first record is a TensorBoard ``brain.Event``) → ``tensorboard``; a dire
 ``trainer_state.json``, or a JSON document with ``log_history`` → ``trainer-state``; a first line
 that is a moescope trace header → ``moescope``. Otherwise every line is classified — verl's
 ``step:N - ``, Megatron's ``iteration N/ M |`` and DeepSpeed's ``OVERFLOW!`` (which count for
-step lines instead where a file has those and no iteration line), a Python dict, a
+step lines instead where a file has those and no iteration line) and its engine's ``step=N,
+skipped=K, lr=[…]`` (which count for the file's most common other format), a Python dict, a
 JSON object (verl's ``{"step","data"}``, ROLL's ``metrics_tag:``, a flat one), a progress bar
 with a ``key=value`` postfix (OpenRLHF), printed top-k expert ids, a ``Step N |
 name value`` line (prime-rl and trainers not listed), whitespace columns, a W&B summary line,
@@ -172,7 +173,7 @@ def _vote(lines: list[str]) -> tuple[Counter[str], int]:
             counts[found] += 1
             if counts.total() >= ENOUGH:
                 break
-    return _overflows_counted(counts), loose
+    return _engine_counted(_overflows_counted(counts)), loose
 
 
 def _overflows_counted(counts: Counter[str]) -> Counter[str]:
@@ -191,6 +192,17 @@ def _overflows_counted(counts: Counter[str]) -> Counter[str]:
     for name, count in counts.items():
         out[target if name == megatron.OVERFLOW_KIND else name] += count
     return out
+
+
+def _engine_counted(counts: Counter[str]) -> Counter[str]:
+    """DeepSpeed's engine lines (``step=10, skipped=0, lr=[1e-05], mom=[…]``, every
+    ``steps_per_print``) vote for the trainer's own records where the file has some: HF's
+    ``{'loss': nan, …}`` between them held the run's loss, which a tie lost to the engine's
+    bookkeeping; alone, they are step lines (their skipped count is the overflows')."""
+    engine = counts.pop(megatron.ENGINE_KIND, 0)
+    if engine:
+        counts[max(counts, key=counts.__getitem__, default="step-lines")] += engine
+    return counts
 
 
 def _columns_by_name(path: Path, best: str, lines: list[str]) -> str:

@@ -79,6 +79,9 @@ SKIPPED_KEY = "number of skipped iterations"
 SCALE_KEY = "loss scale"
 ATTEMPTED_KEY = "attempted loss scale"
 OVERFLOW_KIND = "deepspeed-overflow"  # a detection vote: the format that folds these lines takes it
+ENGINE_KIND = "deepspeed-engine"  # a detection vote: the trainer's own records take it, if any
+# DeepSpeed's engine every steps_per_print: "[Rank 0] step=10, skipped=0, lr=[1e-05], mom=[…]"
+_ENGINE = re.compile(r"\bstep=\d+, skipped=\d+, lr=\[")
 
 
 @dataclass
@@ -97,12 +100,15 @@ def is_record(line: str) -> bool:
 
 
 def kind(line: str) -> str | None:
-    """``megatron`` for an iteration line, ``OVERFLOW_KIND`` for a DeepSpeed overflow line,
+    """``megatron`` for an iteration line, ``ENGINE_KIND`` for DeepSpeed's engine line (``step=10,
+    skipped=0, lr=[…]``), ``OVERFLOW_KIND`` for a DeepSpeed overflow line,
     unless it is glued behind a progress bar whose postfix logs metrics (ColossalAI's ``1/8614
     [00:00<…, loss=265.25, lr=2.5e-05][deepscale] OVERFLOW! …``): that line is a record, its
     overflow folded into the bar's step by the records reader (here its loss was lost)."""
     if _iteration(line) is not None:
         return "megatron"
+    if _ENGINE.search(line):
+        return ENGINE_KIND
     return OVERFLOW_KIND if is_overflow(line) and not _BAR_WITH_FIELDS.search(line) else None
 
 
