@@ -174,6 +174,20 @@ def test_lines_a_user_set_in_bold_are_read_as_written(tmp_path: Path) -> None:
     ]
 
 
+def test_a_log_quoted_in_markdown_is_read_as_the_log(tmp_path: Path) -> None:
+    """A user quotes the pasted log (``> `` on every line, nested quotes too): the YOLO table's
+    header and rows were read as text, and no step was found."""
+    header = "      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size"
+    row = "      {0}/20      8.07G      {1}      1.257      1.646         23        512: 100% 86/86 1.5it/s"
+    quoted = "".join(f"> {header}\n> {row.format(e, loss)}\n>\n" for e, loss in [(13, 1.674), (14, "nan")])
+    for text in (quoted, quoted.replace("> ", "> > ")):
+        trace = read_text(tmp_path, text)
+        assert [s["step"] for s in trace.steps] == [13, 14]
+        assert [f.type for f in diagnose(trace)][:1] == ["nonfinite"]
+    kept = read_text(tmp_path, "> Epoch 1 loss: 2.5\nEpoch 2 loss: 2.4\n")  # not every line quoted: as it is
+    assert kept.steps[0]["raw"].startswith("> Epoch 1")
+
+
 def test_rank_labels_are_removed_before_any_reader(tmp_path: Path) -> None:
     text = (
         " 0: step:1 - actor/pg_loss:0.01 - actor/grad_norm:0.4\n"

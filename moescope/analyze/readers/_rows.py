@@ -118,6 +118,11 @@ def steps_across_epochs(parsed: Parsed) -> bool:
     epochs = _epoch_counters([row for row, _ in stepped])
     if epochs is None or len(epochs) < 2 or any(b < a for a, b in pairwise(epochs)):
         return False
+    if len({step for _, step in stepped}) == 1 and all(b > a for a, b in pairwise(epochs)):
+        for (row, _), epoch in zip(stepped, epochs, strict=True):  # a bar an epoch, ended at one count
+            row.step = epoch
+        parsed.notes.append("every record ends its epoch's bar at the same count: the epoch is the step")
+        return True
     # a step at or below the one before starts the count over, but for the same step of the same
     # epoch again (a step's second line: mindyolo's "Epoch 35/300, Step 4/4, step time: …")
     restarts = [

@@ -234,6 +234,7 @@ class LogFile:
         if not any(map(str.strip, raw)):
             raise MoescopeError(f"{self.path} is empty; pass a training log that has at least one step.")
         ranks = not _counted(raw)
+        raw = _unquoted(raw)
         return [
             _unmarked(line, ranks) if line[:1] in _MARKED_STARTS or line[-1:] == "`" else line for line in raw
         ]
@@ -296,6 +297,19 @@ def _counted(lines: list[str]) -> bool:
     rank repeats, and the ranks of a paste seldom reach 32."""
     numbers = [int(found.group(1)) for line in lines[:2000] if (found := _SRUN_LABEL.match(line))]
     return len(numbers) >= 3 and numbers[-1] >= 32 and all(a < b for a, b in pairwise(numbers))
+
+
+_QUOTE = re.compile(r"^(?:> ?)+")  # a Markdown quote's marks, nested ones too: "> ", "> > ", ">"
+
+
+def _unquoted(lines: list[str]) -> list[str]:
+    """``lines`` without the Markdown quote a user put around a pasted log (``>       13/20
+    8.07G      1.674 …``: the YOLO table's columns read as a quote's text), where every line
+    but blank ones opens with ``>``; any other text as it is (a line of ``> `` alone is not enough)."""
+    head = [line for line in lines[:2000] if line.strip()]
+    if len(head) < 2 or not all(line[:1] == ">" for line in head):
+        return lines
+    return [_QUOTE.sub("", line) for line in lines]
 
 
 def _unmarked(line: str, ranks: bool = True) -> str:

@@ -236,7 +236,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # second "/", "10/30 22:18:02" a clock time after it), or its step in brackets: "[5000]
     # model_grad_norm nan / …"
     (None, re.compile(rf"^\s*({INT})/{INT}(?=[\s,(]|:\s)(?!\s+\d{{1,2}}:\d\d)"), lambda m: int(m[1])),
-    (None, re.compile(rf"^\s*\[({INT})\](?=\s)"), lambda m: int(m[1])),
+    # (LightGBM's R package after it: "[5]:\ttrain's l2:0.095"; XGBoost's CLI after its clock:
+    # "[20:01:02] [0]\ttest-error:0.0272")
+    (None, re.compile(rf"^\s*(?:\[\d\d:\d\d:\d\d\]\s*)?\[({INT})\]:?(?=\s)"), lambda m: int(m[1])),
     # or before a GAN's bracketed groups: "13882 [D loss: 7.97 | D Accuracy: 50.0] [G loss: 1.2e-07]"
     (None, re.compile(rf"^\s*({INT}):?\s+(?=\[[A-Z]\w{{0,2}} loss:)"), lambda m: int(m[1])),
     # or in brackets over its total, before a field: "[100/1200] loss: 6.7", "(100/1200) loss: 6.7"
@@ -263,7 +265,7 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
 # print with sep="\t"; wav2letter's right-aligned "loss:        inf"), and a run of spaces before a
 # number is the gap between a name and its value ("| loss  7.66 |"), no field's end
 _SPLIT = re.compile(
-    r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=\s])(?:\t+|\s{2,}(?![-+]?\.?\d))|[\[\]]"
+    r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=\s])(?:\t+|\s{2,}(?!\s|[-+]?\.?\d))|[\[\]]"
     r"|(?:(?<=\d)|(?<=[Nn]a[Nn])|(?<=[Ii]nf)|(?<=[Ii]nfinity))\.\s+|(?<=[a-z]{4})\.\s+(?=[A-Z]))"
 )
 _LABELLED = re.compile(
@@ -316,6 +318,7 @@ def pairs(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     text = _LISTED.sub(_list_mean, text) if "[" in text else text
     text = _QUOTED.sub(r"\g<key>: \g<value>", text) if "'" in text or '"' in text else text
+    text = _COUNT_OUT_OF.sub(r"\g<1>\g<2>", text) if "/" in text else text
     for piece in _SPLIT.split(text):
         piece = piece.strip(" :,-")
         piece = piece[:-1] if piece.endswith(".") and _SENTENCE_END.search(piece) else piece
@@ -339,6 +342,11 @@ def _piece_fields(piece: str) -> tuple[tuple[str, Any], ...]:
         return (found,)  # a name with spaces or a unit: "average reward score: 0.2"
     matches = labelled or (m for m in _SPACED.finditer(piece) if _named(m.group("key")))
     return tuple((match.group("key"), parse_number(match.group("value"))) for match in matches)
+
+
+# an epoch counted out of the run's epochs in a bar's postfix: GluonTS's "epoch=1/10,
+# avg_epoch_loss=5.12" (each epoch's bar ends at the same count: read without the epoch, they merged)
+_COUNT_OUT_OF = re.compile(rf"(?<![\w/])((?:epoch|episode)\s*=\s*)({INT})/{INT}(?![\w./])", re.IGNORECASE)
 
 
 # a value printed as an array (PaddlePaddle's fetched tensors, per-device losses): "loss: [nan]",
@@ -374,8 +382,9 @@ def _numeric(text: str) -> bool:
 
 
 def _named(key: str) -> bool:
-    """A bare name that is a metric: known to a key map, or written like code."""
-    return is_metric(key) or any(c in key for c in "_/")
+    """A bare name that is a metric: known to a key map, or written like code (``grad_norm``,
+    ``train/loss``, the ImageNet example's ``Acc@1``)."""
+    return is_metric(key) or any(c in key for c in "_/@")
 
 
 def _names_a_metric(name: str) -> bool:

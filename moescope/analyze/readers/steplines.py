@@ -34,7 +34,7 @@ import re
 from moescope.analyze.readers import megatron
 from moescope.analyze.readers._fields import fields
 from moescope.analyze.readers._rows import Parsed, Row, scan
-from moescope.analyze.readers._text import INT, LogFile
+from moescope.analyze.readers._text import INT, NUMBER, LogFile
 from moescope.analyze.readers.keymap import FRAMEWORK_TABLES, MARKERS, guess_beyond_generic
 from moescope.analyze.readers.records import canonical_names, is_metric, pairs, record, unprose
 from moescope.analyze.readers.trl import dict_over_lines
@@ -49,6 +49,7 @@ STEP = re.compile(
 )
 
 
+_PER_STEP_TIME = re.compile(rf"\bStep {INT} per-step time {NUMBER}s\s*$")  # TF OD API's model_lib_v2
 _EPOCH = re.compile(rf"(?<![\w/])epoch\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.])", re.IGNORECASE)
 
 
@@ -90,10 +91,14 @@ def _folded(metrics: dict, pending: list[megatron.Overflow]) -> dict:
 def _announced(lines: list[str], i: int) -> tuple[dict, int] | None:
     """The dict a step line ending in ``:`` announces on the lines below it (the TF Model Garden
     controller's ``train | step: 140 | steps/sec: 0.1 | output:`` over ``{'learning_rate': …,``
-    … ``'training_loss': 0.47}``, hiertext#6): its metrics and the index after it."""
-    if not lines[i].rstrip().endswith(":") or i + 1 >= len(lines):
+    … ``'training_loss': 0.47}``, hiertext#6), or the TF Object Detection API's ``Step 100 per-step
+    time 0.527s`` over its losses' dict (``{'Loss/classification_loss': 0.5,`` … behind absl's
+    prefix, one pair a line): its metrics and the index after it."""
+    if i + 1 >= len(lines):
         return None
-    return dict_over_lines(lines, i + 1) if lines[i + 1].lstrip().startswith("{") else None
+    if lines[i].rstrip().endswith(":"):
+        return dict_over_lines(lines, i + 1) if lines[i + 1].lstrip().startswith("{") else None
+    return dict_over_lines(lines, i + 1) if _PER_STEP_TIME.search(lines[i]) else None
 
 
 def is_record(line: str) -> bool:
