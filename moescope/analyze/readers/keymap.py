@@ -227,6 +227,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `minibatch_loss` | `actor/loss` |
 | generic | `train_loss` | `actor/loss` |
 | generic | `tr_loss` | `actor/loss` |
+| generic | `avr_loss` | `actor/loss` |
 | generic | `loss_train` | `actor/loss` |
 | generic | `main/loss` | `actor/loss` |
 | generic | `skipped` | `optim/skipped_total` |
@@ -560,6 +561,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "minibatch_loss": S.ACTOR_LOSS,  # TensorFlow's examples, tf_unet: "Iter 950, Minibatch Loss= 0.6931"
         "train_loss": S.ACTOR_LOSS,  # DINO's / DeiT's log.txt records (train_lr, train_wd beside it)
         "tr_loss": S.ACTOR_LOSS,  # "Tr.Loss: 3.13  Val.Loss: 2.93" (deep_avsr)
+        "avr_loss": S.ACTOR_LOSS,  # kohya's sd-scripts and musubi-tuner bars: "176/800 [… avr_loss=0.0912]"
         "loss_train": S.ACTOR_LOSS,  # litgpt's fine-tuning lines: "loss train: 2.424, val: n/a"
         "main/loss": S.ACTOR_LOSS,  # Chainer's reporter: "epoch  main/loss  validation/main/loss …"
         "skipped": S.SKIPPED_TOTAL,  # DeepSpeed's engine: "step=16, skipped=16, lr=[0.0001], …"

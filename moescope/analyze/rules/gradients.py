@@ -44,6 +44,7 @@ from moescope.analyze.rules.thresholds import (
     ZERO_LOSS,
     ZERO_LOSS_GRAD_MAX,
 )
+from moescope.analyze.rules.unchanged import unchanged_scores
 from moescope.traces import Trace
 
 
@@ -123,10 +124,11 @@ def check_zero_grad(trace: Trace) -> list[Finding]:
     """A gradient norm of exactly 0 that no reward statistic explains; failing that, one held to
     the end of the log under a non-zero loss, or a language-modelling loss held at 0 there (no
     token scored: the updates carry no signal, whatever norm is logged), or pinned at one value
-    on every record, or a preference run's log-probabilities at exactly 0."""
+    on every record, or scores that no update changes (:mod:`~moescope.analyze.rules.unchanged`),
+    or a preference run's log-probabilities at exactly 0."""
     key = first_logged(trace, (S.GRAD_NORM,))
     found = [] if key is None else _unexplained_zero_norm(trace, key) or _zero_norm_under_loss(trace, key)
-    found = found or _loss_at_zero(trace, key) or unmoved_loss(trace)
+    found = found or _loss_at_zero(trace, key) or unmoved_loss(trace) or unchanged_scores(trace)
     return found or _preference_unscored(trace) or _preference_frozen(trace)
 
 
