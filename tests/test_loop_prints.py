@@ -146,7 +146,8 @@ SHAPES = [
 # torchtune, DeepSpeed's engine beside HF's dicts, OpenRLHF, fairseq, detectron2, YOLOv5/v8,
 # allennlp, Keras-GAN, ML-Agents, CleanRL, Tianshou, PaddleDetection, PaddleOCR, YOLOX, NeMo,
 # MXNet, Marian, PyG, DGL, GluonTS, the TF Object Detection API, Composer, nanotron, OLMo,
-# open_clip, DINO / DETR's MetricLogger, Swin, the PyTorch ImageNet example
+# open_clip, DINO / DETR's MetricLogger, Swin, the PyTorch ImageNet example, PyTorch-GAN, PaddleOCR's
+# old trainer, a Keras GCN
 FRAMEWORKS = [
     (
         "[2020-01-01 10:00:00,000 INFO] Step {j}/200000; acc:  {i}.50; ppl: {v}; xent: {v}; lr: "
@@ -327,6 +328,12 @@ FRAMEWORKS = [
     ),
     "[{i}]:    train's l2:{v}    valid's l2:0.100327",
     "[20:01:02] [{i}]  test-error:0.027200 train-error:{v}",
+    "[Epoch {i}/200] [Batch {j}/938] [D loss: 0.5] [G loss: {v}]",
+    (
+        "2020-11-14 23:12:55,685-INFO: epoch: 0, iter: {j}, lr: 0.001000, 'loss': {v}, 'acc': 0.{i:02d}, "
+        "time: 57.479"
+    ),
+    "Epoch: {i:04d} train_loss= {v} train_acc= 0.{i:02d}00 test_acc= 0.{i:02d}50",
 ]
 
 

@@ -407,6 +407,22 @@ def test_numbers_a_json_logger_quoted_are_numbers(tmp_path: Path) -> None:
     assert flat.steps[0][S.ACTOR_LOSS] == 4.125 and flat.steps[0]["version"] == "v1.2"
 
 
+def test_a_quoted_name_amid_plain_fields_is_read_but_a_wrapped_dict_stays_a_dict(tmp_path: Path) -> None:
+    """PaddleOCR's old trainer quotes some names and not their values (PaddleOCR#1138: ``acc`` 0
+    on every record); a dict a terminal wrapped has such pieces too, and stays one record."""
+    line = (
+        "2020-11-14 23:12:55,685-INFO: epoch: 0, iter: {}, lr: 0.001000, 'loss': {}, 'acc': 0.0, time: 57.4\n"
+    )
+    trace = read_text(tmp_path, line.format(2760, 18201.227) + line.format(2770, 18276.615))
+    assert [(s["step"], s[S.ACTOR_LOSS], s["acc"]) for s in trace.steps] == [
+        (2760, 18201.227, 0.0),
+        (2770, 18276.615, 0.0),
+    ]
+    wrapped = "{'loss': 0.0213, 'grad_norm': 0.4471, 'completions/mean_l\nength': 612.4, 'epoch': 0.12}\n"
+    dicts = read_text(tmp_path, wrapped + wrapped.replace("0.12", "0.13"))
+    assert dicts.header["format"] == "trl-console" and len(dicts.steps) == 2
+
+
 def test_list_numbers_before_keras_rl_lines_leave_them_records(tmp_path: Path) -> None:
     """A paste numbered as a list (``20.  43587/50000: episode: 588, …``) is no column file."""
     line = "{}.  {}/50000: episode: {}, episode reward: {}.000, loss: {}, mean_q: 37.1\n"

@@ -10,6 +10,7 @@ import pytest
 
 from moescope.analyze.diagnosis import diagnose
 from moescope.analyze.readers import read_log
+from moescope.analyze.rules.unchanged import every_score_held
 
 
 def findings(tmp_path: Path, text: str) -> dict:
@@ -104,3 +105,64 @@ def test_a_kohya_bar_whose_loss_is_zero_is_zero_grad(tmp_path: Path) -> None:
     assert findings(tmp_path, text)["zero_grad"].step == 176
     moving = "".join(bar.format(e=e, p=2 * e, n=16 * e, loss=f"0.{120 - e}") for e in range(11, 17))
     assert "zero_grad" not in findings(tmp_path, moving)
+
+
+PPOCR_DET = (
+    "[2024/06/22 06:28:25] ppocr INFO: epoch: [4/500], global_step: {step}, lr: 0.000100, "
+    "loss: {loss}, loss_shrink_maps: {zero}, loss_threshold_maps: {zero}, loss_binary_maps: {loss}, "
+    "avg_batch_cost: 0.0{i}\n"
+)
+
+
+def test_scores_held_beside_terms_at_zero_are_zero_grad_but_a_learned_training_set_is_not(
+    tmp_path: Path,
+) -> None:
+    """PaddleOCR#13159: a text detector's Dice term at exactly 1, its other terms at 0, step after
+    step; an accuracy at 1 beside a loss at 0 is a model that has learned its training set."""
+    held = "".join(PPOCR_DET.format(step=s, loss="1.000000", zero="0.000000", i=s) for s in (172, 180, 190))
+    assert findings(tmp_path, held)["zero_grad"].step == 172
+    learned = tmp_path / "learned.log"
+    learned.write_text(
+        "".join(f"epoch {e} loss: 0.00000 acc: 1.00000\n" for e in range(1, 7)), encoding="utf-8"
+    )
+    assert not every_score_held(read_log(learned))
+
+
+SPEECHBRAIN = (
+    "epoch: {e}, lr: 1.95e-04, steps: {s}, optimizer: AdamW - train loss: {loss} - valid loss: 9.05e-01, "
+    "valid CER: {cer}, valid WER: 1.00e+02\n"
+)
+
+
+@pytest.mark.parametrize(("cer", "found"), [("1.00e+02", True), ("9.87e+01", False)])
+def test_error_rates_held_at_one_hundred_percent_are_zero_grad(tmp_path: Path, cer: str, found: bool) -> None:
+    """speechbrain#2533: a transducer whose CER and WER stay at 100 % while its loss holds: two
+    error rates at 100 show it on three records; one alone needs five."""
+    losses = ["1.26e+02", "1.06e+02", "1.06e+02", "1.06e+02"]
+    text = "".join(
+        SPEECHBRAIN.format(e=e, s=6106 * e, loss=loss, cer=cer) for e, loss in enumerate(losses, 1)
+    )
+    assert ("zero_grad" in findings(tmp_path, text)) is found
+
+
+def test_a_learning_rate_printed_as_an_exact_zero_is_zero_grad(tmp_path: Path) -> None:
+    """PaddleSpeech#675: ``lr: 0.00000000`` on every record, the loss bouncing about 15."""
+    line = "[INFO 2021/06/19 16:01:34 model.py:61] Train: Rank: 0, epoch: 1, step: {s}, lr: {lr}, "
+    line += "train_loss: {loss}\n"
+    losses = [16.030918, 15.383665, 17.136696, 16.34798, 12.675243]
+    text = "".join(line.format(s=5310 + i, lr="0.00000000", loss=v) for i, v in enumerate(losses))
+    assert findings(tmp_path, text)["zero_grad"].step == 5310
+    coarse = text.replace("0.00000000", "0.00000")  # 4e-6 prints so: a small rate, not 0
+    assert "zero_grad" not in findings(tmp_path, coarse)
+    validation = text.replace("Train:", "val,")  # a held-out record's rate is no step's
+    assert "zero_grad" not in findings(tmp_path, validation)
+
+
+def test_deepspeech_pytorchs_nan_guard_is_a_nonfinite_step(tmp_path: Path) -> None:
+    """deepspeech.pytorch#485: a NaN loss caught, replaced by 0 and the update skipped."""
+    line = "Epoch: [1][{i}/6051]\tTime 1.781 (1.857)\tData 0.005 (0.005)\tLoss {loss} (73.3981)\n"
+    text = "".join(line.format(i=i, loss=f"{40 + i % 7:.4f}") for i in range(4686, 4692))
+    text += "WARNING: received a nan loss, setting loss value to 0\nSkipping grad update\n"
+    text += line.format(i=4692, loss="0.0000") + line.format(i=4693, loss="40.4348")
+    found = findings(tmp_path, text)["nonfinite"]
+    assert found.step == 6051 + 4692 and "received a nan loss" in found.message

@@ -12,7 +12,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   returned nan values in its 0th output``) and detectron2's checks (``FloatingPointError: Loss
   became infinite or NaN at iteration=2137!``, ``Predicted boxes or scores contain Inf/NaN.
   Training has diverged.``), NeMo 1.x's ``Loss is NaN or inf.`` and TensorFlow's NaN hook
-  (``ERROR:tensorflow:Model diverged with loss = NaN.``) → ``health/nonfinite``;
+  (``ERROR:tensorflow:Model diverged with loss = NaN.``) and deepspeech.pytorch's ``WARNING: received
+  a nan loss, setting loss value to 0`` (the loss then printed 0) → ``health/nonfinite``;
 - PaddleNLP's ``optimizer not run, scale_before: 0.25, scale_after: 0.125`` → ``optim/skipped``,
   the scale it tried and the one it left; guided-diffusion's ``Found NaN, decreased lg_loss_scale to
   16.93`` → ``optim/skipped`` and the scale 2 ** 16.93;
@@ -118,6 +119,8 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     # verl's "grad_norm is not finite: nan", ESPnet2's "The grad norm is nan. Skipping updating the model."
     (re.compile(r"grad[_ ]?norm is (?:not finite|nan|inf)", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"loss became infinite or nan", re.IGNORECASE), _count(S.NONFINITE)),
+    # deepspeech.pytorch's guard: "WARNING: received a nan loss, setting loss value to 0"
+    (re.compile(r"received an? (?:nan|inf) loss", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"\bLoss is NaN or inf\b"), _count(S.NONFINITE)),  # NeMo 1.x's actions
     (re.compile(r"contain Inf/NaN\. Training has diverged"), _count(S.NONFINITE)),
     # TensorFlow's NanTensorHook (Estimator, BERT / ELECTRA / T5's TF trainers)

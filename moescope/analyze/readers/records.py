@@ -148,6 +148,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"Epoch\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
     # PyTorch-YOLOv3, epochs from 0: "[Epoch 0/30, Batch 323/1313] [Losses: x 0.1, …, total 3.2]"
     (None, re.compile(rf"\[Epoch\s+{_I}/\s*{INT}\s*,\s*Batch\s+{_I}/{_I}\]"), _epoch_from_zero),
+    # PyTorch-GAN's implementations and the loops copied from them, epochs from 0: "[Epoch 0/200]
+    # [Batch 100/938] [D loss: 0.69] [G loss: 0.70]"
+    (None, re.compile(rf"\[Epoch\s+{_I}/\s*{INT}\s*\]\s*\[Batch\s+{_I}/{_I}\]"), _epoch_from_zero),
     # the WGAN / DCGAN examples, epochs from 0: "[167/1000][555/782][24987] Loss_D: -0.77 Loss_G: …"
     (None, re.compile(rf"^\s*\[{_I}/\s*{INT}\s*\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
     # PyTorch's ImageNet example and the MetricLogger of DeiT / MAE / LLaMA-Adapter count epochs
@@ -308,6 +311,14 @@ def marker(line: str) -> tuple[str | None, int, re.Match[str]] | None:
     return None
 
 
+def _unquoted(match: re.Match[str]) -> str:
+    """A quoted name and its quoted value as ``name: value``; with its value bare, only amid fields
+    that are not quoted (a line of a dict, or a piece of one a terminal wrapped, is the dict's)."""
+    if match["value"] is None and ":" not in match.string[: match.string.find(match.group(1))]:
+        return match.group(0)
+    return f"{match['key']}: {match['value'] or match['bare']}"
+
+
 def pairs(text: str) -> dict[str, Any]:
     """Every ``name: value`` / ``name=value`` / ``name value`` field of ``text``; a later name wins.
 
@@ -317,7 +328,7 @@ def pairs(text: str) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     text = _LISTED.sub(_list_mean, text) if "[" in text else text
-    text = _QUOTED.sub(r"\g<key>: \g<value>", text) if "'" in text or '"' in text else text
+    text = _QUOTED.sub(_unquoted, text) if "'" in text or '"' in text else text
     text = _COUNT_OUT_OF.sub(r"\g<1>\g<2>", text) if "/" in text else text
     for piece in _SPLIT.split(text):
         piece = piece.strip(" :,-")
@@ -418,6 +429,9 @@ _SCORES = frozenset({"accuracy", "acc", "ppl", "perplexity", "wer", "cer", "bleu
 _NETWORK_METRIC = re.compile(r"[A-Z]\w{0,2} ([A-Za-z_]\w*)")
 
 
+_SPLIT_PREFIX = re.compile(r"(?:train|training|val|valid|validation|eval|test|dev)_")
+
+
 def is_metric(key: str) -> bool:
     """A name some key map knows (as given, normalised, or behind a ``train/`` prefix), or a
     code name that says it is a loss (``pid_loss``, ``triplet_loss``: a detector's or a re-id
@@ -425,6 +439,9 @@ def is_metric(key: str) -> bool:
     loss``, may be prose)."""
     known, normal = _known_names(), _normal(key)
     if key in known or normal in known or normal in _SCORES or key.removeprefix("train/") in known:
+        return True
+    split = _SPLIT_PREFIX.match(normal)  # a split's score: "train_acc", "test_acc" (a Keras GCN's print)
+    if split and normal[split.end() :] in _SCORES:
         return True
     net = _NETWORK_METRIC.fullmatch(key)  # a GAN's "D loss", "G loss", "D acc"
     if net and (net.group(1).lower() == "loss" or is_metric(net.group(1))):
@@ -524,8 +541,11 @@ def _named_losses(match: re.Match[str]) -> str:
 # one metric at its step in brackets, a line each: "train_batch_loss[ 6590 ]:  nan" (crnn-pytorch)
 _INDEXED = re.compile(rf"^\s*(?P<key>[A-Za-z_][\w./-]*)\[\s*(?P<step>{INT})\s*\]:(?=\s*(?:{NUMBER})\s*$)")
 # a name and its value both quoted, a dict's repr of a string, amid other fields (PaddleDetection:
-# "iter: 20, lr: 0.000085, 'loss': 'nan', eta: …")
-_QUOTED = re.compile(rf"""(['"])(?P<key>[\w./-]+)\1\s*:\s*(['"])(?P<value>{NUMBER})\3""")
+# "iter: 20, lr: 0.000085, 'loss': 'nan', eta: …"), or only the name (PaddleOCR's old trainer:
+# "epoch: 0, iter: 2760, lr: 0.001000, 'loss': 18201.227, 'acc': 0.0")
+_QUOTED = re.compile(
+    rf"""(['"])(?P<key>[\w./-]+)\1\s*:\s*(?:(['"])(?P<value>{NUMBER})\3|(?P<bare>{NUMBER})(?![\w.]))"""
+)
 # llama-recipes' summary, a metric a line: "Key: avg_eval_loss, Value: inf"
 _KEY_VALUE = re.compile(rf"\bKey:\s*(?P<key>[\w./-]+),\s*Value:\s*(?P<value>{NUMBER})")
 # NVIDIA's DLLogger (DeepLearningExamples): "DLL 2020-05-30 07:35:01.358301 - PARAMETER loss_scale : 3.7e-09";

@@ -55,7 +55,7 @@ def _pinned(trace: Trace) -> list[Finding]:
     for key in lm_losses(trace):
         points = series(trace, key)
         values = [v for _, v in points]
-        printed = _printed_in_text(trace, points[-WINDOW:])
+        printed = printed_in_text(trace, points[-WINDOW:])
         start = _held_from(values, printed=printed)
         beside = None
         if start is None:  # a shorter hold counts where the model's accuracy holds with it, and one
@@ -103,7 +103,7 @@ def _at_chance(trace: Trace) -> list[Finding]:
         if classes < 2:
             continue
         level, gap = math.log(classes), math.log1p(1 / classes)
-        _, decimals, half = _printing(values[-WINDOW:], _printed_in_text(trace, points[-WINDOW:]))
+        _, decimals, half = _printing(values[-WINDOW:], printed_in_text(trace, points[-WINDOW:]))
         half_unit = 0.5 * 10.0**-decimals
         if half_unit >= CHANCE_RESOLUTION * gap or half:
             continue  # a print too coarse, or one of a bfloat16 or float16 number: on its grid by chance
@@ -137,30 +137,31 @@ def _accuracy_of_one_in(trace: Trace, step: int, classes: int) -> str | None:
 
 
 def _nothing_right(trace: Trace) -> list[Finding]:
-    """An accuracy of exactly 0, or an error rate of exactly 1, on the ``REPLAYED_RUN`` or more
-    records a log ends on, beside a language-modelling loss that does not fall there (within
-    :data:`FLAT_SHARE` of its mean): a model that gets no prediction right and does not learn
-    (ALBERT's pre-training after a TensorFlow upgrade, ``MLM_acc: 0.000`` for 80 steps beside a
-    loss at 11.17; a lip-reading model's ``Tr.CER: 1.000`` beside a loss at 3.32). Not in RL, where
-    an accuracy of 0 is the rewards' (``no_signal``'s)."""
+    """An accuracy of exactly 0, or an error rate of exactly 1 (100 %), on the ``REPLAYED_RUN`` or
+    more records a log ends on (``SUSTAIN`` where a second such score holds with it: a character
+    and a word error rate both at 100), beside a language-modelling loss that does not fall on the
+    last of them (within :data:`FLAT_SHARE` of its mean): a model that gets no prediction right and
+    does not learn (ALBERT's pre-training after a TensorFlow upgrade, ``MLM_acc: 0.000`` for 80
+    steps beside a loss at 11.17; a lip-reading model's ``Tr.CER: 1.000`` beside a loss at 3.32;
+    a SpeechBrain transducer's ``valid CER: 1.00e+02, valid WER: 1.00e+02`` epoch after epoch, its
+    loss at 1.08e+02). Not in RL, where an accuracy of 0 is the rewards' (``no_signal``'s)."""
     if is_rl(trace):
         return []
     loss = next((key for key in lm_losses(trace) if series(trace, key)), None)
+    held: list[tuple[str, float, list[tuple[int, float]], int]] = []
     for key in logged_keys(trace) if loss else ():
-        nothing = _nothing_right_at(key)
-        if nothing is None:
-            continue
         points = series(trace, key)
-        held = _held_at_end(points, nothing)
-        if held < REPLAYED_RUN:
-            continue
-        steps = [s for s, _ in points[len(points) - held :]]
-        logged = dict(series(trace, loss))
+        if points and points[-1][1] in _nothing_right_at(key):
+            held.append((key, points[-1][1], points, _held_at_end(points, points[-1][1])))
+    least = SUSTAIN if sum(1 for *_, run in held if run >= SUSTAIN) >= 2 else REPLAYED_RUN
+    logged = dict(series(trace, loss)) if loss else {}
+    for key, nothing, points, run in held:
+        steps = [s for s, _ in points[len(points) - run :]]
         beside = [logged[s] for s in steps if s in logged]
-        if len(beside) < held or not _flat(beside):
+        if run < least or len(beside) < run or not _flat(beside[-least:]):
             continue
         message = (
-            f"{key} is {nothing:g} on {_records(held, len(points))}, from step "
+            f"{key} is {nothing:g} on {_records(run, len(points))}, from step "
             f"{steps[0]}, while {loss} holds at {beside[-1]:.4g}: the model gets no prediction right "
             "and no update changes that."
         )
@@ -171,13 +172,14 @@ def _nothing_right(trace: Trace) -> list[Finding]:
 _ERROR_RATE = re.compile(r"(?:^|[\W_])(?:cer|wer)$")  # a character or word error rate: "Tr.CER", "val_wer"
 
 
-def _nothing_right_at(key: str) -> float | None:
-    """The value at which ``key`` scores nothing right: 0 for an accuracy, 1 for a character or
-    word error rate (every one wrong: a lip-reading model's ``Tr.CER: 1.000``), else ``None``."""
+def _nothing_right_at(key: str) -> tuple[float, ...]:
+    """The values at which ``key`` scores nothing right: 0 for an accuracy, 1 or 100 for a
+    character or word error rate (every word wrong, or none given: a lip-reading model's
+    ``Tr.CER: 1.000``, SpeechBrain's ``valid WER: 1.00e+02``); none for any other key."""
     low = key.lower()
     if "acc" in low:
-        return 0.0
-    return 1.0 if _ERROR_RATE.search(low) else None
+        return (0.0,)
+    return (1.0, 100.0) if _ERROR_RATE.search(low) else ()
 
 
 def _one_class(trace: Trace) -> list[Finding]:
@@ -201,7 +203,7 @@ def _one_class(trace: Trace) -> list[Finding]:
         fell = held >= SUSTAIN and any(v >= 2 * value for _, v in points[: len(points) - held])
         if (held < REPLAYED_RUN and not fell) or not 2 <= classes <= 10 or abs(share * classes - 1) > 1e-9:
             continue
-        _, decimals, _ = _printing([value], _printed_in_text(trace, points[-WINDOW:]))
+        _, decimals, _ = _printing([value], printed_in_text(trace, points[-WINDOW:]))
         if decimals < (1 if value > 1 else 3):  # 0.500 as a share, 50.0 as a percentage
             continue
         steps = [s for s, _ in points[len(points) - held :]]
@@ -308,7 +310,7 @@ def _held_beside(trace: Trace, loss: str, steps: set[int], digits: int = PINNED_
     return None
 
 
-def _printed_in_text(trace: Trace, points: list[tuple[int, float]]) -> tuple[int, int]:
+def printed_in_text(trace: Trace, points: list[tuple[int, float]]) -> tuple[int, int]:
     """The most significant digits and decimals the log's own lines print the values of ``points``
     with, trailing zeros included (Lightning's bar prints ``train_loss=4.600``, which reads back as
     4.6); ``(0, 0)`` where the records keep no line."""

@@ -4,17 +4,20 @@ detector's box-regression losses at 0 from the first record."""
 
 from __future__ import annotations
 
+import math
 import re
 
+from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.frozen import significant_digits, zero_grad
+from moescope.analyze.rules.frozen import printed_in_text, significant_digits, zero_grad
 from moescope.analyze.rules.losses import HELD_OUT_KEY, is_rl, names_a_loss
 from moescope.analyze.rules.series import column, logged_keys, run_from_end, series, steps_of
 from moescope.analyze.rules.thresholds import PINNED_DIGITS, SUSTAIN
+from moescope.schema import RAW
 from moescope.traces import Trace
 
 # a score's name: a loss, an error, an accuracy or what trees and translators report instead
-_SCORE = re.compile(r"loss|rmse|mse|mae|error|logloss|auc|acc|ppl|perplexity|f1|bleu|\bl[12]\b|cost", re.I)
+_SCORE = re.compile(r"loss|rmse|mse|mae|error|logloss|auc|acc|ppl|perplexity|f1|bleu|\bl[12]\b", re.I)
 _HELD_DIGITS = PINNED_DIGITS + 1  # each held score printed so finely that two agreeing are no chance
 # a detector's box-regression loss (mmdetection's loss_rpn_bbox / loss_bbox, detectron2's
 # loss_box_reg, PaddleDetection's loss_rpn_reg / loss_bbox_reg, YOLO's box_loss), not a class score
@@ -22,11 +25,13 @@ _BOX_LOSS = re.compile(r"bbox|box|rpn_reg", re.I)  # not "loss_reg", a regularis
 
 
 def unchanged_scores(trace: Trace) -> list[Finding]:
-    """The first of :func:`every_score_held`, :func:`evaluation_repeated` and
-    :func:`boxes_unmatched` that finds anything. Not in RL, where a reward held is the rewards'."""
+    """The first of :func:`every_score_held`, :func:`evaluation_repeated`, :func:`boxes_unmatched`
+    and :func:`learning_rate_zero` that finds anything. Not in RL, where a reward held is the
+    rewards'."""
     if is_rl(trace):
         return []
-    return every_score_held(trace) or evaluation_repeated(trace) or boxes_unmatched(trace)
+    found = every_score_held(trace) or evaluation_repeated(trace) or boxes_unmatched(trace)
+    return found or learning_rate_zero(trace)
 
 
 def _scores(trace: Trace) -> list[str]:
@@ -34,27 +39,29 @@ def _scores(trace: Trace) -> list[str]:
 
 
 def every_score_held(trace: Trace) -> list[Finding]:
-    """Two or more scores (losses, errors, accuracies) of different values, each printed with
-    ``PINNED_DIGITS + 1`` significant digits or more and none 0, every one held to its last digit
-    on the ``SUSTAIN`` or more records a log ends on: outputs that no update changes (XGBoost with
-    a custom objective whose gradients never reach the booster, xgboost#8014:
-    ``train-rmse:180.26208`` and three more scores, round after round). One score alone is
-    :mod:`~moescope.analyze.rules.frozen`'s to judge, on more records; a 0 held is a term
-    switched off."""
+    """Two or more scores (losses, errors, accuracies) of different values, each one not 0 printed
+    with ``PINNED_DIGITS + 1`` significant digits or more, every one held to its last digit on the
+    ``SUSTAIN`` or more records a log ends on: outputs that no update changes (XGBoost with a custom
+    objective whose gradients never reach the booster, xgboost#8014: ``train-rmse:180.26208`` and
+    three more scores, round after round; PaddleOCR's text detector, ``loss: 1.000000`` beside
+    ``loss_shrink_maps: 0.000000``, its Dice term at 1: nothing predicted). Where some are 0, a
+    loss must be among the others: an accuracy at 1 beside a loss at 0 is a model that has learned
+    its training set. One score alone is :mod:`~moescope.analyze.rules.frozen`'s to judge, on more
+    records."""
     keys = _scores(trace)
     if len(keys) < 2:
         return []
     columns = [column(trace, key) for key in keys]
     last = [values[-1] for values in columns]
-    if any(not isinstance(v, int | float) or v == 0 or significant_digits(v) < _HELD_DIGITS for v in last):
-        return []
-    if len(set(last)) < 2:  # one number under two names (caffe's loss and its softmax_loss): one score
+    if any(not isinstance(v, int | float) or not math.isfinite(v) for v in last) or len(set(last)) < 2:
+        return []  # one number under two names (caffe's loss and its softmax_loss) is one score
+    if 0 in last and not any(v and names_a_loss(key) for key, v in zip(keys, last, strict=True)):
         return []
     rows = list(zip(*columns, strict=True))
     start = run_from_end(rows, lambda row: list(row) == last)
-    if len(rows) - start < SUSTAIN:
-        return []
     steps = steps_of(trace)[start:]
+    if len(steps) < SUSTAIN or any(v and _digits(trace, steps, v) < _HELD_DIGITS for v in last):
+        return []
     named = ", ".join(f"{key} {value:.10g}" for key, value in zip(keys, last, strict=True))
     message = (
         f"Every score the log prints holds one value to its last digit on {len(steps)} records, from step "
@@ -63,6 +70,12 @@ def every_score_held(trace: Trace) -> list[Finding]:
         "rate of 0)."
     )
     return [zero_grad(steps, message, key=keys[0], value=last[0], scores=keys)]
+
+
+def _digits(trace: Trace, steps: list[int], value: float) -> int:
+    """The significant digits ``value`` is printed with on the records of ``steps``: its own, or
+    its text's (``1.000000`` reads back as 1.0)."""
+    return max(significant_digits(value), printed_in_text(trace, [(s, value) for s in steps])[0])
 
 
 def evaluation_repeated(trace: Trace) -> list[Finding]:
@@ -117,3 +130,41 @@ def boxes_unmatched(trace: Trace) -> list[Finding]:
         )
         return [zero_grad(steps, message, key=key, value=0)]
     return []
+
+
+# the learning rate as a line prints it, and a held-out record's tag (its learning rate is no step's)
+_LR_TEXT = re.compile(r"(?:\blr|learning[_ ]rate)\s*[:=]?\s*\[?\s*([-+]?\d[\d.]*(?:[eE][-+]?\d+)?)", re.I)
+_HELD_OUT_RECORD = re.compile(r"\b(?:val|valid|validation|eval|evaluation|test)\b\s*[,:\]|]", re.I)
+_FINE_ZERO = 6  # decimals a zero learning rate is printed with to be 0, not a small one rounded
+
+
+def learning_rate_zero(trace: Trace) -> list[Finding]:
+    """A learning rate of exactly 0 on the ``SUSTAIN`` or more training records a log ends on,
+    printed so that no small rate rounds to it (in E-notation, ``0.000e+00``, or to
+    ``_FINE_ZERO`` decimals or more): no update changes the weights, whatever the loss does
+    (PaddleSpeech#675: ``lr: 0.00000000`` from the second epoch on, the loss bouncing about 15).
+    A rate printed ``0.00000`` may be 4e-6; a held-out record's rate is no step's."""
+    values = column(trace, S.LR)
+    start = run_from_end(values, lambda v: v == 0)
+    rows = range(start, len(values))
+    if len(rows) < SUSTAIN or not all(_zero_printed_finely(trace.steps[i].get(RAW)) for i in rows):
+        return []
+    steps = steps_of(trace)[start:]
+    message = (
+        f"The learning rate is 0 on {len(steps)} records, from step {steps[0]}: no update changes the "
+        "weights, so nothing is learned (a schedule decayed to 0 or not yet started, a warm-up longer "
+        "than the run, a scheduler stepped once a batch where it counts epochs)."
+    )
+    return [zero_grad(steps, message, key=S.LR, value=0)]
+
+
+def _zero_printed_finely(raw: object) -> bool:
+    """Whether a training record's line prints its learning rate as an exact 0."""
+    if not isinstance(raw, str) or _HELD_OUT_RECORD.search(raw[:80]):
+        return False
+    found = _LR_TEXT.search(raw)
+    if found is None:
+        return False
+    text = found.group(1).lower()
+    mantissa, _, exponent = text.partition("e")
+    return float(text) == 0 and (bool(exponent) or len(mantissa.partition(".")[2]) >= _FINE_ZERO)
