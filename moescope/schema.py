@@ -285,6 +285,12 @@ MAX_VIOLATION = _declare(
 IS_ESS = _declare(
     "rollout/is_ess", "effective sample size of the importance weights over the batch size", source="readers"
 )
+GRAD_SPIKES = _declare(
+    "health/grad_spikes",
+    "updates the trainer's own guard skipped for a gradient norm it judged a spike (minFM's 'spiky "
+    "gradient (norm=2.19); skipping optimizer step')",
+    source="readers",
+)
 LOSS_MISSING = _declare(
     "health/loss_missing",
     "1 on a step whose line logs no loss though the step made updates (Megatron omits a NaN loss)",

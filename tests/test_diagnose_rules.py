@@ -980,3 +980,18 @@ def test_an_accuracy_that_falls_to_one_in_k_and_holds_three_records_is_zero_grad
     assert zero.step == 4 and zero.evidence["classes"] == 10
     start = "".join(line.format(e, "10.00") for e in range(1, 4))
     assert "zero_grad" not in findings_of(tmp_path, start)
+
+
+def test_a_trainers_own_spike_guard_is_a_grad_spike(tmp_path: Path) -> None:
+    """minFM#4: the trainer skips the update for a norm above its guard's threshold, four steps in
+    a row, with too few norms logged to judge a spike by; a NaN norm the guard reports is non-finite."""
+    line = "2025-08-23 06:19:20,889 - trainers.dit_trainer - WARNING - Step {}: detected nan/inf/spiky "
+    line += "gradient (norm={}); skipping optimizer step.\n"
+    text = "".join(line.format(s, n) for s, n in [(1557, 2.1967), (1558, 2.1643), (1559, 2.1794)])
+    text += "2025-08-23 06:20:07,600 - trainers.dit_trainer - INFO - Step   1560 | Loss: 0.5275 | "
+    text += "GradNorm: 2.29\n"
+    spike = findings_of(tmp_path, text)["grad_spike"]
+    assert spike.step == 1557 and spike.evidence["steps"] == [1557, 1558, 1559]
+    assert "Step 1557: detected nan/inf/spiky gradient" in spike.message
+    nan = findings_of(tmp_path, text.replace("2.1643", "nan"))
+    assert nan["nonfinite"].step == 1558

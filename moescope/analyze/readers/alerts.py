@@ -24,6 +24,9 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   loss scale to: 0.25``) and its last (``FloatingPointError: Minimum loss scale reached
   (0.0001)``), which, as DeepSpeed's ``Current loss scale already at minimum - cannot decrease
   scale anymore. Exiting run.``, also sets ``optim/scaler_stopped``: the run ended there;
+- a trainer's own spike guard (minFM's ``detected nan/inf/spiky gradient (norm=2.1967); skipping
+  optimizer step``) → ``health/grad_spikes`` and the norm as ``actor/grad_norm`` (a norm that is
+  NaN or infinite → ``health/nonfinite`` and ``optim/skipped``);
 - Megatron's counters printed on a line of their own (``number of skipped iterations: 2``,
   ``number of nan iterations: 1``) → ``optim/skipped`` / ``health/nonfinite`` when above 0;
 - and any other line that prints a metric as NaN (``name: nan``, ``name=nan``) in a shape the
@@ -38,6 +41,7 @@ the step comes first), else, at the end of the log, to the last record. A log wi
 
 from __future__ import annotations
 
+import math
 import re
 from bisect import bisect_right
 from collections.abc import Callable
@@ -72,6 +76,19 @@ _SCALE_FLOOR = re.compile(rf"minimum loss scale reached \(({NUMBER})\)", re.IGNO
 
 def _count(key: str) -> Callable[[re.Match[str], str], dict[str, Any]]:
     return lambda match, line: {key: 1}
+
+
+# a trainer's own guard against gradient spikes, which skips the update: minFM's "Step 1557: detected
+# nan/inf/spiky gradient (norm=2.1966569423675537); skipping optimizer step."
+_SPIKE_GUARD = re.compile(rf"spiky gradient\s*\(\s*(?:grad[_ ])?norm\s*[=:]\s*({NUMBER})\s*\)", re.IGNORECASE)
+
+
+def _spike_guard(match: re.Match[str], line: str) -> dict[str, Any]:
+    """A finite norm is the spike the guard judged; a NaN or an infinite one is non-finite."""
+    norm = parse_number(match.group(1))
+    if isinstance(norm, float) and not math.isfinite(norm):
+        return {S.NONFINITE: 1, S.SKIPPED: 1}
+    return {S.GRAD_SPIKES: 1, S.GRAD_NORM: norm}
 
 
 def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
@@ -125,6 +142,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     (re.compile(r"contain Inf/NaN\. Training has diverged"), _count(S.NONFINITE)),
     # TensorFlow's NanTensorHook (Estimator, BERT / ELECTRA / T5's TF trainers)
     (re.compile(r"Model diverged with loss = (?:NaN|Inf)"), _count(S.NONFINITE)),
+    (_SPIKE_GUARD, _spike_guard),
     (OVERFLOW, _overflow),
     (_NOT_RUN, _not_run),
     (_LG_SCALE, _lg_scale),

@@ -220,6 +220,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `grad_norm_total` | `actor/grad_norm` |
 | generic | `grad_norm_(total)` | `actor/grad_norm` |
 | generic | `gnorm` | `actor/grad_norm` |
+| generic | `gradnorm` | `actor/grad_norm` |
 | generic | `total_grad_norm` | `actor/grad_norm` |
 | generic | `reduced_train_loss` | `actor/loss` |
 | generic | `total_loss` | `actor/loss` |
@@ -554,6 +555,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "grad_norm_total": S.GRAD_NORM,
         "grad_norm_(total)": S.GRAD_NORM,
         "gnorm": S.GRAD_NORM,
+        "gradnorm": S.GRAD_NORM,  # minFM's step line: "Step   1560 | Loss: 0.5275 | GradNorm: 2.29"
         "total_grad_norm": S.GRAD_NORM,
         "reduced_train_loss": S.ACTOR_LOSS,
         "total_loss": S.ACTOR_LOSS,

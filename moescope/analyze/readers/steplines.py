@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import re
 
+from moescope import schema as S
 from moescope.analyze.readers import megatron
 from moescope.analyze.readers._fields import fields
 from moescope.analyze.readers._rows import Parsed, Row, scan
 from moescope.analyze.readers._text import INT, NUMBER, LogFile
+from moescope.analyze.readers.alerts import said
 from moescope.analyze.readers.keymap import FRAMEWORK_TABLES, MARKERS, guess_beyond_generic
 from moescope.analyze.readers.records import canonical_names, is_metric, pairs, record, unprose
 from moescope.analyze.readers.trl import dict_over_lines
@@ -108,7 +110,8 @@ def is_record(line: str) -> bool:
 
 def read(log: LogFile) -> Parsed:
     """One row per step line; lines of the same step (trainer and orchestrator) merge, and the
-    DeepSpeed overflow lines printed before a step line are folded into it."""
+    DeepSpeed overflow lines printed before a step line are folded into it; a step line that is
+    the trainer's own warning (:mod:`~moescope.analyze.readers.alerts`) gives what it says."""
     pending: list[megatron.Overflow] = []
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
@@ -117,6 +120,9 @@ def read(log: LogFile) -> Parsed:
             pending.append(event)
             return [], end
         found = _fields_after_step(lines[i])
+        alert = said(lines[i]) if found else None
+        if found and alert:  # the trainer's own warning on its step: what it says, not its fields
+            return [Row(found[0], {**alert, S.ALERTS: lines[i].strip()}, lines[i], i + 1)], i + 1
         if found is None:  # a metric line without a step (DeepSpeed-Chat's reward line) joins its step
             loose = record(lines[i])
             return (

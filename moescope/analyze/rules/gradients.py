@@ -49,9 +49,11 @@ from moescope.traces import Trace
 
 
 def check_grad_spike(trace: Trace) -> list[Finding]:
+    """A gradient norm far above its running median, or above ``GRAD_NORM_CEILING``; failing
+    those, the spikes a trainer's own guard reports (:func:`_guarded_spikes`)."""
     key = first_logged(trace, (S.GRAD_NORM,))
     if key is None:
-        return []
+        return _guarded_spikes(trace)
     points = [(s, v) for s, v in series(trace, key) if v > 0]  # 0: a step without signal
     why = "an overflow or a non-finite value upstream"
     absurd = above_ceiling("grad_spike", key, points, GRAD_NORM_CEILING, "Gradient norm", why)
@@ -59,7 +61,7 @@ def check_grad_spike(trace: Trace) -> list[Finding]:
     if absurd is not None and (not spikes or absurd.step < spikes[0][0]):
         return [absurd]
     if not spikes:
-        return []
+        return _guarded_spikes(trace)
     step, value, base = spikes[0]
     return [
         Finding(
@@ -71,6 +73,26 @@ def check_grad_spike(trace: Trace) -> list[Finding]:
             {"key": key, "value": value, "baseline": base, "steps": [s for s, _, _ in spikes]},
         )
     ]
+
+
+def _guarded_spikes(trace: Trace) -> list[Finding]:
+    """The updates a trainer's own guard skipped for a gradient norm it judged a spike
+    (``health/grad_spikes``): its threshold is the evidence where the log holds too few norms
+    to judge a spike by (minFM's ``detected nan/inf/spiky gradient (norm=2.1967); skipping
+    optimizer step``, four steps in a row, a batch too small for the guard's 2.0)."""
+    steps = [s for s, v in series(trace, S.GRAD_SPIKES) if v > 0]
+    if not steps:
+        return []
+    said = next((rec[S.ALERTS] for rec in trace.steps if rec.get(S.GRAD_SPIKES) and rec.get(S.ALERTS)), "")
+    line = said.splitlines()[0].strip() if said else ""
+    line = line[max(0, line.lower().rfind("step", 0, max(line.lower().find("spik"), 0))) :]  # not its bar
+    quoted = f" (the log says: {line!r})" if line else ""
+    message = (
+        f"The trainer's own guard judged the gradient norm a spike and skipped the update at step "
+        f"{steps[0]}, {len(steps)} step(s) in all{quoted}: updates lost while the norm stays above "
+        "the guard's threshold (a batch too small or too noisy for it, a learning rate too high)."
+    )
+    return [Finding("grad_spike", steps[0], "warning", message, {"key": S.GRAD_SPIKES, "steps": steps})]
 
 
 def _spikes(norms: list[float]) -> list[tuple[int, float]]:
