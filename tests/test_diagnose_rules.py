@@ -995,3 +995,12 @@ def test_a_trainers_own_spike_guard_is_a_grad_spike(tmp_path: Path) -> None:
     assert "Step 1557: detected nan/inf/spiky gradient" in spike.message
     nan = findings_of(tmp_path, text.replace("2.1643", "nan"))
     assert nan["nonfinite"].step == 1558
+
+
+@pytest.mark.parametrize(("loss", "found"), [("39307117.633155", True), ("2.9", False)])
+def test_a_loss_far_above_the_best_its_record_names_is_a_divergence(
+    tmp_path: Path, loss: str, found: bool
+) -> None:
+    """MeshMAE#11: one pasted epoch whose loss is 1.7e7 times the best loss the same line names."""
+    text = f"Epoch 2 Pretrain | Loss: {loss} | Best Loss: 2.271230 | Best Epoch: 0 | Time: 2.4h\n"
+    assert ("loss_divergence" in findings_of(tmp_path, text)) is found

@@ -166,3 +166,32 @@ def test_deepspeech_pytorchs_nan_guard_is_a_nonfinite_step(tmp_path: Path) -> No
     text += line.format(i=4692, loss="0.0000") + line.format(i=4693, loss="40.4348")
     found = findings(tmp_path, text)["nonfinite"]
     assert found.step == 6051 + 4692 and "received a nan loss" in found.message
+
+
+POINTNET2 = (
+    "Epoch {e} ({g}/200):\n100%|█████████████████████| 410/410 [01:18<00:00,  5.24it/s]\n"
+    "Train Instance Accuracy: {train}\nTest Instance Accuracy: {test}, Class Accuracy: 0.025000\n"
+    "Best Instance Accuracy: {test}, Class Accuracy: 0.025000\n"
+)
+
+
+def test_an_evaluation_on_lines_of_its_own_that_repeats_is_zero_grad(tmp_path: Path) -> None:
+    """yanx27's PointNet++ (issue 213): the test accuracies to the last digit, epoch after epoch,
+    under each epoch's banner, while the training accuracy moves with the data's order."""
+    text = "".join(POINTNET2.format(e=e, g=13 + e, train=f"0.0636{e}", test="0.040453") for e in (4, 5))
+    found = findings(tmp_path, text)["zero_grad"]
+    assert found.evidence["steps"] == [4, 5] and "Test Class Accuracy 0.025" in found.message
+    moved = "".join(POINTNET2.format(e=e, g=13 + e, train=f"0.0636{e}", test=f"0.04045{e}") for e in (4, 5))
+    assert "zero_grad" not in findings(tmp_path, moved)
+
+
+def test_a_loss_at_zero_beside_a_norm_frozen_to_its_last_digit_is_zero_grad(tmp_path: Path) -> None:
+    """Qwen3-VL#1658 under ZeRO-2: ``grad_norm: 1.4142135381698608`` on every record, whatever
+    the loss, is no measure of a gradient; a loss of 0 beside a norm that moves may be a policy
+    loss, 0 by construction."""
+    record = "{{'loss': {}, 'grad_norm': {}, 'learning_rate': 1e-06, 'epoch': 0.0{}}}\n"
+    losses = [1.502, 0.0, 0.0, 0.0]
+    frozen = "".join(record.format(loss, 1.4142135381698608, i) for i, loss in enumerate(losses))
+    assert findings(tmp_path, frozen)["zero_grad"].step == 1
+    moving = "".join(record.format(loss, 1.41 + 0.13 * i, i) for i, loss in enumerate(losses))
+    assert "zero_grad" not in findings(tmp_path, moving)

@@ -43,8 +43,8 @@ from moescope.analyze.readers.keymap import KEY_MAP, guess_framework
 
 # "Step 3/100", rsl-rl's "Learning iteration 8391/10000", PPO-for-Beginners' "Iteration #50"
 BANNER = re.compile(
-    rf"[\s=#*\-─]*(?:(?:step|learning\s+iteration)\s+|(?:step|iteration|epoch)\s*#\s*)({INT})"
-    rf"(?:\s*/\s*{INT})?[\s=#*\-─:]*",
+    rf"[\s=#*\-─]*(?:(?:step|learning\s+iteration)\s+|(?:step|iteration|epoch)\s*#\s*|epoch\s+(?={INT}\s*\())"
+    rf"({INT})(?:\s*/\s*{INT})?(?:\s*\(\s*{INT}\s*/\s*{INT}\s*\))?[\s=#*\-─:]*",
     re.IGNORECASE,
 )
 _BULLET = re.compile(r"\s*(?:[•·*\-–]\s*)?")
@@ -88,10 +88,12 @@ def read(log: LogFile) -> Parsed:
         if banner:
             step = int(banner.group(1))
             return [], i + 1
-        found = snapshot_field(lines[i])
-        if found is None or (banners and step is None):
+        one = snapshot_field(lines[i])
+        # under banners, a line of several: "Test Instance Accuracy: 0.040453, Class Accuracy: 0.025000"
+        found = [one] if one is not None else _fields_of_line(lines[i]) if banners else []
+        if not found or (banners and step is None):
             return None
-        return [Row(step if banners else 0, dict([found]), lines[i], i + 1)], i + 1
+        return [Row(step if banners else 0, dict(found), lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
     series = [] if banners else _series(parsed.rows)
@@ -105,6 +107,23 @@ def read(log: LogFile) -> Parsed:
     parsed.framework = None if guess == "generic" else guess
     parsed.keymap = guess or "generic"
     return parsed
+
+
+_QUALIFIER = re.compile(r"(?:train|training|test|val|valid|validation|eval|best)\s", re.IGNORECASE)
+
+
+def _fields_of_line(line: str) -> list[tuple[str, Any]]:
+    """The ``name: value`` fields of a line that holds several, split at ``, ``; a later name
+    without the split or "best" its first name opens with takes it (yanx27's PointNet++: ``Test
+    Instance Accuracy: 0.04, Class Accuracy: 0.025`` and ``Best Instance Accuracy: …, Class
+    Accuracy: …``, whose class accuracies are the test's and the best's)."""
+    pieces = line.split(", ")
+    fields = [found for piece in pieces if (found := line_field(piece)) is not None]
+    if len(pieces) < 2 or len(fields) < len(pieces):
+        return []
+    first = _QUALIFIER.match(fields[0][0])
+    prefix = first.group(0) if first else ""
+    return [(name if _QUALIFIER.match(name) else prefix + name, value) for name, value in fields]
 
 
 def _note_steps_counted(parsed: Parsed, series: list[Row], banners: bool) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.frozen import unmoved_loss, zero_grad
+from moescope.analyze.rules.frozen import significant_digits, unmoved_loss, zero_grad
 from moescope.analyze.rules.losses import LM_LOSSES, is_rl, lm_losses, names_a_loss
 from moescope.analyze.rules.series import (
     above_ceiling,
@@ -33,6 +33,7 @@ from moescope.analyze.rules.series import (
     windows,
 )
 from moescope.analyze.rules.thresholds import (
+    FINE_DIGITS,
     GRAD_NORM_CEILING,
     GRAD_SPIKE_EXTREME,
     GRAD_SPIKE_FACTOR,
@@ -223,6 +224,7 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
     heads = (
         () if is_rl(trace) else tuple(k for k in logged_keys(trace) if names_a_loss(k) and k not in scored)
     )
+    norm = None if norm is not None and _norm_frozen(trace, norm) else norm
     for key in (*scored, *heads):
         flag = (
             partial(_zero_with_a_small_norm, loss=key, norm=norm)
@@ -288,6 +290,20 @@ def _pair_at_zero(trace: Trace, family: str, least: int = 1) -> tuple[str, str, 
         chosen,
         rejected,
         _ending_run(trace, chosen, lambda rec: rec[chosen] == 0 and rec.get(rejected) == 0, least),
+    )
+
+
+def _norm_frozen(trace: Trace, norm: str) -> bool:
+    """A gradient norm that holds one value to its seventh digit or beyond on every record, three
+    or more, whatever the loss: no measure of a gradient (Qwen3-VL under ZeRO-2, ``grad_norm:
+    1.4142135381698608`` beside a loss of 1.502 and then 0.0), so it says nothing of one."""
+    values = [v for _, v in series(trace, norm)]
+    return (
+        len(values) >= SUSTAIN
+        and len(values) == len(trace.steps)
+        and len(set(values)) == 1
+        and values[0] != 0
+        and significant_digits(values[0]) >= FINE_DIGITS
     )
 
 

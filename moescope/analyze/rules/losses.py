@@ -89,7 +89,39 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
             out.append(replace(left[0], severity="error", message=left[0].message + beyond))
         else:
             out.append(absurd)
-    return out or _any_loss_absurd(trace) or _perplexity_risen(trace) or _worse_at_its_data(trace)
+    found = out or _any_loss_absurd(trace) or _perplexity_risen(trace) or _worse_at_its_data(trace)
+    return found or _far_above_its_best(trace)
+
+
+def _far_above_its_best(trace: Trace) -> list[Finding]:
+    """A training loss ``DIVERGENCE_FACTOR``² times or more above the best loss the same record
+    says the run has reached (MeshMAE's ``Epoch 2 Pretrain | Loss: 39307117.63 | Best Loss:
+    2.271230``): one record shows the run left the level it had, where no earlier record is
+    pasted. A batch's loss strays a few times from a best, not twenty-five."""
+    bests = [k for k in logged_keys(trace) if _BEST_LOSS.search(k)]
+    for best in bests:
+        floor = dict(series(trace, best))
+        for key in level_losses(trace):
+            above = [
+                (s, v) for s, v in series(trace, key) if floor.get(s, 0) > 0 and v >= _BEST_FACTOR * floor[s]
+            ]
+            if above:
+                step, value = above[0]
+                message = (
+                    f"{key} is {value:.4g} at step {step}, {value / floor[step]:.3g}x the best loss "
+                    f"the run reached ({best} {floor[step]:.4g}): the run left the level it had; the "
+                    "weights diverged."
+                )
+                return [
+                    Finding(
+                        "loss_divergence", step, "warning", message, {"key": key, "baseline": floor[step]}
+                    )
+                ]
+    return []
+
+
+_BEST_FACTOR = DIVERGENCE_FACTOR**2
+_BEST_LOSS = re.compile(r"best[\s_]*loss$", re.IGNORECASE)  # "Best Loss", fairseq's "best_loss"
 
 
 def _worse_at_its_data(trace: Trace) -> list[Finding]:

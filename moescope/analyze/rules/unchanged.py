@@ -81,21 +81,24 @@ def _digits(trace: Trace, steps: list[int], value: float) -> int:
 def evaluation_repeated(trace: Trace) -> list[Finding]:
     """Two or more held-out scores, each printed with ``PINNED_DIGITS`` significant digits or
     more, that repeat to the last digit on every evaluation (two or more, on records of their own
-    among the training records: at most half of the records): a model the updates between them
-    did not change, evaluated twice on the same data (OpenNMT-py#966: ``Validation perplexity:
-    56.168`` and ``Validation accuracy: 35.9623`` 130,000 steps apart, the learning rate printed
-    0.00000)."""
+    among the training records, at most half of the records, or on lines of their own): a model
+    the updates between them did not change, evaluated twice on the same data (OpenNMT-py#966:
+    ``Validation perplexity: 56.168`` and ``Validation accuracy: 35.9623`` 130,000 steps apart,
+    the learning rate printed 0.00000; PointNet++'s test accuracies 0.040453 and 0.025000,
+    epoch after epoch)."""
     keys = [key for key in _scores(trace) if HELD_OUT_KEY.match(key.lower())]
     evaluated = [series(trace, key) for key in keys]
     steps = [s for s, _ in evaluated[0]] if evaluated else []
-    if len(keys) < 2 or len(steps) < 2 or 2 * len(steps) > len(trace.steps):
+    if len(keys) < 2 or len(steps) < 2:
+        return []
+    if 2 * len(steps) > len(trace.steps) and not _printed_apart(trace, keys):
         return []
     for points in evaluated:
         values = {v for _, v in points}
         if [s for s, _ in points] != steps or len(values) != 1:
             return []
         (value,) = values
-        if value == 0 or significant_digits(value) < PINNED_DIGITS:
+        if value == 0 or _digits(trace, steps, value) < PINNED_DIGITS:
             return []
     named = ", ".join(f"{key} {points[0][1]:.10g}" for key, points in zip(keys, evaluated, strict=True))
     message = (
@@ -105,6 +108,26 @@ def evaluation_repeated(trace: Trace) -> list[Finding]:
         "instead of the model in training)."
     )
     return [zero_grad(steps, message, key=keys[0], scores=keys)]
+
+
+def _printed_apart(trace: Trace, held_out: list[str]) -> bool:
+    """Whether every record that logs ``held_out`` prints it on lines whose decimal numbers are
+    all held-out values (yanx27's PointNet++: ``Test Instance Accuracy: 0.040453, Class Accuracy:
+    0.025000`` under its epoch's banner), not on a training line that carries the last evaluation
+    until the next (``step 7 loss 2.1 val_loss 2.75``)."""
+    for rec in trace.steps:
+        if held_out[0] not in rec:
+            continue
+        values = {rec.get(key) for key in held_out}
+        lines = [
+            line for line in str(rec.get(RAW) or "").splitlines() if any(key in line for key in held_out)
+        ]
+        if not lines or any(float(n) not in values for line in lines for n in _DECIMAL.findall(line)):
+            return False
+    return True
+
+
+_DECIMAL = re.compile(r"(?<![\w.])[-+]?\d*\.\d+(?:[eE][-+]?\d+)?")
 
 
 def boxes_unmatched(trace: Trace) -> list[Finding]:
