@@ -234,7 +234,7 @@ class LogFile:
         if not any(map(str.strip, raw)):
             raise MoescopeError(f"{self.path} is empty; pass a training log that has at least one step.")
         ranks = not _counted(raw)
-        raw = _unquoted(raw)
+        raw = _markdown_unquoted(raw)
         return [
             _unmarked(line, ranks) if line[:1] in _MARKED_STARTS or line[-1:] == "`" else line for line in raw
         ]
@@ -302,7 +302,7 @@ def _counted(lines: list[str]) -> bool:
 _QUOTE = re.compile(r"^(?:> ?)+")  # a Markdown quote's marks, nested ones too: "> ", "> > ", ">"
 
 
-def _unquoted(lines: list[str]) -> list[str]:
+def _markdown_unquoted(lines: list[str]) -> list[str]:
     """``lines`` without the Markdown quote a user put around a pasted log (``>       13/20
     8.07G      1.674 …``: the YOLO table's columns read as a quote's text), where every line
     but blank ones opens with ``>``; any other text as it is (a line of ``> `` alone is not enough)."""

@@ -311,7 +311,7 @@ def marker(line: str) -> tuple[str | None, int, re.Match[str]] | None:
     return None
 
 
-def _unquoted(match: re.Match[str]) -> str:
+def _quoted_field(match: re.Match[str]) -> str:
     """A quoted name and its quoted value as ``name: value``; with its value bare, only amid fields
     that are not quoted (a line of a dict, or a piece of one a terminal wrapped, is the dict's)."""
     if match["value"] is None and ":" not in match.string[: match.string.find(match.group(1))]:
@@ -328,7 +328,7 @@ def pairs(text: str) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     text = _LISTED.sub(_list_mean, text) if "[" in text else text
-    text = _QUOTED.sub(_unquoted, text) if "'" in text or '"' in text else text
+    text = _QUOTED.sub(_quoted_field, text) if "'" in text or '"' in text else text
     text = _COUNT_OUT_OF.sub(r"\g<1>\g<2>", text) if "/" in text else text
     for piece in _SPLIT.split(text):
         piece = piece.strip(" :,-")

@@ -86,7 +86,8 @@ def _guarded_spikes(trace: Trace) -> list[Finding]:
         return []
     said = next((rec[S.ALERTS] for rec in trace.steps if rec.get(S.GRAD_SPIKES) and rec.get(S.ALERTS)), "")
     line = said.splitlines()[0].strip() if said else ""
-    line = line[max(0, line.lower().rfind("step", 0, max(line.lower().find("spik"), 0))) :]  # not its bar
+    low = line.lower()
+    line = line[max(low.rfind("step", 0, max(low.find("spik"), 0)), 0) :]  # from its "Step N:", not its bar
     quoted = f" (the log says: {line!r})" if line else ""
     message = (
         f"The trainer's own guard judged the gradient norm a spike and skipped the update at step "
