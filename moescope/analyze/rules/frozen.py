@@ -150,8 +150,9 @@ def _nothing_right(trace: Trace) -> list[Finding]:
     loss = next((key for key in lm_losses(trace) if series(trace, key)), None)
     held: list[tuple[str, float, list[tuple[int, float]], int]] = []
     for key in logged_keys(trace) if loss else ():
-        points = series(trace, key)
-        if points and points[-1][1] in _nothing_right_at(key):
+        nothing = _nothing_right_at(key)
+        points = series(trace, key) if nothing else []
+        if points and points[-1][1] in nothing:
             held.append((key, points[-1][1], points, _held_at_end(points, points[-1][1])))
     least = SUSTAIN if sum(1 for *_, run in held if run >= SUSTAIN) >= 2 else REPLAYED_RUN
     logged = dict(series(trace, loss)) if loss else {}
