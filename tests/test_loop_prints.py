@@ -147,7 +147,7 @@ SHAPES = [
 # allennlp, Keras-GAN, ML-Agents, CleanRL, Tianshou, PaddleDetection, PaddleOCR, YOLOX, NeMo,
 # MXNet, Marian, PyG, DGL, GluonTS, the TF Object Detection API, Composer, nanotron, OLMo,
 # open_clip, DINO / DETR's MetricLogger, Swin, the PyTorch ImageNet example, PyTorch-GAN, PaddleOCR's
-# old trainer, a Keras GCN
+# old trainer, a Keras GCN, RL tutorials' episode scores, NeuralPDE's callback
 FRAMEWORKS = [
     (
         "[2020-01-01 10:00:00,000 INFO] Step {j}/200000; acc:  {i}.50; ppl: {v}; xent: {v}; lr: "
@@ -334,6 +334,8 @@ FRAMEWORKS = [
         "time: 57.479"
     ),
     "Epoch: {i:04d} train_loss= {v} train_acc= 0.{i:02d}00 test_acc= 0.{i:02d}50",
+    "episode {i} score {v} average score {v}",
+    "Current loss is: {v}, Iteration: {i}",
 ]
 
 

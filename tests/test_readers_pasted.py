@@ -57,6 +57,8 @@ def test_mmengine_iter_lines_are_records_with_the_common_names(tmp_path: Path) -
         ("iteration 30: load_balancing_loss: 2.120842E+00", 30, {S.AUX_LOSS: 2.120842}),
         ("2025-03-01 10:00:00 | INFO | iter 7 | gnorm=0.5 | loss=1.5", 7, {S.GRAD_NORM: 0.5}),
         ("268/446 (epoch 0), train_loss = 2.097, time/batch = 0.194", 268, {S.ACTOR_LOSS: 2.097}),
+        ("episode 6264 score -73.42 average score -178.85", 6264, {S.REWARD_MEAN: -178.85, "score": -73.42}),
+        ("Current loss is: 133.4565371299845, Iteration: 92", 92, {S.ACTOR_LOSS: 133.4565371299845}),
         ("[5000] expl_amount 0.3 / model_grad_norm 61.0 / value_loss 6.3", 5000, {"model_grad_norm": 61.0}),
         (
             "INFO:mlagents.trainers: PPO-0: Learner: Step: 19000. Mean Reward: -57.270. "

@@ -228,6 +228,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `minibatch_loss` | `actor/loss` |
 | generic | `train_loss` | `actor/loss` |
 | generic | `tr_loss` | `actor/loss` |
+| generic | `current_loss` | `actor/loss` |
 | generic | `avr_loss` | `actor/loss` |
 | generic | `loss_train` | `actor/loss` |
 | generic | `main/loss` | `actor/loss` |
@@ -235,6 +236,8 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `avg_reward` | `reward/mean` |
 | generic | `mean_reward` | `reward/mean` |
 | generic | `average_reward` | `reward/mean` |
+| generic | `average_score` | `reward/mean` |
+| generic | `avg_score` | `reward/mean` |
 | generic | `return` | `reward/mean` |
 | generic | `average_return` | `reward/mean` |
 | generic | `averagereturn` | `reward/mean` |
@@ -563,6 +566,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "minibatch_loss": S.ACTOR_LOSS,  # TensorFlow's examples, tf_unet: "Iter 950, Minibatch Loss= 0.6931"
         "train_loss": S.ACTOR_LOSS,  # DINO's / DeiT's log.txt records (train_lr, train_wd beside it)
         "tr_loss": S.ACTOR_LOSS,  # "Tr.Loss: 3.13  Val.Loss: 2.93" (deep_avsr)
+        "current_loss": S.ACTOR_LOSS,  # NeuralPDE / Optimization.jl callbacks: "Current loss is: 133.45"
         "avr_loss": S.ACTOR_LOSS,  # kohya's sd-scripts and musubi-tuner bars: "176/800 [… avr_loss=0.0912]"
         "loss_train": S.ACTOR_LOSS,  # litgpt's fine-tuning lines: "loss train: 2.424, val: n/a"
         "main/loss": S.ACTOR_LOSS,  # Chainer's reporter: "epoch  main/loss  validation/main/loss …"
@@ -570,6 +574,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "avg_reward": S.REWARD_MEAN,
         "mean_reward": S.REWARD_MEAN,
         "average_reward": S.REWARD_MEAN,
+        "average_score": S.REWARD_MEAN,  # RL tutorials' "episode 6264 score -73.42 average score -178.85"
+        "avg_score": S.REWARD_MEAN,
         # classic RL libraries log an episode's return (its summed rewards), averaged over the
         # episodes of the interval: tf-agents "Average Return", acme "Return", rllab "AverageReturn",
         # Stable Baselines "ep_rewmean" / "ep_rew_mean", RLlib "episode_reward_mean"

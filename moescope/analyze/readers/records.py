@@ -351,8 +351,22 @@ def _piece_fields(piece: str) -> tuple[tuple[str, Any], ...]:
     found = None if whole or len(piece) >= 200 else field(piece, labelled=True) or field(piece)
     if found and (":" in piece or "=" in piece or _names_a_metric(found[0])):
         return (found,)  # a name with spaces or a unit: "average reward score: 0.2"
-    matches = labelled or (m for m in _SPACED.finditer(piece) if _named(m.group("key")))
-    return tuple((match.group("key"), parse_number(match.group("value"))) for match in matches)
+    if labelled:
+        return tuple((match.group("key"), parse_number(match.group("value"))) for match in labelled)
+    matches = (m for m in _SPACED.finditer(piece) if _named(m.group("key")))
+    return tuple((_with_word_before(piece, m), parse_number(m.group("value"))) for m in matches)
+
+
+_WORD_BEFORE = re.compile(r"([A-Za-z]+)\s+$")
+
+
+def _with_word_before(piece: str, match: re.Match[str]) -> str:
+    """A bare name with the word before it where the two name a metric a key map knows (an RL
+    tutorial's ``episode 6264 score -73.42 average score -178.85``: the average, not a second
+    ``score`` over the first)."""
+    before = _WORD_BEFORE.search(piece, 0, match.start())
+    longer = f"{before.group(1)} {match.group('key')}" if before else ""
+    return longer if before and is_metric(longer) else match.group("key")
 
 
 # an epoch counted out of the run's epochs in a bar's postfix: GluonTS's "epoch=1/10,
@@ -423,7 +437,7 @@ def _normal(key: str) -> str:
 
 # scores no rule reads under a canonical name, but that only a metrics line prints (a loop's
 # "(Training) ppl: 69.9, accuracy: 48.1 %")
-_SCORES = frozenset({"accuracy", "acc", "ppl", "perplexity", "wer", "cer", "bleu", "auc", "f1"})
+_SCORES = frozenset({"accuracy", "acc", "ppl", "perplexity", "wer", "cer", "bleu", "auc", "f1", "score"})
 
 
 _NETWORK_METRIC = re.compile(r"[A-Z]\w{0,2} ([A-Za-z_]\w*)")
@@ -596,7 +610,7 @@ _FOR_COUNTER = re.compile(
     rf"\s*,?\s*(?:is|was|[:=])\s*{_A_VALUE}"
 )
 # and a name said to be a value ("the loss is 7.39", "Epoch 1, training loss was 2.1"): "loss: 7.39"
-_SAID_TO_BE = re.compile(rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:is|was)\s+{_A_VALUE}")
+_SAID_TO_BE = re.compile(rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:is|was)(?:\s*:)?\s+{_A_VALUE}")
 
 # LightGBM's evaluation lines name each metric after its data set: "[4]\ttraining's binary_logloss:
 # 0.77109\tvalid_1's binary_logloss: 0.770573", read "training/binary_logloss", "valid_1/…" (one
@@ -643,6 +657,7 @@ _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     *((word, _FOR_COUNTER, r"\g<mark> | \g<key>: ") for word in (" for ", " at ", " after ", " in ")),
     (" is ", _SAID_TO_BE, r"\g<key>: "),
     (" was ", _SAID_TO_BE, r"\g<key>: "),
+    (" is: ", _SAID_TO_BE, r"\g<key>: "),  # NeuralPDE's "Current loss is: 133.45, Iteration: 92"
 )
 # the shapes written as "name: value" fields (or a step marker) before a line is read, each where
 # its literal is in the line
