@@ -158,8 +158,18 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
 _NAMED_NAN = re.compile(r"(?<![\w.])[A-Za-z_][\w./-]*\s*[:=]\s*[-+]?nan(?!\w|\.\d)", re.IGNORECASE)
 
 
+# words, one of which every pattern of ALERTS holds (lower case; "inf" apart, not as in "INFO"): a
+# line without any is passed by at the cost of a few substring tests, not a search per pattern
+# (the step-lines reader asks of every step line)
+_ALERT_WORDS = ("nan", "finite", "bad grad", "spiky", "overflow", "scale", "iterations")
+_INF = re.compile(r"inf(?!o)")
+
+
 def said(line: str) -> dict[str, Any]:
     """The metrics an alert line adds to its step; empty for any other line."""
+    low = line.lower()
+    if not any(word in low for word in _ALERT_WORDS) and ("inf" not in low or _INF.search(low) is None):
+        return {}
     for pattern, reading in ALERTS:
         match = pattern.search(line)
         if match:

@@ -112,12 +112,13 @@ def _far_above_its_best(trace: Trace) -> list[Finding]:
                     f"the run reached ({best} {floor[step]:.4g}): the run left the level it had; the "
                     "weights diverged."
                 )
-                return [
-                    Finding(
-                        "loss_divergence", step, "warning", message, {"key": key, "baseline": floor[step]}
-                    )
-                ]
+                return _diverged(step, message, key, floor[step])
     return []
+
+
+def _diverged(step: int, message: str, key: str, baseline: float, severity: str = "warning") -> list[Finding]:
+    """The one ``loss_divergence`` finding a rule gives: on ``step``, the level it left as evidence."""
+    return [Finding("loss_divergence", step, severity, message, {"key": key, "baseline": baseline})]
 
 
 _BEST_FACTOR = DIVERGENCE_FACTOR**2
@@ -156,7 +157,7 @@ def _worse_at_its_data(trace: Trace) -> list[Finding]:
             f"falls from {right_before:.3g} to {right_after:.3g}: the model gets worse at the data it trains "
             f"on, from step {step} (a learning rate too high for the run, a data stream that changed)."
         )
-        return [Finding("loss_divergence", step, "warning", message, {"key": loss, "baseline": before})]
+        return _diverged(step, message, loss, before)
     return []
 
 
@@ -178,7 +179,7 @@ def _perplexity_risen(trace: Trace) -> list[Finding]:
             f"{DIVERGENCE_FACTOR:g}x above it to the end of the log ({last:.4g}): the cross-entropy under it "
             f"rose by {math.log(values[start] / lowest):.2f} nats a token."
         )
-        return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": lowest})]
+        return _diverged(step, message, key, lowest)
     return []
 
 
@@ -264,7 +265,7 @@ def _loss_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
                 "level."
             )
             severity = "error" if frozen else "warning"
-            return [Finding("loss_divergence", step, severity, message, {"key": key, "baseline": before})]
+            return _diverged(step, message, key, before, severity)
     return _last_record_jump(key, points) or _jump_below_zero(key, points)
 
 
@@ -291,7 +292,7 @@ def _last_record_jump(key: str, points: list[tuple[int, float]]) -> list[Finding
         f"{key} jumps at step {step}, the last record, from {before:.3g} to {last:.3g} "
         f"({last / before:.0f}x what came before): the paste ends as the run leaves its level."
     )
-    return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": before})]
+    return _diverged(step, message, key, before)
 
 
 def _jump_below_zero(key: str, points: list[tuple[int, float]]) -> list[Finding]:
@@ -315,7 +316,7 @@ def _jump_below_zero(key: str, points: list[tuple[int, float]]) -> list[Finding]
                 f"{key} jumps at step {step} from its level {level:.3g} to {values[i]:.3g} and does not "
                 f"come back: the {len(after)} records after stay above {top:.3g}, the highest before it."
             )
-            return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": level})]
+            return _diverged(step, message, key, level)
     return []
 
 
@@ -344,7 +345,7 @@ def _climb_to_end(key: str, points: list[tuple[int, float]]) -> list[Finding]:
         f"{trough:.3g} to {values[-1]:.3g} ({values[-1] / trough:.1f}x): the run is leaving the level it "
         "had learned."
     )
-    return [Finding("loss_divergence", step, "warning", message, {"key": key, "baseline": trough})]
+    return _diverged(step, message, key, trough)
 
 
 def check_kl_blowup(trace: Trace) -> list[Finding]:

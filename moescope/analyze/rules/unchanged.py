@@ -62,7 +62,7 @@ def every_score_held(trace: Trace) -> list[Finding]:
     steps = steps_of(trace)[start:]
     if len(steps) < SUSTAIN or any(v and _digits(trace, steps, v) < _HELD_DIGITS for v in last):
         return []
-    named = ", ".join(f"{key} {value:.10g}" for key, value in zip(keys, last, strict=True))
+    named = _named(keys, last)
     message = (
         f"Every score the log prints holds one value to its last digit on {len(steps)} records, from step "
         f"{steps[0]} ({named}): the model's outputs are the same after every update, so no update reaches "
@@ -70,6 +70,11 @@ def every_score_held(trace: Trace) -> list[Finding]:
         "rate of 0)."
     )
     return [zero_grad(steps, message, key=keys[0], value=last[0], scores=keys)]
+
+
+def _named(keys: list[str], values: list[float]) -> str:
+    """``key value, …`` as a finding quotes the scores it rests on."""
+    return ", ".join(f"{key} {value:.10g}" for key, value in zip(keys, values, strict=True))
 
 
 def _digits(trace: Trace, steps: list[int], value: float) -> int:
@@ -100,7 +105,7 @@ def evaluation_repeated(trace: Trace) -> list[Finding]:
         (value,) = values
         if value == 0 or _digits(trace, steps, value) < PINNED_DIGITS:
             return []
-    named = ", ".join(f"{key} {points[0][1]:.10g}" for key, points in zip(keys, evaluated, strict=True))
+    named = _named(keys, [points[0][1] for points in evaluated])
     message = (
         f"The held-out evaluation repeats itself to the last digit at all {len(steps)} evaluations, "
         f"from step {steps[0]} to step {steps[-1]} ({named}): the updates between them did not change "
