@@ -246,6 +246,8 @@ def _loss_lines(losses: list[float]) -> str:
         ([15.5, 13.0, 3.8, 2.39, 1.43, 2.5, 4.8], None),  # two rises: too few
         ([15.5, 13.0, 1.2, 3.8, 1.43, 5.82, 7.05, 10.03], None),  # not from the lowest
         ([15.5, 13.0, 3.8, 2.39, 1.43, 2.82, 4.05, 6.03], None),  # under five times the lowest
+        ([1.396, 1.192, 1.346, 1.36, 1.444, 1.204, 1.774, 2.155, 2.374], 6),  # a TF2 detector: new highs
+        ([1.396, 1.192, 1.346, 1.36, 1.444, 1.204, 1.5, 1.6, 1.7], None),  # under 1.5x the highest before
     ],
 )
 def test_a_loss_that_climbs_from_its_lowest_to_the_end_is_a_divergence(
@@ -1004,3 +1006,48 @@ def test_a_loss_far_above_the_best_its_record_names_is_a_divergence(
     """MeshMAE#11: one pasted epoch whose loss is 1.7e7 times the best loss the same line names."""
     text = f"Epoch 2 Pretrain | Loss: {loss} | Best Loss: 2.271230 | Best Epoch: 0 | Time: 2.4h\n"
     assert ("loss_divergence" in findings_of(tmp_path, text)) is found
+
+
+def test_a_running_mean_that_is_not_finite_is_nonfinite_but_a_gradient_norms_is_fp16s(tmp_path: Path) -> None:
+    """DINOv2#492: ``koleo_loss: 0.0315 (inf)``, the meter's mean infinite while the value is
+    finite: a step before the paste gave Inf. Swin#47: ``grad_norm 2.1 (inf)`` is the step fp16
+    loss scaling skipped, its norm inf, which the mean keeps: no finding."""
+    line = (
+        "I20250104 12:12:42 90 dinov2 helpers.py:102] Training  [{i:7d}/2500000]  lr: 0.0006 (0.0003)  "
+        "total_loss: 6.72{i} ({mean})  koleo_loss: 0.0315 ({mean})  time: 1.363414\n"
+    )
+    text = "".join(line.format(i=i, mean="inf") for i in (1250, 1260, 1270))
+    found = findings_of(tmp_path, text)["nonfinite"]
+    assert found.step == 1250 and "koleo_loss (mean)" in found.message
+    finite = "".join(line.format(i=i, mean="6.5") for i in (1250, 1260, 1270))
+    assert "nonfinite" not in findings_of(tmp_path, finite)
+    swin = "[2021-01-01 10:00:00 swin] (main.py 200): INFO Train: [0/300][{i}/5000]\tlr 0.000001\t"
+    swin += "loss 4.{i} (4.2000)\tgrad_norm 2.1 (inf)\tmem 5000MB\n"
+    assert "nonfinite" not in findings_of(tmp_path, "".join(swin.format(i=i) for i in (100, 200, 300)))
+
+
+def test_statistics_of_nothing_before_the_first_update_are_a_warning(tmp_path: Path) -> None:
+    """rlpyt#78: every statistic of the first summaries is NaN (nothing in the replay buffer yet),
+    then finite; a NaN loss beside a finite learning rate is a run that went NaN."""
+    block = "lossAverage               {v}\ngradNormAverage           {v}\ntdAbsErrAverage           {v}\n"
+    text = block.format(v="nan") + block.format(v="0.011436")
+    found = findings_of(tmp_path, text)["nonfinite"]
+    assert found.severity == "warning" and found.evidence["empty_statistics"]
+    lr = "lossAverage               {v}\nlearningRate              0.001\n"
+    diverged = lr.format(v="nan") + lr.format(v="0.011436")
+    assert findings_of(tmp_path, diverged)["nonfinite"].severity == "error"
+
+
+def test_a_mean_reward_held_to_its_last_digit_is_no_signal(tmp_path: Path) -> None:
+    """DDPG-HER#4: ``EP_reward:-50.000``, the floor of an episode that never reached its goal,
+    epoch after epoch; a reward that moves, or one printed too coarsely to tell, is no verdict."""
+    line = "Epoch:{e}| Running_reward:{r}| EP_reward:{r}| Actor_Loss:{a:.3f}| Critic_Loss:0.001\n"
+    held = "".join(line.format(e=e, r="-50.000", a=0.5 + 0.4 * e) for e in range(8))
+    found = findings_of(tmp_path, held)["no_signal"]
+    assert found.step == 0 and found.severity == "warning" and len(found.evidence["steps"]) == 8
+    moving = "".join(line.format(e=e, r=f"-{50 - e}.000", a=0.5 + 0.4 * e) for e in range(8))
+    assert "no_signal" not in findings_of(tmp_path, moving)
+    coarse = "".join(line.format(e=e, r="-50", a=0.5 + 0.4 * e) for e in range(8))
+    assert "no_signal" not in findings_of(tmp_path, coarse)
+    short = "".join(line.format(e=e, r="-50.000", a=0.5 + 0.4 * e) for e in range(4))
+    assert "no_signal" not in findings_of(tmp_path, short)

@@ -147,7 +147,9 @@ SHAPES = [
 # allennlp, Keras-GAN, ML-Agents, CleanRL, Tianshou, PaddleDetection, PaddleOCR, YOLOX, NeMo,
 # MXNet, Marian, PyG, DGL, GluonTS, the TF Object Detection API, Composer, nanotron, OLMo,
 # open_clip, DINO / DETR's MetricLogger, Swin, the PyTorch ImageNet example, PyTorch-GAN, PaddleOCR's
-# old trainer, a Keras GCN, RL tutorials' episode scores, NeuralPDE's callback
+# old trainer, a Keras GCN, RL tutorials' episode scores, NeuralPDE's callback, CNTK, the Informer
+# family of forecasters (its iterations, its epochs), RecBole, DINOv2, a DeepLab loop, a Q-learner,
+# the TF Object Detection API's step line with its loss
 FRAMEWORKS = [
     (
         "[2020-01-01 10:00:00,000 INFO] Step {j}/200000; acc:  {i}.50; ppl: {v}; xent: {v}; lr: "
@@ -232,7 +234,7 @@ FRAMEWORKS = [
     "{{'loss': {v}, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': 0.{i}}}",
     (
         "Train epoch [1/1]:  {i}%|█         | {k}/1000 [01:00<09:00, 1.60it/s, policy_loss={v}, "
-        "kl=0.0100, reward=0.5000, return=0.5000, response_length=300, total_length=500]"
+        "kl=0.0100, reward=0.{i:02d}00, return=0.{i:02d}00, response_length=300, total_length=500]"
     ),
     (
         "      Epoch    GPU_mem   box_loss   obj_loss   cls_loss  Instances       Size\\n      "
@@ -336,6 +338,17 @@ FRAMEWORKS = [
     "Epoch: {i:04d} train_loss= {v} train_acc= 0.{i:02d}00 test_acc= 0.{i:02d}50",
     "episode {i} score {v} average score {v}",
     "Current loss is: {v}, Iteration: {i}",
+    " Epoch[ 1 of 30]-Minibatch[{j:5d}-{k:5d}0]: ce = {v} * 500; errs = 0.500% * 500; time = 1.6253s",
+    "\titers: {j}, epoch: 1 | loss: {v}\n\tspeed: 0.0656s/iter; left time: 112.9150s",
+    "Epoch: {i}, Steps: 384 | Train Loss: {v} Vali Loss: {v} Test Loss: {v}\nUpdating learning rate to 1e-05",
+    "27 Nov 14:{i:02d}    INFO  epoch {i} training [time: 24.48s, train loss: {v}]",
+    (
+        "I20250104 12:12:42 90 dinov2 helpers.py:102] Training  [{j:7d}/2500000]  eta: 40 days, 13:22:08  "
+        "lr: 0.0006 (0.0003)  total_loss: {v} (6.5000)  koleo_loss: 0.0315 (0.0316)  time: 1.363414"
+    ),
+    "2018-12-12 10:08:09,712 - root - INFO - The train loss of epoch1-batch-{j}:{v}",
+    "Total rewards in episode {i} is {v} total number of steps are 3626",
+    "I0912 11:40:27.956218 139735407601536 model_lib_v2.py:652] Step {j} per-step time 0.813s loss={v}",
 ]
 
 

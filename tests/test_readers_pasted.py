@@ -1762,11 +1762,12 @@ def test_a_splits_name_and_a_percentage_sign_stay_with_their_field(tmp_path: Pat
 
 
 def test_mxnet_speedometer_batches_count_on_across_epochs(tmp_path: Path) -> None:
-    """MXNet's ``Epoch[5] Batch [700]``: the batch starts over each epoch, and is counted on."""
+    """MXNet's ``Epoch[5] Batch [700]``: the batch starts over each epoch, and is counted on from
+    the last count before it (the next epoch's ``Batch [100]`` a hundred batches on)."""
     line = "INFO:root:Epoch[{0}] Batch [{1}]  Speed: 52137.26 samples/sec     Train-accuracy={2}\n"
     text = "".join(line.format(e, b, 0.0975) for e in (5, 6) for b in (100, 200))
     trace = read_text(tmp_path, text)
-    assert [s["step"] for s in trace.steps] == [100, 200, 201, 301]
+    assert [s["step"] for s in trace.steps] == [100, 200, 300, 400]
     assert any("counted on across epochs" in note for note in trace.notes)
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from moescope.analyze.readers import _text, keymap, megatron, records, verl
+from moescope import schema as S
+from moescope.analyze.readers import _text, keymap, megatron, read_log, records, verl
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number, plain_number, plain_numbers
 
 
@@ -59,6 +60,29 @@ def test_anything_else_is_left_to_the_patterns(token: str) -> None:
 def test_a_nan_with_a_zero_tail_or_a_fill_is_non_finite(token: str, sign: int) -> None:
     """Lightning's bar, as NeMo runs it, prints ``reduced_train_loss=nan.0`` (NeMo#5928);
     PaddleOCR formats its values ``{:x<6f}``, so a NaN is ``loss: nanxxx``."""
+    value = parse_number(token)
+    assert math.isnan(value) if sign == 0 else value == sign * math.inf
+    assert re.fullmatch(NUMBER, token)
+
+
+@pytest.mark.parametrize(
+    ("token", "sign"),
+    [
+        ("1.#QNAN000", 0),
+        ("-1.#IND00", 0),
+        ("1.#INF00", 1),
+        ("-1.#INF", -1),
+        ("1.#R", 0),
+        ("nan.08", 0),
+        ("nan08", 0),
+    ],
+)
+def test_a_nan_as_windows_prints_it_or_with_a_redrawn_lines_digits_is_non_finite(
+    token: str, sign: int
+) -> None:
+    """CNTK on Windows prints Microsoft's C runtime's ``1.#QNAN000`` (CNTK#406); a status line
+    redrawn over itself with ``\\r`` leaves a longer number's digits after a NaN (muzero-general#118:
+    ``Loss: nan.08``)."""
     value = parse_number(token)
     assert math.isnan(value) if sign == 0 else value == sign * math.inf
     assert re.fullmatch(NUMBER, token)
@@ -133,3 +157,48 @@ def test_reordered_patterns_find_what_they_found_as_written(
         a, b = fast.search(text), reference.search(text)
         assert (a and (a.span(), a.groups())) == (b and (b.span(), b.groups()))
         assert fast.split(text) == reference.split(text)
+
+
+def test_quoted_blocks_between_a_users_sentences_are_unquoted(tmp_path: Path) -> None:
+    """rlpyt#78: two Markdown-quoted blocks of a tabular logger's output, a sentence between them;
+    a log with one ``>>>>>>>start training`` line is no quote."""
+    block = "> lossAverage               {v}\n> gradNormAverage           {v}\n"
+    path = tmp_path / "paste.log"
+    path.write_text(block.format(v="nan") + "\nAnd after some iterations:\n\n" + block.format(v="0.0114"))
+    assert [rec.get("lossAverage") for rec in read_log(path).steps][1:] == [0.0114]
+    lines = LogFile(path).lines
+    assert lines[0] == "lossAverage               nan" and "And after some iterations:" in lines
+    informer = ">>>>>>>start training : informer>>>>>>>\ntrain 1199\nEpoch: 1, Steps: 9 | Train Loss: 0.5\n"
+    path.write_text(informer)
+    assert LogFile(path).lines[0].startswith(">>>>>>>start")
+
+
+def test_cntks_minibatches_and_the_informer_loops_iterations_are_steps(tmp_path: Path) -> None:
+    """CNTK#607: ``Epoch[ 1 of 30]-Minibatch[ 501-1000]: ce = 1.#QNAN000 * 500;`` (the samples
+    seen the step, ``ce`` the loss); Informer2020's ``iters: 100, epoch: 2 | loss: …`` counted on
+    across epochs, its epoch summary's held-out losses under their own names and the rate it
+    announces read."""
+    cntk = " Epoch[ 1 of 30]-Minibatch[{a:4d}-{b:4d}]: ce = {v} * 500; errs = 0.000% * 500; time = 0.92s\n"
+    path = tmp_path / "cntk.log"
+    path.write_text(cntk.format(a=1, b=500, v="-0.00000000") + cntk.format(a=501, b=1000, v="1.#QNAN000"))
+    steps = read_log(path).steps
+    assert [s["step"] for s in steps] == [500, 1000] and math.isnan(steps[1][S.ACTOR_LOSS])
+    informer = (
+        "\titers: 100, epoch: {e} | loss: 0.45\n\titers: 200, epoch: {e} | loss: 0.30\n"
+        "Epoch: {e} cost time: 26.3\n"
+        "Epoch: {e}, Steps: 384 | Train Loss: 0.28 Vali Loss: 0.62 Test Loss: 0.61\n"
+        "Updating learning rate to {lr}\n"
+    )
+    path.write_text(informer.format(e=1, lr="0.0001") + informer.format(e=2, lr="5e-05"))
+    steps = read_log(path).steps
+    assert [s["step"] for s in steps] == [100, 200, 300, 400]
+    assert steps[1]["val loss"] == 0.62 and steps[3][S.LR] == 5e-05 and steps[0][S.ACTOR_LOSS] == 0.45
+
+
+def test_a_date_before_a_recbole_line_is_no_step(tmp_path: Path) -> None:
+    """RecBole's logger opens its lines with ``27 Nov 14:49``: the day is no step, the epoch is."""
+    line = "27 Nov 14:49    INFO  epoch {e} training [time: 1.82s, train loss: 1.3043]\n"
+    line += "27 Nov 14:49    INFO  epoch {e} evaluating [time: 0.07s, valid_score: 0.428900]\n"
+    path = tmp_path / "recbole.log"
+    path.write_text("".join(line.format(e=e) for e in range(3)))
+    assert [s["step"] for s in read_log(path).steps] == [0, 1, 2]

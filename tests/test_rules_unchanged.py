@@ -158,6 +158,26 @@ def test_a_learning_rate_printed_as_an_exact_zero_is_zero_grad(tmp_path: Path) -
     assert "zero_grad" not in findings(tmp_path, validation)
 
 
+def test_a_learning_rate_decayed_past_any_update_or_a_repr_of_zero_is_zero_grad(tmp_path: Path) -> None:
+    """Informer2020#469: a rate halved each epoch for 900 epochs (7e-280) moves no weight;
+    alpaca-lora#288: HF's dict prints its rate as a repr, so ``'learning_rate': 0.0`` is 0."""
+    epoch = (
+        "\titers: 100, epoch: {e} | loss: {loss}\n\tspeed: 0.0943s/iter; left time: 1217.0741s\n"
+        "Epoch: {e} cost time: 8.27\nEpoch: {e}, Steps: 153 | Train Loss: {loss} Vali Loss: 22288.12 "
+        "Test Loss: 13408.78\nEarlyStopping counter: {e} out of 3\nUpdating learning rate to {lr}\n"
+    )
+    text = "".join(epoch.format(e=e, loss=840 + e % 3, lr=f"{2.0**-e:.6g}") for e in range(915, 919))
+    found = findings(tmp_path, text)["zero_grad"]
+    assert found.evidence["steps"] == [915, 916, 917, 918] and "4.5e-277" in found.message
+    early = "".join(epoch.format(e=e, loss=840 + e % 3, lr=f"{1e-4 * 2.0**-e:.6g}") for e in range(1, 5))
+    assert "zero_grad" not in findings(tmp_path, early)
+    record = "{{'loss': {}, 'learning_rate': {}, 'epoch': 0.0{}}}\n"
+    zero = "".join(record.format(loss, 0.0, i) for i, loss in enumerate([1.2, 1.1, 1.3, 1.2, 1.25]))
+    assert findings(tmp_path, zero)["zero_grad"].step == 0
+    warming = "".join(record.format(1.2, lr, i) for i, lr in enumerate([0.0, 2e-06, 4e-06, 6e-06, 8e-06]))
+    assert "zero_grad" not in findings(tmp_path, warming)
+
+
 def test_deepspeech_pytorchs_nan_guard_is_a_nonfinite_step(tmp_path: Path) -> None:
     """deepspeech.pytorch#485: a NaN loss caught, replaced by 0 and the update skipped."""
     line = "Epoch: [1][{i}/6051]\tTime 1.781 (1.857)\tData 0.005 (0.005)\tLoss {loss} (73.3981)\n"

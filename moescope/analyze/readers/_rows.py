@@ -133,10 +133,12 @@ def steps_across_epochs(parsed: Parsed) -> bool:
     ]
     if not restarts or any(epochs[i] == epochs[i - 1] for i in restarts):
         return False
+    # an epoch's count goes on from the last count before it: its first record one step on where
+    # it counts from 0, its own count on where that is a print interval's ("iters: 100" of the epoch)
     offset, counted, starts = 0, -1, set(restarts)
     for i, (row, step) in enumerate(stepped):
         if i in starts:
-            offset = counted + 1 - step
+            offset = counted + (step == 0)
         row.step = counted = step + offset
     parsed.notes.append(
         f"the step counter starts over as the epoch rises (line {stepped[restarts[0]][0].line or '?'}): "

@@ -54,7 +54,12 @@ _WORDS: dict[str, float | bool | None] = {
     "true": True,
     "false": False,
 }
-_ZERO_TAIL = re.compile(r"(?<=nan|inf)(?:\.0+|x+)$")
+# what may trail a NaN or an infinity and leaves it one: "nan.0", "nanxxx", and the digits a longer
+# number printed before it left behind on a status line redrawn over itself with "\r" ("nan.08")
+_ZERO_TAIL = re.compile(r"(?<=nan|inf)(?:\.0+|x+)$|(?<=nan)\.?\d+$")
+# a NaN or an infinity as Microsoft's C runtime prints it (CNTK on Windows: "1.#QNAN000",
+# "-1.#IND00", "1.#INF00"; rounded to a few decimals, "1.#R" or "1.#J")
+_MSVC_NONFINITE = re.compile(r"^([-+]?)1\.#([A-Z]+)\d*$")
 _INT = re.compile(r"^[-+]?\d{1,300}$")  # longer digit runs are read as floats (inf)
 # a step, layer or expert number: 15 digits at most, so int() never meets Python's digit limit
 INT = r"\d{1,15}(?!\d)"
@@ -65,7 +70,10 @@ _FLOAT = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 # their line patterns from it, and parse_number reads whatever it matches
 # (Lightning's progress bar, as NeMo runs it, prints a NaN as "nan.0": NeMo#5928; PaddleOCR formats
 # its values "{:x<6f}", so a NaN fills to six characters with x: "loss: nanxxx")
-_PLAIN = r"[-+]?(?:(?i:nan(?:\.0+|x+)?|inf(?:inity|\.0+|x+)?)|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+_PLAIN = (
+    r"[-+]?(?:(?i:nan(?:\.0+|x+|\.?\d+)?|inf(?:inity|\.0+|x+)?)|1\.#[A-Z]+\d*"
+    r"|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+)
 NUMBER = rf"np\.[a-z]+\d*_?\(\s*{_PLAIN}\s*\)|np\.(?:True|False)_|{_PLAIN}"
 Number = int | float | bool | None
 # a number with thousands separators, "1,568,987.96": only as a whole value token (a ","-separated
@@ -107,9 +115,12 @@ def parse_number(text: str) -> Number:
     call = _NP_CALL.match(token)
     if call:
         token = call.group(1).strip()
-    word = _ZERO_TAIL.sub("", token.lower())  # "nan.0" and "nanxxx" are nan
+    word = _ZERO_TAIL.sub("", token.lower())  # "nan.0", "nanxxx" and "nan.08" are nan
     if word in _WORDS:
         return _WORDS[word]
+    msvc = _MSVC_NONFINITE.match(token)
+    if msvc:
+        return (-math.inf if msvc.group(1) == "-" else math.inf) if msvc.group(2) == "INF" else math.nan
     if _INT.match(token):
         return int(token)
     if _FLOAT.match(token):
@@ -304,12 +315,16 @@ _QUOTE = re.compile(r"^(?:> ?)+")  # a Markdown quote's marks, nested ones too: 
 
 def _markdown_unquoted(lines: list[str]) -> list[str]:
     """``lines`` without the Markdown quote a user put around a pasted log (``>       13/20
-    8.07G      1.674 …``: the YOLO table's columns read as a quote's text), where every line
-    but blank ones opens with ``>``; any other text as it is (a line of ``> `` alone is not enough)."""
+    8.07G      1.674 …``: the YOLO table's columns read as a quote's text), where two lines or more
+    open with ``>`` and they outnumber the others (blank ones aside) twice over: a sentence of the
+    user's between two quoted blocks is kept as it is (rlpyt#78: "And after some iterations these
+    data become meaningful values:"); a log with a line or two of ``>>>>>>>start training`` is no
+    quote."""
     head = [line for line in lines[:2000] if line.strip()]
-    if len(head) < 2 or not all(line[:1] == ">" for line in head):
+    quoted = sum(line[:1] == ">" for line in head)
+    if quoted < 2 or quoted <= 2 * (len(head) - quoted):
         return lines
-    return [_QUOTE.sub("", line) for line in lines]
+    return [_QUOTE.sub("", line) if line[:1] == ">" else line for line in lines]
 
 
 def _unmarked(line: str, ranks: bool = True) -> str:

@@ -230,6 +230,12 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `tr_loss` | `actor/loss` |
 | generic | `current_loss` | `actor/loss` |
 | generic | `avr_loss` | `actor/loss` |
+| generic | `ce` | `actor/loss` |
+| generic | `trainlosspersample` | `actor/loss` |
+| generic | `ep_reward` | `reward/mean` |
+| generic | `running_reward` | `reward/mean` |
+| generic | `total_reward` | `reward/mean` |
+| generic | `rewards` | `reward/mean` |
 | generic | `loss_train` | `actor/loss` |
 | generic | `main/loss` | `actor/loss` |
 | generic | `skipped` | `optim/skipped_total` |
@@ -554,6 +560,8 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "loss_scale": S.LOSS_SCALE,
         "grad_scale": S.LOSS_SCALE,  # icefall's: torch.amp's GradScaler scale, "grad_scale: 6.1e-05"
         "optim0_lr0": S.LR,  # ESPnet2's: the first optimizer's first parameter group
+        "ce": S.ACTOR_LOSS,  # CNTK's cross-entropy criterion: "Minibatch[ 1- 500]: ce = 2.30255688 * 16000;"
+        "trainlosspersample": S.ACTOR_LOSS,  # CNTK's older trainer: "TrainLossPerSample =  5.87155566;"
         "cost": S.ACTOR_LOSS,  # TensorFlow 1's tutorials and the notebooks built on them: "Cost: 2.3016"
         "grad_norm_total": S.GRAD_NORM,
         "grad_norm_(total)": S.GRAD_NORM,
@@ -590,6 +598,10 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "epret": S.REWARD_MEAN,
         "averageepret": S.REWARD_MEAN,
         "episode_reward": S.REWARD_MEAN,
+        "ep_reward": S.REWARD_MEAN,  # DDPG / HER loops: "Epoch:0| Running_reward:-50.000| EP_reward:-50.000|"
+        "running_reward": S.REWARD_MEAN,  # PyTorch's actor-critic example and the loops copied from it
+        "total_reward": S.REWARD_MEAN,  # FinRL's environments: "total_reward:0.0"
+        "rewards": S.REWARD_MEAN,  # "Total rewards in episode 73 is 3.799999999999999" (the word before it)
         "episode_reward_mean": S.REWARD_MEAN,
         "ep_rewmean": S.REWARD_MEAN,
         "ep_rew_mean": S.REWARD_MEAN,

@@ -100,6 +100,7 @@ _I = rf"\s*({INT})\s*"
 _NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w ]{0,30}?\s*[:=]\s*(?:[-+.\d]|(?i:nan|inf)))"
 # or a code name and its value, a space between: " train_loss 2.1", "\tLoss 6.7", " loss nan"
 _CODE_NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w./\-]*\s+(?:[-+]?\.?\d|[-+]?(?i:nan|inf)))"
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _SR_COUNT = rf"\[({INT})/({INT})\]"  # EDSR's samples of the epoch: "[1600/16000]"
 # an epoch's (or an episode's, a round's) own line: its marker in MARKS, the step only where it logs
 # once an epoch (:func:`_epochs_printed_within`)
@@ -140,6 +141,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ),
     # tianshou's epoch bar, its postfix the fields: "Epoch #1: 50001it [00:40, 1244.54it/s, env_step=…]"
     (None, re.compile(rf"^\s*Epoch\s*#\s*({INT}):"), lambda m: int(m[1])),
+    # DINOv2's MetricLogger, its header and the iteration: "Training  [   1250/2500000]  eta: 40 days, …"
+    (None, re.compile(rf"^\s*Training\s+\[\s*({INT})\s*/\s*{INT}\s*\]"), lambda m: int(m[1])),
     # PaddlePaddle's model zoo (ICNet): "Iter[110]; train loss: nan; sub4_loss: nan"
     (None, re.compile(rf"(?<![\w)])Iter\s*\[{_I}\]"), lambda m: int(m[1])),
     # PyTorch's MNIST example and every loop copied from it, samples counted within each epoch
@@ -258,7 +261,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"^\s*({INT})\s*\|(?=\s*[A-Za-z_])"), lambda m: int(m[1])),
     # or its step before a labelled field: "1336 Loss : 1.4627" (print(epoch, "Loss :", loss)),
     # "100: loss=6.7"
-    (None, re.compile(rf"^\s*({INT}):?{_NAME_THEN_VALUE}"), lambda m: int(m[1])),
+    # (not a date's day before its month, RecBole's "27 Nov 14:49    INFO  epoch 0 training [...")
+    (None, re.compile(rf"^\s*({INT}):?(?!\s+{_MONTH}\w*\.?\s+\d){_NAME_THEN_VALUE}"), lambda m: int(m[1])),
 )
 # the lookahead only skips the positions no separator starts at (most of them) before the
 # alternatives are tried: the same splits, in half the time; a number ending a sentence ("Mean
@@ -475,7 +479,7 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     """``(step, framework, fields)`` of a record line, or ``None``."""
     line = RAY_PREFIX.sub("", line, count=1)  # "(TaskRunner pid=17)" names no metric "pid"
     if line[:1] in _GLOG_LEVELS and line[1:5].isdigit():  # glog's prefix names no metric "solver.cpp"
-        line = _GLOG_PREFIX.sub("", line, count=1)
+        line = (_GLOG_NAMED_PREFIX if line[5:9].isdigit() else _GLOG_PREFIX).sub("", line, count=1)
     output = _CAFFE_OUTPUT.match(line) if "net output #" in line else None
     if output:  # caffe: each net output's value this iteration (the Iteration line's loss is smoothed)
         held_out = output.group("net") == "Test"
@@ -538,6 +542,9 @@ _WHOLE_BAR = re.compile(rf"{BAR_HEAD}[^\]]*\]")
 _GLOG_LEVELS = frozenset("IWEF")
 _GLOG_TIME = r"[IWEF]\d{4} \d\d:\d\d:\d\d\."  # level, date and time, as glog opens a line
 _GLOG_PREFIX = re.compile(_GLOG_TIME + r"\d+\s+\d+\s+[\w.\-]+:\d+\]\s*")
+# DINOv2's logger, glog's shape with the year, no fraction of a second, and its name: "I20250104
+# 12:12:42 90 dinov2 helpers.py:102] Training  [   1250/2500000]  eta: …"
+_GLOG_NAMED_PREFIX = re.compile(r"[IWEF]\d{8} \d\d:\d\d:\d\d \d+ [\w.\-]+ [\w.\-]+:\d+\]\s*")
 _CAFFE_OUTPUT = re.compile(
     rf"\s*(?P<net>Train|Test) net output #\d+:\s*(?P<key>[\w/.]+)\s*=\s*(?P<value>{NUMBER})"
 )
@@ -606,7 +613,8 @@ _WORDS = r"[A-Za-z_][\w./\-]*(?:\s+[A-Za-z_][\w./\-]*){0,2}?"
 _A_VALUE = r"(?=[-+]?(?:\d|\.\d|(?i:nan|inf)\b|(?i:infinity)\b))"
 _FOR_COUNTER = re.compile(
     rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:for|at|after|in)\s+(?:the\s+)?"
-    rf"(?P<mark>(?:[Ee]poch|EPOCH|[Ss]tep|STEP|[Ii]ter(?:ation)?|ITER(?:ATION)?)\s*#?\s*{INT}(?:\s*/\s*{INT})?)"
+    rf"(?P<mark>(?:[Ee]poch|EPOCH|[Ee]pisode|[Ss]tep|STEP|[Ii]ter(?:ation)?|ITER(?:ATION)?)\s*#?\s*{INT}"
+    rf"(?:\s*/\s*{INT})?)"
     rf"\s*,?\s*(?:is|was|[:=])\s*{_A_VALUE}"
 )
 # and a name said to be a value ("the loss is 7.39", "Epoch 1, training loss was 2.1"): "loss: 7.39"
@@ -649,6 +657,55 @@ _AVG_STD_MED = re.compile(
 # 51.34 samples/sec\tperplexity=45560.6", read "epoch: 0 | step 50 |", the batches counted on across epochs
 _SPEEDOMETER = re.compile(rf"Epoch\[({INT})\]\s*Batch\s*\[({INT})\]")
 
+# CNTK's minibatch progress, the samples counted within the epoch: "Epoch[ 1 of 30]-Minibatch[ 501-1000,
+# 53.33%]: ce = 2.30221021 * 16000; err = 0.89225000 * 16000;", read "epoch: 1 | step 1000 |", the
+# minibatches counted on across epochs (each criterion's "* 16000" is the samples it averaged)
+_CNTK_MINIBATCH = re.compile(
+    rf"Epoch\[\s*({INT})\s+of\s+{INT}\]-Minibatch\[\s*{INT}\s*-\s*({INT})(?:,[^\]]*)?\]:"
+)
+_SAMPLES_AVERAGED = re.compile(rf"\s*\\?\*\s*{INT}\s*(?:;|$)")
+
+# the time-series forecasters built on Informer's loop (Informer, Autoformer, FEDformer, PatchTST, the
+# Time-Series-Library): "\titers: 100, epoch: 2 | loss: 0.4504840" counted within the epoch, read
+# "epoch: 2 | step 100 |" and counted on across epochs; the epoch's summary "Epoch: 2, Steps: 384 |
+# Train Loss: 0.28 Vali Loss: 0.62 Test Loss: 0.61" under its sets' own names, with no step of its
+# own (it closes the epoch's last iteration; alone, its epoch is the step); "Epoch: 2 cost time:
+# 26.3" a duration of no step
+_FORECAST_ITERS = re.compile(rf"iters:\s*({INT}),\s*epoch:\s*({INT})\s*\|")
+_FORECAST_EPOCH = re.compile(rf"Epoch:\s*({INT}),\s*Steps:\s*{INT}\s*\|\s*Train Loss:")
+_FORECAST_SETS = re.compile(r"\s+(Vali|Test) Loss:")
+_FORECAST_COST = re.compile(rf"Epoch:\s*{INT}\s+cost time:")
+# RecBole's epochs, each a training line and an evaluating one: "epoch 0 training [time: 24.48s, train
+# loss: 1.3043]", "epoch 0 evaluating [time: 0.07s, valid_score: 0.428900]", read "epoch 0 | time: …"
+_RECBOLE_EPOCH = re.compile(rf"(?<!\w)(epoch\s+{INT})\s+(?:training|evaluating)\s*\[")
+# a meter's value and its running mean, the mean not finite while the value is: a step before this
+# one gave NaN or Inf (FCOS's "loss: 13.8 (nan)", DINOv2's "koleo_loss: 0.0315 (inf)"), kept as the
+# mean's own field, "koleo_loss (mean): inf"; a finite mean is passed over as before, and so is a
+# gradient norm's (Swin's "grad_norm 2.1 (inf)": a step fp16 loss scaling skipped, its norm inf)
+_NONFINITE_MEAN = re.compile(
+    rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)(?P<sep>\s*[:=]?\s*)(?P<value>{NUMBER})"
+    r"\s*\(\s*(?P<mean>[-+]?(?i:nan|inf))\s*\)"
+)
+
+
+def _nonfinite_mean(match: re.Match[str]) -> str:
+    """A running mean that is not finite as a field of its own, but a gradient norm's."""
+    if "norm" in match["key"].lower():
+        return match.group(0)
+    return f"{match['key']}{match['sep']}{match['value']} | {match['key']} (mean): {match['mean']}"
+
+
+# a loop that names its batch in a word: "The train loss of epoch3-batch-50:0.23037758469581604"
+# (hualin95's DeepLab v3+), read "epoch: 3 | step 50 | train loss: …", counted on across epochs
+_OF_EPOCH_BATCH = re.compile(
+    rf"(?:\b[Tt]he\s+)?({_WORDS})\s+of\s+epoch\s*({INT})\s*-\s*batch\s*-\s*({INT})\s*:"
+)
+# a schedule's announcement: "Updating learning rate to 5e-05" (the same loop), "Setting LR to 0.01"
+_LR_SET_TO = re.compile(
+    r"\b(?:[Uu]pdat|[Ss]ett|[Aa]djust|[Cc]hang|[Dd]ecay|[Rr]educ)(?:e|es|ed|ing)\s+(?:the\s+)?"
+    r"(?:learning[ _]rate|lr|LR)\s+to\s*(?=[-+]?(?:\d|\.\d))"
+)
+
 # 3D Gaussian Splatting's evaluation (graphdeco-inria and its forks): "[ITER 7000] Evaluating test: L1
 # 0.4732 PSNR 5.3944", each set's metrics under its name ("test/L1"), not one L1 the train set replaces
 _SPLAT_EVAL = re.compile(rf"\[ITER\s+({INT})\]\s+Evaluating\s+(\w+):\s+L1\s+({NUMBER})\s+PSNR\s+({NUMBER})")
@@ -668,6 +725,17 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     ("(avg (std), med)", _AVG_STD_MED, r"step \1 | \3: \2"),
     ("] Evaluating ", _SPLAT_EVAL, r"step \1 | \2/L1: \3 | \2/PSNR: \4"),
     ("] Batch", _SPEEDOMETER, r"epoch: \1 | step \2 |"),
+    ("iters:", _FORECAST_ITERS, r"epoch: \2 | step \1 |"),
+    (", Steps:", _FORECAST_EPOCH, r"epoch: \1 | Train Loss:"),
+    (" Loss:", _FORECAST_SETS, lambda m: f" | {'val' if m.group(1) == 'Vali' else 'test'} loss:"),
+    (" cost time:", _FORECAST_COST, "epoch time:"),
+    (" to", _LR_SET_TO, "lr: "),
+    ("ing [", _RECBOLE_EPOCH, r"\1 | "),
+    ("-batch-", _OF_EPOCH_BATCH, r"epoch: \2 | step \3 | \1: "),
+    ("(nan", _NONFINITE_MEAN, _nonfinite_mean),
+    ("(inf", _NONFINITE_MEAN, _nonfinite_mean),
+    ("]-Minibatch[", _CNTK_MINIBATCH, r"epoch: \1 | step \2 |"),
+    ("]-Minibatch[", _SAMPLES_AVERAGED, " | "),
     ("] ", _BRACKETED, r"\g<key>: \g<value>"),
     ("]:", _INDEXED, r"step \g<step> | \g<key>:"),
     ("Key:", _KEY_VALUE, r"\g<key>: \g<value>"),

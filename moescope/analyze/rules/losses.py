@@ -23,6 +23,7 @@ from moescope.analyze.rules.series import (
     shift,
 )
 from moescope.analyze.rules.thresholds import (
+    CLIMB_OVER_RANGE,
     DIVERGENCE_FACTOR,
     KL_BLOWUP_MIN,
     KL_CEILING,
@@ -324,26 +325,37 @@ def _climb_to_end(key: str, points: list[tuple[int, float]]) -> list[Finding]:
     """A paste that ends on ``SUSTAIN`` or more rises in a row from the lowest loss of the log to
     ``DIVERGENCE_FACTOR`` times it: a language-modelling loss that learned, then climbs back
     toward where it started (entrenar#274: 1.43 → 5.82 → 7.05 → 10.03, the random baseline
-    11.93), record after record. Not a critic's: its temporal-difference loss grows with the
-    values it learns (keras-rl's DDPG, 0.8 → 6.7 while the return improves)."""
+    11.93), record after record; or from within the log's range, each rise a new high and the
+    last ``CLIMB_OVER_RANGE`` times the highest before the climb (a TF2 detector at 1.19–1.44,
+    then 1.77, 2.16, 2.37). Not a critic's: its temporal-difference loss grows with the values it
+    learns (keras-rl's DDPG, 0.8 → 6.7 while the return improves)."""
     values = [v for _, v in points]
     if len(values) <= SUSTAIN:
         return []
     start = len(values) - 1
     while start > 0 and values[start - 1] < values[start]:
         start -= 1
-    trough = values[start]
-    if (
-        len(values) - 1 - start < SUSTAIN
-        or not 0 < trough <= min(values)
-        or values[-1] < DIVERGENCE_FACTOR * trough
-    ):
+    if len(values) - 1 - start < SUSTAIN:
+        return []
+    trough, before = values[start], values[:start]
+    from_lowest = 0 < trough <= min(values) and values[-1] >= DIVERGENCE_FACTOR * trough
+    over_range = (
+        len(before) >= SUSTAIN
+        and 0 < max(before) < values[start + 1]
+        and values[-1] >= CLIMB_OVER_RANGE * max(before)
+    )
+    if not (from_lowest or over_range):
         return []
     step = points[start + 1][0]
+    rise = (
+        f"from its lowest {trough:.3g} to {values[-1]:.3g} ({values[-1] / trough:.1f}x)"
+        if from_lowest
+        else f"from {trough:.3g} to {values[-1]:.3g}, {values[-1] / max(before):.1f}x the highest before it "
+        f"({max(before):.3g})"
+    )
     message = (
-        f"{key} climbs on every record from step {step} to the end of the log, from its lowest "
-        f"{trough:.3g} to {values[-1]:.3g} ({values[-1] / trough:.1f}x): the run is leaving the level it "
-        "had learned."
+        f"{key} climbs on every record from step {step} to the end of the log, {rise}: the run is "
+        "leaving the level it had learned."
     )
     return _diverged(step, message, key, trough)
 

@@ -206,11 +206,19 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
         if no_data
         else ""
     )
+    empty = not no_data and _empty_statistics(trace, bad_steps)
+    where += (
+        "; every number of the log's first records is NaN, and the same metrics are finite after: "
+        "statistics of nothing (a mean over an empty buffer before the first update), not values the "
+        "run computed"
+        if empty
+        else ""
+    )
     named = families if is_rl(trace) else ["loss" if f == "policy loss" else f for f in families]
     return Finding(
         "nonfinite",
         step,
-        "warning" if recovered or no_data else "error",
+        "warning" if recovered or no_data or empty else "error",
         f"First non-finite value at step {step} in {', '.join(named)} "
         f"({', '.join(sorted(keys)[:4])}){where}; {'persistent' if persistent else 'isolated'}: "
         f"{len(bad_steps)} step(s) with non-finite values.",
@@ -225,9 +233,32 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
             "skipped_update": skipped,
             "recovered": recovered,
             "rewards_only": no_data,
+            "empty_statistics": empty,
             "alerts": alerts,
         },
     )
+
+
+def _empty_statistics(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> bool:
+    """Whether the non-finite records are the log's first ones, every number in them NaN (two or
+    more), and the record after them logs those metrics finite: what a learner prints before its
+    first update, its statistics means over nothing (rlpyt's ``lossAverage nan``,
+    ``gradNormAverage nan``, … until the replay buffer fills). A run that went NaN keeps a finite
+    learning rate, step time or count beside its NaN loss, and does not come back. (A paste may cut
+    the next record short: two of those metrics or more, each finite, are enough.)"""
+    count = len(bad_steps)
+    if count >= len(trace.steps) or [s for s, _ in bad_steps] != steps_of(trace)[:count]:
+        return False
+    numeric = _numeric_keys(trace)
+    keys: set[str] = set()
+    for rec in trace.steps[:count]:
+        values = {k: v for k, v in rec.items() if k in numeric and is_number(v)}
+        if len(values) < 2 or not all(isinstance(v, float) and math.isnan(v) for v in values.values()):
+            return False
+        keys |= set(values)
+    after = trace.steps[count]
+    logged = [after[k] for k in keys if is_number(after.get(k))]
+    return len(logged) >= 2 and all(map(math.isfinite, logged))
 
 
 def _reward_statistic(key: str) -> bool:

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
+from moescope.analyze.rules.frozen import printed_in_text
+from moescope.analyze.rules.losses import names_a_loss
 from moescope.analyze.rules.series import (
     column,
     fall_from_peak,
     first_logged,
     is_number,
+    logged_keys,
     series,
     shift,
     step_of,
     sustained,
     throughout,
 )
-from moescope.analyze.rules.thresholds import SUSTAIN
+from moescope.analyze.rules.thresholds import PINNED_DIGITS, REPLAYED_RUN, SUSTAIN
 from moescope.traces import Trace
 
 
@@ -108,6 +111,7 @@ def _no_signal(rec: dict) -> bool | None:
     return None if std is None else std == 0.0
 
 
+HELD_DECIMALS = 3  # a mean reward printed to three decimals, held: no episode scored otherwise
 RESPONSES = (S.LENGTH_MEAN, S.TRUNCATED_FRAC, S.KL, S.PG_LOSS)  # a language model's rollouts, logged
 
 
@@ -126,6 +130,37 @@ def _never_paid(rec: dict) -> bool | None:
 
 
 def check_no_signal(trace: Trace) -> list[Finding]:
+    """No reward difference to learn from: every group's rewards equal (:func:`_no_signal`), no
+    response ever paid (:func:`_never_paid`), or one mean reward on every record (:func:`_reward_held`)."""
+    return _groups_without_signal(trace) or _reward_held(trace)
+
+
+def _reward_held(trace: Trace) -> list[Finding]:
+    """The mean reward at one value, to its last digit, on every record of the log, the
+    ``REPLAYED_RUN`` or more of them, printed with ``HELD_DECIMALS`` decimals or ``PINNED_DIGITS``
+    significant digits: every episode (or every sample) scored the same, so no update sees a
+    better or a worse one (DDPG-HER's ``EP_reward:-50.000``, the floor of a 50-step episode that
+    never reached its goal, epoch after epoch, its actor's loss climbing). Only beside a loss, the
+    updates' own record: an evaluation's episodes all at a solved task's maximum say nothing of
+    learning; a reward held at the maximum during training is a solved task, as the message says."""
+    points = series(trace, S.REWARD_MEAN, finite=False)  # a NaN among them is no held value
+    values = {v for _, v in points}
+    if len(points) < REPLAYED_RUN or len(values) != 1 or not any(map(names_a_loss, logged_keys(trace))):
+        return []  # without a loss, no update is logged: an evaluation's episodes (a solved CartPole's 500)
+    digits, decimals = printed_in_text(trace, points)
+    if decimals < HELD_DECIMALS and digits < PINNED_DIGITS:
+        return []
+    value, steps = points[0][1], [s for s, _ in points]
+    message = (
+        f"The mean reward is {value:.6g} on all {len(points)} records: every episode or sample scores "
+        "the same, so no update has a better or a worse one to learn from (a sparse task never "
+        "solved, the reward's floor; an environment or a reward function that returns a constant). "
+        "If it is the task's highest reward, the task is solved instead."
+    )
+    return [Finding("no_signal", steps[0], "warning", message, {"steps": steps, "value": value})]
+
+
+def _groups_without_signal(trace: Trace) -> list[Finding]:
     spread = first_logged(trace, NO_SIGNAL_KEYS) is not None
     if not spread and (
         first_logged(trace, (S.REWARD_MEAN,)) is None or first_logged(trace, RESPONSES) is None

@@ -19,6 +19,10 @@ GRAD_SPIKE_FACTOR = 10.0  # a gradient-norm spike: this many times the running m
 GRAD_SPIKE_Z = 6.0  # ...and this many robust deviations (MAD of log norms) above it
 GRAD_SPIKE_EXTREME = 1000.0  # with under 3 earlier gradient steps, only this big a jump counts
 DIVERGENCE_FACTOR = 5.0  # a loss whose running median rises this many times its early level
+# ...or one that ends on SUSTAIN or more new highs in a row, the last this many times the highest
+# before them: no batch's noise sets three records in a row and half again over the log's range
+# (a TF2 detector, 1.19-1.44 for six records, then 1.77, 2.16, 2.37)
+CLIMB_OVER_RANGE = 1.5
 KL_BLOWUP_MIN = 1.0  # nats: a KL jump below this is never a blow-up
 # nats per token: a policy's KL to its reference that no healthy run logs, judged on one record.
 # Healthy GRPO / PPO runs log 1e-4 to about 1; at 10 the policy's own tokens are on average e^10
@@ -57,6 +61,10 @@ HALF_HELD = 10
 # 11 epochs, 5e-7 of itself); printed coarser, a change in the last digit is a change
 PINNED_SPREAD = 1e-5
 FINE_DIGITS = 7
+# a learning rate below this moves no weight: Adam's step is about the rate, under float32's
+# resolution (2^-24 of a weight) for any weight above 1e-8, and an SGD step is the rate times a
+# gradient that is finite (Informer2020#469: halved each epoch for 900 epochs, to 7e-280)
+VANISHED_LR = 1e-15
 # a classifier's loss held at ln K, a uniform guess among K classes, on SUSTAIN or more records: within
 # this share of ln K (r2c's VCR run: 1.386393 to 1.386330 beside ln 4 = 1.386294; Lasagne's MNIST
 # CNN's validation loss 2.303229 to 2.301416 beside ln 10 = 2.302585) and within this share of the

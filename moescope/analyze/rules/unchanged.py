@@ -11,8 +11,8 @@ from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.frozen import printed_in_text, significant_digits, zero_grad
 from moescope.analyze.rules.losses import HELD_OUT_KEY, is_rl, names_a_loss
-from moescope.analyze.rules.series import column, logged_keys, run_from_end, series, steps_of
-from moescope.analyze.rules.thresholds import PINNED_DIGITS, SUSTAIN
+from moescope.analyze.rules.series import column, finite_rows, logged_keys, run_from_end, series, steps_of
+from moescope.analyze.rules.thresholds import PINNED_DIGITS, SUSTAIN, VANISHED_LR
 from moescope.schema import RAW
 from moescope.traces import Trace
 
@@ -161,29 +161,35 @@ def boxes_unmatched(trace: Trace) -> list[Finding]:
 
 
 # the learning rate as a line prints it, and a held-out record's tag (its learning rate is no step's)
-_LR_TEXT = re.compile(r"(?:\blr|learning[_ ]rate)\s*[:=]?\s*\[?\s*([-+]?\d[\d.]*(?:[eE][-+]?\d+)?)", re.I)
+# (a quoted name, a dict's or a JSON record's, has its value printed as Python's repr: "0.0" is 0)
+_LR_TEXT = re.compile(
+    r"(?:\blr|learning[_ ]rate)(?P<quoted>['\"])?\s*[:=]?\s*\[?\s*([-+]?\d[\d.]*(?:[eE][-+]?\d+)?)", re.I
+)
 _HELD_OUT_RECORD = re.compile(r"\b(?:val|valid|validation|eval|evaluation|test)\b\s*[,:\]|]", re.I)
 _FINE_ZERO = 6  # decimals a zero learning rate is printed with to be 0, not a small one rounded
 
 
 def learning_rate_zero(trace: Trace) -> list[Finding]:
     """A learning rate of exactly 0 on the ``SUSTAIN`` or more training records a log ends on,
-    printed so that no small rate rounds to it (in E-notation, ``0.000e+00``, or to
-    ``_FINE_ZERO`` decimals or more): no update changes the weights, whatever the loss does
-    (PaddleSpeech#675: ``lr: 0.00000000`` from the second epoch on, the loss bouncing about 15).
+    printed so that no small rate rounds to it (in E-notation, ``0.000e+00``, to ``_FINE_ZERO``
+    decimals or more, or as a repr, ``{'learning_rate': 0.0}``), or one below ``VANISHED_LR``: no
+    update changes the weights, whatever the loss does (PaddleSpeech#675: ``lr: 0.00000000`` from
+    the second epoch on, the loss bouncing about 15; Informer2020#469: 7e-280, halved each epoch).
     A rate printed ``0.00000`` may be 4e-6; a held-out record's rate is no step's."""
-    values = column(trace, S.LR)
-    start = run_from_end(values, lambda v: v == 0)
-    rows = range(start, len(values))
-    if len(rows) < SUSTAIN or not all(_zero_printed_finely(trace.steps[i].get(RAW)) for i in rows):
+    values, logged = column(trace, S.LR), finite_rows(trace, S.LR)
+    rows = logged[run_from_end(logged, lambda i: 0 <= values[i] < VANISHED_LR) :]
+    zeros = [i for i in rows if values[i] == 0]
+    if len(rows) < SUSTAIN or not all(_zero_printed_finely(trace.steps[i].get(RAW)) for i in zeros):
         return []
-    steps = steps_of(trace)[start:]
+    steps = [steps_of(trace)[i] for i in rows]
+    last = values[rows[-1]]
+    rate = "0" if last == 0 else f"{last:.2g}, below {VANISHED_LR:g},"
     message = (
-        f"The learning rate is 0 on {len(steps)} records, from step {steps[0]}: no update changes the "
-        "weights, so nothing is learned (a schedule decayed to 0 or not yet started, a warm-up longer "
-        "than the run, a scheduler stepped once a batch where it counts epochs)."
+        f"The learning rate is {rate} on {len(steps)} records, from step {steps[0]}: no update changes "
+        "the weights, so nothing is learned (a schedule decayed to 0 or not yet started, a warm-up "
+        "longer than the run, a scheduler stepped once a batch where it counts epochs)."
     )
-    return [zero_grad(steps, message, key=S.LR, value=0)]
+    return [zero_grad(steps, message, key=S.LR, value=last)]
 
 
 def _zero_printed_finely(raw: object) -> bool:
@@ -193,6 +199,7 @@ def _zero_printed_finely(raw: object) -> bool:
     found = _LR_TEXT.search(raw)
     if found is None:
         return False
-    text = found.group(1).lower()
+    text = found.group(2).lower()
     mantissa, _, exponent = text.partition("e")
-    return float(text) == 0 and (bool(exponent) or len(mantissa.partition(".")[2]) >= _FINE_ZERO)
+    exact = found["quoted"] or exponent or len(mantissa.partition(".")[2]) >= _FINE_ZERO
+    return float(text) == 0 and bool(exact)
