@@ -248,6 +248,8 @@ def _loss_lines(losses: list[float]) -> str:
         ([15.5, 13.0, 3.8, 2.39, 1.43, 2.82, 4.05, 6.03], None),  # under five times the lowest
         ([1.396, 1.192, 1.346, 1.36, 1.444, 1.204, 1.774, 2.155, 2.374], 6),  # a TF2 detector: new highs
         ([1.396, 1.192, 1.346, 1.36, 1.444, 1.204, 1.5, 1.6, 1.7], None),  # under 1.5x the highest before
+        ([22.9, 24.7, 26.5, 28.4, 30.2, 32.0, 33.9, 35.8, 37.6, 39.5], 1),  # CoTNet: nine rises in a row
+        ([22.9, 24.7, 26.5, 28.4, 30.2, 32.0, 33.9, 35.8, 33.6, 39.5], None),  # the rises broken once
     ],
 )
 def test_a_loss_that_climbs_from_its_lowest_to_the_end_is_a_divergence(
@@ -1051,3 +1053,28 @@ def test_a_mean_reward_held_to_its_last_digit_is_no_signal(tmp_path: Path) -> No
     assert "no_signal" not in findings_of(tmp_path, coarse)
     short = "".join(line.format(e=e, r="-50.000", a=0.5 + 0.4 * e) for e in range(4))
     assert "no_signal" not in findings_of(tmp_path, short)
+
+
+def test_a_loss_that_grows_by_design_beside_an_accuracy_that_holds_is_no_divergence(tmp_path: Path) -> None:
+    """LNL's sparse regulariser: the total loss grows every iteration while the test accuracy holds."""
+    text = "".join(f"Iter {i}: loss={4.5e6 * 1.05**i:.4f}, test_acc=0.5{4 - i % 3}39\n" for i in range(12))
+    assert "loss_divergence" not in findings_of(tmp_path, text)
+    falling = "".join(
+        f"Iter {i}: loss={4.5e6 * 1.05**i:.4f}, test_acc={0.54 - 0.04 * i:.4f}\n" for i in range(12)
+    )
+    assert findings_of(tmp_path, falling)["loss_divergence"].step == 1
+
+
+def test_a_detectors_regression_loss_at_zero_beside_its_class_loss_is_zero_grad(tmp_path: Path) -> None:
+    """Yet-Another-EfficientDet#723: the bar's description names the global step, the regression
+    loss is 0 on every record beside a class loss that moves; a ``reg_loss`` without one may be a
+    regulariser's."""
+    line = (
+        "Step: {s}. Epoch: 1999/2000. Iteration: {i}/35. Cls loss: 0.035{i}. Reg loss: 0.00000. Total loss: "
+    )
+    line += "0.035{i}:  54%|█████▍    | {i}/35 [01:14<00:24,  1.51s/it]\n"
+    text = "".join(line.format(s=69964 + i, i=i) for i in range(19, 24))
+    found = findings_of(tmp_path, text)["zero_grad"]
+    assert found.step == 69983 and "Reg loss" in found.message
+    alone = "".join(f"step {i} | loss 0.{40 - i} | reg_loss 0.0\n" for i in range(5))
+    assert "zero_grad" not in findings_of(tmp_path, alone)

@@ -202,3 +202,53 @@ def test_a_date_before_a_recbole_line_is_no_step(tmp_path: Path) -> None:
     path = tmp_path / "recbole.log"
     path.write_text("".join(line.format(e=e) for e in range(3)))
     assert [s["step"] for s in read_log(path).steps] == [0, 1, 2]
+
+
+def test_fields_a_user_set_in_bold_or_brackets_and_camel_case_losses_are_read(tmp_path: Path) -> None:
+    """MuseTalk#230's ``**loss=nan**`` mid-line (a banner of asterisks stays), CoupletAI's
+    ``[loss]: 4.99``, a C loop's ``TotalLoss nan``."""
+    path = tmp_path / "paste.log"
+    bar = "Steps:   2%|▍     | {i}/5900000 [19:15:43<1185:20:02,  1.36it/s, **loss={v}**, lr=4.99e-5]\n"
+    path.write_text(
+        "***** train metrics *****\n" + bar.format(i=92678, v="0.1") + bar.format(i=92679, v="nan")
+    )
+    assert math.isnan(read_log(path).steps[-1][S.ACTOR_LOSS])
+    assert _text._unmarked("INFO ***** Running training *****") == "INFO ***** Running training *****"
+    path.write_text(
+        "".join(f"INFO - [epoch]: 199, [batch]: {b}, [loss]: 4.9{b % 7}\n" for b in (23900, 24000))
+    )
+    assert [s[S.ACTOR_LOSS] for s in read_log(path).steps] == [4.92, 4.94]
+    path.write_text("".join(f"[{e}|10] TotalLoss nan Accuracy 0.098000\n" for e in range(1, 4)))
+    assert all(math.isnan(s["TotalLoss"]) for s in read_log(path).steps)
+
+
+def test_csv_and_whitespace_tables_keep_rows_a_logger_wrote_in_part(tmp_path: Path) -> None:
+    """torchmd-net's ``metrics.csv`` opens with a float epoch (its ``step`` column among the
+    others); DeepXDE leaves its test columns blank between evaluations."""
+    path = tmp_path / "metrics.csv"
+    row = "{e}.0,0.0005,{s},0.0094,5.10{e}\n"
+    path.write_text(
+        "epoch,lr,step,train_y_mse_loss,val_total_mse_loss\n"
+        + row.format(e=20, s=1357436)
+        + row.format(e=21, s=1357593)
+    )
+    assert [s["step"] for s in read_log(path).steps] == [1357436, 1357593]
+    path = tmp_path / "deepxde.log"
+    path.write_text(
+        "Step      Train loss                Test loss                 Test metric\n"
+        "1500      [4.55e-03, 3.91e-03]      [1.30e-03, 4.46e-03]      []\n"
+        "2000      [3.72e-04, 1.82e-04]                                      \n"
+        "2347      [3.65e-02, 1.78e-02]      [1.42e-02, 1.48e-02]      []\n"
+    )
+    assert [s["step"] for s in read_log(path).steps] == [1500, 2000, 2347]
+
+
+def test_an_empty_yolo_layers_nan_statistics_are_no_values(tmp_path: Path) -> None:
+    """AlexeyAB's darknet#4758: a layer that saw no object prints ``-nan`` means over no box."""
+    line = "v3 (mse loss, Normalizer: (iou: 0.75, cls: 1.00) Region {r} Avg (IOU: {iou}, GIOU: {iou}), "
+    line += "Class: {iou}, count: {n}, loss = {loss}, class_loss = {loss}, iou_loss = 0.000000\n"
+    path = tmp_path / "darknet.log"
+    path.write_text(
+        line.format(r=82, iou="0.310754", n=9, loss=276.5) + line.format(r=94, iou="-nan", n=0, loss=1421.3)
+    )
+    assert not any(isinstance(v, float) and math.isnan(v) for s in read_log(path).steps for v in s.values())

@@ -247,7 +247,8 @@ class LogFile:
         ranks = not _counted(raw)
         raw = _markdown_unquoted(raw)
         return [
-            _unmarked(line, ranks) if line[:1] in _MARKED_STARTS or line[-1:] == "`" else line for line in raw
+            _unmarked(line, ranks) if line[:1] in _MARKED_STARTS or line[-1:] == "`" or "**" in line else line
+            for line in raw
         ]
 
     def _read_capped(self) -> Iterator[list[str]]:
@@ -327,11 +328,17 @@ def _markdown_unquoted(lines: list[str]) -> list[str]:
     return [_QUOTE.sub("", line) if line[:1] == ">" else line for line in lines]
 
 
+# Markdown bold a user put around a field mid-line (MuseTalk#230: "…, **loss=nan**, lr=4.99e-5"), not
+# a banner of asterisks ("***** train metrics *****")
+_BOLD = re.compile(r"(?<!\*)\*\*(?![*\s])([^*\n]+?)(?<![*\s])\*\*(?!\*)")
+
+
 def _unmarked(line: str, ranks: bool = True) -> str:
     """``line`` without a launcher's rank label in front, and without the Markdown bold a user put
     around it, or around a cell of a logger's table, when pasting into an issue (``**Train loss
     12001 0.166141** Grad Norm 0.372761``, ``|    reward    | **-3.8389**  |``): no log line
-    opens with ``**``, and no table cell holds one; nor with or after a backtick, which a code
+    opens with ``**``, and no table cell holds one (mid-line, only a bold span is unmarked:
+    ``**loss=nan**``); nor with or after a backtick, which a code
     fence left glued to the first or last pasted line (DeepXDE's ```Step      Train loss …``).
     ``ranks``: ``N: `` is a rank's label (not where the file's are a counter, :func:`_counted`)."""
     if line[:1] == "`" or line[-1:] == "`":  # a code fence's backticks glued to the pasted log
@@ -341,7 +348,9 @@ def _unmarked(line: str, ranks: bool = True) -> str:
         label = None  # a counter, kept
     if label and not _DARKNET_REST.match(line, label.end()):
         line = line[label.end() :]
-    return line.replace("**", "") if "**" in line and line.lstrip()[:1] in ("*", "|") else line
+    if "**" not in line:
+        return line
+    return line.replace("**", "") if line.lstrip()[:1] in ("*", "|") else _BOLD.sub(r"\1", line)
 
 
 # what follows the iteration and its colon on darknet's (YOLO v2-v4) iteration line: "999: 0.000000,

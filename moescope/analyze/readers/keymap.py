@@ -232,6 +232,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `avr_loss` | `actor/loss` |
 | generic | `ce` | `actor/loss` |
 | generic | `trainlosspersample` | `actor/loss` |
+| generic | `ep_r` | `reward/mean` |
 | generic | `ep_reward` | `reward/mean` |
 | generic | `running_reward` | `reward/mean` |
 | generic | `total_reward` | `reward/mean` |
@@ -598,6 +599,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "epret": S.REWARD_MEAN,
         "averageepret": S.REWARD_MEAN,
         "episode_reward": S.REWARD_MEAN,
+        "ep_r": S.REWARD_MEAN,  # MorvanZhou's tutorials and the loops copied from them: "Ep: 203 | Ep_r: 3.3"
         "ep_reward": S.REWARD_MEAN,  # DDPG / HER loops: "Epoch:0| Running_reward:-50.000| EP_reward:-50.000|"
         "running_reward": S.REWARD_MEAN,  # PyTorch's actor-critic example and the loops copied from it
         "total_reward": S.REWARD_MEAN,  # FinRL's environments: "total_reward:0.0"

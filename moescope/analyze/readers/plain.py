@@ -24,7 +24,7 @@ from moescope.analyze.readers._text import INT, NUMBER, LogFile
 NONFINITE = re.compile(r"(?<![\w.])[-+]?(?:nan|inf|infinity)(?!\w)", re.IGNORECASE)
 _VALUE = re.compile(rf"(?<![\w.])(?:{NUMBER})(?![\w.])")
 _COUNTER = re.compile(r"\s*(\d+)\s")  # a line that starts with a bare count (no date, no decimal point)
-_EMPTY_REGION = re.compile(r"\bRegion \d+ Avg\b.*\bcount: 0(?![\d.])")
+EMPTY_REGION = re.compile(r"\bRegion \d+ Avg\b.*\bcount: 0(?![\d.])")
 STEP_IN_LINE = re.compile(rf"\b(?:global_step|step|iteration|iter)\b\s*[:=#]?\s*({INT})", re.IGNORECASE)
 
 
@@ -32,7 +32,7 @@ def is_record(line: str) -> bool:
     """A line that mentions a non-finite value, but for darknet's statistics of a YOLO layer that
     saw no object in the batch (``Region 82 Avg IOU: -nan, Class: -nan, … count: 0``): means over
     no box, 0 / 0, printed every batch of a healthy run."""
-    return NONFINITE.search(line) is not None and _EMPTY_REGION.search(line) is None
+    return NONFINITE.search(line) is not None and EMPTY_REGION.search(line) is None
 
 
 def read(log: LogFile) -> Parsed:

@@ -93,6 +93,7 @@ from moescope.analyze.readers._text import (
 )
 from moescope.analyze.readers.alerts import said
 from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_generic
+from moescope.analyze.readers.plain import EMPTY_REGION
 from moescope.analyze.readers.verl import RAY_PREFIX
 
 _I = rf"\s*({INT})\s*"
@@ -450,11 +451,15 @@ _NETWORK_METRIC = re.compile(r"[A-Z]\w{0,2} ([A-Za-z_]\w*)")
 _SPLIT_PREFIX = re.compile(r"(?:train|training|val|valid|validation|eval|test|dev)_")
 
 
+# a loss named in camel case: a C or Java loop's "TotalLoss nan", "trainLoss"
+_CAMEL_LOSS = re.compile(r"[A-Za-z]\w*[a-z0-9]Loss")
+
+
 def is_metric(key: str) -> bool:
     """A name some key map knows (as given, normalised, or behind a ``train/`` prefix), or a
     code name that says it is a loss (``pid_loss``, ``triplet_loss``: a detector's or a re-id
-    model's; WGAN's ``Loss_D``, a segmenter's ``loss_seg1``; words with spaces, ``mean center
-    loss``, may be prose)."""
+    model's; WGAN's ``Loss_D``, a segmenter's ``loss_seg1``, a C loop's ``TotalLoss``; words with
+    spaces, ``mean center loss``, may be prose)."""
     known, normal = _known_names(), _normal(key)
     if key in known or normal in known or normal in _SCORES or key.removeprefix("train/") in known:
         return True
@@ -464,7 +469,8 @@ def is_metric(key: str) -> bool:
     net = _NETWORK_METRIC.fullmatch(key)  # a GAN's "D loss", "G loss", "D acc"
     if net and (net.group(1).lower() == "loss" or is_metric(net.group(1))):
         return True
-    return (key.endswith("_loss") or key[:5].lower() == "loss_") and " " not in key
+    coded = key.endswith("_loss") or key[:5].lower() == "loss_" or _CAMEL_LOSS.fullmatch(key) is not None
+    return coded and " " not in key
 
 
 def _held_out_metric(key: str) -> bool:
@@ -503,6 +509,8 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
             postfix = _BAR_POSTFIX.search(rest, bar.end())
             rest = rest[: bar.start()] + (" | " + postfix.group("postfix") if postfix else "")
         fields = pairs(rest)
+        if "%|" in match.group(0):  # a bar's count restarts each epoch: a global step it names wins
+            step = _named_step(fields, step)
         shown = not fields and "%|" in match.group(0)  # a progress bar, and no field after it
         if shown and (counted := _COUNTED_VALUE.match(line[line.rfind("]") + 1 :])):
             fields = {"loss": parse_number(counted[2])}  # a loop's print(step, loss) glued behind the bar
@@ -535,6 +543,18 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     ):  # a table's row: any name
         return None, None, fields
     return None
+
+
+def _named_step(fields: dict[str, Any], counted: int) -> int:
+    """The global step a bar's description names (Yet-Another-EfficientDet's ``Step: 69983. Epoch:
+    1999/2000. Iteration: 19/35. Cls loss: …:  54%|█████▍ | 19/35``), taken out of the fields;
+    else the bar's own count."""
+    for key in ("Step", "step", "global_step"):
+        value = fields.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            del fields[key]
+            return value
+    return counted
 
 
 _WHOLE_BAR = re.compile(rf"{BAR_HEAD}[^\]]*\]")
@@ -573,7 +593,7 @@ _KEY_VALUE = re.compile(rf"\bKey:\s*(?P<key>[\w./-]+),\s*Value:\s*(?P<value>{NUM
 # its step field, "PARAMETER" or "()" (a run's summary), names no metric
 _DLLOGGER = re.compile(r"^DLL \S+ \S+ - (?:PARAMETER|\(\))?\s*")
 # a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
-_BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
+_BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*:?\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
 # names glued to their values by an underscore, a WaveGlow fork's "step_78540:\tloss_-4.065555573": the
 # step's count, and a value with a decimal point (never "top_5", a name)
 _GLUED = re.compile(rf"(?<![\w.])(?:step_({INT})|([A-Za-z]+)_(-?\d+\.\d+(?:[eE][-+]?\d+)?))(?![\w.])")
@@ -673,7 +693,8 @@ _SAMPLES_AVERAGED = re.compile(rf"\s*\\?\*\s*{INT}\s*(?:;|$)")
 # 26.3" a duration of no step
 _FORECAST_ITERS = re.compile(rf"iters:\s*({INT}),\s*epoch:\s*({INT})\s*\|")
 _FORECAST_EPOCH = re.compile(rf"Epoch:\s*({INT}),\s*Steps:\s*{INT}\s*\|\s*Train Loss:")
-_FORECAST_SETS = re.compile(r"\s+(Vali|Test) Loss:")
+_FORECAST_VALI = re.compile(r"\s+Vali Loss:")
+_FORECAST_TEST = re.compile(r"\s+Test Loss:")
 _FORECAST_COST = re.compile(rf"Epoch:\s*{INT}\s+cost time:")
 # RecBole's epochs, each a training line and an evaluating one: "epoch 0 training [time: 24.48s, train
 # loss: 1.3043]", "epoch 0 evaluating [time: 0.07s, valid_score: 0.428900]", read "epoch 0 | time: …"
@@ -700,6 +721,15 @@ def _nonfinite_mean(match: re.Match[str]) -> str:
 _OF_EPOCH_BATCH = re.compile(
     rf"(?:\b[Tt]he\s+)?({_WORDS})\s+of\s+epoch\s*({INT})\s*-\s*batch\s*-\s*({INT})\s*:"
 )
+# a statistic of a YOLO layer that saw no object in the batch, a mean over no box (AlexeyAB's darknet:
+# "Region 130 Avg (IOU: -nan, GIOU: -nan), Class: -nan, …, count: 0, loss = 74375.8"): left out
+_REGION_NAN = re.compile(r"[\w.]+:\s*-?nan\b,?", re.IGNORECASE)
+
+
+def _region_without_nan(match: re.Match[str]) -> str:
+    return _REGION_NAN.sub("", match.group(0))
+
+
 # a schedule's announcement: "Updating learning rate to 5e-05" (the same loop), "Setting LR to 0.01"
 _LR_SET_TO = re.compile(
     r"\b(?:[Uu]pdat|[Ss]ett|[Aa]djust|[Cc]hang|[Dd]ecay|[Rr]educ)(?:e|es|ed|ing)\s+(?:the\s+)?"
@@ -727,16 +757,21 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     ("] Batch", _SPEEDOMETER, r"epoch: \1 | step \2 |"),
     ("iters:", _FORECAST_ITERS, r"epoch: \2 | step \1 |"),
     (", Steps:", _FORECAST_EPOCH, r"epoch: \1 | Train Loss:"),
-    (" Loss:", _FORECAST_SETS, lambda m: f" | {'val' if m.group(1) == 'Vali' else 'test'} loss:"),
+    ("Vali Loss:", _FORECAST_VALI, " | val loss:"),
+    ("Test Loss:", _FORECAST_TEST, " | test loss:"),
     (" cost time:", _FORECAST_COST, "epoch time:"),
-    (" to", _LR_SET_TO, "lr: "),
+    ("rate to", _LR_SET_TO, "lr: "),
+    ("lr to", _LR_SET_TO, "lr: "),
+    ("LR to", _LR_SET_TO, "lr: "),
     ("ing [", _RECBOLE_EPOCH, r"\1 | "),
     ("-batch-", _OF_EPOCH_BATCH, r"epoch: \2 | step \3 | \1: "),
+    ("count: 0", EMPTY_REGION, _region_without_nan),
     ("(nan", _NONFINITE_MEAN, _nonfinite_mean),
     ("(inf", _NONFINITE_MEAN, _nonfinite_mean),
     ("]-Minibatch[", _CNTK_MINIBATCH, r"epoch: \1 | step \2 |"),
     ("]-Minibatch[", _SAMPLES_AVERAGED, " | "),
     ("] ", _BRACKETED, r"\g<key>: \g<value>"),
+    ("]:", _BRACKETED, r"\g<key>: \g<value>"),  # CoupletAI's "[epoch]: 199, [batch]: 23900, [loss]: 4.99"
     ("]:", _INDEXED, r"step \g<step> | \g<key>:"),
     ("Key:", _KEY_VALUE, r"\g<key>: \g<value>"),
     ("DLL ", _DLLOGGER, ""),

@@ -238,8 +238,11 @@ def _number(cell: str) -> float | int | None:
 
 
 def _fits(row: list[str], stepped: bool) -> bool:
-    """Whether ``row`` is a data row under a header with (``stepped``) or without a step column."""
-    return _STEP.match(row[0]) is not None if stepped else _numbers_only(row)
+    """Whether ``row`` is a data row under a header with (``stepped``) or without a step column;
+    under a header that opens with a step's name, a row of numbers whose first is no whole number
+    is read as one without (torchmd-net's ``metrics.csv``: ``epoch,lr,step,…`` over ``20.0,…``, its
+    ``step`` column found among the others)."""
+    return _numbers_only(row) or (stepped and _STEP.match(row[0]) is not None)
 
 
 def _name(cell: str) -> str:
@@ -295,9 +298,12 @@ def read(log: LogFile) -> Parsed:
         if _RULE.match(lines[i]):
             return [], i + 1
         row = cells(lines[i])
+        if stepped and 2 <= len(row) < len(names) and not _csv(lines[i]):
+            row += [""] * (len(names) - len(row))  # the last columns not logged on this row (DeepXDE's
+            # test loss and metric between its evaluations)
         if not names or len(row) != len(names) or not _fits(row, stepped):
             return None
-        if not stepped:
+        if not stepped or _STEP.match(row[0]) is None:
             return [Row(None, _logged(names, row), lines[i], i + 1)], i + 1
         return [Row(int(row[0]), _logged(names[1:], row[1:]), lines[i], i + 1)], i + 1
 

@@ -29,6 +29,7 @@ from moescope.analyze.rules.thresholds import (
     KL_CEILING,
     LOSS_CEILING,
     PERPLEXITY_CEILING,
+    STEADY_CLIMB,
     SUSTAIN,
     WINDOW,
     WORSE_ACCURACY,
@@ -81,7 +82,8 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
     for key in level_losses(trace):
         points = series(trace, key)
         absurd = above_ceiling("loss_divergence", key, points, LOSS_CEILING, key, "the weights diverged")
-        left = _level_left(key, points) or (_climb_to_end(key, points) if key in scores_tokens else [])
+        climb = _climb_to_end(key, points, _accuracy_held(trace)) if key in scores_tokens else []
+        left = _level_left(key, points) or climb
         if absurd is None:
             out += left
         elif left and left[0].step < absurd.step:
@@ -321,14 +323,28 @@ def _jump_below_zero(key: str, points: list[tuple[int, float]]) -> list[Finding]
     return []
 
 
-def _climb_to_end(key: str, points: list[tuple[int, float]]) -> list[Finding]:
+def _accuracy_held(trace: Trace) -> bool:
+    """Whether a training accuracy logged beside the loss ends at ``WORSE_ACCURACY`` of where it
+    began or above: a model no worse at its data, whatever its loss does (a regulariser's term that
+    grows by design: LNL's sparse regularisation, the loss 4.5e6 to 8e6 while test_acc holds 0.53)."""
+    for key in accuracies(trace):
+        values = [v for _, v in series(trace, key)]
+        if len(values) >= SUSTAIN and values[0] > 0 and values[-1] >= WORSE_ACCURACY * values[0]:
+            return True
+    return False
+
+
+def _climb_to_end(key: str, points: list[tuple[int, float]], accuracy_held: bool = False) -> list[Finding]:
     """A paste that ends on ``SUSTAIN`` or more rises in a row from the lowest loss of the log to
     ``DIVERGENCE_FACTOR`` times it: a language-modelling loss that learned, then climbs back
     toward where it started (entrenar#274: 1.43 → 5.82 → 7.05 → 10.03, the random baseline
     11.93), record after record; or from within the log's range, each rise a new high and the
     last ``CLIMB_OVER_RANGE`` times the highest before the climb (a TF2 detector at 1.19–1.44,
-    then 1.77, 2.16, 2.37). Not a critic's: its temporal-difference loss grows with the values it
-    learns (keras-rl's DDPG, 0.8 → 6.7 while the return improves)."""
+    then 1.77, 2.16, 2.37); or ``STEADY_CLIMB`` rises in a row to ``CLIMB_OVER_RANGE`` times
+    where they began (CoTNet's 22.9 to 39.5 at a fixed learning rate), unless an accuracy logged
+    beside it holds (``accuracy_held``: a term that grows by design). Not a critic's: its
+    temporal-difference loss grows with the values it learns (keras-rl's DDPG, 0.8 → 6.7 while the
+    return improves)."""
     values = [v for _, v in points]
     if len(values) <= SUSTAIN:
         return []
@@ -337,22 +353,28 @@ def _climb_to_end(key: str, points: list[tuple[int, float]]) -> list[Finding]:
         start -= 1
     if len(values) - 1 - start < SUSTAIN:
         return []
-    trough, before = values[start], values[:start]
+    trough, before, rises = values[start], values[:start], len(values) - 1 - start
     from_lowest = 0 < trough <= min(values) and values[-1] >= DIVERGENCE_FACTOR * trough
     over_range = (
         len(before) >= SUSTAIN
         and 0 < max(before) < values[start + 1]
         and values[-1] >= CLIMB_OVER_RANGE * max(before)
     )
-    if not (from_lowest or over_range):
+    steady = (
+        rises >= STEADY_CLIMB and trough > 0 and values[-1] >= CLIMB_OVER_RANGE * trough and not accuracy_held
+    )
+    if not (from_lowest or over_range or steady):
         return []
     step = points[start + 1][0]
-    rise = (
-        f"from its lowest {trough:.3g} to {values[-1]:.3g} ({values[-1] / trough:.1f}x)"
-        if from_lowest
-        else f"from {trough:.3g} to {values[-1]:.3g}, {values[-1] / max(before):.1f}x the highest before it "
-        f"({max(before):.3g})"
-    )
+    if from_lowest:
+        rise = f"from its lowest {trough:.3g} to {values[-1]:.3g} ({values[-1] / trough:.1f}x)"
+    elif over_range:
+        rise = (
+            f"from {trough:.3g} to {values[-1]:.3g}, {values[-1] / max(before):.1f}x the highest before it "
+            f"({max(before):.3g})"
+        )
+    else:
+        rise = f"{rises} rises in a row, from {trough:.3g} to {values[-1]:.3g}"
     message = (
         f"{key} climbs on every record from step {step} to the end of the log, {rise}: the run is "
         "leaving the level it had learned."

@@ -23,6 +23,10 @@ DIVERGENCE_FACTOR = 5.0  # a loss whose running median rises this many times its
 # before them: no batch's noise sets three records in a row and half again over the log's range
 # (a TF2 detector, 1.19-1.44 for six records, then 1.77, 2.16, 2.37)
 CLIMB_OVER_RANGE = 1.5
+# ...or one that rises on this many records in a row to CLIMB_OVER_RANGE times where it began: noise
+# orders n records rising with a chance of 1/n!, 2.5e-5 for eight (CoTNet's loss, 22.9 to 39.5 at a
+# fixed learning rate, 100 iterations a record)
+STEADY_CLIMB = 8
 KL_BLOWUP_MIN = 1.0  # nats: a KL jump below this is never a blow-up
 # nats per token: a policy's KL to its reference that no healthy run logs, judged on one record.
 # Healthy GRPO / PPO runs log 1e-4 to about 1; at 10 the policy's own tokens are on average e^10

@@ -21,7 +21,12 @@ _SCORE = re.compile(r"loss|rmse|mse|mae|error|logloss|auc|acc|ppl|perplexity|f1|
 _HELD_DIGITS = PINNED_DIGITS + 1  # each held score printed so finely that two agreeing are no chance
 # a detector's box-regression loss (mmdetection's loss_rpn_bbox / loss_bbox, detectron2's
 # loss_box_reg, PaddleDetection's loss_rpn_reg / loss_bbox_reg, YOLO's box_loss), not a class score
-_BOX_LOSS = re.compile(r"bbox|box|rpn_reg", re.I)  # not "loss_reg", a regulariser's term
+_BOX_LOSS = re.compile(r"bbox|box|rpn_reg", re.I)  # not "loss_reg", a regulariser's term...
+# ...but a one-stage detector's pair of a class loss and a regression loss named alike is boxes
+# and classes (Yet-Another-EfficientDet's "Cls loss: 0.03543. Reg loss: 0.00000.", pytorch-retinanet's
+# "Classification loss" and "Regression loss")
+_REG_LOSS = re.compile(r"reg(?:ression)?[ _]loss", re.I)
+_CLS_LOSS = re.compile(r"cl(?:s|assification)[ _]loss", re.I)
 
 
 def unchanged_scores(trace: Trace) -> list[Finding]:
@@ -139,9 +144,15 @@ def boxes_unmatched(trace: Trace) -> list[Finding]:
     """A detector's box-regression loss at exactly 0 on every record, ``SUSTAIN`` or more, while
     a classification loss beside it is not: no proposal or anchor was matched to a ground-truth
     box, so the box heads learn nothing (mmdetection#2744's ``loss_rpn_bbox: 0.0000, loss_bbox:
-    0.0000`` from the first record on a custom dataset; PaddleDetection's ``loss_bbox_reg``)."""
+    0.0000`` from the first record on a custom dataset; PaddleDetection's ``loss_bbox_reg``;
+    Yet-Another-EfficientDet's ``Reg loss`` beside its ``Cls loss``)."""
     losses = [key for key in logged_keys(trace) if names_a_loss(key)]
-    boxes = [key for key in losses if _BOX_LOSS.search(key) and "cls" not in key.lower()]
+    paired = any(_CLS_LOSS.fullmatch(key) for key in losses)
+    boxes = [
+        key
+        for key in losses
+        if (_BOX_LOSS.search(key) or (paired and _REG_LOSS.fullmatch(key))) and "cls" not in key.lower()
+    ]
     others = [key for key in losses if key not in boxes]
     for key in boxes:
         values = column(trace, key)
