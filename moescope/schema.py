@@ -291,6 +291,12 @@ GRAD_SPIKES = _declare(
     "gradient (norm=2.19); skipping optimizer step')",
     source="readers",
 )
+DIVERGED = _declare(
+    "health/diverged",
+    "1 where the trainer's own guard says the loss is exploding and stops (karpathy's neuraltalk: "
+    "'Aboring, cost seems to be exploding'; char-rnn: 'loss is exploding, aborting')",
+    source="readers",
+)
 LOSS_MISSING = _declare(
     "health/loss_missing",
     "1 on a step whose line logs no loss though the step made updates (Megatron omits a NaN loss)",

@@ -113,6 +113,7 @@ EXPECTED: dict[str, set[str]] = {
     "accelerate_bar_loss_nan_repeats.log": {"nonfinite"},
     "tqdm_epoch_summary_loss_nan.log": {"nonfinite"},
     "minfm_spike_guard_skips.log": {"grad_spike"},
+    "neuraltalk_cost_exploding.log": {"loss_divergence"},
     "tqdm_epoch_summary_healthy.log": set(),
     "ppo_beginners_iteration_nan.log": {"nonfinite"},
     "ppo_beginners_iteration_healthy.log": set(),
@@ -159,6 +160,7 @@ ONSET: dict[str, tuple[str, int]] = {
     "accelerate_bar_loss_nan_repeats.log": ("nonfinite", 34),  # not 36, the last bar showing nan
     "tqdm_epoch_summary_loss_nan.log": ("nonfinite", 4),  # "Epoch 4: 100%|…" and its summary
     "minfm_spike_guard_skips.log": ("grad_spike", 1557),  # the guard's first skip, on the step it names
+    "neuraltalk_cost_exploding.log": ("loss_divergence", 255),  # the guard stopped the run there
     "ppo_beginners_iteration_nan.log": ("nonfinite", 15),  # "---- Iteration #15 ----", not the 4th block
     "nemo_gpt_bar_global_step_nan.log": ("nonfinite", 3),  # the postfix's global_step=3.000, not its count
     "rlkit_sac_tabular_qf_loss_inf.log": ("nonfinite", 41),  # the table's closing "Epoch  41" row

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from moescope import schema as S
-from moescope.analyze.readers import _text, keymap, megatron, read_log, records, verl
+from moescope.analyze.readers import _text, keymap, megatron, read_log, read_runs, records, verl
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number, plain_number, plain_numbers
 
 
@@ -252,3 +252,14 @@ def test_an_empty_yolo_layers_nan_statistics_are_no_values(tmp_path: Path) -> No
         line.format(r=82, iou="0.310754", n=9, loss=276.5) + line.format(r=94, iou="-nan", n=0, loss=1421.3)
     )
     assert not any(isinstance(v, float) and math.isnan(v) for s in read_log(path).steps for v in s.values())
+
+
+def test_a_counter_under_epoch_banners_counts_on_across_epochs(tmp_path: Path) -> None:
+    """A tutorial's ``EPOCH 1:`` banner over ``Iteration: 0. Loss: …`` lines: one run whose
+    iterations go on from epoch to epoch, not runs pasted one after another."""
+    epoch = "EPOCH {e}:\nIteration: 0. Loss: 0.{e}5. Accuracy: 66.1%\n"
+    epoch += "Iteration: 1000. Loss: 0.{e}1. Accuracy: 66.2%\n"
+    path = tmp_path / "paste.log"
+    path.write_text("".join(epoch.format(e=e) for e in range(3)))
+    (trace,) = read_runs(path)
+    assert [s["step"] for s in trace.steps] == [0, 1000, 1001, 2001, 2002, 3002]

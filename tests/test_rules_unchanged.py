@@ -215,3 +215,14 @@ def test_a_loss_at_zero_beside_a_norm_frozen_to_its_last_digit_is_zero_grad(tmp_
     assert findings(tmp_path, frozen)["zero_grad"].step == 1
     moving = "".join(record.format(loss, 1.41 + 0.13 * i, i) for i, loss in enumerate(losses))
     assert "zero_grad" not in findings(tmp_path, moving)
+
+
+def test_one_held_out_accuracy_repeated_at_every_evaluation_is_zero_grad(tmp_path: Path) -> None:
+    """MXNet's ``Validation-accuracy=0.110204`` epoch after epoch: one answer whatever the input,
+    scoring that class's share of the held-out set; on four evaluations, or printed coarsely, no verdict."""
+    line = "2016-12-15 12:15:15,447 Node[0] Epoch[{e}] Validation-accuracy={acc}\n"
+    text = "".join(line.format(e=e, acc="0.110204") for e in range(6))
+    found = findings(tmp_path, text)["zero_grad"]
+    assert found.evidence["steps"] == [0, 1, 2, 3, 4, 5] and "share of one class" in found.message
+    assert "zero_grad" not in findings(tmp_path, "".join(line.format(e=e, acc="0.110204") for e in range(4)))
+    assert "zero_grad" not in findings(tmp_path, "".join(line.format(e=e, acc="0.1102") for e in range(6)))

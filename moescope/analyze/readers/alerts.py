@@ -142,6 +142,9 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     (re.compile(r"contain Inf/NaN\. Training has diverged"), _count(S.NONFINITE)),
     # TensorFlow's NanTensorHook (Estimator, BERT / ELECTRA / T5's TF trainers)
     (re.compile(r"Model diverged with loss = (?:NaN|Inf)"), _count(S.NONFINITE)),
+    # karpathy's neuraltalk and char-rnn stop on a loss far above their first: "Aboring, cost seems to
+    # be exploding. Run gradcheck? Lower the learning rate?", "loss is exploding, aborting."
+    (re.compile(r"(?:loss|cost) (?:seems to be|is) exploding", re.IGNORECASE), _count(S.DIVERGED)),
     (_SPIKE_GUARD, _spike_guard),
     (OVERFLOW, _overflow),
     (_NOT_RUN, _not_run),
@@ -161,7 +164,7 @@ _NAMED_NAN = re.compile(r"(?<![\w.])[A-Za-z_][\w./-]*\s*[:=]\s*[-+]?nan(?!\w|\.\
 # words, one of which every pattern of ALERTS holds (lower case; "inf" apart, not as in "INFO"): a
 # line without any is passed by at the cost of a few substring tests, not a search per pattern
 # (the step-lines reader asks of every step line)
-_ALERT_WORDS = ("nan", "finite", "bad grad", "spiky", "overflow", "scale", "iterations")
+_ALERT_WORDS = ("nan", "finite", "bad grad", "spiky", "overflow", "scale", "iterations", "exploding")
 _INF = re.compile(r"inf(?!o)")
 
 

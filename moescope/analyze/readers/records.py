@@ -830,9 +830,10 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
     width = wrap_width(log.lines)
 
     epoch = None  # the epoch of Keras's last "Epoch e/E" (or "Epoch e") header, and whether it has /E
+    banner = None  # the epoch of the last banner line ("EPOCH 1:", "[ Epoch 0 ]")
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
-        nonlocal epoch
+        nonlocal epoch, banner
         end = unwrap(lines, i, width)  # a record a terminal wrapped at its width: pieces rejoined
         text = lines[i] if end == i + 1 else "".join(lines[i:end])
         header = _epoch_header(text)
@@ -842,8 +843,13 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         found = record(text)
         if found is None:
             mark = marker(text)  # "Train step 5/1000 done.": the step the lines below belong to
-            return ([Row(mark[1], {}, text, i + 1)], end) if mark and _marks_only(text, mark[2]) else None
+            if not (mark and _marks_only(text, mark[2])):
+                return None
+            banner = mark[1] if mark[2].re is _EPOCH_LINE else banner
+            return [Row(mark[1], {}, text, i + 1)], end
         step, framework, fields = found
+        if banner is not None and step is not None and "epoch" not in fields:
+            fields["epoch"] = banner  # a counter under an epoch's banner starts over each epoch
         if framework:
             frameworks.append(framework)
         # fairseq's validation line, or one tagged "(Validation)", "[valid]": its loss is no training

@@ -22,6 +22,7 @@ from moescope.analyze.rules.series import (
     episodes,
     finite_rows,
     first_logged,
+    guarded,
     held_to_end,
     is_number,
     logged_key_set,
@@ -81,11 +82,9 @@ def _guarded_spikes(trace: Trace) -> list[Finding]:
     (``health/grad_spikes``): its threshold is the evidence where the log holds too few norms
     to judge a spike by (minFM's ``detected nan/inf/spiky gradient (norm=2.1967); skipping
     optimizer step``, four steps in a row, a batch too small for the guard's 2.0)."""
-    steps = [s for s, v in series(trace, S.GRAD_SPIKES) if v > 0]
+    steps, line = guarded(trace, S.GRAD_SPIKES)
     if not steps:
         return []
-    said = next((rec[S.ALERTS] for rec in trace.steps if rec.get(S.GRAD_SPIKES) and rec.get(S.ALERTS)), "")
-    line = said.splitlines()[0].strip() if said else ""
     low = line.lower()
     line = line[max(low.rfind("step", 0, max(low.find("spik"), 0)), 0) :]  # from its "Step N:", not its bar
     quoted = f" (the log says: {line!r})" if line else ""

@@ -15,6 +15,7 @@ from moescope.analyze.rules.series import (
     accuracies,
     column,
     first_logged,
+    guarded,
     is_number,
     logged_key_set,
     logged_keys,
@@ -82,8 +83,7 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
     for key in level_losses(trace):
         points = series(trace, key)
         absurd = above_ceiling("loss_divergence", key, points, LOSS_CEILING, key, "the weights diverged")
-        climb = _climb_to_end(key, points, _accuracy_held(trace)) if key in scores_tokens else []
-        left = _level_left(key, points) or climb
+        left = _level_left(key, points) or (_climb_to_end(trace, key, points) if key in scores_tokens else [])
         if absurd is None:
             out += left
         elif left and left[0].step < absurd.step:
@@ -93,7 +93,24 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
         else:
             out.append(absurd)
     found = out or _any_loss_absurd(trace) or _perplexity_risen(trace) or _worse_at_its_data(trace)
-    return found or _far_above_its_best(trace)
+    return found or _far_above_its_best(trace) or _guard_stopped(trace)
+
+
+def _guard_stopped(trace: Trace) -> list[Finding]:
+    """The trainer's own divergence guard stopped the run (``health/diverged``): it compares the
+    loss with its first and quits far above it (karpathy's neuraltalk, ``loss cost = 140.73``
+    after 37.4 and 39.4, then ``Aboring, cost seems to be exploding``), which a paste of a few
+    records cannot show by itself."""
+    steps, said = guarded(trace, S.DIVERGED)
+    if not steps:
+        return []
+    quoted = f" (the log says: {said!r})" if said else ""
+    message = (
+        f"The trainer's own guard judged the loss to be exploding and stopped the run at step "
+        f"{steps[0]}{quoted}: the loss left the level it had learned (a learning rate too high, no "
+        "gradient clipping)."
+    )
+    return [Finding("loss_divergence", steps[0], "error", message, {"key": S.DIVERGED, "steps": steps})]
 
 
 def _far_above_its_best(trace: Trace) -> list[Finding]:
@@ -215,7 +232,8 @@ def held_out_losses(trace: Trace) -> tuple[str, ...]:
     return tuple(key for key in logged_keys(trace) if names_a_loss(key) and HELD_OUT_KEY.match(key.lower()))
 
 
-HELD_OUT_KEY = re.compile(r"(?:val|valid|validation|eval|evaluation|test)(?:[/_ .]|$)")  # a key, lower case
+# a held-out split's key, lower case ("val_loss", "eval/acc", MXNet's "Validation-accuracy")
+HELD_OUT_KEY = re.compile(r"(?:val|valid|validation|eval|evaluation|test)(?:[/_ .\-]|$)")
 
 
 def names_a_loss(key: str) -> bool:
@@ -324,8 +342,8 @@ def _jump_below_zero(key: str, points: list[tuple[int, float]]) -> list[Finding]
 
 
 def _accuracy_held(trace: Trace) -> bool:
-    """Whether a training accuracy logged beside the loss ends at ``WORSE_ACCURACY`` of where it
-    began or above: a model no worse at its data, whatever its loss does (a regulariser's term that
+    """Whether an accuracy logged beside the loss ends at ``WORSE_ACCURACY`` of where it began or
+    above: a model no worse at its data, whatever its loss does (a regulariser's term that
     grows by design: LNL's sparse regularisation, the loss 4.5e6 to 8e6 while test_acc holds 0.53)."""
     for key in accuracies(trace):
         values = [v for _, v in series(trace, key)]
@@ -334,7 +352,7 @@ def _accuracy_held(trace: Trace) -> bool:
     return False
 
 
-def _climb_to_end(key: str, points: list[tuple[int, float]], accuracy_held: bool = False) -> list[Finding]:
+def _climb_to_end(trace: Trace, key: str, points: list[tuple[int, float]]) -> list[Finding]:
     """A paste that ends on ``SUSTAIN`` or more rises in a row from the lowest loss of the log to
     ``DIVERGENCE_FACTOR`` times it: a language-modelling loss that learned, then climbs back
     toward where it started (entrenar#274: 1.43 → 5.82 → 7.05 → 10.03, the random baseline
@@ -342,7 +360,7 @@ def _climb_to_end(key: str, points: list[tuple[int, float]], accuracy_held: bool
     last ``CLIMB_OVER_RANGE`` times the highest before the climb (a TF2 detector at 1.19–1.44,
     then 1.77, 2.16, 2.37); or ``STEADY_CLIMB`` rises in a row to ``CLIMB_OVER_RANGE`` times
     where they began (CoTNet's 22.9 to 39.5 at a fixed learning rate), unless an accuracy logged
-    beside it holds (``accuracy_held``: a term that grows by design). Not a critic's: its
+    beside it holds (:func:`_accuracy_held`: a term that grows by design). Not a critic's: its
     temporal-difference loss grows with the values it learns (keras-rl's DDPG, 0.8 → 6.7 while the
     return improves)."""
     values = [v for _, v in points]
@@ -360,9 +378,8 @@ def _climb_to_end(key: str, points: list[tuple[int, float]], accuracy_held: bool
         and 0 < max(before) < values[start + 1]
         and values[-1] >= CLIMB_OVER_RANGE * max(before)
     )
-    steady = (
-        rises >= STEADY_CLIMB and trough > 0 and values[-1] >= CLIMB_OVER_RANGE * trough and not accuracy_held
-    )
+    steady = rises >= STEADY_CLIMB and trough > 0 and values[-1] >= CLIMB_OVER_RANGE * trough
+    steady = steady and not (from_lowest or over_range) and not _accuracy_held(trace)
     if not (from_lowest or over_range or steady):
         return []
     step = points[start + 1][0]

@@ -16,6 +16,7 @@ import numpy as np
 
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.thresholds import NOISE_MARGIN, SUSTAIN
+from moescope.schema import ALERTS
 from moescope.traces import Trace
 
 Series = list[tuple[int, float]]
@@ -91,6 +92,14 @@ def accuracies(trace: Trace) -> list[str]:
         for key in logged_keys(trace)
         if "acc" in (low := key.lower()) and "best" not in low and "reward" not in low
     ]
+
+
+def guarded(trace: Trace, key: str) -> tuple[list[int], str]:
+    """The steps where a trainer's own guard fired (``key`` above 0: ``health/grad_spikes``,
+    ``health/diverged``), and the first warning line such a step keeps (``""`` where none)."""
+    steps = [s for s, v in series(trace, key) if v > 0]
+    said = next((rec[ALERTS] for rec in trace.steps if rec.get(key) and rec.get(ALERTS)), "") if steps else ""
+    return steps, said.splitlines()[0].strip() if said else ""
 
 
 def first_logged(trace: Trace, keys: Sequence[str]) -> str | None:

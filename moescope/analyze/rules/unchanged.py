@@ -11,8 +11,16 @@ from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.frozen import printed_in_text, significant_digits, zero_grad
 from moescope.analyze.rules.losses import HELD_OUT_KEY, is_rl, names_a_loss
-from moescope.analyze.rules.series import column, finite_rows, logged_keys, run_from_end, series, steps_of
-from moescope.analyze.rules.thresholds import PINNED_DIGITS, SUSTAIN, VANISHED_LR
+from moescope.analyze.rules.series import (
+    accuracies,
+    column,
+    finite_rows,
+    logged_keys,
+    run_from_end,
+    series,
+    steps_of,
+)
+from moescope.analyze.rules.thresholds import PINNED_DIGITS, REPLAYED_RUN, SUSTAIN, VANISHED_LR
 from moescope.schema import RAW
 from moescope.traces import Trace
 
@@ -95,11 +103,15 @@ def evaluation_repeated(trace: Trace) -> list[Finding]:
     the updates between them did not change, evaluated twice on the same data (OpenNMT-py#966:
     ``Validation perplexity: 56.168`` and ``Validation accuracy: 35.9623`` 130,000 steps apart,
     the learning rate printed 0.00000; PointNet++'s test accuracies 0.040453 and 0.025000,
-    epoch after epoch)."""
+    epoch after epoch). One held-out accuracy alone does it on ``REPLAYED_RUN`` evaluations or
+    more, printed with a digit more: a model that gives one answer whatever its input, scoring the
+    share of that class in the held-out set (MXNet's ``Validation-accuracy=0.110204`` epoch after
+    epoch, a tutorial's ``Accuracy: 66.29629629629629%``)."""
     keys = [key for key in _scores(trace) if HELD_OUT_KEY.match(key.lower())]
     evaluated = [series(trace, key) for key in keys]
     steps = [s for s, _ in evaluated[0]] if evaluated else []
-    if len(keys) < 2 or len(steps) < 2:
+    alone = len(keys) == 1 and keys[0] in accuracies(trace) and len(steps) >= REPLAYED_RUN
+    if (len(keys) < 2 and not alone) or len(steps) < 2:
         return []
     if 2 * len(steps) > len(trace.steps) and not _printed_apart(trace, keys):
         return []
@@ -108,14 +120,20 @@ def evaluation_repeated(trace: Trace) -> list[Finding]:
         if [s for s, _ in points] != steps or len(values) != 1:
             return []
         (value,) = values
-        if value == 0 or _digits(trace, steps, value) < PINNED_DIGITS:
+        if value == 0 or _digits(trace, steps, value) < PINNED_DIGITS + alone:
             return []
     named = _named(keys, [points[0][1] for points in evaluated])
+    one_answer = (
+        " (an accuracy held so is the share of one class in the held-out set: a model that gives that "
+        "answer whatever its input)"
+        if alone
+        else ""
+    )
     message = (
         f"The held-out evaluation repeats itself to the last digit at all {len(steps)} evaluations, "
         f"from step {steps[0]} to step {steps[-1]} ({named}): the updates between them did not change "
-        "the model (a learning rate decayed or set to 0, frozen weights, a checkpoint evaluated "
-        "instead of the model in training)."
+        f"the model{one_answer} (a learning rate decayed or set to 0, frozen weights, a checkpoint "
+        "evaluated instead of the model in training)."
     )
     return [zero_grad(steps, message, key=keys[0], scores=keys)]
 
@@ -192,7 +210,8 @@ def learning_rate_zero(trace: Trace) -> list[Finding]:
     zeros = [i for i in rows if values[i] == 0]
     if len(rows) < SUSTAIN or not all(_zero_printed_finely(trace.steps[i].get(RAW)) for i in zeros):
         return []
-    steps = [steps_of(trace)[i] for i in rows]
+    every = steps_of(trace)
+    steps = [every[i] for i in rows]
     last = values[rows[-1]]
     rate = "0" if last == 0 else f"{last:.2g}, below {VANISHED_LR:g},"
     message = (
