@@ -263,3 +263,14 @@ def test_a_counter_under_epoch_banners_counts_on_across_epochs(tmp_path: Path) -
     path.write_text("".join(epoch.format(e=e) for e in range(3)))
     (trace,) = read_runs(path)
     assert [s["step"] for s in trace.steps] == [0, 1000, 1001, 2001, 2002, 3002]
+
+
+def test_a_loops_step_and_loss_before_its_printed_predictions_are_read(tmp_path: Path) -> None:
+    """StudyTensorFlow's char-RNN: ``print(step, cost, predictions, …)`` — the count and the cost,
+    then what is no number; a third number after them is no loss of this shape."""
+    line = "{s}, {c}, array([2, 2, 2, 3]), [('l', 1.0350623), ('o', 0.89187962)]\n"
+    path = tmp_path / "paste.log"
+    path.write_text("".join(line.format(s=s, c=3.4 - 0.04 * s) for s in range(47, 52)))
+    assert [s["step"] for s in read_log(path).steps] == [47, 48, 49, 50, 51]
+    assert records.record("47, 3.43674, array([2])") == (47, None, {"loss": 3.43674})
+    assert records.record("47, 3.43674, 0.5") is None

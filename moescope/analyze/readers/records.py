@@ -302,8 +302,9 @@ _VALUE_NAME = re.compile(rf"(?:^|,)\s*(?P<value>{NUMBER})\s+(?P<key>[A-Za-z][\w 
 _DARKNET = re.compile(rf"^\s*({INT}):\s*{DARKNET_COUNTS}")  # darknet's iteration line
 _TACOTRON = re.compile(rf"^\s*Train loss\s+({INT})\s+({NUMBER})\s+Grad Norm\s+({NUMBER})")
 # NVIDIA's WaveGlow: "123873:\t-5.480178833", the iteration and its loss, unnamed, alone on the line;
-# a loop's print(step, loss, sep=", ") likewise
-_COUNTED_VALUE = re.compile(rf"^\s*({INT})(?:[:,]\s+|\s+)({NUMBER})\s*$")
+# a loop's print(step, loss, sep=", ") likewise, and with what it printed after them that is no number
+# (a tutorial's "47, 3.43674, array([2, 2, 2, 3]), [('l', 1.035), …]": its predictions)
+_COUNTED_VALUE = re.compile(rf"^\s*({INT})(?:[:,]\s+|\s+)({NUMBER})(?:\s*$|,\s+(?=[A-Za-z_\[(]))")
 _TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
 
 
