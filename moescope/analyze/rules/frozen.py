@@ -296,9 +296,9 @@ def _not_falling(values: list[float]) -> bool:
     that bounces or creeps up (PaddleOCR's recogniser at 116.6, 115.9, 117.5, 117.9 beside an
     accuracy of 0) is not falling either."""
     half = len(values) // 2
-    if _flat(values) or half == 0:
-        return _flat(values)
-    return float(np.mean(values[-half:])) >= (1 - FLAT_SHARE) * float(np.mean(values[:half]))
+    if _flat(values):
+        return True
+    return half > 0 and float(np.mean(values[-half:])) >= (1 - FLAT_SHARE) * float(np.mean(values[:half]))
 
 
 _CHANCE_MAX = 25.0  # nats: a guess among e^25 (7e10) classes; beyond, no print tells K from K ± 1

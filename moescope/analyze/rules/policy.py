@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.frozen import printed_in_text
@@ -145,7 +147,9 @@ def _reward_held(trace: Trace) -> list[Finding]:
     learning; a reward held at the maximum during training is a solved task, as the message says."""
     points = series(trace, S.REWARD_MEAN, finite=False)  # a NaN among them is no held value
     values = {v for _, v in points}
-    if len(points) < REPLAYED_RUN or len(values) != 1 or not any(map(names_a_loss, logged_keys(trace))):
+    if len(points) < REPLAYED_RUN or len(values) != 1 or not math.isfinite(points[0][1]):
+        return []
+    if not any(map(names_a_loss, logged_keys(trace))):
         return []  # without a loss, no update is logged: an evaluation's episodes (a solved CartPole's 500)
     digits, decimals = printed_in_text(trace, points)
     if decimals < HELD_DECIMALS and digits < PINNED_DIGITS:
