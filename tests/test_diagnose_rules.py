@@ -503,13 +503,14 @@ def test_caffes_clamped_softmax_loss_is_an_infinite_loss(tmp_path: Path, loss: s
 
 def test_a_loss_of_any_name_above_the_ceiling_is_a_divergence(tmp_path: Path) -> None:
     """A segmentation head's ``loss_seg1`` (XingangPan/OCDA-Driving-Example#1) goes 2.9, 52.8, 644,
-    then 2.7e13: whatever the loss measures, no healthy run logs that; four records suffice."""
+    then 2.7e13: whatever the loss measures, no healthy run logs that; four records suffice, and
+    the error is dated where the loss left its level, its first jump."""
     line = "iter {0}: loss_seg1 = {1}, loss_adv = 0.7\n"
     text = "".join(
         line.format(i, v) for i, v in enumerate(("2.930", "52.802", "643.913", "26799679471616.000"))
     )
     found = findings_of(tmp_path, text)["loss_divergence"]
-    assert (found.step, found.severity, found.evidence["key"]) == (3, "error", "loss_seg1")
+    assert (found.step, found.severity, found.evidence["key"]) == (1, "error", "loss_seg1")
 
 
 def test_apex_overflows_that_leave_the_scale_where_it_was_are_at_its_floor(tmp_path: Path) -> None:
@@ -1078,3 +1079,19 @@ def test_a_detectors_regression_loss_at_zero_beside_its_class_loss_is_zero_grad(
     assert found.step == 69983 and "Reg loss" in found.message
     alone = "".join(f"step {i} | loss 0.{40 - i} | reg_loss 0.0\n" for i in range(5))
     assert "zero_grad" not in findings_of(tmp_path, alone)
+
+
+def test_a_loss_under_its_own_name_that_diverges_is_judged_once(tmp_path: Path) -> None:
+    """MoBE#3: ``Scaled Loss`` and ``Real MSE Loss``, names no key map knows, both diverge: one
+    finding, on the first; a GAN's generator loss, which swings by design, is no divergence."""
+    scaled = [0.066, 0.054, 0.051, 0.048, 0.054, 0.061, 0.073, 0.089, 0.25, 19.8, 52.0, 150.0, 296.7]
+    line = "Epoch {e}, Scaled Loss: {v:.10f}, Real MSE Loss: {m:.10f}\n"
+    text = "".join(line.format(e=200 * (i + 1), v=v, m=1100 * v) for i, v in enumerate(scaled))
+    path = tmp_path / "mobe.log"
+    path.write_text(text, encoding="utf-8")
+    found = [f for f in diagnose(read_log(path)) if f.type == "loss_divergence"]
+    assert len(found) == 1 and found[0].step == 2000 and "Scaled Loss" in found[0].message
+    gan = "".join(
+        f"[Epoch {e}/50] [D loss: {1.5 / (e + 1):.4f}] [G loss: {v:.4f}]\n" for e, v in enumerate(scaled)
+    )
+    assert "loss_divergence" not in findings_of(tmp_path, gan)

@@ -22,6 +22,7 @@ from moescope.analyze.rules.series import (
     run_from_end,
     series,
     shift,
+    step_of,
 )
 from moescope.analyze.rules.thresholds import (
     CLIMB_OVER_RANGE,
@@ -52,6 +53,23 @@ def is_rl(trace: Trace) -> bool:
     return any(any(map(is_number, column(trace, key))) for key in RL_SIGNS if key in logged)
 
 
+# a GAN's network named in a loss's key ("G loss", "loss_D", "Gen_loss"): its losses swing by design
+_NETWORK = re.compile(r"(?:^|[\W_])(?:d|g|dis|disc|gen|generator|discriminator)(?:[\W_]|$)", re.I)
+
+
+def _own_losses(trace: Trace) -> tuple[str, ...]:
+    """A log's training losses under its own names, where it logs none a key map knows (MoBE's
+    ``Scaled Loss``, I-JEPA's ``epoch avg loss``): judged for a divergence as a level loss is; not
+    a held-out split's, not a GAN network's, not in RL."""
+    if is_rl(trace):
+        return ()
+    return tuple(
+        key
+        for key in logged_keys(trace)
+        if names_a_loss(key) and not HELD_OUT_KEY.match(key.lower()) and not _NETWORK.search(key)
+    )
+
+
 def level_losses(trace: Trace) -> tuple[str, ...]:
     """Losses whose level means something: critic and LM losses; ``actor/loss`` only when the run
     is not RL (a Megatron pre-training or SFT log maps its ``lm loss`` there) or is value-based
@@ -77,10 +95,12 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
     that jumps far above everything before it and stays there (a paste whose healthy head is a
     line or two, too short for an early-run level). A loss at or above ``LOSS_CEILING`` on any
     record is an error on its own (a snapshot of one record has no level to rise from); after a
-    jump, it makes that jump an error where it began."""
+    jump, it makes that jump an error where it began. A log with no loss a key map knows is judged
+    on its own loss names (:func:`_own_losses`), the first that shows a divergence."""
     out = []
     scores_tokens = lm_losses(trace)
-    for key in level_losses(trace):
+    own = first_logged(trace, level_losses(trace)) is None  # no loss a key map knows: its own names
+    for key in _own_losses(trace) if own else level_losses(trace):
         points = series(trace, key)
         absurd = above_ceiling("loss_divergence", key, points, LOSS_CEILING, key, "the weights diverged")
         left = _level_left(key, points) or (_climb_to_end(trace, key, points) if key in scores_tokens else [])
@@ -92,8 +112,22 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
             out.append(replace(left[0], severity="error", message=left[0].message + beyond))
         else:
             out.append(absurd)
+    if own:
+        out = _one_of_own(trace, out)
     found = out or _any_loss_absurd(trace) or _perplexity_risen(trace) or _worse_at_its_data(trace)
     return found or _far_above_its_best(trace) or _guard_stopped(trace)
+
+
+def _one_of_own(trace: Trace, found: list[Finding]) -> list[Finding]:
+    """One finding of the divergence a log's own loss names show, an error first, then the earliest;
+    none where a value went non-finite at its step or before (``nonfinite``'s, which dates it)."""
+    first_bad = next((step_of(rec, i) for i, rec in enumerate(trace.steps) if _holds_nonfinite(rec)), None)
+    kept = [f for f in found if first_bad is None or f.step < first_bad]
+    return [min(kept, key=lambda f: (f.severity != "error", f.step))] if kept else []
+
+
+def _holds_nonfinite(record: dict) -> bool:
+    return any(isinstance(v, float) and not math.isfinite(v) for v in record.values())
 
 
 def _guard_stopped(trace: Trace) -> list[Finding]:
