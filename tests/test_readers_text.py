@@ -274,3 +274,23 @@ def test_a_loops_step_and_loss_before_its_printed_predictions_are_read(tmp_path:
     assert [s["step"] for s in read_log(path).steps] == [47, 48, 49, 50, 51]
     assert records.record("47, 3.43674, array([2])") == (47, None, {"loss": 3.43674})
     assert records.record("47, 3.43674, 0.5") is None
+
+
+def test_a_headerless_table_under_a_pasted_command_is_no_entropy_log(tmp_path: Path) -> None:
+    """DeePMD's ``lcurve.out`` pasted under the ``tail lcurve.out`` that printed it: a table without
+    its header (columns numbered), not an entropy in its last column."""
+    row = " {s}      1.57e+03      3.71e+02      1.21e-01      2.55e+00    1.1e-04\n"
+    path = tmp_path / "paste.log"
+    path.write_text("tail lcurve.out\n" + "".join(row.format(s=172000 + 1000 * i) for i in range(6)))
+    trace = read_log(path)
+    assert trace.header["format"] == "step-table" and S.ENTROPY not in trace.steps[0]
+    assert trace.steps[0]["column 6"] == 1.1e-04
+
+
+def test_names_a_space_from_their_values_beside_a_labelled_field_are_read() -> None:
+    """CrossFit's ``Train loss 8761.43 ACC 0.0 on epoch=18``: the loss and the accuracy as well."""
+    assert records.pairs("Train loss 8761.43 ACC 0.0 on epoch=18") == {
+        "Train loss": 8761.43,
+        "ACC": 0.0,
+        "epoch": 18,
+    }

@@ -209,7 +209,8 @@ def _columns_by_name(path: Path, best: str, lines: list[str]) -> str:
     """Columns by the file's name where it says; else by their shape, but for bare numbers that
     no name announces as an entropy log: two a line are a loop's ``print(step, loss)`` (``records``
     reads the number as the loss), more a table without its header (columns numbered, the one
-    rising on every row the step), not an entropy in the last column."""
+    rising on every row the step), not an entropy in the last column; a line or two of other text
+    among them (``tail lcurve.out`` above DeePMD's learning curve) changes nothing."""
     if best not in ("entropy-log", "expert-load"):
         return best
     name = path.name.lower()
@@ -218,8 +219,10 @@ def _columns_by_name(path: Path, best: str, lines: list[str]) -> str:
     if "expert" in name or "load" in name:
         return "expert-load"
     rows = [line.split() for line in lines[:200] if line.strip() and not line.lstrip().startswith("#")]
-    if best != "entropy-log" or not rows or not all(_bare_numbers(row) for row in rows):
+    numeric = [row for row in rows if _bare_numbers(row)]  # a command or a sentence pasted above is no row
+    if best != "entropy-log" or len(numeric) < 2 or len(numeric) < len(rows) - 2:
         return best
+    rows = numeric
     if all(len(row) == 2 for row in rows):
         return "records"
     return "step-table" if table.headerless(lines) is not None else best

@@ -232,6 +232,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `avr_loss` | `actor/loss` |
 | generic | `ce` | `actor/loss` |
 | generic | `trainlosspersample` | `actor/loss` |
+| generic | `le` | `actor/loss` |
 | generic | `ep_r` | `reward/mean` |
 | generic | `ep_reward` | `reward/mean` |
 | generic | `running_reward` | `reward/mean` |
@@ -563,6 +564,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "optim0_lr0": S.LR,  # ESPnet2's: the first optimizer's first parameter group
         "ce": S.ACTOR_LOSS,  # CNTK's cross-entropy criterion: "Minibatch[ 1- 500]: ce = 2.30255688 * 16000;"
         "trainlosspersample": S.ACTOR_LOSS,  # CNTK's older trainer: "TrainLossPerSample =  5.87155566;"
+        "le": S.ACTOR_LOSS,  # VSE++ / SCAN / GSMN's matching loss: "Eit 12400  lr 0.0002  Le 25.6000"
         "cost": S.ACTOR_LOSS,  # TensorFlow 1's tutorials and the notebooks built on them: "Cost: 2.3016"
         "grad_norm_total": S.GRAD_NORM,
         "grad_norm_(total)": S.GRAD_NORM,

@@ -357,10 +357,18 @@ def _piece_fields(piece: str) -> tuple[tuple[str, Any], ...]:
     found = None if whole or len(piece) >= 200 else field(piece, labelled=True) or field(piece)
     if found and (":" in piece or "=" in piece or _names_a_metric(found[0])):
         return (found,)  # a name with spaces or a unit: "average reward score: 0.2"
-    if labelled:
+    spans = [match.span() for match in labelled]
+    spaced = [  # a name and its value a space apart, where no labelled field is (CrossFit's "Step 300
+        # Train loss 8761.43 ACC 0.0 on epoch=18": the loss and the accuracy beside the labelled epoch)
+        m
+        for m in _SPACED.finditer(piece)
+        if _named(m.group("key")) and not any(m.start() < end and start < m.end() for start, end in spans)
+    ]
+    if labelled and not spaced:
         return tuple((match.group("key"), parse_number(match.group("value"))) for match in labelled)
-    matches = (m for m in _SPACED.finditer(piece) if _named(m.group("key")))
-    return tuple((_with_word_before(piece, m), parse_number(m.group("value"))) for m in matches)
+    found_all = [(m.start(), _with_word_before(piece, m), m.group("value")) for m in spaced]
+    found_all += [(m.start(), m.group("key"), m.group("value")) for m in labelled]
+    return tuple((key, parse_number(value)) for _, key, value in sorted(found_all, key=lambda f: f[0]))
 
 
 _WORD_BEFORE = re.compile(r"([A-Za-z]+)\s+$")
