@@ -121,6 +121,8 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
 def _one_of_own(trace: Trace, found: list[Finding]) -> list[Finding]:
     """One finding of the divergence a log's own loss names show, an error first, then the earliest;
     none where a value went non-finite at its step or before (``nonfinite``'s, which dates it)."""
+    if not found:
+        return []
     first_bad = next((step_of(rec, i) for i, rec in enumerate(trace.steps) if _holds_nonfinite(rec)), None)
     kept = [f for f in found if first_bad is None or f.step < first_bad]
     return [min(kept, key=lambda f: (f.severity != "error", f.step))] if kept else []

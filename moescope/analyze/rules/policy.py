@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import math
-
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.frozen import printed_in_text
@@ -145,10 +143,11 @@ def _reward_held(trace: Trace) -> list[Finding]:
     never reached its goal, epoch after epoch, its actor's loss climbing). Only beside a loss, the
     updates' own record: an evaluation's episodes all at a solved task's maximum say nothing of
     learning; a reward held at the maximum during training is a solved task, as the message says."""
-    points = series(trace, S.REWARD_MEAN, finite=False)  # a NaN among them is no held value
-    values = {v for _, v in points}
-    if len(points) < REPLAYED_RUN or len(values) != 1 or not math.isfinite(points[0][1]):
-        return []
+    points = series(trace, S.REWARD_MEAN)
+    if len(points) < REPLAYED_RUN or any(v != points[0][1] for _, v in points):
+        return []  # the common case, told from the first value that differs
+    if len(points) < sum(v is not None for v in column(trace, S.REWARD_MEAN)):
+        return []  # a NaN among them: no held value
     if not any(map(names_a_loss, logged_keys(trace))):
         return []  # without a loss, no update is logged: an evaluation's episodes (a solved CartPole's 500)
     digits, decimals = printed_in_text(trace, points)
