@@ -138,7 +138,7 @@ def steps_across_epochs(parsed: Parsed) -> bool:
     offset, counted, starts = 0, -1, set(restarts)
     for i, (row, step) in enumerate(stepped):
         if i in starts:
-            offset = counted + (step == 0)
+            offset = counted + (1 if step == 0 else 0)
         row.step = counted = step + offset
     parsed.notes.append(
         f"the step counter starts over as the epoch rises (line {stepped[restarts[0]][0].line or '?'}): "

@@ -99,8 +99,9 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
     on its own loss names (:func:`_own_losses`), the first that shows a divergence."""
     out = []
     scores_tokens = lm_losses(trace)
-    own = first_logged(trace, level_losses(trace)) is None  # no loss a key map knows: its own names
-    for key in _own_losses(trace) if own else level_losses(trace):
+    levels = level_losses(trace)
+    own = first_logged(trace, levels) is None  # no loss a key map knows: its own names
+    for key in _own_losses(trace) if own else levels:
         points = series(trace, key)
         absurd = above_ceiling("loss_divergence", key, points, LOSS_CEILING, key, "the weights diverged")
         left = _level_left(key, points) or (_climb_to_end(trace, key, points) if key in scores_tokens else [])

@@ -249,10 +249,11 @@ def _empty_statistics(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> b
     count = len(bad_steps)
     if count >= len(trace.steps) or [s for s, _ in bad_steps] != steps_of(trace)[:count]:
         return False
-    numeric = _numeric_keys(trace)
     keys: set[str] = set()
     for rec in trace.steps[:count]:
-        values = {k: v for k, v in rec.items() if k in numeric and is_number(v)}
+        values = {
+            k: v for k, v in rec.items() if k not in SKIP_KEYS and not _TIMER.search(k) and is_number(v)
+        }
         if len(values) < 2 or not all(isinstance(v, float) and math.isnan(v) for v in values.values()):
             return False
         keys |= set(values)

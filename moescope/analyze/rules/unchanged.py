@@ -120,7 +120,7 @@ def evaluation_repeated(trace: Trace) -> list[Finding]:
         if [s for s, _ in points] != steps or len(values) != 1:
             return []
         (value,) = values
-        if value == 0 or _digits(trace, steps, value) < PINNED_DIGITS + alone:
+        if value == 0 or _digits(trace, steps, value) < PINNED_DIGITS + (1 if alone else 0):
             return []
     named = _named(keys, [points[0][1] for points in evaluated])
     one_answer = (
@@ -192,7 +192,8 @@ def boxes_unmatched(trace: Trace) -> list[Finding]:
 # the learning rate as a line prints it, and a held-out record's tag (its learning rate is no step's)
 # (a quoted name, a dict's or a JSON record's, has its value printed as Python's repr: "0.0" is 0)
 _LR_TEXT = re.compile(
-    r"(?:\blr|learning[_ ]rate)(?P<quoted>['\"])?\s*[:=]?\s*\[?\s*([-+]?\d[\d.]*(?:[eE][-+]?\d+)?)", re.I
+    r"(?:\blr|learning[_ ]rate)(?P<quoted>['\"])?\s*[:=]?\s*\[?\s*(?P<value>[-+]?\d[\d.]*(?:[eE][-+]?\d+)?)",
+    re.I,
 )
 _HELD_OUT_RECORD = re.compile(r"\b(?:val|valid|validation|eval|evaluation|test)\b\s*[,:\]|]", re.I)
 _FINE_ZERO = 6  # decimals a zero learning rate is printed with to be 0, not a small one rounded
@@ -229,7 +230,7 @@ def _zero_printed_finely(raw: object) -> bool:
     found = _LR_TEXT.search(raw)
     if found is None:
         return False
-    text = found.group(2).lower()
+    text = found["value"].lower()
     mantissa, _, exponent = text.partition("e")
     exact = found["quoted"] or exponent or len(mantissa.partition(".")[2]) >= _FINE_ZERO
     return float(text) == 0 and bool(exact)
