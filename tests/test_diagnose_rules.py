@@ -1095,3 +1095,70 @@ def test_a_loss_under_its_own_name_that_diverges_is_judged_once(tmp_path: Path) 
         f"[Epoch {e}/50] [D loss: {1.5 / (e + 1):.4f}] [G loss: {v:.4f}]\n" for e, v in enumerate(scaled)
     )
     assert "loss_divergence" not in findings_of(tmp_path, gan)
+
+
+@pytest.mark.parametrize(
+    ("loss", "acc", "found"),
+    [("0.6883", "0.5352", True), ("0.6883", "0.7352", False), ("0.5883", "0.5352", False)],
+)
+def test_a_loss_near_ln_k_beside_an_accuracy_near_1_over_k_is_a_guess(
+    tmp_path: Path, loss: str, acc: str, found: bool
+) -> None:
+    """ConvNeXt#39: two classes after 300 epochs, the loss near ln 2 and the accuracy near 1/2 on
+    the same record; either number away from the guess's is no finding."""
+    text = (
+        "Epoch: [0] Total time: 0:00:41 (1.1597 s / it)\n"
+        "Averaged stats: lr: 0.003596  loss: 2.2043 (2.8601)  class_acc: 0.5234 (0.5078)\n"
+        "Epoch: [299] Total time: 0:00:22 (0.6137 s / it)\n"
+        f"Averaged stats: lr: 0.000010  loss: {loss} (0.6902)  class_acc: {acc} (0.5386)\n"
+    )
+    assert ("zero_grad" in findings_of(tmp_path, text)) is found
+
+
+@pytest.mark.parametrize(("last", "found"), [("2.89", True), ("2.59", False)])
+def test_two_error_rates_at_100_beside_a_loss_that_barely_falls_is_no_learning(
+    tmp_path: Path, last: str, found: bool
+) -> None:
+    """speechbrain#2067: a wav2vec2 CTC model that emits only blanks, its CER and WER at 100 every
+    epoch while the loss creeps down by a few percent; a loss that falls by a tenth is learning."""
+    line = "epoch: {e} - train loss: {v} - valid loss: {h}, valid CER: 1.00e+02, valid WER: 1.00e+02\n"
+    losses = zip(("3.11", "2.95", "2.92", last), ("2.99", "2.94", "2.94", "2.93"), strict=True)
+    text = "".join(line.format(e=e, v=v, h=h) for e, (v, h) in enumerate(losses, 1))
+    assert ("zero_grad" in findings_of(tmp_path, text)) is found
+
+
+def test_a_word_error_rate_at_100_is_judged_beside_a_held_out_loss_alone(tmp_path: Path) -> None:
+    """fairseq#2570: only validation records, ``valid_wer`` and ``valid_raw_wer`` at 100 while
+    ``valid_loss`` moves by a percent or two."""
+    line = (
+        '2021-01-25 11:53:19 | INFO | valid | {{"epoch": {e}, "valid_loss": "{v}", "valid_uer": "200.395", '
+        '"valid_wer": "100", "valid_raw_wer": "100", "valid_num_updates": "{u}"}}\n'
+    )
+    text = "".join(
+        line.format(e=e, v=v, u=50 * e) for e, v in ((1, "898.216"), (2, "893.164"), (3, "885.232"))
+    )
+    assert "valid_loss" in findings_of(tmp_path, text)["zero_grad"].message
+
+
+def test_an_infinite_perplexity_beside_a_huge_finite_loss_is_a_divergence(tmp_path: Path) -> None:
+    """OpenNMT-tf#744: ``loss = 148890.718750 ; perplexity = inf`` is the exponential of a loss too
+    large for a float, no NaN or Inf the model computed; a NaN loss beside it stays nonfinite."""
+    text = (
+        "INFO:tensorflow:Evaluation result for step 435000: loss = {v} ; perplexity = inf\n"
+        "INFO:tensorflow:Step = 435100 ; steps/s = 2.97, source words/s = 12176 ; Loss = 185912.781250\n"
+    )
+    found = findings_of(tmp_path, text.format(v="148890.718750"))
+    assert found["loss_divergence"].severity == "error" and "nonfinite" not in found
+    assert "nonfinite" in findings_of(tmp_path, text.format(v="nan"))
+
+
+def test_a_win_rate_that_falls_to_nothing_is_a_collapse_while_the_training_reward_holds(
+    tmp_path: Path,
+) -> None:
+    """MARL-Algorithms#3 (QMIX on SMAC, a harder map): the evaluation's win rate falls from 0.7 to
+    0 and stays there while the training reward still rises."""
+    rates = [0.0, 0.7, 0.55, 0.7, 0.6, 0.65, 0.7, 0.55, 0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    line = "epoch: {e} avg_reward: {r} avg_winrate: 0.0 test_avg_reward {t} test_avg_winrate {w}\n"
+    text = "".join(line.format(e=100 * i, r=1.5 + 0.1 * i, t=4 + 20 * w, w=w) for i, w in enumerate(rates))
+    found = findings_of(tmp_path, text)["reward_collapse"]
+    assert "test_avg_winrate" in found.message and found.step == 800

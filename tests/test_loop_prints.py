@@ -149,7 +149,8 @@ SHAPES = [
 # open_clip, DINO / DETR's MetricLogger, Swin, the PyTorch ImageNet example, PyTorch-GAN, PaddleOCR's
 # old trainer, a Keras GCN, RL tutorials' episode scores, NeuralPDE's callback, CNTK, the Informer
 # family of forecasters (its iterations, its epochs), RecBole, DINOv2, a DeepLab loop, a Q-learner,
-# the TF Object Detection API's step line with its loss
+# the TF Object Detection API's step line with its loss, DeiT / ConvNeXt's epoch summaries alone,
+# EESEN's CTC trainer, vit-pytorch's example loop between its bars, a list of values typed by hand
 FRAMEWORKS = [
     (
         "[2020-01-01 10:00:00,000 INFO] Step {j}/200000; acc:  {i}.50; ppl: {v}; xent: {v}; lr: "
@@ -349,6 +350,20 @@ FRAMEWORKS = [
     "2018-12-12 10:08:09,712 - root - INFO - The train loss of epoch1-batch-{j}:{v}",
     "Total rewards in episode {i} is {v} total number of steps are 3626",
     "I0912 11:40:27.956218 139735407601536 model_lib_v2.py:652] Step {j} per-step time 0.813s loss={v}",
+    (
+        "Epoch: [{i}] Total time: 0:00:41 (1.1597 s / it)\nAveraged stats: lr: 0.003596  min_lr: 0.003596  "
+        "loss: {v} ({v})  class_acc: 0.{i:02d}34 (0.5078)\nAccuracy of the model on the 2297 test images: "
+        "{i}.4%\nMax accuracy: {i}.36%"
+    ),
+    (
+        "VLOG[1] (train-ctc-parallel:EvalParallel():ctc-loss.cc:182) After {j} sequences (1.5Hr): "
+        "Obj(log[Pzx]) = -{v}   TokenAcc = {i}.5557%"
+    ),
+    (
+        "Epoch : {i} - loss : {v} - acc: 0.{i:02d}94 - val_loss : {v} - val_acc: 0.{i:02d}31\n\n"
+        "100%|██████████| 6/6 [00:09<00:00,  1.55s/it]\n  0%|          | 0/6 [00:00<?, ?it/s]"
+    ),
+    "epoch {k}: {v}",
 ]
 
 

@@ -294,3 +294,54 @@ def test_names_a_space_from_their_values_beside_a_labelled_field_are_read() -> N
         "ACC": 0.0,
         "epoch": 18,
     }
+
+
+def test_epoch_summaries_alone_are_read_on_their_epochs(tmp_path: Path) -> None:
+    """ConvNeXt#39: DeiT's MetricLogger summaries pasted without the iteration lines, each after its
+    ``Epoch: [N] Total time`` line, with the evaluation's sentence and best accuracy below: the
+    epochs are the steps (the two ``Max accuracy`` lines are no snapshot of their own)."""
+    block = (
+        "Epoch: [{e}] Total time: 0:00:41 (1.1597 s / it)\n"
+        "Averaged stats: lr: 0.003596  min_lr: 0.003596  loss: {loss} (2.8601)  class_acc: 0.5234 (0.5078)\n"
+        "Accuracy of the model on the 2297 test images: {acc}%\nMax accuracy: {acc}6%\n\n"
+    )
+    path = tmp_path / "paste.log"
+    path.write_text(block.format(e=0, loss=2.2043, acc=44.4) + block.format(e=299, loss=0.6883, acc=55.6))
+    steps = read_log(path).steps
+    assert [s["step"] for s in steps] == [0, 299]
+    assert steps[1][S.ACTOR_LOSS] == 0.6883 and steps[1]["test accuracy"] == 55.6
+
+
+def test_a_bars_redraws_on_one_line_are_each_a_record(tmp_path: Path) -> None:
+    """fairseq#430: a tqdm bar's redraws pasted without the carriage returns between them, each
+    state its own record on the update count its postfix names."""
+    state = "| epoch 009:   {p}%| | {i}/35 [00:0{i}<00:40,  1.18s/it, loss={loss}, ppl=25.2, num_updates={u}"
+    line = "".join(state.format(p=3 * i, i=i, loss=11.3 + 0.1 * i, u=280 + i) for i in range(1, 5))
+    path = tmp_path / "paste.log"
+    path.write_text(line + "\n")
+    steps = read_log(path).steps
+    assert [s["step"] for s in steps] == [281, 282, 283, 284]
+    assert [s[S.ACTOR_LOSS] for s in steps] == pytest.approx([11.4, 11.5, 11.6, 11.7])
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "value"),
+    [
+        ("Episode 39{i}: 12.0", S.REWARD_MEAN, 12.0),  # an RL loop's episode and its reward
+        ("epoch {i}: 2.838", "value", 2.838),  # a value the paste does not name
+        (
+            "I0609 18:33:02.396359 1400 impala_lite.py:178] Episode ended with reward: -1.0",
+            S.REWARD_MEAN,
+            -1.0,
+        ),
+    ],
+)
+def test_a_counter_and_its_unnamed_value_or_an_episodes_sentence_is_read(
+    tmp_path: Path, line: str, key: str, value: float
+) -> None:
+    """cyoon1729/deep-Q-networks#3, DeiT#160 and Haiku's IMPALA (dm-haiku#160): no step recognised
+    before; each line a record, its number under the name the line gives it."""
+    path = tmp_path / "paste.log"
+    path.write_text("".join(line.format(i=i) + "\n" for i in range(3)))
+    steps = read_log(path).steps
+    assert len(steps) == 3 and steps[0][key] == value

@@ -111,7 +111,8 @@ def sniff(log: LogFile) -> Sniff:
     rest = [line for line, found in read if found is None]
     loose = sum(1 for line in rest if records.record(line) is not None)
     mentions = sum(1 for line in rest if plain.is_record(line))
-    if fields and _snapshot_votes(fields, loose) >= max(loose, mentions):
+    banners = sum(1 for line in rest if records.is_banner(line)) if loose else 0  # the records' steps
+    if fields and _snapshot_votes(fields, loose) >= max(loose + banners, mentions):
         return Sniff("key-values", Counter({"key-values": len(fields)}))
     if loose:
         return Sniff("records", Counter({"records": loose}))

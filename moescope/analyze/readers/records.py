@@ -106,8 +106,10 @@ _SR_COUNT = rf"\[({INT})/({INT})\]"  # EDSR's samples of the epoch: "[1600/16000
 # an epoch's (or an episode's, a round's) own line: its marker in MARKS, the step only where it logs
 # once an epoch (:func:`_epochs_printed_within`)
 _EPOCH_LINE = re.compile(
-    rf"(?<![\w/])(?<![Ee]nd of )(?:Epoch|Episode|Ep\.?|Round)\s*#?\s*({INT})(?:\s*/\s*{INT})?"
-    rf"(?=\s*(?::|,|\||(?:Complete|completed|finished|done)\b|\]\s*$)|\s+-\s"
+    rf"(?<![\w/])(?<![Ee]nd of )(?:(?:Epoch|Episode|Ep\.?|Round)\s*(?:#|\s:(?=\s*{INT}\s+-\s))?\s*"
+    rf"|Epoch:\s*\[\s*(?={INT}\s*\]\s+Total time:))"  # MetricLogger's "Epoch: [3] Total time: …"
+    rf"({INT})(?:\s*/\s*{INT})?"
+    rf"(?=\s*(?::|,|\||(?:Complete|completed|finished|done)\b|\]\s*$|\]\s+Total time:)|\s+-\s"
     rf"|[\])]?(?:{_NAME_THEN_VALUE}|{_CODE_NAME_THEN_VALUE}))",
     re.I,
 )
@@ -554,11 +556,24 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     return None
 
 
+def _redraws(line: str) -> list[str]:
+    """A progress bar's states glued on one line, each from its description on (fairseq's ``|
+    epoch 009:   3%| | 1/35 […, loss=11.323, …, num_updates=281, …]| epoch 009:   6%| | 2/35 …``, a
+    paste that lost the carriage returns between redraws); ``[]`` where the bars' descriptions
+    differ (trlx's rollout bar glued before its training bar: :func:`_last_bar`)."""
+    first = _BAR.search(line)
+    described = line[: first.start()].strip() if first else ""
+    if len(described) < 3 or line.count(described) < 2:
+        return []
+    starts = [m.start() for m in re.finditer(re.escape(described), line)]
+    return [line[a:b] for a, b in pairwise([*starts, len(line)])]
+
+
 def _named_step(fields: dict[str, Any], counted: int) -> int:
     """The global step a bar's description names (Yet-Another-EfficientDet's ``Step: 69983. Epoch:
     1999/2000. Iteration: 19/35. Cls loss: …:  54%|█████▍ | 19/35``), taken out of the fields;
     else the bar's own count."""
-    for key in ("Step", "step", "global_step"):
+    for key in ("Step", "step", "global_step", "num_updates"):  # fairseq's bar: "num_updates=281"
         value = fields.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             del fields[key]
@@ -749,6 +764,39 @@ _LR_SET_TO = re.compile(
 # 0.4732 PSNR 5.3944", each set's metrics under its name ("test/L1"), not one L1 the train set replaces
 _SPLAT_EVAL = re.compile(rf"\[ITER\s+({INT})\]\s+Evaluating\s+(\w+):\s+L1\s+({NUMBER})\s+PSNR\s+({NUMBER})")
 
+# DeiT's (ConvNeXt's, BEiT's, MAE's) evaluation, after its epoch's "Averaged stats:": "Accuracy of the
+# network on the 50000 test images: 81.8%" (its top-1 accuracy)
+_TEST_IMAGES = re.compile(rf"Accuracy of the (?:model|network) on the {INT} test images:\s*(?={NUMBER}%)")
+
+# EESEN's CTC trainer (Kaldi's logging): "VLOG[1] (train-ctc-parallel:EvalParallel():ctc-loss.cc:182)
+# After 280196 sequences (343.467Hr): Obj(log[Pzx]) = -34.12   TokenAcc = 65.5557%", the sequences
+# seen the step, the objective log P(z|x) a log-likelihood: its negation is the CTC loss
+_EESEN = re.compile(
+    rf"^.*?\bAfter\s+({INT})\s+sequences\s*\([\d.]+\s*Hr\):\s*Obj\(log\[Pzx\]\)\s*=\s*(?P<obj>{NUMBER})"
+)
+
+
+def _eesen(match: re.Match[str]) -> str:
+    obj = match["obj"]
+    return f"step {match[1]} | ctc loss: {obj[1:] if obj.startswith('-') else '-' + obj.lstrip('+')} |"
+
+
+# a counter and one number after it, unnamed: an RL loop's "Episode 399: 12.0" (the episode's reward),
+# a list typed out by hand, "epoch 5: 2.838" (a value the log does not name)
+_COUNTER_VALUE = re.compile(
+    rf"^\s*(?P<counter>[Ee]pisode|[Ee]poch|[Ss]tep|[Ii]teration|[Ii]ter)\s*#?\s*({INT})\s*:\s*(?={NUMBER}\s*$)"
+)
+# an RL loop's sentence: "Episode ended with reward: 1.0" (Haiku's IMPALA), "Episode finished, return: 3"
+_EPISODE_ENDED = re.compile(
+    r"\b[Ee]pisode\s+(?:ended|finished|done|completed?)\s*(?:with|,)?\s*(?:a\s+|total\s+)?(reward|return|score)\b"
+)
+
+
+def _counter_value(match: re.Match[str]) -> str:
+    name = "episode_reward" if match["counter"].lower() == "episode" else "value"
+    return f"{match['counter']} {match[2]} | {name}: "
+
+
 _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     *((word, _FOR_COUNTER, r"\g<mark> | \g<key>: ") for word in (" for ", " at ", " after ", " in ")),
     (" is ", _SAID_TO_BE, r"\g<key>: "),
@@ -768,6 +816,10 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     (", Steps:", _FORECAST_EPOCH, r"epoch: \1 | Train Loss:"),
     ("Vali Loss:", _FORECAST_VALI, " | val loss:"),
     ("Test Loss:", _FORECAST_TEST, " | test loss:"),
+    (" test images: ", _TEST_IMAGES, "test accuracy: "),
+    (" sequences (", _EESEN, _eesen),
+    (":", _COUNTER_VALUE, _counter_value),
+    ("pisode ", _EPISODE_ENDED, r"episode_\1"),
     (" cost time:", _FORECAST_COST, "epoch time:"),
     ("rate to", _LR_SET_TO, "lr: "),
     ("lr to", _LR_SET_TO, "lr: "),
@@ -841,22 +893,34 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
     epoch = None  # the epoch of Keras's last "Epoch e/E" (or "Epoch e") header, and whether it has /E
     banner = None  # the epoch of the last banner line ("EPOCH 1:", "[ Epoch 0 ]")
 
+    counted = False  # whether a record named its step
+
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
-        nonlocal epoch, banner
+        nonlocal epoch, banner, counted
         end = unwrap(lines, i, width)  # a record a terminal wrapped at its width: pieces rejoined
         text = lines[i] if end == i + 1 else "".join(lines[i:end])
         header = _epoch_header(text)
         if header:
             epoch = header
             return [], end
+        redrawn = _redraws(text) if text.count("%|") > 1 else []
+        if redrawn:  # a bar's redraws on one line, the carriage returns between them lost in the paste
+            read = [(record(piece), piece) for piece in redrawn]
+            return [Row(f[0], f[2], piece, i + 1) for f, piece in read if f], end
         found = record(text)
         if found is None:
             mark = marker(text)  # "Train step 5/1000 done.": the step the lines below belong to
             if not (mark and _marks_only(text, mark[2])):
                 return None
-            banner = mark[1] if mark[2].re is _EPOCH_LINE else banner
+            # MetricLogger's "Epoch: [3] Total time: …" over its epoch's averages: their step only
+            # where no iteration line gave one (else they join the epoch's last iteration)
+            summary = _EPOCH_SUMMARY in text
+            if summary and counted:
+                return None
+            banner = mark[1] if mark[2].re is _EPOCH_LINE and not summary else banner
             return [Row(mark[1], {}, text, i + 1)], end
         step, framework, fields = found
+        counted = counted or step is not None
         if banner is not None and step is not None and "epoch" not in fields:
             fields["epoch"] = banner  # a counter under an epoch's banner starts over each epoch
         if framework:
@@ -1003,6 +1067,16 @@ _DATED = re.compile(
     r"\s*\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d"
     rf"|{_GLOG_TIME}|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):\w"
 )
+
+
+_EPOCH_SUMMARY = "] Total time:"
+
+
+def is_banner(line: str) -> bool:
+    """A line that is only a step marker, the records below it its step's (``Epoch: [3] Total
+    time: 0:00:41``, ``EPOCH 1:``)."""
+    mark = marker(line)
+    return mark is not None and _marks_only(line, mark[2]) and record(line) is None
 
 
 def _marks_only(line: str, match: re.Match[str]) -> bool:

@@ -20,6 +20,8 @@ from moescope.analyze.rules.thresholds import (
     DIVERGENCE_FACTOR,
     FINE_DIGITS,
     FLAT_SHARE,
+    GUESS_LOSS_SHARE,
+    GUESS_SHARE,
     HALF_DIGITS,
     HALF_HELD,
     PINNED_DIGITS,
@@ -28,6 +30,7 @@ from moescope.analyze.rules.thresholds import (
     PLATEAU_RECORDS,
     PLATEAU_SPREAD,
     REPLAYED_RUN,
+    STUCK_SHARE,
     SUSTAIN,
     WINDOW,
 )
@@ -40,7 +43,8 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
     values there, one held at the loss of a uniform guess, or an accuracy held at 0 beside a loss
     that does not fall."""
     held = _pinned(trace) or _replayed(trace) or _recycled(trace)
-    return held or _at_chance(trace) or _nothing_right(trace) or _one_class(trace) or _lm_plateau(trace)
+    held = held or _at_chance(trace) or _guessing(trace) or _nothing_right(trace)
+    return held or _one_class(trace) or _lm_plateau(trace)
 
 
 def _pinned(trace: Trace) -> list[Finding]:
@@ -124,6 +128,37 @@ def _at_chance(trace: Trace) -> list[Finding]:
     return []
 
 
+def _guessing(trace: Trace) -> list[Finding]:
+    """A loss near ln K beside an accuracy near 1/K on the log's last record of both: a model
+    that guesses among K classes, which the two numbers name together where neither is printed at
+    exactly the uniform guess (ConvNeXt on two classes after 300 epochs, ``loss: 0.6883`` beside
+    ``class_acc: 0.5352``). Not in RL, nor a best accuracy so far."""
+    if is_rl(trace):
+        return []
+    for key in (*lm_losses(trace), *held_out_losses(trace)):
+        points = series(trace, key)
+        if not points:
+            continue
+        step, loss = points[-1]
+        for name in accuracies(trace):
+            share = _share(dict(series(trace, name)).get(step, 0.0))
+            classes = round(1 / share) if share > 0 and "max" not in name.lower() else 0
+            level = math.log(classes) if classes >= 2 else 0.0
+            if (
+                not level
+                or abs(share * classes - 1) > GUESS_SHARE
+                or abs(loss - level) > GUESS_LOSS_SHARE * level
+            ):
+                continue
+            message = (
+                f"{key} is {loss:.4g} at step {step}, near ln {classes} = {level:.4g}, the loss of a uniform "
+                f"guess among {classes} classes, and {name} beside it is near 1/{classes}: the model "
+                "guesses, its outputs not depending on its inputs."
+            )
+            return [zero_grad([step], message, key=key, value=loss, classes=classes, accuracy=name)]
+    return []
+
+
 def _accuracy_of_one_in(trace: Trace, step: int, classes: int) -> str | None:
     """An accuracy (not RL's, not a best so far) logged at ``step`` as exactly 1/``classes``, as a
     share or a percentage: with a loss at ln ``classes`` on that record, two numbers that name the
@@ -147,23 +182,24 @@ def _nothing_right(trace: Trace) -> list[Finding]:
     loss at 1.08e+02). Not in RL, where an accuracy of 0 is the rewards' (``no_signal``'s)."""
     if is_rl(trace):
         return []
-    loss = next((key for key in lm_losses(trace) if series(trace, key)), None)
+    loss = next((key for key in (*lm_losses(trace), *held_out_losses(trace)) if series(trace, key)), None)
     held: list[tuple[str, float, list[tuple[int, float]], int]] = []
     for key in logged_keys(trace) if loss else ():
         nothing = _nothing_right_at(key)
         points = series(trace, key) if nothing else []
         if points and points[-1][1] in nothing:
             held.append((key, points[-1][1], points, _held_at_end(points, points[-1][1])))
-    least = SUSTAIN if sum(1 for *_, run in held if run >= SUSTAIN) >= 2 else REPLAYED_RUN
+    two = sum(1 for *_, run in held if run >= SUSTAIN) >= 2
+    least, share = (SUSTAIN, STUCK_SHARE) if two else (REPLAYED_RUN, FLAT_SHARE)
     logged = dict(series(trace, loss)) if loss else {}
     for key, nothing, points, run in held:
         steps = [s for s, _ in points[len(points) - run :]]
         beside = [logged[s] for s in steps if s in logged]
-        if run < least or len(beside) < run or not _not_falling(beside[-least:]):
+        if run < least or len(beside) < run or not _not_falling(beside[-least:], share):
             continue
         message = (
             f"{key} is {nothing:g} on {_records(run, len(points))}, from step "
-            f"{steps[0]}, while {loss} holds at {beside[-1]:.4g}: the model gets no prediction right "
+            f"{steps[0]}, while {loss} {_holds(beside[-least:])}: the model gets no prediction right "
             "and no update changes that."
         )
         return [zero_grad(steps, message, key=key, loss=loss)]
@@ -291,14 +327,19 @@ def _flat(values: list[float]) -> bool:
     return max(values) - min(values) <= FLAT_SHARE * abs(float(np.mean(values)))
 
 
-def _not_falling(values: list[float]) -> bool:
-    """Flat, or its later half no lower than its earlier half's mean by ``FLAT_SHARE``: a loss
+def _holds(values: list[float]) -> str:
+    """How a loss that does not fall moves: held, or from where to where."""
+    return f"holds at {values[-1]:.4g}" if _flat(values) else f"goes from {values[0]:.4g} to {values[-1]:.4g}"
+
+
+def _not_falling(values: list[float], share: float = FLAT_SHARE) -> bool:
+    """Flat, or its later half no lower than its earlier half's mean by ``share``: a loss
     that bounces or creeps up (PaddleOCR's recogniser at 116.6, 115.9, 117.5, 117.9 beside an
     accuracy of 0) is not falling either."""
     half = len(values) // 2
     if _flat(values):
         return True
-    return half > 0 and float(np.mean(values[-half:])) >= (1 - FLAT_SHARE) * float(np.mean(values[:half]))
+    return half > 0 and float(np.mean(values[-half:])) >= (1 - share) * float(np.mean(values[:half]))
 
 
 _CHANCE_MAX = 25.0  # nats: a guess among e^25 (7e10) classes; beyond, no print tells K from K ± 1

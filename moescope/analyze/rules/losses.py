@@ -115,7 +115,8 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
             out.append(absurd)
     if own:
         out = _one_of_own(trace, out)
-    found = out or _any_loss_absurd(trace) or _perplexity_risen(trace) or _worse_at_its_data(trace)
+    found = out or _any_loss_absurd(trace) or _perplexity_overflowed(trace) or _perplexity_risen(trace)
+    found = found or _worse_at_its_data(trace)
     return found or _far_above_its_best(trace) or _guard_stopped(trace)
 
 
@@ -255,7 +256,50 @@ def _any_loss_absurd(trace: Trace) -> list[Finding]:
 
 def _perplexities(trace: Trace) -> list[str]:
     """The perplexities logged (``ppl``, ``valid/ppl``, ``Validation perplexity``)."""
-    return [k for k in logged_keys(trace) if k.lower().endswith(("ppl", "perplexity"))]
+    return [k for k in logged_keys(trace) if _is_perplexity(k)]
+
+
+def _is_perplexity(key: str) -> bool:
+    return key.lower().endswith(("ppl", "perplexity"))
+
+
+# ln of float32's largest number: a perplexity, exp of the loss, is infinite past it
+_EXP_OVERFLOW = math.log(3.4028234663852886e38)
+
+
+def overflowed_loss(record: dict, key: str) -> str | None:
+    """The loss of ``record`` whose exponential its infinite perplexity ``key`` is: a finite loss
+    above ln of float32's largest number (OpenNMT-tf's ``loss = 148890.718750 ; perplexity =
+    inf``), no NaN or Inf the model computed but a number too large to exponentiate."""
+    if not _is_perplexity(key) or record.get(key) != math.inf:
+        return None
+    return next(
+        (
+            k
+            for k, v in record.items()
+            if names_a_loss(k) and isinstance(v, int | float) and _EXP_OVERFLOW < v < math.inf
+        ),
+        None,
+    )
+
+
+def _perplexity_overflowed(trace: Trace) -> list[Finding]:
+    """A perplexity infinite as the exponential of a loss too large for it: the loss diverged."""
+    for key in _perplexities(trace):
+        values = column(trace, key)
+        infinite = (i for i, v in enumerate(values) if v == math.inf) if math.inf in values else ()
+        at = next((i for i in infinite if overflowed_loss(trace.steps[i], key)), None)
+        if at is None:
+            continue
+        record, step = trace.steps[at], step_of(trace.steps[at], at)
+        loss = overflowed_loss(record, key)
+        message = (
+            f"{key} is inf at step {step}, the exponential of {loss} = {record[loss]:.6g}, a "
+            f"cross-entropy above {_EXP_OVERFLOW:.1f} nats that no uniform guess reaches: the "
+            "weights diverged."
+        )
+        return [Finding("loss_divergence", step, "error", message, {"key": loss, "value": record[loss]})]
+    return []
 
 
 _PERPLEXED = (

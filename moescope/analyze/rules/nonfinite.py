@@ -16,7 +16,7 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers._rows import wholly_skipped
-from moescope.analyze.rules.losses import is_rl, names_a_loss
+from moescope.analyze.rules.losses import is_rl, names_a_loss, overflowed_loss
 from moescope.analyze.rules.series import (
     column,
     is_number,
@@ -139,7 +139,7 @@ def _bad_steps(trace: Trace) -> list[tuple[int, list[str]]]:
     bad_steps: list[tuple[int, list[str]]] = []
     for i in _suspects(trace, numeric):
         rec = trace.steps[i]
-        keys = [k for k, v in rec.items() if k in numeric and _bad(v)]
+        keys = [k for k, v in rec.items() if k in numeric and _bad(v) and overflowed_loss(rec, k) is None]
         if rec.get(S.NONFINITE) and S.NONFINITE not in keys:
             keys.append(S.NONFINITE)
         if keys and _fp16_skip(rec) and all(_family(k) == "gradients" for k in keys):

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import re
+
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.frozen import printed_in_text
-from moescope.analyze.rules.losses import names_a_loss
+from moescope.analyze.rules.losses import HELD_OUT_KEY, names_a_loss
 from moescope.analyze.rules.series import (
     column,
     fall_from_peak,
@@ -68,10 +70,20 @@ REWARD_FALL = 0.2  # a running mean reward below this share of its early level, 
 
 
 def check_reward_collapse(trace: Trace) -> list[Finding]:
+    """The mean reward's running mean fallen below ``REWARD_FALL`` of its early level or its
+    peak; else, in RL, an evaluation's reward or a win or success rate fallen so (QMIX on SMAC
+    after a harder map: ``test_avg_winrate`` 0.7 to 0.0 while the training reward still rises)."""
     key = first_logged(trace, (S.REWARD_MEAN,))
     if key is None:
         return []
-    points = series(trace, key)
+    for name in (key, *_performance(trace)):
+        found = _collapse(name, series(trace, name))
+        if found:
+            return found
+    return []
+
+
+def _collapse(key: str, points: list[tuple[int, float]]) -> list[Finding]:
     fall = shift(
         points,
         lambda v, base: v < REWARD_FALL * base,
@@ -84,11 +96,25 @@ def check_reward_collapse(trace: Trace) -> list[Finding]:
     if fall is None:
         return []
     lowest = min(fall.running)
+    what = "Reward" if key == S.REWARD_MEAN else key
     message = (
-        f"Reward collapses from step {fall.step}: running mean {lowest:.3g} against {against} of "
+        f"{what} collapses from step {fall.step}: running mean {lowest:.3g} against {against} of "
         f"{fall.base:.3g}."
     )
     return [fall.finding("reward_collapse", "error", message, key=key, baseline=fall.base, lowest=lowest)]
+
+
+# what an RL run scores beside its training reward: an evaluation's reward or return, a win or success rate
+_PERFORMANCE = re.compile(r"win_?rate|success_?rate")
+
+
+def _performance(trace: Trace) -> list[str]:
+    return [
+        key
+        for key in logged_keys(trace)
+        if _PERFORMANCE.search(low := key.lower())
+        or (HELD_OUT_KEY.match(low) and ("reward" in low or "return" in low))
+    ]
 
 
 NO_SIGNAL_KEYS = (S.NO_SIGNAL_FRAC, S.ADVANTAGE_MAX, S.ADVANTAGE_MIN, S.REWARD_STD)  # what _no_signal reads

@@ -75,12 +75,21 @@ VANISHED_LR = 1e-15
 # distance to ln(K ± 1), past half a unit of the last digit printed, which must tell K from K ± 1
 CHANCE_SPREAD = 1e-3
 CHANCE_RESOLUTION = 0.25
+# ...or, on one record, a loss within GUESS_LOSS_SHARE of ln K beside an accuracy within GUESS_SHARE
+# of 1/K, two numbers that name the same guess (ConvNeXt on two classes after 300 epochs: loss
+# 0.6883 beside ln 2 = 0.6931, class_acc 0.5352)
+GUESS_LOSS_SHARE = 0.01
+GUESS_SHARE = 0.1
 # a model getting worse at its own training data: the median training loss of the last third of the
 # records this many times that of the first third while the median accuracy falls to this share of
 # its own (an SFT run "degrading": ms-swift#3617, loss 2.81 -> 5.29 while token_acc 0.46 -> 0.22)
 WORSE_LOSS = 1.5
 WORSE_ACCURACY = 2 / 3
 FLAT_SHARE = 0.01  # a loss that moves by less than this share of itself over some records does not fall
+# ...nor, where two error rates hold at 100 beside it, one falling by less than this share: a CTC model
+# that emits only blanks creeps down while every word stays wrong (SpeechBrain's wav2vec2 at 3.11 to
+# 2.89 over four epochs, fairseq's valid_loss 898 to 885, both at a WER of 100)
+STUCK_SHARE = 0.05
 # a language model's perplexity held at or above PLATEAU_PPL (a unigram model's level, or worse) on
 # PLATEAU_RECORDS or more records a log ends on, within PLATEAU_SPREAD of its mean in loss and
 # without falling by FLAT_SHARE / 2 from the first third of them to the last: no update improves it
