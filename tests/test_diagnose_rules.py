@@ -1162,3 +1162,20 @@ def test_a_win_rate_that_falls_to_nothing_is_a_collapse_while_the_training_rewar
     text = "".join(line.format(e=100 * i, r=1.5 + 0.1 * i, t=4 + 20 * w, w=w) for i, w in enumerate(rates))
     found = findings_of(tmp_path, text)["reward_collapse"]
     assert "test_avg_winrate" in found.message and found.step == 800
+
+
+@pytest.mark.parametrize(
+    ("rewards", "found"),
+    [
+        ("1 1 1 -1 1 -1 -1 -1 -1 1 -1 -1 -1 -1 -1", False),  # a policy at chance, its wins by luck
+        ("1 1 1 1 1 1 1 1 1 1 -1 -1 -1 -1 -1 -1 -1 -1 -1 -1", True),  # every episode lost from the 11th on
+    ],
+)
+def test_a_win_or_lose_reward_collapses_only_past_its_noise(
+    tmp_path: Path, rewards: str, found: bool
+) -> None:
+    """dm-haiku#160: IMPALA on Catch, each episode won or lost (±1); its first three wins then a
+    loss, a win and losses are the noise of a policy at chance, no collapse at the sixth episode."""
+    line = "I0609 18:33:02.396359 1400 impala_lite.py:178] Episode ended with reward: {r}\n"
+    text = "".join(line.format(r=r) for r in rewards.split())
+    assert ("reward_collapse" in findings_of(tmp_path, text)) is found

@@ -347,7 +347,10 @@ def shift(
 ) -> Shift | None:
     """Where ``crossed(running value, baseline)`` first holds for ``SUSTAIN`` steps, dated back to
     the first raw value that crossed; None when it never does. With ``gap`` (the baseline → how
-    far the running value must move to cross), the running mean spans :func:`noise_window` steps."""
+    far the running value must move to cross), the running mean spans :func:`noise_window` steps;
+    of a series of two values (a win or a loss an episode) only a mean over that many is judged:
+    Haiku's IMPALA on Catch, three wins, then a loss, a win, a loss, is no collapse at its sixth
+    episode."""
     values = [v for _, v in points]
     if len(values) < min_points:
         return None
@@ -356,7 +359,8 @@ def shift(
         return None
     width = SUSTAIN if gap is None else noise_window(values, gap(base))
     trail = running(values, width, stat)
-    start = sustained([crossed(r, base) for r in trail])
+    judged = width - 1 if gap is not None and len(set(values)) <= 2 else 0  # a win or a loss: whole windows
+    start = sustained([i >= judged and crossed(r, base) for i, r in enumerate(trail)])
     if start is None:
         return None
     return Shift(points[backdate(values, start, lambda v: crossed(v, base))][0], base, trail)
