@@ -1179,3 +1179,52 @@ def test_a_win_or_lose_reward_collapses_only_past_its_noise(
     line = "I0609 18:33:02.396359 1400 impala_lite.py:178] Episode ended with reward: {r}\n"
     text = "".join(line.format(r=r) for r in rewards.split())
     assert ("reward_collapse" in findings_of(tmp_path, text)) is found
+
+
+def test_tensorflows_check_numerics_is_a_nonfinite_alert(tmp_path: Path) -> None:
+    """FPN_Tensorflow#2: the Object Detection API's trainer stops on ``LossTensor is inf or nan. :
+    Tensor had NaN values``, after its last finite records."""
+    line = "INFO:tensorflow:global step {s}: loss = {v} (0.131 sec/step)\n"
+    text = "".join(line.format(s=s, v=v) for s, v in ((124368, 0.114), (124369, 0.0992), (124370, 0.0627)))
+    text += (
+        "INFO:tensorflow:Error reported to Coordinator: <class 'tensorflow.python.framework.errors_impl."
+        "InvalidArgumentError'>, LossTensor is inf or nan. : Tensor had NaN values\n"
+    )
+    assert findings_of(tmp_path, text)["nonfinite"].step == 124370
+
+
+@pytest.mark.parametrize(("zeros", "found"), [(11, True), (3, False)])
+def test_a_logs_one_loss_of_its_own_held_at_zero_is_zero_grad(
+    tmp_path: Path, zeros: int, found: bool
+) -> None:
+    """SEC-MXNet#8: ``MultiLogisticLoss=0.000000`` batch after batch, the one loss the log names; a
+    loss a key map does not know needs five records at 0, not two."""
+    line = "Epoch[1] Batch[{b}]\tSpeed: 29.01 samples/sec\t\tMultiLogisticLoss={v}\n"
+    values = ["0.100427"] + ["0.000000"] * zeros
+    text = "".join(line.format(b=10 * (i + 1), v=v) for i, v in enumerate(values))
+    assert ("zero_grad" in findings_of(tmp_path, text)) is found
+
+
+@pytest.mark.parametrize(
+    ("accuracies", "found"),
+    [("0.42 0.41 0.39 0.37 0.35 0.34", True), ("0.42 0.41 0.43 0.40 0.44 0.45", False)],
+)
+def test_a_loss_that_climbs_while_the_accuracy_falls_on_every_record_diverges(
+    tmp_path: Path, accuracies: str, found: bool
+) -> None:
+    """keras#932 (rmsprop): the loss rises on five records in a row and the accuracy falls on every
+    one; an accuracy that does not fall with it leaves a climb this small unjudged."""
+    line = "Epoch {e}/20\n370784/370784 [==============================] - 6700s - loss: {v} - acc: {a}\n"
+    losses = (1.8887, 1.9328, 1.9986, 2.0482, 2.1057, 2.1578)
+    text = "".join(
+        line.format(e=e, v=v, a=a) for e, (v, a) in enumerate(zip(losses, accuracies.split(), strict=True), 1)
+    )
+    assert ("loss_divergence" in findings_of(tmp_path, text)) is found
+
+
+def test_a_loss_named_cross_entropy_is_judged_as_a_loss(tmp_path: Path) -> None:
+    """horovod#1737: TF DeepLab logs its loss as ``cross_entropy``, thousands of times its level on
+    the record a paste ends on."""
+    line = "INFO:tensorflow:cross_entropy = {v}, learning_rate = 0.0139, train_px_accuracy = 0.6 (7.3 sec)\n"
+    text = "".join(line.format(v=v) for v in (3.2, 3.4, 3.3, 3.1, 3.2, 3936.9))
+    assert findings_of(tmp_path, text)["loss_divergence"].evidence["key"] == "cross_entropy"

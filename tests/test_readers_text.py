@@ -345,3 +345,46 @@ def test_a_counter_and_its_unnamed_value_or_an_episodes_sentence_is_read(
     path.write_text("".join(line.format(i=i) + "\n" for i in range(3)))
     steps = read_log(path).steps
     assert len(steps) == 3 and steps[0][key] == value
+
+
+def test_a_clock_after_a_tables_columns_is_passed_over(tmp_path: Path) -> None:
+    """CT-GAN#1: rows of ``|``-separated numbers under a header of names, each row ending in the
+    time it took (``2 days, 12:04:16.416641``), a column no name stands over."""
+    rows = "".join(
+        f"0.00{i}051 | 100 | {6 - 0.1 * i:.6f} | 2 days, 12:04:{10 + i}.416641\n" for i in range(4)
+    )
+    path = tmp_path / "paste.log"
+    path.write_text("D_loss       acc     G_loss\n" + rows)
+    steps = read_log(path).steps
+    assert (
+        len(steps) == 4
+        and steps[1]["G_loss"] == 5.9
+        and set(steps[1]) == {"step", "D_loss", "acc", "G_loss", "raw"}
+    )
+
+
+def test_names_then_their_values_each_cut_at_a_bar_are_paired(tmp_path: Path) -> None:
+    """DCGAN-for-Bird-Generation#12: ``Batch 168/170 generator loss | discriminator loss :
+    3.7583103 | 0.9910032``, the batch the step and each value under the name in its place."""
+    line = "   Batch {b}/170 generator loss | discriminator loss : {g} | 0.99 - batch took 2.1 s.\n"
+    path = tmp_path / "paste.log"
+    path.write_text("".join(line.format(b=b, g=3 + 0.1 * b) for b in (168, 169, 170)))
+    steps = read_log(path).steps
+    assert [s["step"] for s in steps] == [168, 169, 170]
+    assert steps[0]["generator loss"] == pytest.approx(19.8) and steps[0]["discriminator loss"] == 0.99
+
+
+def test_keras_bars_without_epoch_lines_ending_mid_epoch_are_epochs(tmp_path: Path) -> None:
+    """keras#932: finished bars, one an epoch, pasted without their ``Epoch`` lines, the last bar
+    the epoch the paste ends in: each is its epoch (they were one step, the last a second run)."""
+    done = "370784/370784 [==============================] - 6700s - loss: {v} - acc: 0.42\n"
+    text = "".join(done.format(v=v) for v in (1.8887, 1.9328, 1.9986))
+    text += "137856/370784 [==========>...................] - ETA: 4147s - loss: 2.1578 - acc: 0.3390\n"
+    path = tmp_path / "paste.log"
+    path.write_text(text)
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in read_log(path).steps] == [
+        (1, 1.8887),
+        (2, 1.9328),
+        (3, 1.9986),
+        (4, 2.1578),
+    ]

@@ -12,7 +12,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   returned nan values in its 0th output``) and detectron2's checks (``FloatingPointError: Loss
   became infinite or NaN at iteration=2137!``, ``Predicted boxes or scores contain Inf/NaN.
   Training has diverged.``), NeMo 1.x's ``Loss is NaN or inf.`` and TensorFlow's NaN hook
-  (``ERROR:tensorflow:Model diverged with loss = NaN.``) and deepspeech.pytorch's ``WARNING: received
+  (``ERROR:tensorflow:Model diverged with loss = NaN.``) and CheckNumerics op (``LossTensor is inf
+  or nan. : Tensor had NaN values``) and deepspeech.pytorch's ``WARNING: received
   a nan loss, setting loss value to 0`` (the loss then printed 0) → ``health/nonfinite``;
 - PaddleNLP's ``optimizer not run, scale_before: 0.25, scale_after: 0.125`` → ``optim/skipped``,
   the scale it tried and the one it left; guided-diffusion's ``Found NaN, decreased lg_loss_scale to
@@ -142,6 +143,9 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     (re.compile(r"contain Inf/NaN\. Training has diverged"), _count(S.NONFINITE)),
     # TensorFlow's NanTensorHook (Estimator, BERT / ELECTRA / T5's TF trainers)
     (re.compile(r"Model diverged with loss = (?:NaN|Inf)"), _count(S.NONFINITE)),
+    # its CheckNumerics op (the Object Detection API's trainer): "LossTensor is inf or nan. : Tensor
+    # had NaN values"
+    (re.compile(r"Tensor had (?:NaN|Inf) values"), _count(S.NONFINITE)),
     # karpathy's neuraltalk and char-rnn stop on a loss far above their first: "Aboring, cost seems to
     # be exploding. Run gradcheck? Lower the learning rate?", "loss is exploding, aborting."
     (re.compile(r"(?:loss|cost) (?:seems to be|is) exploding", re.IGNORECASE), _count(S.DIVERGED)),

@@ -266,6 +266,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # "100: loss=6.7"
     # (not a date's day before its month, RecBole's "27 Nov 14:49    INFO  epoch 0 training [...")
     (None, re.compile(rf"^\s*({INT}):?(?!\s+{_MONTH}\w*\.?\s+\d){_NAME_THEN_VALUE}"), lambda m: int(m[1])),
+    # a batch counted over its total, where no other marker reads the line: DCGAN-for-Bird-Generation's
+    # "Batch 168/170 generator loss | …" (an epoch's batches are counted across epochs above)
+    (None, re.compile(rf"(?<![\w/.])[Bb]atch\s+({INT})\s*/\s*{INT}(?![\w/]|\.\d)"), lambda m: int(m[1])),
 )
 # the lookahead only skips the positions no separator starts at (most of them) before the
 # alternatives are tried: the same splits, in half the time; a number ending a sentence ("Mean
@@ -766,7 +769,7 @@ _SPLAT_EVAL = re.compile(rf"\[ITER\s+({INT})\]\s+Evaluating\s+(\w+):\s+L1\s+({NU
 
 # DeiT's (ConvNeXt's, BEiT's, MAE's) evaluation, after its epoch's "Averaged stats:": "Accuracy of the
 # network on the 50000 test images: 81.8%" (its top-1 accuracy)
-_TEST_IMAGES = re.compile(rf"Accuracy of the (?:model|network) on the {INT} test images:\s*(?={NUMBER}%)")
+_TEST_IMAGES = re.compile(rf"Accuracy of the (?:model|network) on the {INT} test images:\s*(?=(?:{NUMBER})%)")
 
 # EESEN's CTC trainer (Kaldi's logging): "VLOG[1] (train-ctc-parallel:EvalParallel():ctc-loss.cc:182)
 # After 280196 sequences (343.467Hr): Obj(log[Pzx]) = -34.12   TokenAcc = 65.5557%", the sequences
@@ -784,12 +787,27 @@ def _eesen(match: re.Match[str]) -> str:
 # a counter and one number after it, unnamed: an RL loop's "Episode 399: 12.0" (the episode's reward),
 # a list typed out by hand, "epoch 5: 2.838" (a value the log does not name)
 _COUNTER_VALUE = re.compile(
-    rf"^\s*(?P<counter>[Ee]pisode|[Ee]poch|[Ss]tep|[Ii]teration|[Ii]ter)\s*#?\s*({INT})\s*:\s*(?={NUMBER}\s*$)"
+    rf"^\s*(?P<counter>[Ee]pisode|[Ee]poch|[Ss]tep|[Ii]teration|[Ii]ter)\s*#?\s*({INT})\s*:\s*(?=(?:{NUMBER})\s*$)"
 )
 # an RL loop's sentence: "Episode ended with reward: 1.0" (Haiku's IMPALA), "Episode finished, return: 3"
 _EPISODE_ENDED = re.compile(
     r"\b[Ee]pisode\s+(?:ended|finished|done|completed?)\s*(?:with|,)?\s*(?:a\s+|total\s+)?(reward|return|score)\b"
 )
+
+
+# names, then their values in the same order, each list cut at "|": DCGAN-for-Bird-Generation's
+# "Batch 168/170 generator loss | discriminator loss : 3.7583103 | 0.9910032 - batch took 2.1 s."
+_NAMES_THEN_VALUES = re.compile(
+    rf"(?P<names>[A-Za-z_][\w .]*?(?:\s*\|\s*[A-Za-z_][\w .]*?)+)\s*:\s*"
+    rf"(?P<values>(?:{NUMBER})(?:\s*\|\s*(?:{NUMBER}))+)"
+)
+
+
+def _names_then_values(match: re.Match[str]) -> str:
+    names, values = (re.split(r"\s*\|\s*", match[group]) for group in ("names", "values"))
+    if len(names) != len(values):
+        return match.group(0)
+    return " | ".join(f"{name}: {value}" for name, value in zip(names, values, strict=True))
 
 
 def _counter_value(match: re.Match[str]) -> str:
@@ -819,6 +837,7 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     (" test images: ", _TEST_IMAGES, "test accuracy: "),
     (" sequences (", _EESEN, _eesen),
     (":", _COUNTER_VALUE, _counter_value),
+    (" | ", _NAMES_THEN_VALUES, _names_then_values),
     ("pisode ", _EPISODE_ENDED, r"episode_\1"),
     (" cost time:", _FORECAST_COST, "epoch time:"),
     ("rate to", _LR_SET_TO, "lr: "),
@@ -995,11 +1014,12 @@ def _keras_step(text: str, epoch: tuple[int, bool] | None, step: int | None) -> 
 def _bars_as_epochs(rows: list[Row]) -> None:
     """Keras's bars pasted without their ``Epoch e/E`` headers, every one finished (``1875/1875
     [=====] - 5s 3ms/step - loss: 0.49``, a line an epoch; an old Keras counts past the end,
-    ``215424/215375``): each bar's count is the same, so the
+    ``215424/215375``) but the last, the epoch the paste ends in: each bar's total is the same, so the
     bars are numbered as the epochs they end, from 1 (read as their count, they were one step)."""
     bars = [(row, _KERAS_BAR.match(row.raw)) for row in rows]
     ended = [(row, bar) for row, bar in bars if bar is not None]
-    finished = all(int(bar[1]) >= int(bar[2]) for _, bar in ended)  # an old Keras overshoots: 215424/215375
+    # an old Keras overshoots (215424/215375); the last bar may be the epoch the paste ends in
+    finished = all(int(bar[1]) >= int(bar[2]) for _, bar in ended[:-1])
     if len(ended) < 2 or not finished or len({bar[2] for _, bar in ended}) > 1:
         return
     for epoch, (row, _) in enumerate(ended, start=1):

@@ -94,7 +94,9 @@ def header(lines: list[str]) -> int | None:
         if not stepped and not _names_only(line):
             continue
         names = cells(line)
-        rows = (cells(x) for x in lines[i + 1 : i + 4] if x.strip() and not _RULE.match(x))
+        rows = (
+            _clock_cut(cells(x), len(names)) for x in lines[i + 1 : i + 4] if x.strip() and not _RULE.match(x)
+        )
         if len(names) >= 2 and any(len(r) == len(names) and _fits(r, stepped) for r in rows):
             return i
     return None
@@ -208,6 +210,16 @@ def _epoch_row(line: str, width: int) -> tuple[int, list[str]] | None:
     return (int(match[1]), values) if len(values) == width - 1 else None
 
 
+# a clock or a duration printed after a row's columns, under no name of its own: CT-GAN's "0.004051 |
+# 100 | 6.248324 | 2 days, 12:04:16.416641" under "D_loss       acc     G_loss"
+_CLOCK = re.compile(r"(?:\d+\s+days?,?\s*)?\d{1,2}:\d\d(?::\d\d(?:\.\d+)?)?")
+
+
+def _clock_cut(row: list[str], width: int) -> list[str]:
+    """``row`` without the clock printed after its ``width`` columns (none: as it is)."""
+    return row[:width] if len(row) > width and _CLOCK.fullmatch(" ".join(row[width:])) else row
+
+
 def _names_only(line: str) -> bool:
     """A row of two cells or more, cut at ``|``, tabs, runs of spaces or a CSV's commas, whose cells
     are all names (none a number): a header without a step (spaCy's ``LOSS      P       R       F``,
@@ -297,7 +309,7 @@ def read(log: LogFile) -> Parsed:
             return [], i + 1
         if _RULE.match(lines[i]):
             return [], i + 1
-        row = cells(lines[i])
+        row = _clock_cut(cells(lines[i]), len(names))
         if stepped and 2 <= len(row) < len(names) and not _csv(lines[i]):
             row += [""] * (len(names) - len(row))  # the last columns not logged on this row (DeepXDE's
             # test loss and metric between its evaluations)

@@ -15,7 +15,14 @@ import numpy as np
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.frozen import significant_digits, unmoved_loss, zero_grad
-from moescope.analyze.rules.losses import LM_LOSSES, is_rl, lm_losses, names_a_loss
+from moescope.analyze.rules.losses import (
+    LM_LOSSES,
+    is_rl,
+    level_losses,
+    lm_losses,
+    names_a_loss,
+    own_losses,
+)
 from moescope.analyze.rules.series import (
     above_ceiling,
     column,
@@ -40,6 +47,7 @@ from moescope.analyze.rules.thresholds import (
     GRAD_SPIKE_FACTOR,
     GRAD_SPIKE_Z,
     LOW_SCALE,
+    REPLAYED_RUN,
     SETTLED_SCALE,
     SUSTAIN,
     WINDOW,
@@ -219,8 +227,13 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
     non-finite finding): one record of 0 may be a batch whose labels were all masked, two in a
     row are the run (TRL#618's 4-bit SFT, 0.0 after a jump to 31.45, epoch after epoch). A loss of
     another name (one head's of several) counts where an accuracy of 0 stands beside it: PaddleOCR's
-    ``acc: 0.000000, CTCLoss: 0.000000`` while its SAR head's loss moves."""
+    ``acc: 0.000000, CTCLoss: 0.000000`` while its SAR head's loss moves. A log that names no loss
+    a key map knows and one of its own is judged on it, at 0 on ``REPLAYED_RUN`` records or more
+    (SEC-MXNet's ``MultiLogisticLoss=0.000000`` batch after batch)."""
     scored = lm_losses(trace)
+    known = first_logged(trace, level_losses(trace)) is not None
+    own = [] if known else [k for k in own_losses(trace) if "scale" not in k.lower()]
+    scored = tuple(own) if len(own) == 1 else scored
     heads = (
         () if is_rl(trace) else tuple(k for k in logged_keys(trace) if names_a_loss(k) and k not in scored)
     )
@@ -231,7 +244,8 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
             if key in scored
             else partial(_unscored, loss=key)
         )
-        steps = _ending_run(trace, key, flag, length=2)
+        length = REPLAYED_RUN if key in own else 2  # a name of its own: more records, however short the paste
+        steps = _ending_run(trace, key, flag, least=length if key in own else 1, length=length)
         if steps:
             last = dict(series(trace, key))[steps[-1]]
             zero = "0" if last == 0 else f"{last:.3g}, 0 but for rounding,"

@@ -3,6 +3,7 @@ leaving its reference in one step."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import statistics
@@ -30,6 +31,7 @@ from moescope.analyze.rules.thresholds import (
     KL_BLOWUP_MIN,
     KL_CEILING,
     LOSS_CEILING,
+    PAIRED_CLIMB,
     PERPLEXITY_CEILING,
     STEADY_CLIMB,
     SUSTAIN,
@@ -57,7 +59,7 @@ def is_rl(trace: Trace) -> bool:
 _NETWORK = re.compile(r"(?:^|[\W_])(?:d|g|dis|disc|gen|generator|discriminator)(?:[\W_]|$)", re.I)
 
 
-def _own_losses(trace: Trace) -> tuple[str, ...]:
+def own_losses(trace: Trace) -> tuple[str, ...]:
     """A log's training losses under its own names, where it logs none a key map knows (MoBE's
     ``Scaled Loss``, I-JEPA's ``epoch avg loss``): judged for a divergence as a level loss is; not
     a held-out split's, not a GAN network's, not in RL."""
@@ -96,12 +98,12 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
     line or two, too short for an early-run level). A loss at or above ``LOSS_CEILING`` on any
     record is an error on its own (a snapshot of one record has no level to rise from); after a
     jump, it makes that jump an error where it began. A log with no loss a key map knows is judged
-    on its own loss names (:func:`_own_losses`), the first that shows a divergence."""
+    on its own loss names (:func:`own_losses`), the first that shows a divergence."""
     out = []
     scores_tokens = lm_losses(trace)
     levels = level_losses(trace)
     own = first_logged(trace, levels) is None  # no loss a key map knows: its own names
-    for key in _own_losses(trace) if own else levels:
+    for key in own_losses(trace) if own else levels:
         points = series(trace, key)
         absurd = above_ceiling("loss_divergence", key, points, LOSS_CEILING, key, "the weights diverged")
         left = _level_left(key, points) or (_climb_to_end(trace, key, points) if key in scores_tokens else [])
@@ -317,12 +319,16 @@ def held_out_losses(trace: Trace) -> tuple[str, ...]:
 HELD_OUT_KEY = re.compile(r"(?:val|valid|validation|eval|evaluation|test)(?:[/_ .\-]|$)")
 
 
+# a loss named for what it computes: TF DeepLab's "cross_entropy", Marian's "cross-entropy"
+_CROSS_ENTROPY = frozenset({"cross_entropy", "cross-entropy", "crossentropy", "xent"})
+
+
 def names_a_loss(key: str) -> bool:
     """A metric named a loss, whatever its kind (``actor/loss``, ``softmax_loss``, ``Loss_D``,
-    BasicSR's ``l_g_pix`` and ``l_identity``: GFPGAN, Real-ESRGAN); not a run's best so far
+    BasicSR's ``l_g_pix`` and ``l_identity``: GFPGAN, Real-ESRGAN; ``cross_entropy``); not a run's best so far
     (fairseq's ``best_loss``), held by construction between improvements."""
     low = key.lower().rsplit("/", 1)[-1]
-    named = low.endswith("loss") or low.startswith(("loss_", "l_"))
+    named = low.endswith("loss") or low.startswith(("loss_", "l_")) or low in _CROSS_ENTROPY
     return named and not low.startswith("best")
 
 
@@ -433,6 +439,16 @@ def _accuracy_held(trace: Trace) -> bool:
     return False
 
 
+def _falls_on(trace: Trace, steps: list[int]) -> str | None:
+    """An accuracy logged on every one of ``steps`` that falls from each to the next."""
+    for key in accuracies(trace):
+        logged = dict(series(trace, key))
+        values = [logged.get(s) for s in steps]
+        if None not in values and all(b < a for a, b in itertools.pairwise(values)):
+            return key
+    return None
+
+
 def _climb_to_end(trace: Trace, key: str, points: list[tuple[int, float]]) -> list[Finding]:
     """A paste that ends on ``SUSTAIN`` or more rises in a row from the lowest loss of the log to
     ``DIVERGENCE_FACTOR`` times it: a language-modelling loss that learned, then climbs back
@@ -441,7 +457,8 @@ def _climb_to_end(trace: Trace, key: str, points: list[tuple[int, float]]) -> li
     last ``CLIMB_OVER_RANGE`` times the highest before the climb (a TF2 detector at 1.19–1.44,
     then 1.77, 2.16, 2.37); or ``STEADY_CLIMB`` rises in a row to ``CLIMB_OVER_RANGE`` times
     where they began (CoTNet's 22.9 to 39.5 at a fixed learning rate), unless an accuracy logged
-    beside it holds (:func:`_accuracy_held`: a term that grows by design). Not a critic's: its
+    beside it holds (:func:`_accuracy_held`: a term that grows by design); or ``PAIRED_CLIMB`` rises
+    in a row while an accuracy beside it falls on every one (Keras#932's rmsprop run). Not a critic's: its
     temporal-difference loss grows with the values it learns (keras-rl's DDPG, 0.8 → 6.7 while the
     return improves)."""
     values = [v for _, v in points]
@@ -461,7 +478,12 @@ def _climb_to_end(trace: Trace, key: str, points: list[tuple[int, float]]) -> li
     )
     steady = rises >= STEADY_CLIMB and trough > 0 and values[-1] >= CLIMB_OVER_RANGE * trough
     steady = steady and not (from_lowest or over_range) and not _accuracy_held(trace)
-    if not (from_lowest or over_range or steady):
+    falling = (
+        _falls_on(trace, [s for s, _ in points[start:]])
+        if rises >= PAIRED_CLIMB and not (from_lowest or over_range or steady)
+        else None
+    )
+    if not (from_lowest or over_range or steady or falling):
         return []
     step = points[start + 1][0]
     if from_lowest:
@@ -473,6 +495,7 @@ def _climb_to_end(trace: Trace, key: str, points: list[tuple[int, float]]) -> li
         )
     else:
         rise = f"{rises} rises in a row, from {trough:.3g} to {values[-1]:.3g}"
+        rise += f", while {falling} falls on every one" if falling else ""
     message = (
         f"{key} climbs on every record from step {step} to the end of the log, {rise}: the run is "
         "leaving the level it had learned."

@@ -196,7 +196,8 @@ _LR_TEXT = re.compile(
     re.I,
 )
 _HELD_OUT_RECORD = re.compile(r"\b(?:val|valid|validation|eval|evaluation|test)\b\s*[,:\]|]", re.I)
-_FINE_ZERO = 6  # decimals a zero learning rate is printed with to be 0, not a small one rounded
+_FINE_ZERO = 8  # decimals a zero learning rate is printed with to be 0, not a small one rounded (a
+# warm-up's first rates print "lr: 0.000000" in MetricLogger's six decimals: VideoMAE's 1e-8)
 
 
 def learning_rate_zero(trace: Trace) -> list[Finding]:
