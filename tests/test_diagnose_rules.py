@@ -622,7 +622,7 @@ def test_a_loss_that_falls_once_then_holds_to_the_end_is_zero_grad(tmp_path: Pat
         [2.3] * 20,  # printed to two digits: a plateau may repeat
         [10.8259] * 4,  # too few records to say
         [10.8259] * 19 + [10.8258],  # it moved
-        [2.1043, 1.9981, 2.0412] + [87.3365] * 12,  # a jump that stays: loss_divergence's
+        [2.1043, 1.9981, 2.0412] + [47.3365] * 12,  # a jump that stays: loss_divergence's
         [3.5625, 3.2812, 3.3281] + [3.2969] * 6,  # bf16 printed to four decimals: 1/64 apart near 3
         [2.0859, 2.0898] + [2.0879] * 6,  # float16 so printed: 1/512 apart near 2, on a quiet plateau
     ],
@@ -1228,3 +1228,65 @@ def test_a_loss_named_cross_entropy_is_judged_as_a_loss(tmp_path: Path) -> None:
     line = "INFO:tensorflow:cross_entropy = {v}, learning_rate = 0.0139, train_px_accuracy = 0.6 (7.3 sec)\n"
     text = "".join(line.format(v=v) for v in (3.2, 3.4, 3.3, 3.1, 3.2, 3936.9))
     assert findings_of(tmp_path, text)["loss_divergence"].evidence["key"] == "cross_entropy"
+
+
+@pytest.mark.parametrize(("reward", "found"), [("3.799999999999999", True), ("500.0", False)])
+def test_an_unrounded_reward_repeated_every_episode_is_no_signal_without_a_loss(
+    tmp_path: Path, reward: str, found: bool
+) -> None:
+    """hardikbansal/Qlearning#2: ``Total rewards in episode 73 is 3.799999999999999`` episode after
+    episode, the same play again and again; a solved CartPole's 500.0 on every evaluation, with no
+    update logged, says nothing of learning."""
+    line = "Total rewards in episode {e} is {r} total number of steps are {n}\n"
+    text = "".join(line.format(e=e, r=reward, n=49 * e) for e in range(73, 81))
+    assert ("no_signal" in findings_of(tmp_path, text)) is found
+
+
+@pytest.mark.parametrize(("last", "found"), [("87.3365", True), ("9.4123", False)])
+def test_a_loss_held_at_a_softmaxs_clamp_is_zero_grad_beside_nonfinite(
+    tmp_path: Path, last: str, found: bool
+) -> None:
+    """sphereface#103: ``softmax_loss = 87.3365`` iteration after iteration, the
+    label's probability 0 on every sample: the clamp is ``nonfinite``, and held, no update moves it."""
+    line = "I0101 10:00:00.000000 1 solver.cpp:228] Iteration {i}, loss = {v}\n"
+    text = "".join(line.format(i=i, v=v) for i, v in ((26400, "87.3365"), (26500, "87.3365"), (26600, last)))
+    assert ("zero_grad" in findings_of(tmp_path, text)) is found
+
+
+def test_a_jump_to_a_softmaxs_clamp_that_stays_is_a_divergence_and_zero_grad(tmp_path: Path) -> None:
+    """A captioner's caffe loss at 9.4 and 9.39, then 87.3365 to the end: the jump dates the
+    divergence, and the clamp held says no update brings the label's probability back."""
+    line = "I0101 10:00:00.000000 1 solver.cpp:228] Iteration {i}, loss = {v}\n"
+    values = ("9.4123", "9.3871", "87.3365", "87.3365", "87.3365")
+    text = "".join(line.format(i=100 * i, v=v) for i, v in enumerate(values))
+    assert {"loss_divergence", "zero_grad"} <= findings_of(tmp_path, text).keys()
+
+
+def test_a_boosting_librarys_metric_that_blows_up_is_a_divergence(tmp_path: Path) -> None:
+    """xgboost#2754: ``train-rmse`` falls to 0.17, then jumps to 26.6 and to the thousands with
+    ``gpu_hist``: the objective a booster minimises, judged as a loss."""
+    values = (0.473405, 0.283467, 0.169742, 26.6116, 1039.72, 627.03, 441.193, 303.379, 1226.3, 1257.13)
+    text = "".join(f"[{10 * i}]\ttrain-rmse:{v}\n" for i, v in enumerate(values))
+    assert findings_of(tmp_path, text)["loss_divergence"].step == 30
+
+
+@pytest.mark.parametrize(("last", "found"), [("933870", True), ("21104.2", False)])
+def test_a_held_out_loss_that_jumps_far_above_its_level_is_a_divergence(
+    tmp_path: Path, last: str, found: bool
+) -> None:
+    """LightGBM#3794: a custom objective's ``valid_0's l2`` 20996.4, then 933870, then 3.01e+09: no
+    overfitting moves a held-out loss that far in two rounds; one that holds is no finding."""
+    text = f"[1]\tvalid_0's l2: 20996.4\n[2]\tvalid_0's l2: {last}\n[3]\tvalid_0's l2: {last}\n"
+    assert ("loss_divergence" in findings_of(tmp_path, text)) is found
+
+
+def test_a_gradscalers_infinite_norm_beside_a_finite_loss_is_an_overflow_not_a_nan(tmp_path: Path) -> None:
+    """VideoMAE#130: ``grad_norm: inf`` at the first step beside ``loss_scale: 32768.0000`` and a
+    finite loss, then finite: the step PyTorch's GradScaler skipped and the scale it halved."""
+    line = (
+        "Epoch: [0]  [{i:5d}/17227]  lr: 0.000001  loss: 6.{i:04d} (6.0000)  "
+        "loss_scale: {s:.4f} (22341.8182)  grad_norm: {g} (inf)  time: 3.0352\n"
+    )
+    rows = ((0, 32768.0, "inf"), (10, 16384.0, "6.5337"), (20, 16384.0, "6.5185"))
+    found = findings_of(tmp_path, "".join(line.format(i=i, s=s, g=g) for i, s, g in rows))
+    assert "nonfinite" not in found and found["overflow"].step == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from moescope import schema as S
-from moescope.analyze.readers import _text, keymap, megatron, read_log, read_runs, records, verl
+from moescope.analyze.readers import _text, keymap, megatron, read_log, read_runs, records, steplines, verl
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number, plain_number, plain_numbers
 
 
@@ -388,3 +388,11 @@ def test_keras_bars_without_epoch_lines_ending_mid_epoch_are_epochs(tmp_path: Pa
         (3, 1.9986),
         (4, 2.1578),
     ]
+
+
+def test_a_bars_share_is_no_step() -> None:
+    """RLinf#298 and Tune-A-Video#72: ``Global Step:   6%| | 58/1000 [...]`` names its share done
+    after the word ``Step``; the bar's count is the step."""
+    line = "Global Step:   6%| | 58/1000 [8:09:07<131:38:32, 503.09s/it, env/reward=0.0]"
+    assert steplines.STEP.search(line) is None
+    assert records.marker(line)[1] == 58

@@ -205,7 +205,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         re.compile(
             rf"(?<![\w/.])(?:global[_ ]step|current_steps|step|iteration|iter|num_updates)\s*[:=#]?\s*"
             rf"(\d{{1,3}}(?:,\d{{3}})+(?![\d.])|{INT})"  # BasicSR's "iter:  25,377," (GFPGAN, Real-ESRGAN)
-            rf"(?:\s*/\s*{INT})?(?![\w]|\.\d)",  # "Step: 19000. Mean Reward: …" ends a sentence
+            # "Step: 19000. Mean Reward: …" ends a sentence; "Global Step:   6%|" is a bar's share
+            rf"(?:\s*/\s*{INT})?(?![\w%]|\.\d)",
             re.IGNORECASE,
         ),
         lambda m: int(m[1].replace(",", "")),

@@ -47,7 +47,7 @@ OPTIMIZER_STEP = "optimizer step"  # the coarser counter of a line that also nam
 # "steps:" (plural) only where a line starts with it (DeepSpeed's pipeline engine): keras-rl's
 # "episode steps: 144" inside a record is an episode's length, not the step
 STEP = re.compile(
-    rf"(?:^\s*steps|(?<![\w/])step)\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.])\s*[|,:\-]?", re.IGNORECASE
+    rf"(?:^\s*steps|(?<![\w/])step)\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.%])\s*[|,:\-]?", re.IGNORECASE
 )
 
 

@@ -12,7 +12,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.losses import HELD_OUT_KEY, held_out_losses, is_rl, lm_losses
+from moescope.analyze.rules.losses import HELD_OUT_KEY, held_out_losses, is_rl, lm_losses, names_a_loss
+from moescope.analyze.rules.nonfinite import clamped
 from moescope.analyze.rules.series import accuracies, logged_keys, run_from_end, series
 from moescope.analyze.rules.thresholds import (
     CHANCE_RESOLUTION,
@@ -42,7 +43,7 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
     """A loss held at one value on the records a log ends on, one that replays its own earlier
     values there, one held at the loss of a uniform guess, or an accuracy held at 0 beside a loss
     that does not fall."""
-    held = _pinned(trace) or _replayed(trace) or _recycled(trace)
+    held = _at_clamp(trace) or _pinned(trace) or _replayed(trace) or _recycled(trace)
     held = held or _at_chance(trace) or _guessing(trace) or _nothing_right(trace)
     return held or _one_class(trace) or _lm_plateau(trace)
 
@@ -88,6 +89,26 @@ def _pinned(trace: Trace) -> list[Finding]:
             "detached from the graph, frozen weights)."
         )
         return [zero_grad(steps, message, key=key, value=last)]
+    return []
+
+
+def _at_clamp(trace: Trace) -> list[Finding]:
+    """A loss at a softmax's clamp, -ln of the smallest float (caffe's 87.3365), on the two or more
+    records a log ends on: the label's probability is 0 on every sample and stays so, whatever
+    the updates do (SphereFace's ``softmax_loss = 87.3365`` iteration after iteration; the first
+    such record is ``nonfinite``'s, or ``loss_divergence``'s where a jump led there)."""
+    for key in filter(names_a_loss, logged_keys(trace)):
+        points = series(trace, key)
+        start = run_from_end([v for _, v in points], clamped)
+        if len(points) - start < 2:
+            continue
+        steps = [s for s, _ in points[start:]]
+        message = (
+            f"{key} is {points[-1][1]:g}, -ln of the smallest float, on {_records(len(steps), len(points))}, "
+            f"from step {steps[0]}: the label's probability is 0 on every sample and no update brings "
+            "it back (logits blown up: a learning rate too high, an input not normalised)."
+        )
+        return [zero_grad(steps, message, key=key, value=points[-1][1])]
     return []
 
 

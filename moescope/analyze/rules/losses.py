@@ -118,7 +118,7 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
     if own:
         out = _one_of_own(trace, out)
     found = out or _any_loss_absurd(trace) or _perplexity_overflowed(trace) or _perplexity_risen(trace)
-    found = found or _worse_at_its_data(trace)
+    found = found or _worse_at_its_data(trace) or _held_out_jump(trace)
     return found or _far_above_its_best(trace) or _guard_stopped(trace)
 
 
@@ -321,14 +321,19 @@ HELD_OUT_KEY = re.compile(r"(?:val|valid|validation|eval|evaluation|test)(?:[/_ 
 
 # a loss named for what it computes: TF DeepLab's "cross_entropy", Marian's "cross-entropy"
 _CROSS_ENTROPY = frozenset({"cross_entropy", "cross-entropy", "crossentropy", "xent"})
+# a boosting library's evaluation of a data set, the objective it minimises: XGBoost's "train-rmse",
+# "eval-logloss", LightGBM's "valid_0's l2" (read "valid_0/l2"), "training/binary_logloss"
+_BOOSTED = re.compile(r"[\w.]+[-/](?:rmse|mse|mae|l1|l2|logloss|binary_logloss|multi_logloss|mlogloss)$")
 
 
 def names_a_loss(key: str) -> bool:
     """A metric named a loss, whatever its kind (``actor/loss``, ``softmax_loss``, ``Loss_D``,
     BasicSR's ``l_g_pix`` and ``l_identity``: GFPGAN, Real-ESRGAN; ``cross_entropy``); not a run's best so far
     (fairseq's ``best_loss``), held by construction between improvements."""
-    low = key.lower().rsplit("/", 1)[-1]
+    full = key.lower()
+    low = full.rsplit("/", 1)[-1]
     named = low.endswith("loss") or low.startswith(("loss_", "l_")) or low in _CROSS_ENTROPY
+    named = named or _BOOSTED.search(full) is not None
     return named and not low.startswith("best")
 
 
@@ -375,6 +380,17 @@ def _loss_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
             severity = "error" if frozen else "warning"
             return _diverged(step, message, key, before, severity)
     return _last_record_jump(key, points) or _jump_below_zero(key, points)
+
+
+def _held_out_jump(trace: Trace) -> list[Finding]:
+    """A loss on held-out data that jumps :data:`DIVERGENCE_FACTOR` times above all before it and
+    stays there (:func:`_loss_jump`): no overfitting moves a held-out loss that far in a few
+    records (a custom LightGBM objective, ``valid_0's l2`` 20996 → 933870 → 3.01e+09)."""
+    for key in held_out_losses(trace):
+        found = _loss_jump(key, series(trace, key))
+        if found:
+            return found
+    return []
 
 
 def _frozen(after: list[float]) -> bool:

@@ -22,6 +22,7 @@ from moescope.analyze.rules.series import (
     is_number,
     logged_key_set,
     logged_keys,
+    scaler_skipped,
     series,
     step_of,
     steps_of,
@@ -66,7 +67,7 @@ def _clamped_loss(trace: Trace) -> list[Finding]:
     log shows, it is ``loss_divergence``'s."""
     for key in filter(names_a_loss, logged_keys(trace)):
         points = series(trace, key)
-        at = next((i for i, (_, v) in enumerate(points) if _clamped(v)), None)
+        at = next((i for i, (_, v) in enumerate(points) if clamped(v)), None)
         before = [v for _, v in points[:at]] if at is not None else []
         if at is None or (before and points[at][1] > DIVERGENCE_FACTOR * statistics.median(before)):
             continue  # none, or a jump to the clamp: loss_divergence's, which dates and explains it
@@ -79,7 +80,8 @@ def _clamped_loss(trace: Trace) -> list[Finding]:
     return []
 
 
-def _clamped(value: float) -> bool:
+def clamped(value: float) -> bool:
+    """Whether a loss is printed at a softmax's clamp (:data:`CLAMPED_LOSSES`)."""
     return any(math.isclose(value, clamp, rel_tol=1e-5) for clamp in CLAMPED_LOSSES)  # as printed
 
 
@@ -127,12 +129,6 @@ _TIMER = re.compile(
 )
 
 
-def _fp16_skip(rec: dict[str, Any]) -> bool:
-    """A step that dynamic loss scaling skipped: its inf gradients are the scaler's business."""
-    scale = rec.get(S.LOSS_SCALE)
-    return bool(rec.get(S.SKIPPED)) and isinstance(scale, int | float) and scale != 1.0
-
-
 def _bad_steps(trace: Trace) -> list[tuple[int, list[str]]]:
     """``(step, non-finite keys)`` of every step with one, fp16 skips of gradients left out."""
     numeric = _numeric_keys(trace)
@@ -142,7 +138,7 @@ def _bad_steps(trace: Trace) -> list[tuple[int, list[str]]]:
         keys = [k for k, v in rec.items() if k in numeric and _bad(v) and overflowed_loss(rec, k) is None]
         if rec.get(S.NONFINITE) and S.NONFINITE not in keys:
             keys.append(S.NONFINITE)
-        if keys and _fp16_skip(rec) and all(_family(k) == "gradients" for k in keys):
+        if keys and scaler_skipped(rec) and all(_family(k) == "gradients" for k in keys):  # the scaler's
             continue
         if keys:
             bad_steps.append((step_of(rec, i), keys))

@@ -21,7 +21,7 @@ from moescope.analyze.rules.series import (
     sustained,
     throughout,
 )
-from moescope.analyze.rules.thresholds import PINNED_DIGITS, REPLAYED_RUN, SUSTAIN
+from moescope.analyze.rules.thresholds import FINE_DIGITS, PINNED_DIGITS, REPLAYED_RUN, SUSTAIN
 from moescope.traces import Trace
 
 
@@ -168,15 +168,18 @@ def _reward_held(trace: Trace) -> list[Finding]:
     better or a worse one (DDPG-HER's ``EP_reward:-50.000``, the floor of a 50-step episode that
     never reached its goal, epoch after epoch, its actor's loss climbing). Only beside a loss, the
     updates' own record: an evaluation's episodes all at a solved task's maximum say nothing of
-    learning; a reward held at the maximum during training is a solved task, as the message says."""
+    learning; a reward held at the maximum during training is a solved task, as the message says.
+    Without one, a reward printed unrounded to ``FINE_DIGITS`` significant digits or more, no task's
+    maximum, is the same episode played again and again (a Q-learner's ``Total rewards in episode 73
+    is 3.799999999999999``, episode after episode)."""
     points = series(trace, S.REWARD_MEAN)
     if len(points) < REPLAYED_RUN or any(v != points[0][1] for _, v in points):
         return []  # the common case, told from the first value that differs
     if len(points) < sum(v is not None for v in column(trace, S.REWARD_MEAN)):
         return []  # a NaN among them: no held value
-    if not any(map(names_a_loss, logged_keys(trace))):
-        return []  # without a loss, no update is logged: an evaluation's episodes (a solved CartPole's 500)
     digits, decimals = printed_in_text(trace, points)
+    if digits < FINE_DIGITS and not any(map(names_a_loss, logged_keys(trace))):
+        return []  # without a loss, no update is logged: an evaluation's episodes (a solved CartPole's 500)
     if decimals < HELD_DECIMALS and digits < PINNED_DIGITS:
         return []
     value, steps = points[0][1], [s for s, _ in points]

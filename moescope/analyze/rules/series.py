@@ -16,7 +16,7 @@ import numpy as np
 
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.thresholds import NOISE_MARGIN, SUSTAIN
-from moescope.schema import ALERTS
+from moescope.schema import ACTOR_LOSS, ALERTS, GRAD_NORM, LOSS_SCALE, SKIPPED
 from moescope.traces import Trace
 
 Series = list[tuple[int, float]]
@@ -92,6 +92,21 @@ def accuracies(trace: Trace) -> list[str]:
         for key in logged_keys(trace)
         if "acc" in (low := key.lower()) and "best" not in low and "reward" not in low
     ]
+
+
+def scaler_skipped(record: dict[str, Any]) -> bool:
+    """A step dynamic loss scaling skipped: one the log says it skipped, or, where it says nothing
+    of it, one whose gradient norm is not finite beside a finite loss and a loss scale other than 1
+    (PyTorch's GradScaler skips such a step and lowers the scale: VideoMAE's ``loss: 5.9916
+    loss_scale: 32768.0000 grad_norm: inf`` at its first step)."""
+    scale = record.get(LOSS_SCALE)
+    if not (isinstance(scale, int | float) and math.isfinite(scale) and scale != 1.0):
+        return False
+    if SKIPPED in record:
+        return bool(record[SKIPPED])
+    norm, loss = record.get(GRAD_NORM), record.get(ACTOR_LOSS)
+    finite_loss = isinstance(loss, int | float) and math.isfinite(loss)
+    return isinstance(norm, float) and not math.isfinite(norm) and finite_loss
 
 
 def guarded(trace: Trace, key: str) -> tuple[list[int], str]:
