@@ -150,7 +150,8 @@ SHAPES = [
 # old trainer, a Keras GCN, RL tutorials' episode scores, NeuralPDE's callback, CNTK, the Informer
 # family of forecasters (its iterations, its epochs), RecBole, DINOv2, a DeepLab loop, a Q-learner,
 # the TF Object Detection API's step line with its loss, DeiT / ConvNeXt's epoch summaries alone,
-# EESEN's CTC trainer, vit-pytorch's example loop between its bars, a list of values typed by hand
+# EESEN's CTC trainer, vit-pytorch's example loop between its bars, a list of values typed by hand,
+# VocGAN's averages before its bar
 FRAMEWORKS = [
     (
         "[2020-01-01 10:00:00,000 INFO] Step {j}/200000; acc:  {i}.50; ppl: {v}; xent: {v}; lr: "
@@ -364,6 +365,7 @@ FRAMEWORKS = [
         "100%|██████████| 6/6 [00:09<00:00,  1.55s/it]\n  0%|          | 0/6 [00:00<?, ?it/s]"
     ),
     "epoch {k}: {v}",
+    "Avg : g {v} d 0.0000 ad 0.0000| step {j}: 100%|██████████| 166/166 [05:01<00:00,  1.81s/it]",
 ]
 
 

@@ -525,7 +525,7 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
             rest = rest[: bar.start()] + (" | " + postfix.group("postfix") if postfix else "")
         fields = pairs(rest)
         if "%|" in match.group(0):  # a bar's count restarts each epoch: a global step it names wins
-            step = _named_step(fields, step)
+            step = _named_step(fields, step, line[: match.start()])
         shown = not fields and "%|" in match.group(0)  # a progress bar, and no field after it
         if shown and (counted := _COUNTED_VALUE.match(line[line.rfind("]") + 1 :])):
             fields = {"loss": parse_number(counted[2])}  # a loop's print(step, loss) glued behind the bar
@@ -560,6 +560,9 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
     return None
 
 
+_DESCRIBED_STEP = re.compile(rf"(?<![\w/])(?:global[_ ]step|step)\s+({INT}):\s*$", re.IGNORECASE)
+
+
 def _redraws(line: str) -> list[str]:
     """A progress bar's states glued on one line, each from its description on (fairseq's ``|
     epoch 009:   3%| | 1/35 […, loss=11.323, …, num_updates=281, …]| epoch 009:   6%| | 2/35 …``, a
@@ -573,16 +576,17 @@ def _redraws(line: str) -> list[str]:
     return [line[a:b] for a, b in pairwise([*starts, len(line)])]
 
 
-def _named_step(fields: dict[str, Any], counted: int) -> int:
+def _named_step(fields: dict[str, Any], counted: int, described: str = "") -> int:
     """The global step a bar's description names (Yet-Another-EfficientDet's ``Step: 69983. Epoch:
-    1999/2000. Iteration: 19/35. Cls loss: …:  54%|█████▍ | 19/35``), taken out of the fields;
-    else the bar's own count."""
+    1999/2000. Iteration: 19/35. Cls loss: …:  54%|█████▍ | 19/35``), taken out of the fields, or
+    the ``step N:`` it ends on (``described``, the text before the bar); else the bar's own count."""
     for key in ("Step", "step", "global_step", "num_updates"):  # fairseq's bar: "num_updates=281"
         value = fields.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             del fields[key]
             return value
-    return counted
+    named = _DESCRIBED_STEP.search(described) if "tep" in described else None
+    return int(named[1]) if named else counted  # VocGAN's "… | step 5976: 100%|…| 166/166"
 
 
 _WHOLE_BAR = re.compile(rf"{BAR_HEAD}[^\]]*\]")
@@ -811,6 +815,19 @@ def _names_then_values(match: re.Match[str]) -> str:
     return " | ".join(f"{name}: {value}" for name, value in zip(names, values, strict=True))
 
 
+# a label, a colon, then short names each before its number, the line's opening: VocGAN's "Avg : g
+# 1.3729 d 0.0000 ad 0.0000| step 5976: 100%|…" (the generator's, the discriminators' losses)
+_LABELLED_PAIRS = re.compile(
+    rf"^\s*[A-Za-z][A-Za-z ]{{0,20}}?\s*:\s*(?P<pairs>[A-Za-z_]\w{{0,15}}\s+(?:{NUMBER})"
+    rf"(?:\s+[A-Za-z_]\w{{0,15}}\s+(?:{NUMBER}))+)\s*(?=\||$)"
+)
+
+
+def _labelled_pairs(match: re.Match[str]) -> str:
+    tokens = match["pairs"].split()
+    return " | ".join(f"{name}: {value}" for name, value in zip(tokens[::2], tokens[1::2], strict=True)) + " "
+
+
 def _counter_value(match: re.Match[str]) -> str:
     name = "episode_reward" if match["counter"].lower() == "episode" else "value"
     return f"{match['counter']} {match[2]} | {name}: "
@@ -838,6 +855,7 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     (" test images: ", _TEST_IMAGES, "test accuracy: "),
     (" sequences (", _EESEN, _eesen),
     (":", _COUNTER_VALUE, _counter_value),
+    (" : ", _LABELLED_PAIRS, _labelled_pairs),
     (" | ", _NAMES_THEN_VALUES, _names_then_values),
     ("pisode ", _EPISODE_ENDED, r"episode_\1"),
     (" cost time:", _FORECAST_COST, "epoch time:"),
