@@ -794,6 +794,13 @@ def _eesen(match: re.Match[str]) -> str:
 _COUNTER_VALUE = re.compile(
     rf"^\s*(?P<counter>[Ee]pisode|[Ee]poch|[Ss]tep|[Ii]teration|[Ii]ter)\s*#?\s*({INT})\s*:\s*(?=(?:{NUMBER})\s*$)"
 )
+
+
+def _counter_value(match: re.Match[str]) -> str:
+    name = "episode_reward" if match["counter"].lower() == "episode" else "value"
+    return f"{match['counter']} {match[2]} | {name}: "
+
+
 # an RL loop's sentence: "Episode ended with reward: 1.0" (Haiku's IMPALA), "Episode finished, return: 3"
 _EPISODE_ENDED = re.compile(
     r"\b[Ee]pisode\s+(?:ended|finished|done|completed?)\s*(?:with|,)?\s*(?:a\s+|total\s+)?(reward|return|score)\b"
@@ -826,11 +833,6 @@ _LABELLED_PAIRS = re.compile(
 def _labelled_pairs(match: re.Match[str]) -> str:
     tokens = match["pairs"].split()
     return " | ".join(f"{name}: {value}" for name, value in zip(tokens[::2], tokens[1::2], strict=True)) + " "
-
-
-def _counter_value(match: re.Match[str]) -> str:
-    name = "episode_reward" if match["counter"].lower() == "episode" else "value"
-    return f"{match['counter']} {match[2]} | {name}: "
 
 
 _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
@@ -943,8 +945,8 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
             return [], end
         redrawn = _redraws(text) if text.count("%|") > 1 else []
         if redrawn:  # a bar's redraws on one line, the carriage returns between them lost in the paste
-            read = [(record(piece), piece) for piece in redrawn]
-            return [Row(f[0], f[2], piece, i + 1) for f, piece in read if f], end
+            read = [(found, piece) for piece in redrawn if (found := record(piece)) is not None]
+            return [row_of(found, piece, i) for found, piece in read], end
         found = record(text)
         if found is None:
             mark = marker(text)  # "Train step 5/1000 done.": the step the lines below belong to
@@ -957,6 +959,11 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
                 return None
             banner = mark[1] if mark[2].re is _EPOCH_LINE and not summary else banner
             return [Row(mark[1], {}, text, i + 1)], end
+        return [row_of(found, text, i)], end
+
+    def row_of(found: tuple[int | None, str | None, dict[str, Any]], text: str, i: int) -> Row:
+        """The row of a record found on ``text`` (line ``i``)."""
+        nonlocal counted
         step, framework, fields = found
         counted = counted or step is not None
         if banner is not None and step is not None and "epoch" not in fields:
@@ -967,7 +974,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         # loss (the literal first: a hot path)
         if ("valid on" in text and _HELD_OUT_LINE.search(text)) or _HELD_OUT_TAG.match(text):
             fields = {f"valid/{key}": value for key, value in fields.items()}
-        return [Row(_keras_step(text, epoch, step), fields, text, i + 1)], end
+        return Row(_keras_step(text, epoch, step), fields, text, i + 1)
 
     fast = _template.bulk(log.lines, parse_at, template, took=frameworks.extend) if bulk else parse_at
     parsed = scan(log.lines, fast)

@@ -246,8 +246,9 @@ def _loss_at_zero(trace: Trace, norm: str | None) -> list[Finding]:
             if key in scored
             else partial(_unscored, loss=key)
         )
-        length = REPLAYED_RUN if key in own else 2  # a name of its own: more records, however short the paste
-        steps = _ending_run(trace, key, flag, least=length if key in own else 1, length=length)
+        # a name of its own needs more records at 0, however short the paste
+        length, least = (REPLAYED_RUN, REPLAYED_RUN) if key in own else (2, 1)
+        steps = _ending_run(trace, key, flag, least=least, length=length)
         if steps:
             last = dict(series(trace, key))[steps[-1]]
             zero = "0" if last == 0 else f"{last:.3g}, 0 but for rounding,"

@@ -328,8 +328,9 @@ _BOOSTED = re.compile(r"[\w.]+[-/](?:rmse|mse|mae|l1|l2|logloss|binary_logloss|m
 
 def names_a_loss(key: str) -> bool:
     """A metric named a loss, whatever its kind (``actor/loss``, ``softmax_loss``, ``Loss_D``,
-    BasicSR's ``l_g_pix`` and ``l_identity``: GFPGAN, Real-ESRGAN; ``cross_entropy``); not a run's best so far
-    (fairseq's ``best_loss``), held by construction between improvements."""
+    BasicSR's ``l_g_pix`` and ``l_identity``: GFPGAN, Real-ESRGAN; ``cross_entropy``; a booster's
+    ``train-rmse``); not a run's best so far (fairseq's ``best_loss``), held by construction
+    between improvements."""
     full = key.lower()
     low = full.rsplit("/", 1)[-1]
     named = low.endswith("loss") or low.startswith(("loss_", "l_")) or low in _CROSS_ENTROPY
