@@ -374,7 +374,7 @@ def check_overflow(trace: Trace) -> list[Finding]:
     unstepped = _every_step_skipped(trace)
     if scale and all(v == 1.0 for _, v in scale) and not floored and not stopped:
         return []  # no loss scaling: skipped steps were non-finite gradients (see nonfinite)
-    skipped = {s: v for s, v in series(trace, S.SKIPPED) if v > 0} or _scaler_skips(trace)
+    skipped = {s: v for s, v in series(trace, S.SKIPPED) if v > 0} or (_scaler_skips(trace) if scale else {})
     if not skipped and unstepped:
         skipped = {unstepped[0]: float(unstepped[0])}  # the count says what no overflow line did
     if not skipped:
@@ -419,9 +419,8 @@ def check_overflow(trace: Trace) -> list[Finding]:
 def _scaler_skips(trace: Trace) -> dict[int, float]:
     """The steps a GradScaler skipped where the log names none (:func:`scaler_skipped`): a step each."""
     norms = column(trace, S.GRAD_NORM)
-    if not any(isinstance(v, float) and not math.isfinite(v) for v in norms):
-        return {}
-    return {step_of(rec, i): 1.0 for i, rec in enumerate(trace.steps) if scaler_skipped(rec)}
+    rows = [i for i, v in enumerate(norms) if isinstance(v, float) and not math.isfinite(v)]
+    return {step_of(trace.steps[i], i): 1.0 for i in rows if scaler_skipped(trace.steps[i])}
 
 
 def _scale_below_one(scale: list[tuple[int, float]]) -> list[Finding]:

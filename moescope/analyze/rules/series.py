@@ -374,11 +374,22 @@ def shift(
         return None
     width = SUSTAIN if gap is None else noise_window(values, gap(base))
     trail = running(values, width, stat)
-    judged = width - 1 if gap is not None and len(set(values)) <= 2 else 0  # a win or a loss: whole windows
+    judged = width - 1 if width > SUSTAIN and _two_valued(values) else 0  # a win or a loss: whole windows
     start = sustained([i >= judged and crossed(r, base) for i, r in enumerate(trail)])
     if start is None:
         return None
     return Shift(points[backdate(values, start, lambda v: crossed(v, base))][0], base, trail)
+
+
+def _two_valued(values: Sequence[float]) -> bool:
+    """Whether ``values`` take two values at most (read until a third shows: a noisy series'
+    first few)."""
+    seen: set[float] = set()
+    for value in values:
+        seen.add(value)
+        if len(seen) > 2:
+            return False
+    return True
 
 
 def fall_from_peak(points: Series, ratio: float, *, min_points: int = SUSTAIN + 3) -> Shift | None:
