@@ -109,9 +109,10 @@ def sniff(log: LogFile) -> Sniff:
     read = [(line, keyvalues.snapshot_field(line)) for line in log.lines]
     fields = [found for _, found in read if found is not None]
     rest = [line for line, found in read if found is None]
-    loose = sum(1 for line in rest if records.record(line) is not None)
+    unread = [line for line in rest if records.record(line) is None]
+    loose = len(rest) - len(unread)
     mentions = sum(1 for line in rest if plain.is_record(line))
-    banners = sum(1 for line in rest if records.is_banner(line)) if loose else 0  # the records' steps
+    banners = sum(1 for line in unread if records.is_banner(line)) if loose else 0  # the records' steps
     if fields and _snapshot_votes(fields, loose) >= max(loose + banners, mentions):
         return Sniff("key-values", Counter({"key-values": len(fields)}))
     if loose:

@@ -513,7 +513,8 @@ def record(line: str) -> tuple[int | None, str | None, dict[str, Any]] | None:
         return None
     line = _last_bar(line) if line.count("%|") > 1 else line
     for literal, pattern, rewritten in _REWRITES:  # the literal first: a search is slow
-        line = pattern.sub(rewritten, line) if literal in line else line
+        if literal in line:
+            line = pattern.sub(rewritten, line) if pattern else rewritten(line)
     found = marker(line)
     if found is not None:
         framework, step, match = found
@@ -774,7 +775,7 @@ _SPLAT_EVAL = re.compile(rf"\[ITER\s+({INT})\]\s+Evaluating\s+(\w+):\s+L1\s+({NU
 
 # DeiT's (ConvNeXt's, BEiT's, MAE's) evaluation, after its epoch's "Averaged stats:": "Accuracy of the
 # network on the 50000 test images: 81.8%" (its top-1 accuracy)
-_TEST_IMAGES = re.compile(rf"Accuracy of the (?:model|network) on the {INT} test images:\s*(?=(?:{NUMBER})%)")
+_TEST_IMAGES = re.compile(rf"Accuracy of the (?:model|network) on the {INT} test images:\s*(?=(?>{NUMBER})%)")
 
 # EESEN's CTC trainer (Kaldi's logging): "VLOG[1] (train-ctc-parallel:EvalParallel():ctc-loss.cc:182)
 # After 280196 sequences (343.467Hr): Obj(log[Pzx]) = -34.12   TokenAcc = 65.5557%", the sequences
@@ -792,7 +793,7 @@ def _eesen(match: re.Match[str]) -> str:
 # a counter and one number after it, unnamed: an RL loop's "Episode 399: 12.0" (the episode's reward),
 # a list typed out by hand, "epoch 5: 2.838" (a value the log does not name)
 _COUNTER_VALUE = re.compile(
-    rf"^\s*(?P<counter>[Ee]pisode|[Ee]poch|[Ss]tep|[Ii]teration|[Ii]ter)\s*#?\s*({INT})\s*:\s*(?=(?:{NUMBER})\s*$)"
+    rf"^\s*(?P<counter>[Ee]pisode|[Ee]poch|[Ss]tep|[Ii]teration|[Ii]ter)\s*#?\s*({INT})\s*:\s*(?=(?>{NUMBER})\s*$)"
 )
 
 
@@ -808,18 +809,48 @@ _EPISODE_ENDED = re.compile(
 
 
 # names, then their values in the same order, each list cut at "|": DCGAN-for-Bird-Generation's
-# "Batch 168/170 generator loss | discriminator loss : 3.7583103 | 0.9910032 - batch took 2.1 s."
-_NAMES_THEN_VALUES = re.compile(
-    rf"(?P<names>[A-Za-z_][\w .]*?(?:\s*\|\s*[A-Za-z_][\w .]*?)+)\s*:\s*"
-    rf"(?P<values>(?:{NUMBER})(?:\s*\|\s*(?:{NUMBER}))+)"
-)
+# "Batch 168/170 generator loss | discriminator loss : 3.7583103 | 0.9910032 - batch took 2.1 s."; the
+# values found first (each colon tried once), the names walked back from them, so that a long line
+# of bars costs its length, not its square
+_VALUES_AFTER_NAMES = re.compile(rf":\s*+(?P<values>(?>{NUMBER})(?:\s*+\|\s*+(?>{NUMBER}))++)")
+_NAME = re.compile(r"[A-Za-z_][\w .]*")
 
 
-def _names_then_values(match: re.Match[str]) -> str:
-    names, values = (re.split(r"\s*\|\s*", match[group]) for group in ("names", "values"))
-    if len(names) != len(values):
-        return match.group(0)
-    return " | ".join(f"{name}: {value}" for name, value in zip(names, values, strict=True))
+def _names_then_values(line: str) -> str:
+    """``line`` with ``a | b : 1 | 2`` written ``a: 1 | b: 2``: the names are the whole names cut at
+    ``|`` before the colon, and the name that ends the piece before them, as many as the values."""
+    found = _VALUES_AFTER_NAMES.search(line)
+    if found is None:
+        return line
+    values = [value.strip() for value in found["values"].split("|")]
+    pieces = line[: found.start()].split("|")
+    first = len(pieces)
+    while first and _NAME.fullmatch(pieces[first - 1].strip()):
+        first -= 1
+    names = [piece.strip() for piece in pieces[first:]]
+    before = pieces[first - 1].rstrip() if first else ""
+    lead = _trailing_name(before)  # the piece before them ends in a name ("Batch 168/170 generator loss")
+    if len(names) + bool(lead) != len(values) or len(values) < 2:
+        return line
+    if lead:
+        names = [lead, *names]
+        at = sum(len(piece) + 1 for piece in pieces[: first - 1]) + len(before) - len(lead)
+    else:
+        whole = pieces[first]
+        at = sum(len(piece) + 1 for piece in pieces[:first]) + len(whole) - len(whole.lstrip())
+    written = " | ".join(f"{name}: {value}" for name, value in zip(names, values, strict=True))
+    return line[:at] + written + line[found.end() :]
+
+
+def _trailing_name(text: str) -> str:
+    """The name ``text`` ends in (words, digits, ``_`` and ``.`` from a letter on), walked back from
+    its end; ``""`` where it ends otherwise."""
+    start = len(text)
+    while start and (text[start - 1].isalnum() or text[start - 1] in "_ ."):
+        start -= 1
+    while start < len(text) and not (text[start].isalpha() or text[start] == "_"):
+        start += 1
+    return text[start:]
 
 
 # a label, a colon, then short names each before its number, the line's opening: VocGAN's "Avg : g
@@ -843,7 +874,7 @@ _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
 )
 # the shapes written as "name: value" fields (or a step marker) before a line is read, each where
 # its literal is in the line
-_REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
+_REWRITES: tuple[tuple[str, re.Pattern[str] | None, Any], ...] = (
     *_PROSE,
     ("'s ", _OWNED, r"\g<owner>/\g<key>"),
     (" loss: ", _GAN_GROUP, _gan_group),
@@ -858,7 +889,7 @@ _REWRITES: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     (" sequences (", _EESEN, _eesen),
     (":", _COUNTER_VALUE, _counter_value),
     (" : ", _LABELLED_PAIRS, _labelled_pairs),
-    (" | ", _NAMES_THEN_VALUES, _names_then_values),
+    (" | ", None, _names_then_values),  # a function of the line: its names are walked back
     ("pisode ", _EPISODE_ENDED, r"episode_\1"),
     (" cost time:", _FORECAST_COST, "epoch time:"),
     ("rate to", _LR_SET_TO, "lr: "),
@@ -1120,9 +1151,9 @@ _EPOCH_SUMMARY = "] Total time:"
 
 def is_banner(line: str) -> bool:
     """A line that is only a step marker, the records below it its step's (``Epoch: [3] Total
-    time: 0:00:41``, ``EPOCH 1:``)."""
+    time: 0:00:41``, ``EPOCH 1:``), where it is no record (:func:`record` tells, first)."""
     mark = marker(line)
-    return mark is not None and _marks_only(line, mark[2]) and record(line) is None
+    return mark is not None and _marks_only(line, mark[2])
 
 
 def _marks_only(line: str, match: re.Match[str]) -> bool:

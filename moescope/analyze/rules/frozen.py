@@ -156,14 +156,15 @@ def _guessing(trace: Trace) -> list[Finding]:
     ``class_acc: 0.5352``). Not in RL, nor a best accuracy so far."""
     if is_rl(trace):
         return []
+    logged = {name: dict(series(trace, name)) for name in accuracies(trace) if "max" not in name.lower()}
     for key in (*lm_losses(trace), *held_out_losses(trace)):
         points = series(trace, key)
         if not points:
             continue
         step, loss = points[-1]
-        for name in accuracies(trace):
-            share = _share(dict(series(trace, name)).get(step, 0.0))
-            classes = round(1 / share) if share > 0 and "max" not in name.lower() else 0
+        for name, scores in logged.items():
+            share = _share(scores.get(step, 0.0))
+            classes = round(1 / share) if share > 0 else 0
             level = math.log(classes) if classes >= 2 else 0.0
             if (
                 not level

@@ -290,11 +290,11 @@ def _perplexity_overflowed(trace: Trace) -> list[Finding]:
     for key in _perplexities(trace):
         values = column(trace, key)
         infinite = (i for i, v in enumerate(values) if v == math.inf) if math.inf in values else ()
-        at = next((i for i in infinite if overflowed_loss(trace.steps[i], key)), None)
-        if at is None:
+        found = next(((i, loss) for i in infinite if (loss := overflowed_loss(trace.steps[i], key))), None)
+        if found is None:
             continue
+        at, loss = found
         record, step = trace.steps[at], step_of(trace.steps[at], at)
-        loss = overflowed_loss(record, key)
         message = (
             f"{key} is inf at step {step}, the exponential of {loss} = {record[loss]:.6g}, a "
             f"cross-entropy above {_EXP_OVERFLOW:.1f} nats that no uniform guess reaches: the "
@@ -323,7 +323,7 @@ HELD_OUT_KEY = re.compile(r"(?:val|valid|validation|eval|evaluation|test)(?:[/_ 
 _CROSS_ENTROPY = frozenset({"cross_entropy", "cross-entropy", "crossentropy", "xent"})
 # a boosting library's evaluation of a data set, the objective it minimises: XGBoost's "train-rmse",
 # "eval-logloss", LightGBM's "valid_0's l2" (read "valid_0/l2"), "training/binary_logloss"
-_BOOSTED = re.compile(r"[\w.]+[-/](?:rmse|mse|mae|l1|l2|logloss|binary_logloss|multi_logloss|mlogloss)$")
+_BOOSTED = re.compile(r"(?<=[\w.])[-/](?:rmse|mse|mae|l1|l2|logloss|binary_logloss|multi_logloss|mlogloss)$")
 
 
 def names_a_loss(key: str) -> bool:
