@@ -1290,3 +1290,18 @@ def test_a_gradscalers_infinite_norm_beside_a_finite_loss_is_an_overflow_not_a_n
     rows = ((0, 32768.0, "inf"), (10, 16384.0, "6.5337"), (20, 16384.0, "6.5185"))
     found = findings_of(tmp_path, "".join(line.format(i=i, s=s, g=g) for i, s, g in rows))
     assert "nonfinite" not in found and found["overflow"].step == 0
+
+
+@pytest.mark.parametrize(("term", "found"), [("88.0000", True), ("0.1891", False), ("88.0012", False)])
+def test_a_loss_term_held_at_a_bound_while_the_loss_moves_is_zero_grad(
+    tmp_path: Path, term: str, found: bool
+) -> None:
+    """Cross-Modal-Re-ID-baseline: the triplet term ``TLoss: 88.0000`` batch after batch (its
+    distances clamped at 88) while the total moves: no gradient from it. A term that holds at a
+    running mean's fourth decimal (FairMOT's ``off_loss 0.1891``), or off a whole number, is no bound."""
+    line = (
+        "Epoch: [4][{i}/695] Time: 0.274 (0.275) lr:0.050 Loss: {t} iLoss: 0.3515 TLoss: {term} Accu: 43.75\n"
+    )
+    totals = ("88.3515", "88.5411", "88.2826", "88.2636", "88.1958", "88.3473")
+    text = "".join(line.format(i=350 + 50 * i, t=t, term=term) for i, t in enumerate(totals))
+    assert ("zero_grad" in findings_of(tmp_path, text)) is found

@@ -4,6 +4,8 @@ metric a line, home-made loops — read into steps under the one vocabulary."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -1809,3 +1811,33 @@ def test_a_table_pasted_without_its_header_row_is_read_on_its_rising_column(tmp_
     trace = read_text(tmp_path, text)
     assert [s["step"] for s in trace.steps] == [16300, 16400, 16500] and trace.steps[0]["column 5"] == 1.1553
     assert {f.type for f in diagnose(trace)} == {"nonfinite"}
+
+
+def test_a_long_line_of_one_character_costs_its_length(tmp_path: Path) -> None:
+    """A line of 128 kB of digits, spaces, or one short piece repeated (the patterns that read
+    numbers and gaps once split such runs every way from every character: minutes for 4 kB,
+    hours for a megabyte) ends in one sentence or findings, in a bounded time."""
+    shapes = [
+        ("", "1"),
+        ("Epoch: [", "1"),
+        ("step ", " "),
+        ("'loss': ", " "),
+        ("", "a(1)"),
+        ("", "a|"),
+        ("loss: ", "1 "),
+    ]
+    paths = []
+    for i, (head, unit) in enumerate(shapes):
+        paths.append(tmp_path / f"line{i}.log")
+        paths[-1].write_text(head + unit * (128_000 // len(unit)) + "\n")
+    child = (
+        "import sys\nfrom moescope.analyze.log_diagnosis import diagnose_log\n"
+        "from moescope.errors import MoescopeError\n"
+        "for p in sys.argv[1:]:\n    try:\n        diagnose_log(p); print('findings')\n"
+        "    except MoescopeError:\n        print('sentence')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child, *map(str, paths)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(done.stdout.split()) == len(shapes)

@@ -396,3 +396,52 @@ def test_a_bars_share_is_no_step() -> None:
     line = "Global Step:   6%| | 58/1000 [8:09:07<131:38:32, 503.09s/it, env/reward=0.0]"
     assert steplines.STEP.search(line) is None
     assert records.marker(line)[1] == 58
+
+
+def test_names_joined_before_one_colon_take_their_joined_values(tmp_path: Path) -> None:
+    """triplet-reid#30's ``loss min|avg|max: 0.713|2.607|60.013`` (the word before the names heads
+    each) and InvSR#46's ``ldif/ldis/…:t(100):0.43/…, t(250):…`` (each list under its label), with
+    the iteration InvSR prints over its total the step; a NaN among them is found."""
+    path = tmp_path / "paste.log"
+    path.write_text("iter:    20, loss min|avg|max: 0.713|2.607|60.013, batch-p@3: 4.43%, ETA: 6:01:18\n")
+    assert read_log(path).steps[0] | {"raw": None} == {
+        "step": 20,
+        "loss_min": 0.713,
+        "loss_avg": 2.607,
+        "loss_max": 60.013,
+        "batch-p@3": 4.43,
+        "raw": None,
+    }
+    line = "Train: {i:06d}/200000, ldif/ldis/real:t(100):0.43/{d}/+0.01, t(250):0.44/{d}/-0.05, lr:5.0e-05\n"
+    path.write_text("".join(line.format(i=i, d=d) for i, d in ((16600, "+0.0076"), (16800, "  +nan"))))
+    steps = read_log(path).steps
+    assert [s["step"] for s in steps] == [16600, 16800] and steps[0]["t(250)/real"] == -0.05
+    assert steps[0]["t(100)/ldis"] == 0.0076 and math.isnan(steps[1]["t(250)/ldis"])
+
+
+def test_a_losss_terms_in_parentheses_are_named_after_it(tmp_path: Path) -> None:
+    """TensorLayer's SRGAN: ``Epoch: [47/100] step: [79/250] time: 2.377s, g_loss(mse:0.000,
+    vgg:0.000, adv:0.001) d_loss: 1.387``, the step counted within the epoch."""
+    line = (
+        "Epoch: [47/100] step: [{i}/250] time: 2.3s, g_loss(mse:0.000, vgg:0.000, adv:0.001) d_loss: 1.387\n"
+    )
+    path = tmp_path / "paste.log"
+    path.write_text(line.format(i=79) + line.format(i=80))
+    steps = read_log(path).steps
+    assert [s["step"] for s in steps] == [46 * 250 + 79, 46 * 250 + 80]
+    assert {k: v for k, v in steps[0].items() if "loss" in k} == {
+        "g_loss/mse": 0.0,
+        "g_loss/vgg": 0.0,
+        "g_loss/adv": 0.001,
+        "d_loss": 1.387,
+    }
+
+
+def test_insightfaces_speedometer_reads_its_batch_range_and_loss_value(tmp_path: Path) -> None:
+    """InsightFace#958: MXNet's Speedometer as InsightFace prints it, ``Epoch[0] Batch [20-40]``, the
+    last batch the step, and its ``lossvalue`` metric the loss."""
+    line = "INFO:root:Epoch[0] Batch [{a}-{b}]\tSpeed: 0.96 samples/sec\tacc=0.005952\tlossvalue=6.244117\n"
+    path = tmp_path / "paste.log"
+    path.write_text(line.format(a=0, b=20) + line.format(a=20, b=40))
+    steps = read_log(path).steps
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in steps] == [(20, 6.244117), (40, 6.244117)]

@@ -17,7 +17,7 @@ from moescope.models.tasks import Example, score
 
 RewardFn = Callable[[Example, str], float]
 
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_NUMBER = re.compile(r"[-+]?(?:(?<!\d)\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")  # each digit read one way
 
 
 def exact_match(example: Example, completion: str) -> float:

@@ -31,7 +31,8 @@ _PAIR = re.compile(rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)\s*[:=]\s*(?P<va
 _NUMBER_WORD = re.compile(rf"(?:^|\s)(?:{NUMBER})(?:m?s|%)?(?:\s|$)")
 _SPACED_PAIR = re.compile(rf"(?P<key>[A-Za-z_][\w./@\-]*)\s+(?P<value>{NUMBER})(?=\s|$)")
 _SPACED_PAIRS = re.compile(rf"[A-Za-z_][\w./@\-]*\s+(?:{NUMBER})(?:\s+[A-Za-z_][\w./@\-]*\s+(?:{NUMBER}))+")
-SEPARATORS = re.compile(r"\s*\|\s*|\s*,\s+|\s+-\s+|\t+")
+# a gap tried from its first space only (from each of a long run's spaces, the run's square)
+SEPARATORS = re.compile(r"(?:(?<!\s)\s+)?\|\s*|(?:(?<!\s)\s+)?,\s+|(?<!\s)\s+-\s+|\t+")
 DURATION_KEY = "Time"
 HELD_OUT = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
 # a piece that opens with a held-out split's label: rat-sql's "Step 14100 stats, val: loss = 3.32"

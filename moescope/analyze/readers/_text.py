@@ -64,15 +64,19 @@ _INT = re.compile(r"^[-+]?\d{1,300}$")  # longer digit runs are read as floats (
 # a step, layer or expert number: 15 digits at most, so int() never meets Python's digit limit
 INT = r"\d{1,15}(?!\d)"
 # a tqdm bar up to the bracket after its count, the count captured: "14%|█▍ | 378/2724 ["
-BAR_HEAD = rf"\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\["
-_FLOAT = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+BAR_HEAD = rf"(?<!\d)\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\["
+# a decimal number, digits then a point and more or a point and digits: written so that a digit is
+# matched one way only, never started within a run of digits (a search through a line of 4,000
+# digits, which "\d+\.?\d*" splits every way at every start, took minutes; now its length)
+DECIMAL = r"(?:(?<!\d)\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_FLOAT = re.compile(rf"^[-+]?{DECIMAL}$")
 # one number as the frameworks print it (Python's repr, E-notation, numpy>=2 reprs); callers build
 # their line patterns from it, and parse_number reads whatever it matches
 # (Lightning's progress bar, as NeMo runs it, prints a NaN as "nan.0": NeMo#5928; PaddleOCR formats
 # its values "{:x<6f}", so a NaN fills to six characters with x: "loss: nanxxx")
 _PLAIN = (
     r"[-+]?(?:(?i:nan(?:\.0+|x+|\.?\d+)?|inf(?:inity|\.0+|x+)?)|1\.#[A-Z]+\d*"
-    r"|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+    rf"|{DECIMAL})"
 )
 NUMBER = rf"np\.[a-z]+\d*_?\(\s*{_PLAIN}\s*\)|np\.(?:True|False)_|{_PLAIN}"
 Number = int | float | bool | None

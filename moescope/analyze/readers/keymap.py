@@ -240,6 +240,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `rewards` | `reward/mean` |
 | generic | `loss_train` | `actor/loss` |
 | generic | `main/loss` | `actor/loss` |
+| generic | `lossvalue` | `actor/loss` |
 | generic | `skipped` | `optim/skipped_total` |
 | generic | `avg_reward` | `reward/mean` |
 | generic | `mean_reward` | `reward/mean` |
@@ -581,6 +582,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "avr_loss": S.ACTOR_LOSS,  # kohya's sd-scripts and musubi-tuner bars: "176/800 [… avr_loss=0.0912]"
         "loss_train": S.ACTOR_LOSS,  # litgpt's fine-tuning lines: "loss train: 2.424, val: n/a"
         "main/loss": S.ACTOR_LOSS,  # Chainer's reporter: "epoch  main/loss  validation/main/loss …"
+        "lossvalue": S.ACTOR_LOSS,  # InsightFace's MXNet metric: "Batch [0-20]\t… acc=0.00\tlossvalue=6.24"
         "skipped": S.SKIPPED_TOTAL,  # DeepSpeed's engine: "step=16, skipped=16, lr=[0.0001], …"
         "avg_reward": S.REWARD_MEAN,
         "mean_reward": S.REWARD_MEAN,

@@ -25,7 +25,7 @@ NONFINITE = re.compile(r"(?<![\w.])[-+]?(?:nan|inf|infinity)(?!\w)", re.IGNORECA
 _VALUE = re.compile(rf"(?<![\w.])(?:{NUMBER})(?![\w.])")
 _COUNTER = re.compile(r"\s*(\d+)\s")  # a line that starts with a bare count (no date, no decimal point)
 EMPTY_REGION = re.compile(r"\bRegion \d+ Avg\b.*\bcount: 0(?![\d.])")
-STEP_IN_LINE = re.compile(rf"\b(?:global_step|step|iteration|iter)\b\s*[:=#]?\s*({INT})", re.IGNORECASE)
+STEP_IN_LINE = re.compile(rf"\b(?:global_step|step|iteration|iter)\b\s*+(?:[:=#]\s*+)?({INT})", re.IGNORECASE)
 
 
 def is_record(line: str) -> bool:

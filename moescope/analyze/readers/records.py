@@ -96,7 +96,7 @@ from moescope.analyze.readers.keymap import KEY_MAP, canonical, guess_beyond_gen
 from moescope.analyze.readers.plain import EMPTY_REGION
 from moescope.analyze.readers.verl import RAY_PREFIX
 
-_I = rf"\s*({INT})\s*"
+_I = rf"\s*+({INT})\s*+"  # possessive: a run of spaces is read one way, not split every way
 # a counter's words before a labelled field: " Loss : 1.46", " train loss: 2.1" (a lookahead)
 _NAME_THEN_VALUE = r"\s+(?=[A-Za-z_][\w ]{0,30}?\s*[:=]\s*(?:[-+.\d]|(?i:nan|inf)))"
 # or a code name and its value, a space between: " train_loss 2.1", "\tLoss 6.7", " loss nan"
@@ -106,7 +106,7 @@ _SR_COUNT = rf"\[({INT})/({INT})\]"  # EDSR's samples of the epoch: "[1600/16000
 # an epoch's (or an episode's, a round's) own line: its marker in MARKS, the step only where it logs
 # once an epoch (:func:`_epochs_printed_within`)
 _EPOCH_LINE = re.compile(
-    rf"(?<![\w/])(?<![Ee]nd of )(?:(?:Epoch|Episode|Ep\.?|Round)\s*(?:#|\s:(?=\s*{INT}\s+-\s))?\s*"
+    rf"(?<![\w/])(?<![Ee]nd of )(?:(?:Epoch|Episode|Ep\.?|Round)\s*+(?:(?:#|(?<=\s):(?=\s*{INT}\s+-\s))\s*+)?"
     rf"|Epoch:\s*\[\s*(?={INT}\s*\]\s+Total time:))"  # MetricLogger's "Epoch: [3] Total time: …"
     rf"({INT})(?:\s*/\s*{INT})?"
     rf"(?=\s*(?::|,|\||(?:Complete|completed|finished|done)\b|\]\s*$|\]\s+Total time:)|\s+-\s"
@@ -150,13 +150,13 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"(?<![\w)])Iter\s*\[{_I}\]"), lambda m: int(m[1])),
     # PyTorch's MNIST example and every loop copied from it, samples counted within each epoch
     # (from 1): "Train Epoch: 1 [640/60000 (1%)]\tLoss: 2.214"
-    (None, re.compile(rf"Train Epoch:\s*{_I}\[{_I}/{_I}\(\s*\d+%\)\]"), _epoch_from_one),
+    (None, re.compile(rf"Train Epoch:\s*+{_I}\[{_I}/{_I}\(\s*\d+%\)\]"), _epoch_from_one),
     (None, re.compile(rf"Epoch\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_one),
     # PyTorch-YOLOv3, epochs from 0: "[Epoch 0/30, Batch 323/1313] [Losses: x 0.1, …, total 3.2]"
-    (None, re.compile(rf"\[Epoch\s+{_I}/\s*{INT}\s*,\s*Batch\s+{_I}/{_I}\]"), _epoch_from_zero),
+    (None, re.compile(rf"\[Epoch\s++{_I}/\s*{INT}\s*,\s*Batch\s++{_I}/{_I}\]"), _epoch_from_zero),
     # PyTorch-GAN's implementations and the loops copied from them, epochs from 0: "[Epoch 0/200]
     # [Batch 100/938] [D loss: 0.69] [G loss: 0.70]"
-    (None, re.compile(rf"\[Epoch\s+{_I}/\s*{INT}\s*\]\s*\[Batch\s+{_I}/{_I}\]"), _epoch_from_zero),
+    (None, re.compile(rf"\[Epoch\s++{_I}/\s*{INT}\s*\]\s*\[Batch\s++{_I}/{_I}\]"), _epoch_from_zero),
     # the WGAN / DCGAN examples, epochs from 0: "[167/1000][555/782][24987] Loss_D: -0.77 Loss_G: …"
     (None, re.compile(rf"^\s*\[{_I}/\s*{INT}\s*\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
     # PyTorch's ImageNet example and the MetricLogger of DeiT / MAE / LLaMA-Adapter count epochs
@@ -165,11 +165,13 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"[Ee]poch:\s*\[{_I}\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
     (
         None,
-        re.compile(rf"Epoch\s*:?\s*\[{_I}/\s*{INT}\s*\]\s*\({_I}/{_I}\)", re.IGNORECASE),
+        re.compile(rf"Epoch\s*+(?::\s*+)?\[{_I}/\s*{INT}\s*\]\s*\({_I}/{_I}\)", re.IGNORECASE),
         _epoch_from_zero,
     ),
     # Swin Transformer's loop and its offspring (VMamba), epochs from 0: "Train: [29/300][2670/2859]"
     (None, re.compile(rf"(?<!\w)Train:\s*\[{_I}/\s*{INT}\s*\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
+    # InvSR's trainer, the iteration over the run's total: "Train: 016600/200000, ldif/ldis/…:t(100):0.43/…"
+    (None, re.compile(rf"^\s*Train:\s*({INT})/{INT},"), lambda m: int(m[1])),
     # Hand4Whole / I2L-MeshNet's logger, epochs from 0: "Epoch 0/7 itr 26/3489:"
     (None, re.compile(rf"(?<!\w)Epoch\s+({INT})/{INT}\s+itr\s+({INT})/({INT})"), _epoch_from_zero),
     (
@@ -192,18 +194,22 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ),
     (None, re.compile(rf"{BAR_HEAD}[^\]]*?,"), lambda m: int(m[1])),
     # the same bar as a notebook's text output keeps it, the bar itself left out
-    (None, re.compile(rf"\d+%\s+({INT})/{INT}\s*\[[^\]<,]*<[^\]]*?,"), lambda m: int(m[1])),
+    (None, re.compile(rf"(?<!\d)\d+%\s+({INT})/{INT}\s*\[[^\]<,]*<[^\]]*?,"), lambda m: int(m[1])),
     # XLM's logger, the iteration after the time elapsed: "INFO - 08/01/19 14:20:20 - 2:02:04 -    3550 -
     # 6.84 sent/s - … - MLM-en:  7.5730 -  - model LR: 1.0000e-04"
     (None, re.compile(rf"^\s*[A-Z]+ - [\d/]+ [\d:]+ - \d+:\d\d:\d\d -\s+({INT}) - "), lambda m: int(m[1])),
     # Marian's updates: "Ep. 8 : Up. 535500 : Sen. 94,495,934 : Cost nan : … : gNorm 0.6068 : L.r. 5.18e-05"
     ("marian", re.compile(rf"(?<![\w/.])Up\.\s+({INT})(?!\d)"), lambda m: int(m[1])),
     # a global counter beside the inner ones (MiniLLM: "inner iter:   3/  8 | … | global iter:     15/  5000")
-    (None, re.compile(rf"(?<![\w/.])global[_ ]iter(?:ation)?\s*[:=#]?\s*({INT})", re.I), lambda m: int(m[1])),
+    (
+        None,
+        re.compile(rf"(?<![\w/.])global[_ ]iter(?:ation)?\s*+(?:[:=#]\s*+)?({INT})", re.I),
+        lambda m: int(m[1]),
+    ),
     (
         None,
         re.compile(
-            rf"(?<![\w/.])(?:global[_ ]step|current_steps|step|iteration|iter|num_updates)\s*[:=#]?\s*"
+            rf"(?<![\w/.])(?:global[_ ]step|current_steps|step|iteration|iter|num_updates)\s*+(?:[:=#]\s*+)?"
             rf"(\d{{1,3}}(?:,\d{{3}})+(?![\d.])|{INT})"  # BasicSR's "iter:  25,377," (GFPGAN, Real-ESRGAN)
             # "Step: 19000. Mean Reward: …" ends a sentence; "Global Step:   6%|" is a bar's share
             rf"(?:\s*/\s*{INT})?(?![\w%]|\.\d)",
@@ -212,7 +218,7 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         lambda m: int(m[1].replace(",", "")),
     ),
     # OpenNMT-py's early trainer, epochs from 1: "Epoch  1, 12850/37527; acc:   3.99; ppl: 12792.57; …"
-    (None, re.compile(rf"(?<![\w/])Epoch\s+{_I},{_I}/{_I};"), _epoch_from_one),
+    (None, re.compile(rf"(?<![\w/])Epoch\s++{_I},{_I}/{_I};"), _epoch_from_one),
     # rasbt's deeplearning-models notebooks, epochs from 1: "Epoch: 001/010 | Batch 0100/0391 | Cost: 2.3016"
     (None, re.compile(rf"(?<![\w/])Epoch:{_I}/\s*{INT}\s*\|\s*Batch{_I}/{_I}"), _epoch_from_one),
     # icefall (k2), the batch counted within the epoch: "Epoch 1, batch 14300, loss[loss=0.6675, …]"
@@ -225,11 +231,13 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     # (print("Epoch", epoch, "loss:", loss)); not the PyTorch word language model's "| end of epoch
     # 7 | time: 109.38s | valid loss  7.68": its validation, on the step before
     (None, _EPOCH_LINE, lambda m: int(m[1])),
-    # the PyTorch tutorials' loop, epochs from 1: "Epoch [1/5], Step [100/600], Loss: 0.2153"
+    # the PyTorch tutorials' loop, epochs from 1: "Epoch [1/5], Step [100/600], Loss: 0.2153" (and
+    # TensorLayer's SRGAN, epochs from 0, read one epoch on: "Epoch: [47/100] step: [79/250] time: …")
     (
         None,
         re.compile(
-            rf"(?<![\w/])Epoch\s*\[{_I}/\s*{INT}\s*\]\s*,?\s*(?:Step|Iter|Batch)\s*\[{_I}/{_I}\]", re.I
+            rf"(?<![\w/])Epoch:?\s*\[{_I}/\s*{INT}\s*\]\s*+(?:,\s*+)?(?:Step|Iter|Batch):?\s*\[{_I}/{_I}\]",
+            re.I,
         ),
         _epoch_from_one,
     ),
@@ -277,18 +285,20 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
 # of four letters or more ending one ("Epoch 3 finished. Loss: 2.1"; "Avg. Loss" stays one name);
 # a tab or spaces after a name's colon are the gap before its value ("epoch:\t0\treward:\t0.10", a
 # print with sep="\t"; wav2letter's right-aligned "loss:        inf"), and a run of spaces before a
-# number is the gap between a name and its value ("| loss  7.66 |"), no field's end
+# number is the gap between a name and its value ("| loss  7.66 |"), no field's end; a gap is only
+# tried from its first space (a search from each of a long run's spaces took the run's square)
 _SPLIT = re.compile(
-    r"(?=[\s|,;.\[\]])(?:\s*\|\s*|,\s+|;\s*|\s+-\s+|(?<![:=\s])(?:\t+|\s{2,}(?!\s|[-+]?\.?\d))|[\[\]]"
+    r"(?=[\s|,;.\[\]])(?:(?:(?<!\s)\s+)?\|\s*|,\s+|;\s*|(?<!\s)\s+-\s+|(?<![:=\s])(?:\t+|\s{2,}(?!\s|[-+]?\.?\d))|[\[\]]"
     r"|(?:(?<=\d)|(?<=[Nn]a[Nn])|(?<=[Ii]nf)|(?<=[Ii]nfinity))\.\s+|(?<=[a-z]{4})\.\s+(?=[A-Z]))"
 )
 _LABELLED = re.compile(
-    rf"(?<![\w./@\-])(?P<key>(?:(?i:train|training|val|valid|validation|eval|test)\s)?[A-Za-z_][\w./@\-()]*)"
+    rf"(?<![\w./@\-])(?P<key>(?:(?i:train|training|val|valid|validation|eval|test)\s)?[A-Za-z_][\w./@\-()]{{0,127}})"
     rf"\s*[:=]\s*(?P<value>{NUMBER})%?(?=[\s,;|)\]}}]|$)"
-)  # a split's name before the metric's is the name's ("test acc: 60.67%"); a percentage's sign passed over
+)  # a split's name before the metric's is the name's ("test acc: 60.67%"); a percentage's sign passed over;
+# a name of 128 characters at most, so that a search is not tried to the line's end from each "("
 _SIMPLE = re.compile(r"(?P<key>[A-Za-z_][\w./@\-()]*)\s*[:=]\s*(?P<value>\S+)")
 _SPACED = re.compile(rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)\s+(?P<value>{NUMBER})(?=\s|$)")
-_BAR = re.compile(r"\d+%\|")
+_BAR = re.compile(r"(?<!\d)\d+%\|")
 _BAR_POSTFIX = re.compile(r"\[[^\]]*?<[^\]]*?,\s*(?P<postfix>[^\]]*)\]")
 
 
@@ -311,7 +321,9 @@ _TACOTRON = re.compile(rf"^\s*Train loss\s+({INT})\s+({NUMBER})\s+Grad Norm\s+({
 # a loop's print(step, loss, sep=", ") likewise, and with what it printed after them that is no number
 # (a tutorial's "47, 3.43674, array([2, 2, 2, 3]), [('l', 1.035), …]": its predictions)
 _COUNTED_VALUE = re.compile(rf"^\s*({INT})(?:[:,]\s+|\s+)({NUMBER})(?:\s*$|,\s+(?=[A-Za-z_\[(]))")
-_TABLE_ROW = re.compile(rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*[|│┃]?\s*$")
+_TABLE_ROW = re.compile(
+    rf"^\s*[|│┃]\s*(?P<key>[A-Za-z_][^|│┃]*?)\s*[|│┃]\s*(?P<value>{NUMBER})\s*+(?:[|│┃]\s*+)?$"
+)
 
 
 def marker(line: str) -> tuple[str | None, int, re.Match[str]] | None:
@@ -396,7 +408,7 @@ _COUNT_OUT_OF = re.compile(rf"(?<![\w/])((?:epoch|episode)\s*=\s*)({INT})/{INT}(
 
 # a value printed as an array (PaddlePaddle's fetched tensors, per-device losses): "loss: [nan]",
 # "loss: [2.31 2.29]"; read as its mean (NaN where any element is)
-_LISTED = re.compile(rf"(?<=[:=])(\s*)\[\s*((?:{NUMBER})(?:(?:\s*,\s*|\s+)(?:{NUMBER}))*)\s*,?\s*\]")
+_LISTED = re.compile(rf"(?<=[:=])(\s*)\[\s*((?:{NUMBER})(?:(?:\s*,\s*|\s+)(?:{NUMBER}))*)\s*+(?:,\s*+)?\]")
 
 
 def _list_mean(match: re.Match[str]) -> str:
@@ -626,7 +638,7 @@ _KEY_VALUE = re.compile(rf"\bKey:\s*(?P<key>[\w./-]+),\s*Value:\s*(?P<value>{NUM
 # its step field, "PARAMETER" or "()" (a run's summary), names no metric
 _DLLOGGER = re.compile(r"^DLL \S+ \S+ - (?:PARAMETER|\(\))?\s*")
 # a home-made loop's names in brackets before their numbers: "[Loss] 2.5 | [lr] 1e-4 | [step] 300"
-_BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*:?\s*(?P<value>{NUMBER})(?=[\s|,;]|$)")
+_BRACKETED = re.compile(rf"\[(?P<key>[A-Za-z_][\w./-]*)\]\s*+(?::\s*+)?(?P<value>{NUMBER})(?=[\s|,;]|$)")
 # names glued to their values by an underscore, a WaveGlow fork's "step_78540:\tloss_-4.065555573": the
 # step's count, and a value with a decimal point (never "top_5", a name)
 _GLUED = re.compile(rf"(?<![\w.])(?:step_({INT})|([A-Za-z]+)_(-?\d+\.\d+(?:[eE][-+]?\d+)?))(?![\w.])")
@@ -666,9 +678,9 @@ _WORDS = r"[A-Za-z_][\w./\-]*(?:\s+[A-Za-z_][\w./\-]*){0,2}?"
 _A_VALUE = r"(?=[-+]?(?:\d|\.\d|(?i:nan|inf)\b|(?i:infinity)\b))"
 _FOR_COUNTER = re.compile(
     rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:for|at|after|in)\s+(?:the\s+)?"
-    rf"(?P<mark>(?:[Ee]poch|EPOCH|[Ee]pisode|[Ss]tep|STEP|[Ii]ter(?:ation)?|ITER(?:ATION)?)\s*#?\s*{INT}"
+    rf"(?P<mark>(?:[Ee]poch|EPOCH|[Ee]pisode|[Ss]tep|STEP|[Ii]ter(?:ation)?|ITER(?:ATION)?)\s*+(?:#\s*+)?{INT}"
     rf"(?:\s*/\s*{INT})?)"
-    rf"\s*,?\s*(?:is|was|[:=])\s*{_A_VALUE}"
+    rf"\s*+(?:,\s*+)?(?:is|was|[:=])\s*{_A_VALUE}"
 )
 # and a name said to be a value ("the loss is 7.39", "Epoch 1, training loss was 2.1"): "loss: 7.39"
 _SAID_TO_BE = re.compile(rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:is|was)(?:\s*:)?\s+{_A_VALUE}")
@@ -708,7 +720,8 @@ _AVG_STD_MED = re.compile(
 
 # MXNet's Speedometer (Sockeye, GluonCV), the batch counted within the epoch: "Epoch[0] Batch [50]\tSpeed:
 # 51.34 samples/sec\tperplexity=45560.6", read "epoch: 0 | step 50 |", the batches counted on across epochs
-_SPEEDOMETER = re.compile(rf"Epoch\[({INT})\]\s*Batch\s*\[({INT})\]")
+# (InsightFace's prints the batches since the last line: "Batch [0-20]", the last of them the step)
+_SPEEDOMETER = re.compile(rf"Epoch\[({INT})\]\s*Batch\s*\[(?:{INT}-)?({INT})\]")
 
 # CNTK's minibatch progress, the samples counted within the epoch: "Epoch[ 1 of 30]-Minibatch[ 501-1000,
 # 53.33%]: ce = 2.30221021 * 16000; err = 0.89225000 * 16000;", read "epoch: 1 | step 1000 |", the
@@ -737,7 +750,7 @@ _RECBOLE_EPOCH = re.compile(rf"(?<!\w)(epoch\s+{INT})\s+(?:training|evaluating)\
 # mean's own field, "koleo_loss (mean): inf"; a finite mean is passed over as before, and so is a
 # gradient norm's (Swin's "grad_norm 2.1 (inf)": a step fp16 loss scaling skipped, its norm inf)
 _NONFINITE_MEAN = re.compile(
-    rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)(?P<sep>\s*[:=]?\s*)(?P<value>{NUMBER})"
+    rf"(?<![\w./@\-])(?P<key>[A-Za-z_][\w./@\-]*)(?P<sep>\s*+(?:[:=]\s*+)?)(?P<value>{NUMBER})"
     r"\s*\(\s*(?P<mean>[-+]?(?i:nan|inf))\s*\)"
 )
 
@@ -793,7 +806,7 @@ def _eesen(match: re.Match[str]) -> str:
 # a counter and one number after it, unnamed: an RL loop's "Episode 399: 12.0" (the episode's reward),
 # a list typed out by hand, "epoch 5: 2.838" (a value the log does not name)
 _COUNTER_VALUE = re.compile(
-    rf"^\s*(?P<counter>[Ee]pisode|[Ee]poch|[Ss]tep|[Ii]teration|[Ii]ter)\s*#?\s*({INT})\s*:\s*(?=(?>{NUMBER})\s*$)"
+    rf"^\s*(?P<counter>[Ee]pisode|[Ee]poch|[Ss]tep|[Ii]teration|[Ii]ter)\s*+(?:#\s*+)?({INT})\s*:\s*(?=(?>{NUMBER})\s*$)"
 )
 
 
@@ -853,6 +866,55 @@ def _trailing_name(text: str) -> str:
     return text[start:]
 
 
+# names joined by "/" or "|" before one colon, their values joined the same way after it, as many:
+# triplet-reid's "loss min|avg|max: 0.713|2.607|60.013" (a word before the names heads each of
+# them), InvSR's "ldif/ldis/llpips/real/fake:t(100):0.43/+0.0076/0.231/+0.01/-0.05, t(250):0.44/…"
+# (each list of values after a label of its own, the names read once for all)
+_JOINED_NAMES = re.compile(
+    r"(?<![\w./|])(?:(?P<head>[A-Za-z_]\w*) )?"
+    r"(?P<names>[A-Za-z_]\w*(?P<sep>[/|])[A-Za-z_]\w*(?:(?P=sep)[A-Za-z_]\w*)*):"
+)
+_JOINED_VALUES = re.compile(
+    rf"\s*(?:(?P<label>[A-Za-z_][\w()]*):)?\s*(?P<values>(?>{NUMBER})(?:\s*[/|]\s*(?>{NUMBER}))+)(?:\s*,)?"
+)
+
+
+def _joined_names(line: str) -> str:
+    """``line`` with ``a|b: 1|2`` written ``a: 1 | b: 2`` (:data:`_JOINED_NAMES`)."""
+    found = _JOINED_NAMES.search(line)
+    if found is None:
+        return line
+    names = found["names"].split(found["sep"])
+    if any(name.startswith("total") for name in names):  # a counter over its total: "step/total_step: 5/60"
+        return line
+    if found["head"]:
+        names = [f"{found['head']}_{name}" for name in names]
+    written, at = [], found.end()
+    while (values := _JOINED_VALUES.match(line, at)) is not None:
+        numbers = re.split(r"\s*[/|]\s*", values["values"].strip())
+        if len(numbers) != len(names):
+            break
+        label = f"{values['label']}/" if values["label"] else ""
+        written += [f"{label}{name}: {number}" for name, number in zip(names, numbers, strict=True)]
+        at = values.end()
+    if not written:
+        return line
+    return f"{line[: found.start()]}{' | '.join(written)} | {line[at:].lstrip()}"
+
+
+# a loss and its terms in parentheses after its name: TensorLayer's SRGAN "g_loss(mse:0.000, vgg:0.000,
+# adv:0.001) d_loss: 1.387", each term named after the loss
+_TERMS = re.compile(
+    rf"(?<![\w./])(?P<loss>[A-Za-z_]\w*)\((?P<terms>[A-Za-z_]\w*\s*[:=]\s*(?>{NUMBER})"
+    rf"(?:\s*,\s*[A-Za-z_]\w*\s*[:=]\s*(?>{NUMBER}))+)\)"
+)
+
+
+def _terms(match: re.Match[str]) -> str:
+    pairs = (term.split(":" if ":" in term else "=", 1) for term in match["terms"].split(","))
+    return " | ".join(f"{match['loss']}/{name.strip()}: {value.strip()}" for name, value in pairs) + " |"
+
+
 # a label, a colon, then short names each before its number, the line's opening: VocGAN's "Avg : g
 # 1.3729 d 0.0000 ad 0.0000| step 5976: 100%|…" (the generator's, the discriminators' losses)
 _LABELLED_PAIRS = re.compile(
@@ -890,6 +952,9 @@ _REWRITES: tuple[tuple[str, re.Pattern[str] | None, Any], ...] = (
     (":", _COUNTER_VALUE, _counter_value),
     (" : ", _LABELLED_PAIRS, _labelled_pairs),
     (" | ", None, _names_then_values),  # a function of the line: its names are walked back
+    ("/", None, _joined_names),
+    ("|", None, _joined_names),
+    ("(", _TERMS, _terms),
     ("pisode ", _EPISODE_ENDED, r"episode_\1"),
     (" cost time:", _FORECAST_COST, "epoch time:"),
     ("rate to", _LR_SET_TO, "lr: "),

@@ -42,17 +42,18 @@ from moescope.analyze.readers.records import canonical_names, is_metric, pairs, 
 from moescope.analyze.readers.trl import dict_over_lines
 
 _TABLES = tuple(name for name in FRAMEWORK_TABLES if name != "prime-rl")
-_ITER = re.compile(rf"(?<![\w/])iter(?:ation)?\s*[:=#]?\s*({INT})\s+$", re.IGNORECASE)
+_ITER = re.compile(rf"(?<![\w/])iter(?:ation)?\s*+(?:[:=#]\s*+)?({INT})\s+$", re.IGNORECASE)
 OPTIMIZER_STEP = "optimizer step"  # the coarser counter of a line that also names its iteration
 # "steps:" (plural) only where a line starts with it (DeepSpeed's pipeline engine): keras-rl's
 # "episode steps: 144" inside a record is an episode's length, not the step
 STEP = re.compile(
-    rf"(?:^\s*steps|(?<![\w/])step)\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.%])\s*[|,:\-]?", re.IGNORECASE
+    rf"(?:^\s*steps|(?<![\w/])step)\s*+(?:[:=#]\s*+)?({INT})(?:\s*/\s*{INT})?(?![\w.%])\s*[|,:\-]?",
+    re.IGNORECASE,
 )
 
 
 _PER_STEP_TIME = re.compile(rf"\bStep {INT} per-step time {NUMBER}s\s*$")  # TF OD API's model_lib_v2
-_EPOCH = re.compile(rf"(?<![\w/])epoch\s*[:=#]?\s*({INT})(?:\s*/\s*{INT})?(?![\w.])", re.IGNORECASE)
+_EPOCH = re.compile(rf"(?<![\w/])epoch\s*+(?:[:=#]\s*+)?({INT})(?:\s*/\s*{INT})?(?![\w.])", re.IGNORECASE)
 
 
 def _fields_after_step(line: str) -> tuple[int, dict] | None:

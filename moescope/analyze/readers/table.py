@@ -57,7 +57,8 @@ _CELLS = re.compile(r"\s*\|\s*|\t+|\s{2,}")
 # the step column's name: HF's "Step", chainerrl's "steps", a loop's "iteration" or "updates",
 # Chainer's PrintReport "epoch" (over rows of whole epochs, not YOLO's "e/E")
 _HEADER = re.compile(
-    r"^\s*\|?\s*(?:steps?|global_step|total_timesteps|timesteps|iter|iterations?|updates?|epoch)\s*(?:\||\t|\s{2,}|,)",
+    r"^\s*+(?:\|\s*+)?(?:steps?|global_step|total_timesteps|timesteps|iter|iterations?|updates?|epoch)"
+    r"(?:\s*+[|,]|\s{2}|[^\S\t]*\t)",  # a bar or comma, two spaces, or a tab: each space read one way
     re.IGNORECASE,
 )
 _RULE = re.compile(r"^[\s|:\-=+]+$")

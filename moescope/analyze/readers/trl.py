@@ -46,12 +46,12 @@ from moescope.errors import MoescopeError
 # a record's opening brace, not a field's dict value (InternEvo's "grad_norm={'0_default': 2.1}")
 DICT_START = re.compile(r"(?<!=)(?<!= )\{\s*['\"]")
 # a record whose braces the paste lost: "'loss': -0.0, 'grad_norm': 0.0, …" (two quoted keys at least)
-BARE_DICT = re.compile(r"""^\s*(['"])[^'"\n]+\1:\s*[^,\n]+,\s*(['"])[^'"\n]+\2:""")
+BARE_DICT = re.compile(r"""^\s*(['"])[^'"\n]+\1:[^,\n]+,\s*(['"])[^'"\n]+\2:""")
 _BAR = re.compile(rf"({INT})/({INT})\s*\[")
 # the step a prefix names before its record: slime's "rollout 12: {…}", a loop's "Step 100: {'loss': …}",
 # "Epoch 3: {…}"
 _PREFIX_STEP = re.compile(
-    rf"\b(?:step|rollout|eval|iter(?:ation)?|epoch)\s*[:=]?\s*({INT}):?\s*$", re.IGNORECASE
+    rf"\b(?:step|rollout|eval|iter(?:ation)?|epoch)\s*+(?:[:=]\s*+)?({INT}):?\s*$", re.IGNORECASE
 )
 _LOG_HISTORY = re.compile(r'"log_history"\s*:\s*\[')
 _HOST_LABEL = re.compile(r"^\s*([\w.\-]+):\s+\{")  # pdsh's "10.96.202.43: " / "worker-1: " before a record

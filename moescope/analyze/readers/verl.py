@@ -43,7 +43,7 @@ def _partial() -> re.Pattern[str]:
     """What may stand at the end of a wrapped piece: the start of one more ``key:value`` pair."""
     words = ("nan", "inf", "infinity", "True", "False", "None")
     prefixes = "|".join(sorted({w[:i] for w in words for i in range(1, len(w) + 1)}, key=len, reverse=True))
-    number = r"[-+]?(?:\d+\.?\d*|\.\d*)?(?:[eE][-+]?\d*)?"
+    number = r"[-+]?(?:\d+(?:\.\d*)?|\.\d*)?(?:[eE][-+]?\d*)?"
     value = rf"np(?:\.(?:\w+(?:\(\s*(?:{number}|[-+]?(?:{prefixes}))\s*)?)?)?|[-+]?(?:{prefixes})|{number}"
     return re.compile(rf"\s*-?\s*(?:{_KEY}(?::(?:{value}))?)?")
 

@@ -12,7 +12,15 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from moescope import schema as S
 from moescope.analyze.findings import Finding
-from moescope.analyze.rules.losses import HELD_OUT_KEY, held_out_losses, is_rl, lm_losses, names_a_loss
+from moescope.analyze.readers._text import DECIMAL
+from moescope.analyze.rules.losses import (
+    HELD_OUT_KEY,
+    held_out_losses,
+    is_rl,
+    lm_losses,
+    names_a_loss,
+    own_losses,
+)
 from moescope.analyze.rules.nonfinite import clamped
 from moescope.analyze.rules.series import accuracies, logged_keys, run_from_end, series
 from moescope.analyze.rules.thresholds import (
@@ -45,7 +53,7 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
     that does not fall."""
     held = _at_clamp(trace) or _pinned(trace) or _replayed(trace) or _recycled(trace)
     held = held or _at_chance(trace) or _guessing(trace) or _nothing_right(trace)
-    return held or _one_class(trace) or _lm_plateau(trace)
+    return held or _one_class(trace) or _lm_plateau(trace) or _term_pinned(trace)
 
 
 def _pinned(trace: Trace) -> list[Finding]:
@@ -90,6 +98,49 @@ def _pinned(trace: Trace) -> list[Finding]:
         )
         return [zero_grad(steps, message, key=key, value=last)]
     return []
+
+
+def _term_pinned(trace: Trace) -> list[Finding]:
+    """A term of the loss (a loss of the log's own, not held-out) held at a whole number other than 0,
+    printed with two decimals or more, all 0, on the ``REPLAYED_RUN`` or more records a log ends
+    on, while the loss it adds to moves on each of them and stays above it: the term sits at a
+    bound (a clamp), so it gives no gradient while the rest trains (Cross-Modal-Re-ID's ``TLoss:
+    88.0000`` batch after batch, its triplet distances clamped at 88, beside a total that moves in
+    the second decimal).
+    A term that moves only in a later digit is a running mean's, or a regulariser's; a scale,
+    weight or coefficient is no term."""
+    total = next((key for key in lm_losses(trace) if series(trace, key)), None)
+    moving = dict(series(trace, total)) if total else {}
+    for key in own_losses(trace) if moving else ():
+        if key == total or key in lm_losses(trace) or any(w in key.lower() for w in _NOT_A_TERM):
+            continue
+        points = series(trace, key)
+        values = [v for _, v in points]
+        if not values:
+            continue
+        start = run_from_end(values, lambda v, last=values[-1]: v == last)
+        steps = [s for s, _ in points[start:]]
+        beside = [moving[s] for s in steps if s in moving]
+        if len(steps) < REPLAYED_RUN or not values[-1] or not math.isfinite(values[-1]):
+            continue
+        if len(beside) < len(steps) or len(set(beside)) < len(beside) or not 0 < values[-1] <= min(beside):
+            continue  # the total must move on each record, and hold the term: a part never exceeds its sum
+        printed = printed_in_text(trace, points[-WINDOW:])
+        # a whole number printed with its decimals, all 0: a bound; a half-precision term repeats by
+        # chance, and the total beside it, printed off that grid, says it is not one
+        if not values[-1].is_integer() or printed[1] < 2 or _printing(beside[-WINDOW:])[2]:
+            continue
+        exact = f"{values[-1]:.{printed[1]}f}" if printed[1] else f"{values[-1]:.6g}"
+        message = (
+            f"{key} is exactly {exact} on {_records(len(steps), len(values))}, from step {steps[0]}, "
+            f"while {total} moves on every one: a term of the loss held at a bound (a clamp) gives "
+            "no gradient, and the rest trains without it."
+        )
+        return [zero_grad(steps, message, key=key, value=values[-1], total=total)]
+    return []
+
+
+_NOT_A_TERM = ("scale", "weight", "coef")
 
 
 def _at_clamp(trace: Trace) -> list[Finding]:
@@ -405,7 +456,7 @@ def printed_in_text(trace: Trace, points: list[tuple[int, float]]) -> tuple[int,
     return digits, decimals
 
 
-_NUMBER_TEXT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_NUMBER_TEXT = re.compile(rf"[-+]?{DECIMAL}")
 
 
 def _held_from(

@@ -192,7 +192,8 @@ def boxes_unmatched(trace: Trace) -> list[Finding]:
 # the learning rate as a line prints it, and a held-out record's tag (its learning rate is no step's)
 # (a quoted name, a dict's or a JSON record's, has its value printed as Python's repr: "0.0" is 0)
 _LR_TEXT = re.compile(
-    r"(?:\blr|learning[_ ]rate)(?P<quoted>['\"])?\s*[:=]?\s*\[?\s*(?P<value>[-+]?\d[\d.]*(?:[eE][-+]?\d+)?)",
+    r"(?:\blr|learning[_ ]rate)(?P<quoted>['\"])?\s*+(?:[:=]\s*+)?\[?\s*"
+    r"(?P<value>[-+]?\d[\d.]*(?:[eE][-+]?\d+)?)",
     re.I,
 )
 _HELD_OUT_RECORD = re.compile(r"\b(?:val|valid|validation|eval|evaluation|test)\b\s*[,:\]|]", re.I)
