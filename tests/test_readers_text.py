@@ -445,3 +445,42 @@ def test_insightfaces_speedometer_reads_its_batch_range_and_loss_value(tmp_path:
     path.write_text(line.format(a=0, b=20) + line.format(a=20, b=40))
     steps = read_log(path).steps
     assert [(s["step"], s[S.ACTOR_LOSS]) for s in steps] == [(20, 6.244117), (40, 6.244117)]
+
+
+def test_a_value_said_on_its_iteration_and_darts_unnamed_reports_are_read(tmp_path: Path) -> None:
+    """DiffEqFlux#528's callback, ``Loss of 0.013182825077950069 on iteration 2``, and DARTS's
+    unnamed reports (PC-DARTS#13: ``train 100 6.911373e+00 0.085087 0.605275``: the step, the loss,
+    top-1 and top-5; a ``valid`` report read into the training step before it)."""
+    path = tmp_path / "paste.log"
+    path.write_text(
+        "".join(f" Loss of 0.01318282507795006{7 + 2 * (i % 2)} on iteration {i}\n" for i in (2, 3))
+    )
+    assert [(s["step"], s[S.ACTOR_LOSS]) for s in read_log(path).steps] == [
+        (2, 0.013182825077950067),
+        (3, 0.013182825077950069),
+    ]
+    stamp = "2019-12-31 00:05:44,815"
+    path.write_text(
+        f"{stamp} train 100 6.911373e+00 0.085087 0.605275\n"
+        f"{stamp} train 150 6.910863e+00 0.087955 0.587231\n"
+        f"{stamp} valid 000 6.901000e+00 0.100000 0.500000\n"
+    )
+    steps = read_log(path).steps
+    assert [(s["step"], s[S.ACTOR_LOSS], s["top1"]) for s in steps] == [
+        (100, 6.911373, 0.085087),
+        (150, 6.910863, 0.087955),
+    ]
+    assert steps[1]["valid loss"] == 6.901
+
+
+def test_a_metric_a_line_behind_pythons_logging_is_a_snapshot(tmp_path: Path) -> None:
+    """flgo's logger (easyFL#62): ``2023-08-11 12:35:17,211 simple_logger.py log_once [line:28] INFO
+    test_loss                     nan``, one metric a line behind the paste's ``- > ``; the
+    logger's ``[line:28]`` is no metric."""
+    head = "- > 2023-08-11 12:35:17,211 simple_logger.py log_once [line:28] INFO "
+    path = tmp_path / "paste.log"
+    path.write_text(f"{head}test_loss                     nan\n{head}test_accuracy                 0.1000\n")
+    trace = read_log(path)
+    assert trace.header["format"] == "key-values" and len(trace.steps) == 1
+    assert math.isnan(trace.steps[0]["test_loss"]) and trace.steps[0]["test_accuracy"] == 0.1
+    assert "line" not in trace.steps[0]

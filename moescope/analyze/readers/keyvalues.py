@@ -68,8 +68,21 @@ def table_field(line: str) -> tuple[str, Any] | None:
 
 
 def snapshot_field(line: str) -> tuple[str, Any] | None:
-    """The field a line of a snapshot is: ``name: value``, or a table row ``name   value``."""
-    return line_field(line) or table_field(line)
+    """The field a line of a snapshot is: ``name: value``, or a table row ``name   value`` (after
+    the prefix Python's logging puts before it, :data:`_LOGGED`: a ``name: value`` behind a logger
+    is a record's, and the records reader reads it beside the logger's other lines)."""
+    logged = _LOGGED.match(line) if line[:1] in _LOGGED_STARTS else None
+    return line_field(line) or table_field(line[logged.end() :] if logged else line)
+
+
+# Python's logging before a metric a line: a time stamp, the logger's names, then the level (flgo's
+# "2023-08-11 12:35:17,211 simple_logger.py log_once [line:28] INFO test_loss     nan", behind a
+# paste's "- > " quote marks)
+_LOGGED = re.compile(
+    r"[\s\->]*\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?\s[^\n]{0,120}?"
+    r"\b(?:DEBUG|INFO|WARNING|ERROR)\b(?:\s*[:\-]\s*|\s+)"
+)
+_LOGGED_STARTS = frozenset(" ->0123456789")
 
 
 def is_record(line: str) -> bool:

@@ -684,6 +684,29 @@ _FOR_COUNTER = re.compile(
 )
 # and a name said to be a value ("the loss is 7.39", "Epoch 1, training loss was 2.1"): "loss: 7.39"
 _SAID_TO_BE = re.compile(rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:is|was)(?:\s*:)?\s+{_A_VALUE}")
+# or its value, then the counter it is "on" (a Julia callback's "Loss of 0.01318 on iteration 2"):
+# "iteration 2 | Loss: 0.01318"
+_VALUE_ON_COUNTER = re.compile(
+    rf"(?P<key>{_WORDS})\s+of\s+(?P<value>(?>{NUMBER}))\s+(?:on|at|after)\s+(?:the\s+)?"
+    rf"(?P<mark>(?:[Ee]poch|[Ee]pisode|[Ss]tep|[Ii]ter(?:ation)?)\s+{INT})\b"
+)
+# DARTS's search and its offspring (PC-DARTS, P-DARTS, PDARTS' NAS repositories) print each report
+# unnamed: "train 100 6.911373e+00 0.085087 0.605275", the step within the epoch, the running loss,
+# top-1 and top-5 accuracy; "valid 050 …" for the held-out split (a time stamp may precede)
+_DARTS = re.compile(
+    rf"(?P<split>train|valid)\s+(?P<step>{INT})\s+(?P<loss>(?>{NUMBER}))\s+(?P<top1>(?>{NUMBER}))"
+    rf"\s+(?P<top5>(?>{NUMBER}))\s*$"
+)
+
+
+def _darts(match: re.Match[str]) -> str:
+    """A training report at its step; a validation report (its batches counted from 0 again) read
+    into the training step before it."""
+    held_out = "valid " if match["split"] == "valid" else ""
+    step = "" if held_out else f"step {match['step']} | "
+    top = f"{held_out}top1: {match['top1']} | {held_out}top5: {match['top5']}"
+    return f"{step}{held_out}loss: {match['loss']} | {top}"
+
 
 # LightGBM's evaluation lines name each metric after its data set: "[4]\ttraining's binary_logloss:
 # 0.77109\tvalid_1's binary_logloss: 0.770573", read "training/binary_logloss", "valid_1/…" (one
@@ -933,6 +956,7 @@ _PROSE: tuple[tuple[str, re.Pattern[str], Any], ...] = (
     (" is ", _SAID_TO_BE, r"\g<key>: "),
     (" was ", _SAID_TO_BE, r"\g<key>: "),
     (" is: ", _SAID_TO_BE, r"\g<key>: "),  # NeuralPDE's "Current loss is: 133.45, Iteration: 92"
+    (" of ", _VALUE_ON_COUNTER, r"\g<mark> | \g<key>: \g<value>"),
 )
 # the shapes written as "name: value" fields (or a step marker) before a line is read, each where
 # its literal is in the line
@@ -943,6 +967,8 @@ _REWRITES: tuple[tuple[str, re.Pattern[str] | None, Any], ...] = (
     ("(avg (std), med)", _AVG_STD_MED, r"step \1 | \3: \2"),
     ("] Evaluating ", _SPLAT_EVAL, r"step \1 | \2/L1: \3 | \2/PSNR: \4"),
     ("] Batch", _SPEEDOMETER, r"epoch: \1 | step \2 |"),
+    ("train ", _DARTS, _darts),
+    ("valid ", _DARTS, _darts),
     ("iters:", _FORECAST_ITERS, r"epoch: \2 | step \1 |"),
     (", Steps:", _FORECAST_EPOCH, r"epoch: \1 | Train Loss:"),
     ("Vali Loss:", _FORECAST_VALI, " | val loss:"),
