@@ -449,7 +449,7 @@ def test_insightfaces_speedometer_reads_its_batch_range_and_loss_value(tmp_path:
 
 def test_a_value_said_on_its_iteration_and_darts_unnamed_reports_are_read(tmp_path: Path) -> None:
     """DiffEqFlux#528's callback, ``Loss of 0.013182825077950069 on iteration 2``, and DARTS's
-    unnamed reports (PC-DARTS#13: ``train 100 6.911373e+00 0.085087 0.605275``: the step, the loss,
+    unnamed reports (PC-DARTS#15: ``train 100 6.911373e+00 0.085087 0.605275``: the step, the loss,
     top-1 and top-5; a ``valid`` report read into the training step before it)."""
     path = tmp_path / "paste.log"
     path.write_text(
@@ -474,7 +474,7 @@ def test_a_value_said_on_its_iteration_and_darts_unnamed_reports_are_read(tmp_pa
 
 
 def test_a_metric_a_line_behind_pythons_logging_is_a_snapshot(tmp_path: Path) -> None:
-    """flgo's logger (easyFL#62): ``2023-08-11 12:35:17,211 simple_logger.py log_once [line:28] INFO
+    """flgo's logger (easyFL#39): ``2023-08-11 12:35:17,211 simple_logger.py log_once [line:28] INFO
     test_loss                     nan``, one metric a line behind the paste's ``- > ``; the
     logger's ``[line:28]`` is no metric."""
     head = "- > 2023-08-11 12:35:17,211 simple_logger.py log_once [line:28] INFO "
