@@ -1305,3 +1305,26 @@ def test_a_loss_term_held_at_a_bound_while_the_loss_moves_is_zero_grad(
     totals = ("88.3515", "88.5411", "88.2826", "88.2636", "88.1958", "88.3473")
     text = "".join(line.format(i=350 + 50 * i, t=t, term=term) for i, t in enumerate(totals))
     assert ("zero_grad" in findings_of(tmp_path, text)) is found
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "/site-packages/pyro/infer/traceenum_elbo.py:419: UserWarning: Encountered NaN: loss",
+        "NaN detected in gradient of embedding.weight",
+    ],
+)
+def test_pyros_and_a_loops_own_nan_check_are_nonfinite_alerts(tmp_path: Path, said: str) -> None:
+    """CellBender#52: Pyro's ``UserWarning: Encountered NaN: loss`` after the last finite epoch;
+    PyxLSTM#26: a loop's own check, ``NaN detected in gradient of embedding.weight``."""
+    line = "cellbender:remove-background: [epoch {e:03d}]  average training loss: {v}\n"
+    text = "".join(line.format(e=e, v=v) for e, v in ((33, 1531.2), (34, 1529.0032))) + said + "\n"
+    assert findings_of(tmp_path, text)["nonfinite"].step == 34
+
+
+def test_kpconvs_loss_held_at_zero_is_zero_grad(tmp_path: Path) -> None:
+    """KPConv-PyTorch#159: ``e001-i0607 => L=0.000 acc= 82% / t(ms): …`` on every record while the
+    accuracy jumps about: a loss of 0 carries no signal."""
+    line = "e001-i{i:04d} => L=0.000 acc= {a}% / t(ms):  38.8  35.4  38.7)\n"
+    text = "".join(line.format(i=607 + 10 * k, a=a) for k, a in enumerate((82, 89, 95, 76, 83, 90, 85)))
+    assert findings_of(tmp_path, text)["zero_grad"].step == 607

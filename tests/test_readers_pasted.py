@@ -1841,3 +1841,14 @@ def test_a_long_line_of_one_character_costs_its_length(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(done.stdout.split()) == len(shapes)
+
+
+def test_a_dict_record_after_a_step_and_a_label_is_read(tmp_path: Path) -> None:
+    """VATT (google-research#1497): ``Train Step: 3350/100000  / training metric = {'model_loss': …}``
+    behind glog's prefix, the step over its total before the label."""
+    line = (
+        "I0308 03:53:33.468915 139913490419840 base.py:350] Train Step: {s}/100000  / training metric = "
+        "{{'model_loss': {v}, 'top_1_accuracy': 0.29}}\n"
+    )
+    trace = read_text(tmp_path, line.format(s=3350, v=5.96) + line.format(s=3400, v=8.74))
+    assert [(s["step"], s["model_loss"]) for s in trace.steps] == [(3350, 5.96), (3400, 8.74)]

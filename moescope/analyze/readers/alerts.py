@@ -13,7 +13,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   became infinite or NaN at iteration=2137!``, ``Predicted boxes or scores contain Inf/NaN.
   Training has diverged.``), NeMo 1.x's ``Loss is NaN or inf.`` and TensorFlow's NaN hook
   (``ERROR:tensorflow:Model diverged with loss = NaN.``) and CheckNumerics op (``LossTensor is inf
-  or nan. : Tensor had NaN values``) and deepspeech.pytorch's ``WARNING: received
+  or nan. : Tensor had NaN values``), Pyro's ``Encountered NaN: loss``, a loop's ``NaN detected in
+  gradient of embedding.weight`` and deepspeech.pytorch's ``WARNING: received
   a nan loss, setting loss value to 0`` (the loss then printed 0) → ``health/nonfinite``;
 - PaddleNLP's ``optimizer not run, scale_before: 0.25, scale_after: 0.125`` → ``optim/skipped``,
   the scale it tried and the one it left; guided-diffusion's ``Found NaN, decreased lg_loss_scale to
@@ -146,6 +147,13 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     # its CheckNumerics op (the Object Detection API's trainer): "LossTensor is inf or nan. : Tensor
     # had NaN values"
     (re.compile(r"Tensor had (?:NaN|Inf) values"), _count(S.NONFINITE)),
+    # Pyro's ELBO (CellBender): "UserWarning: Encountered NaN: loss"; a loop's own check: "NaN detected
+    # in gradient of embedding.weight" (PyxLSTM), "NaN detected in model output"
+    (re.compile(r"\bEncountered (?:NaN|Inf): loss\b"), _count(S.NONFINITE)),
+    (
+        re.compile(r"\b(?:NaN|Inf) detected in (?:the )?(?:gradient|parameter|model output|loss)\b"),
+        _count(S.NONFINITE),
+    ),
     # karpathy's neuraltalk and char-rnn stop on a loss far above their first: "Aboring, cost seems to
     # be exploding. Run gradcheck? Lower the learning rate?", "loss is exploding, aborting."
     (re.compile(r"(?:loss|cost) (?:seems to be|is) exploding", re.IGNORECASE), _count(S.DIVERGED)),

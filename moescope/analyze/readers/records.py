@@ -690,6 +690,9 @@ _VALUE_ON_COUNTER = re.compile(
     rf"(?P<key>{_WORDS})\s+of\s+(?P<value>(?>{NUMBER}))\s+(?:on|at|after)\s+(?:the\s+)?"
     rf"(?P<mark>(?:[Ee]poch|[Ee]pisode|[Ss]tep|[Ii]ter(?:ation)?)\s+{INT})\b"
 )
+# KPConv's trainer, the step counted within the epoch: "e001-i0607 => L=0.000 acc= 82% / t(ms):  38.8 …"
+_KPCONV = re.compile(rf"^\s*e({INT})-i({INT})\s*=>\s*L=")
+
 # DARTS's search and its offspring (PC-DARTS, P-DARTS, PDARTS' NAS repositories) print each report
 # unnamed: "train 100 6.911373e+00 0.085087 0.605275", the step within the epoch, the running loss,
 # top-1 and top-5 accuracy; "valid 050 …" for the held-out split (a time stamp may precede)
@@ -967,6 +970,7 @@ _REWRITES: tuple[tuple[str, re.Pattern[str] | None, Any], ...] = (
     ("(avg (std), med)", _AVG_STD_MED, r"step \1 | \3: \2"),
     ("] Evaluating ", _SPLAT_EVAL, r"step \1 | \2/L1: \3 | \2/PSNR: \4"),
     ("] Batch", _SPEEDOMETER, r"epoch: \1 | step \2 |"),
+    (" => L=", _KPCONV, r"epoch: \1 | step \2 | loss="),
     ("train ", _DARTS, _darts),
     ("valid ", _DARTS, _darts),
     ("iters:", _FORECAST_ITERS, r"epoch: \2 | step \1 |"),

@@ -43,15 +43,18 @@ from moescope.analyze.readers.jsonl import load_json
 from moescope.analyze.readers.keymap import guess_framework
 from moescope.errors import MoescopeError
 
-# a record's opening brace, not a field's dict value (InternEvo's "grad_norm={'0_default': 2.1}")
-DICT_START = re.compile(r"(?<!=)(?<!= )\{\s*['\"]")
+# a record's opening brace, not a field's dict value (InternEvo's "grad_norm={'0_default': 2.1}"); a
+# record may follow a label and " = " (VATT's "Train Step: 3350/100000  / training metric = {…}")
+DICT_START = re.compile(r"(?<!=)(?<![\w\]]= )\{\s*['\"]")
 # a record whose braces the paste lost: "'loss': -0.0, 'grad_norm': 0.0, …" (two quoted keys at least)
 BARE_DICT = re.compile(r"""^\s*(['"])[^'"\n]+\1:[^,\n]+,\s*(['"])[^'"\n]+\2:""")
 _BAR = re.compile(rf"({INT})/({INT})\s*\[")
 # the step a prefix names before its record: slime's "rollout 12: {…}", a loop's "Step 100: {'loss': …}",
 # "Epoch 3: {…}"
 _PREFIX_STEP = re.compile(
-    rf"\b(?:step|rollout|eval|iter(?:ation)?|epoch)\s*+(?:[:=]\s*+)?({INT}):?\s*$", re.IGNORECASE
+    rf"\b(?:step|rollout|eval|iter(?:ation)?|epoch)\s*+(?:[:=]\s*+)?({INT})(?:\s*/\s*{INT})?"
+    rf"(?:\s*/?\s*[A-Za-z][A-Za-z ]{{0,40}}=)?:?\s*$",
+    re.IGNORECASE,
 )
 _LOG_HISTORY = re.compile(r'"log_history"\s*:\s*\[')
 _HOST_LABEL = re.compile(r"^\s*([\w.\-]+):\s+\{")  # pdsh's "10.96.202.43: " / "worker-1: " before a record
