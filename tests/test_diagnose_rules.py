@@ -1312,11 +1312,13 @@ def test_a_loss_term_held_at_a_bound_while_the_loss_moves_is_zero_grad(
     [
         "/site-packages/pyro/infer/traceenum_elbo.py:419: UserWarning: Encountered NaN: loss",
         "NaN detected in gradient of embedding.weight",
+        "Stopping epoch because loss is NaN",
     ],
 )
 def test_pyros_and_a_loops_own_nan_check_are_nonfinite_alerts(tmp_path: Path, said: str) -> None:
     """CellBender#52: Pyro's ``UserWarning: Encountered NaN: loss`` after the last finite epoch;
-    PyxLSTM#26: a loop's own check, ``NaN detected in gradient of embedding.weight``."""
+    PyxLSTM#26: a loop's own check, ``NaN detected in gradient of embedding.weight``; CIBHash#7: the
+    trainer's ``Stopping epoch because loss is NaN``."""
     line = "cellbender:remove-background: [epoch {e:03d}]  average training loss: {v}\n"
     text = "".join(line.format(e=e, v=v) for e, v in ((33, 1531.2), (34, 1529.0032))) + said + "\n"
     assert findings_of(tmp_path, text)["nonfinite"].step == 34

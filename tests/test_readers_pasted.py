@@ -1852,3 +1852,14 @@ def test_a_dict_record_after_a_step_and_a_label_is_read(tmp_path: Path) -> None:
     )
     trace = read_text(tmp_path, line.format(s=3350, v=5.96) + line.format(s=3400, v=8.74))
     assert [(s["step"], s["model_loss"]) for s in trace.steps] == [(3350, 5.96), (3400, 8.74)]
+
+
+def test_a_headerless_table_each_rank_printed_is_read_on_its_never_falling_column(tmp_path: Path) -> None:
+    """wespeaker#396: every rank of a multi-GPU run printed the row, so the batch column repeats
+    (``|  149|  1000|…`` twice, then ``|  149|  1066|…``): the column that never falls and takes the
+    most values is the step, not the epoch's, and a step's rows are one record."""
+    row = "[ INFO : 2024-12-24 21:51:06,518 ] - |       149|      {0}| 0.01728|  0.2|    {1}|    71.647|\n"
+    text = "".join(row.format(b, x) for b, x in ((1000, "1.4961"), (1000, "1.4996"), (1066, "1.5084")))
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == [1000, 1066]
+    assert any("never falling" in note for note in trace.notes)

@@ -484,3 +484,16 @@ def test_a_metric_a_line_behind_pythons_logging_is_a_snapshot(tmp_path: Path) ->
     assert trace.header["format"] == "key-values" and len(trace.steps) == 1
     assert math.isnan(trace.steps[0]["test_loss"]) and trace.steps[0]["test_accuracy"] == 0.1
     assert "line" not in trace.steps[0]
+
+
+@pytest.mark.parametrize(
+    ("line", "step"),
+    [
+        ("epoch: 3 - train Avg_loss: 8.34, train Avg_acc: 39.41, train Lr_value: 9.41e-04", 3),
+        ("[Epoch: 01] [Batch: 0651/1425] L: 0.39662  Avg L: 0.44018  mIoU: 64.45  |  FB-IoU: 78.73", 2076),
+    ],
+)
+def test_3dspeakers_epoch_and_hsnets_batch_lines_name_their_step(line: str, step: int) -> None:
+    """3D-Speaker's ``epoch: 3 - train Avg_loss: 8.34, …`` (the epoch the step) and HSNet's logger as
+    LSeg prints it, ``[Epoch: 01] [Batch: 0651/1425]`` (the batch counted on across epochs)."""
+    assert records.marker(line)[1] == step

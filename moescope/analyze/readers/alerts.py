@@ -13,7 +13,8 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   became infinite or NaN at iteration=2137!``, ``Predicted boxes or scores contain Inf/NaN.
   Training has diverged.``), NeMo 1.x's ``Loss is NaN or inf.`` and TensorFlow's NaN hook
   (``ERROR:tensorflow:Model diverged with loss = NaN.``) and CheckNumerics op (``LossTensor is inf
-  or nan. : Tensor had NaN values``), Pyro's ``Encountered NaN: loss``, a loop's ``NaN detected in
+  or nan. : Tensor had NaN values``), a trainer's ``Stopping epoch because loss is NaN``, Pyro's
+  ``Encountered NaN: loss``, a loop's ``NaN detected in
   gradient of embedding.weight`` and deepspeech.pytorch's ``WARNING: received
   a nan loss, setting loss value to 0`` (the loss then printed 0) → ``health/nonfinite``;
 - PaddleNLP's ``optimizer not run, scale_before: 0.25, scale_after: 0.125`` → ``optim/skipped``,
@@ -141,6 +142,8 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     # deepspeech.pytorch's guard: "WARNING: received a nan loss, setting loss value to 0"
     (re.compile(r"received an? (?:nan|inf) loss", re.IGNORECASE), _count(S.NONFINITE)),
     (re.compile(r"\bLoss is NaN or inf\b"), _count(S.NONFINITE)),  # NeMo 1.x's actions
+    # a trainer's stop (CIBHash's "Stopping epoch because loss is NaN")
+    (re.compile(r"\bbecause (?:the )?loss is (?:NaN|nan|inf|Inf)\b"), _count(S.NONFINITE)),
     (re.compile(r"contain Inf/NaN\. Training has diverged"), _count(S.NONFINITE)),
     # TensorFlow's NanTensorHook (Estimator, BERT / ELECTRA / T5's TF trainers)
     (re.compile(r"Model diverged with loss = (?:NaN|Inf)"), _count(S.NONFINITE)),

@@ -106,7 +106,7 @@ _SR_COUNT = rf"\[({INT})/({INT})\]"  # EDSR's samples of the epoch: "[1600/16000
 # an epoch's (or an episode's, a round's) own line: its marker in MARKS, the step only where it logs
 # once an epoch (:func:`_epochs_printed_within`)
 _EPOCH_LINE = re.compile(
-    rf"(?<![\w/])(?<![Ee]nd of )(?:(?:Epoch|Episode|Ep\.?|Round)\s*+(?:(?:#|(?<=\s):(?=\s*{INT}\s+-\s))\s*+)?"
+    rf"(?<![\w/])(?<![Ee]nd of )(?:(?:Epoch|Episode|Ep\.?|Round)\s*+(?:(?:#|:(?=\s*{INT}\s+-\s))\s*+)?"
     rf"|Epoch:\s*\[\s*(?={INT}\s*\]\s+Total time:))"  # MetricLogger's "Epoch: [3] Total time: …"
     rf"({INT})(?:\s*/\s*{INT})?"
     rf"(?=\s*(?::|,|\||(?:Complete|completed|finished|done)\b|\]\s*$|\]\s+Total time:)|\s+-\s"
@@ -170,6 +170,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     ),
     # Swin Transformer's loop and its offspring (VMamba), epochs from 0: "Train: [29/300][2670/2859]"
     (None, re.compile(rf"(?<!\w)Train:\s*\[{_I}/\s*{INT}\s*\]\s*\[{_I}/{_I}\]"), _epoch_from_zero),
+    # HSNet's logger and the segmenters built on it (LSeg), the batch counted within the epoch:
+    # "[Epoch: 01] [Batch: 0651/1425] L: 0.39662  Avg L: 0.44018  mIoU: 64.45"
+    (None, re.compile(rf"\[Epoch:{_I}\]\s*\[Batch:{_I}/{_I}\]"), _epoch_from_zero),
     # InvSR's trainer, the iteration over the run's total: "Train: 016600/200000, ldif/ldis/…:t(100):0.43/…"
     (None, re.compile(rf"^\s*Train:\s*({INT})/{INT},"), lambda m: int(m[1])),
     # Hand4Whole / I2L-MeshNet's logger, epochs from 0: "Epoch 0/7 itr 26/3489:"
@@ -227,7 +230,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"^\s*It:?\s*({INT})(?=[,:])"), lambda m: int(m[1])),
     # an epoch's (or an episode's) line, where no step is named: "===> Epoch 162 Complete: Avg. Loss:
     # 0.014234", "===> Epoch 162: testing psnr = 34.40" (MST), a loop's "Epoch 3 | loss 2.1", "Epoch 3
-    # - loss: 2.1", "Epoch 3/20 loss: 2.1", "[Epoch 3] loss: 2.1" and "Epoch 3 train loss: 2.1"
+    # - loss: 2.1", 3D-Speaker's "epoch: 1 - train Avg_loss: 13.29", "Epoch 3/20 loss: 2.1", "[Epoch 3]
+    # loss: 2.1" and "Epoch 3 train loss: 2.1"
     # (print("Epoch", epoch, "loss:", loss)); not the PyTorch word language model's "| end of epoch
     # 7 | time: 109.38s | valid loss  7.68": its validation, on the step before
     (None, _EPOCH_LINE, lambda m: int(m[1])),
@@ -674,7 +678,7 @@ _ESPNET_BATCHES = re.compile(rf"(?<!\w)({INT})epoch:train:{INT}-({INT})batch:")
 
 # prose a loop prints: a name, the counter it is "for" / "at", then the value ("The training loss
 # for Epoch 1 is 7.3978", LXMERT; "Loss at step 100: 2.31"), written "Epoch 1 | training loss: 7.3978"
-_WORDS = r"[A-Za-z_][\w./\-]*(?:\s+[A-Za-z_][\w./\-]*){0,2}?"
+_WORDS = r"(?<![\w./\-])[A-Za-z_][\w./\-]*(?:\s+[A-Za-z_][\w./\-]*){0,2}?"  # from a word's start only
 _A_VALUE = r"(?=[-+]?(?:\d|\.\d|(?i:nan|inf)\b|(?i:infinity)\b))"
 _FOR_COUNTER = re.compile(
     rf"(?:\b[Tt]he\s+)?(?P<key>{_WORDS})\s+(?:for|at|after|in)\s+(?:the\s+)?"
@@ -901,7 +905,7 @@ _JOINED_NAMES = re.compile(
     r"(?P<names>[A-Za-z_]\w*(?P<sep>[/|])[A-Za-z_]\w*(?:(?P=sep)[A-Za-z_]\w*)*):"
 )
 _JOINED_VALUES = re.compile(
-    rf"\s*(?:(?P<label>[A-Za-z_][\w()]*):)?\s*(?P<values>(?>{NUMBER})(?:\s*[/|]\s*(?>{NUMBER}))+)(?:\s*,)?"
+    rf"\s*+(?:(?P<label>[A-Za-z_][\w()]*):\s*+)?(?P<values>(?>{NUMBER})(?:\s*[/|]\s*(?>{NUMBER}))+)(?:\s*,)?"
 )
 
 

@@ -161,17 +161,24 @@ def headerless(lines: list[str]) -> tuple[int, int] | None:
     """``(width, step column)`` of a table pasted without its header row (WeSpeaker's ``[ INFO :
     … ] - |       150|     16300|5.0113e-05|  0.2|    1.1553|    78.579|``): three rows or more of
     the same width, three cells or more, cut at ``|`` after whatever prefix the logger wrote, every
-    cell a number, one column of whole numbers rising on every row (the step); else ``None``."""
+    cell a number, one column of whole numbers rising on every row (the step), or never falling
+    where each rank of a multi-GPU run printed the row (WeSpeaker#396: ``|  149|  1000|…`` five
+    times, then ``|  149|  1066|…``; of such columns the one with the most values, not the epoch's);
+    else ``None``."""
     rows = [_unruled_cells(line) for line in lines[:5000] if line.strip()]
     rows = [row for row in rows if len(row) >= 3 and all(_number(c) is not None for c in row)]
     widths = {len(row) for row in rows}
     if len(rows) < 3 or len(widths) != 1:
         return None
-    for column in range(widths.pop()):
-        values = [row[column] for row in rows]
-        if all(_STEP.match(v) for v in values) and all(int(a) < int(b) for a, b in pairwise(values)):
-            return len(rows[0]), column
-    return None
+    width = widths.pop()
+    columns = [[row[column] for row in rows] for column in range(width)]
+    counts = [[int(v) for v in values] if all(_STEP.match(v) for v in values) else [] for values in columns]
+    rising = next((k for k, c in enumerate(counts) if c and all(a < b for a, b in pairwise(c))), None)
+    if rising is not None:
+        return width, rising
+    kept = [(len(set(c)), k) for k, c in enumerate(counts) if c and all(a <= b for a, b in pairwise(c))]
+    most, column = max(kept, default=(0, 0))
+    return (width, column) if most >= 2 else None
 
 
 def _unruled_cells(line: str) -> list[str]:
@@ -322,9 +329,11 @@ def read(log: LogFile) -> Parsed:
 
     parsed = scan(log.lines, parse_at)
     if unnamed is not None:
+        steps = [row.step for row in parsed.rows]
+        rising = "rising on every row" if len(set(steps)) == len(steps) else "never falling from row to row"
         parsed.notes.append(
             f"a table pasted without its header row: its {unnamed[0]} columns are numbered, column "
-            f"{unnamed[1] + 1} (whole numbers rising on every row) the step; no metric is named"
+            f"{unnamed[1] + 1} (whole numbers {rising}) the step; no metric is named"
         )
     steps_in_tables(parsed)  # a table without a step column may log one among the others
     keys = {k for row in parsed.rows for k in row.metrics}

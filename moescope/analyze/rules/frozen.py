@@ -106,13 +106,13 @@ def _term_pinned(trace: Trace) -> list[Finding]:
     on, while the loss it adds to moves on each of them and stays above it: the term sits at a
     bound (a clamp), so it gives no gradient while the rest trains (Cross-Modal-Re-ID's ``TLoss:
     88.0000`` batch after batch, its triplet distances clamped at 88, beside a total that moves in
-    the second decimal).
-    A term that moves only in a later digit is a running mean's, or a regulariser's; a scale,
-    weight or coefficient is no term."""
-    total = next((key for key in lm_losses(trace) if series(trace, key)), None)
+    the second decimal). A running mean or a regulariser that holds at its fourth digit is no
+    bound; a scale, weight or coefficient is no term."""
+    totals = lm_losses(trace)
+    total = next((key for key in totals if series(trace, key)), None)
     moving = dict(series(trace, total)) if total else {}
     for key in own_losses(trace) if moving else ():
-        if key == total or key in lm_losses(trace) or any(w in key.lower() for w in _NOT_A_TERM):
+        if key in totals or any(word in key.lower() for word in _NOT_A_TERM):
             continue
         points = series(trace, key)
         values = [v for _, v in points]
@@ -130,11 +130,10 @@ def _term_pinned(trace: Trace) -> list[Finding]:
         # chance, and the total beside it, printed off that grid, says it is not one
         if not values[-1].is_integer() or printed[1] < 2 or _printing(beside[-WINDOW:])[2]:
             continue
-        exact = f"{values[-1]:.{printed[1]}f}" if printed[1] else f"{values[-1]:.6g}"
         message = (
-            f"{key} is exactly {exact} on {_records(len(steps), len(values))}, from step {steps[0]}, "
-            f"while {total} moves on every one: a term of the loss held at a bound (a clamp) gives "
-            "no gradient, and the rest trains without it."
+            f"{key} is exactly {values[-1]:.{printed[1]}f} on {_records(len(steps), len(values))}, "
+            f"from step {steps[0]}, while {total} moves on every one: a term of the loss held at a "
+            "bound (a clamp) gives no gradient, and the rest trains without it."
         )
         return [zero_grad(steps, message, key=key, value=values[-1], total=total)]
     return []
