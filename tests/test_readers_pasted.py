@@ -1863,3 +1863,19 @@ def test_a_headerless_table_each_rank_printed_is_read_on_its_never_falling_colum
     trace = read_text(tmp_path, text)
     assert trace.header["format"] == "step-table" and [s["step"] for s in trace.steps] == [1000, 1066]
     assert any("never falling" in note for note in trace.notes)
+
+
+def test_a_headerless_table_behind_a_logger_with_counts_over_totals_is_read(tmp_path: Path) -> None:
+    """JDE (Towards-Realtime-MOT#87): ``2020-02-09 16:22:54 [INFO]:    2/272    400/1963     0.647
+    …``, the logger's prefix passed over and each count over its total read as the count: the
+    batch the step; DeepCTR's ``batch: 387 nan 0.6595617 0.72703314`` likewise, on its own batch."""
+    row = "2020-02-09 16:22:54 [INFO]:    2/272    {0}/1963     0.647    0.0538      20.9     {1}      20.2\n"
+    trace = read_text(
+        tmp_path, "".join(row.format(b, t) for b, t in ((400, -2.24), (440, -2.37), (480, -2.46)))
+    )
+    assert [s["step"] for s in trace.steps] == [400, 440, 480] and trace.steps[1]["column 6"] == -2.37
+    assert trace.steps[0]["column 1"] == 2
+    text = "".join(
+        f"batch: {b} {v} 0.6280691 0.7282944\n" for b, v in ((385, "0.62"), (386, "0.69"), (387, "nan"))
+    )
+    assert [f.step for f in diagnose(read_text(tmp_path, text)) if f.type == "nonfinite"] == [387]

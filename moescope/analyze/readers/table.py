@@ -166,13 +166,13 @@ def headerless(lines: list[str]) -> tuple[int, int] | None:
     times, then ``|  149|  1066|…``; of such columns the one with the most values, not the epoch's);
     else ``None``."""
     rows = [_unruled_cells(line) for line in lines[:5000] if line.strip()]
-    rows = [row for row in rows if len(row) >= 3 and all(_number(c) is not None for c in row)]
+    rows = [row for row in rows if len(row) >= 3 and all(_cell_number(c) is not None for c in row)]
     widths = {len(row) for row in rows}
     if len(rows) < 3 or len(widths) != 1:
         return None
     width = widths.pop()
     columns = [[row[column] for row in rows] for column in range(width)]
-    counts = [[int(v) for v in values] if all(_STEP.match(v) for v in values) else [] for values in columns]
+    counts = [[_count(v) for v in values] if all(_counted(v) for v in values) else [] for values in columns]
     rising = next((k for k, c in enumerate(counts) if c and all(a < b for a, b in pairwise(c))), None)
     if rising is not None:
         return width, rising
@@ -183,8 +183,35 @@ def headerless(lines: list[str]) -> tuple[int, int] | None:
 
 def _unruled_cells(line: str) -> list[str]:
     """The cells of a headerless table's row: cut at ``|`` after whatever prefix comes before the
-    first, else at whitespace (``print(epoch, loss, acc)``)."""
-    return _sideways_cells(line[line.index("|") :]) if "|" in line else line.split()
+    first, else at whitespace (``print(epoch, loss, acc)``) from the first cell that is a number or
+    a count over its total (JDE's ``2020-02-09 16:22:54 [INFO]:    2/272    400/1963     0.647 …``,
+    its logger's prefix passed over)."""
+    if "|" in line:
+        return _sideways_cells(line[line.index("|") :])
+    cells = line.split()
+    first = next((k for k, cell in enumerate(cells) if _cell_number(cell) is not None), len(cells))
+    return cells[first:]
+
+
+# a count over its total in a headerless row: JDE's epoch "2/272" and batch "400/1963", the count read
+_COUNT_OF = re.compile(rf"({INT})/{INT}")
+
+
+def _cell_number(cell: str) -> float | int | None:
+    """A headerless row's cell as a number: a count over its total read as the count."""
+    count = _COUNT_OF.fullmatch(cell)
+    return int(count[1]) if count else _number(cell)
+
+
+def _counted(cell: str) -> bool:
+    """Whether a cell is a whole number, or a count over its total."""
+    return _STEP.match(cell) is not None or _COUNT_OF.fullmatch(cell) is not None
+
+
+def _count(cell: str) -> int:
+    """A whole-number cell's value, or a count over its total's count."""
+    count = _COUNT_OF.fullmatch(cell)
+    return int(count[1] if count else cell)
 
 
 def _headerless_rows(lines: list[str], i: int, shape: tuple[int, int]) -> tuple[list[Row], int] | None:
@@ -194,10 +221,12 @@ def _headerless_rows(lines: list[str], i: int, shape: tuple[int, int]) -> tuple[
         return None
     row = _unruled_cells(lines[i])
     width, step = shape
-    if len(row) != width or not _STEP.match(row[step]):
+    if len(row) != width or not _counted(row[step]):
         return None
-    metrics = {f"column {k + 1}": v for k, c in enumerate(row) if k != step and (v := _number(c)) is not None}
-    return [Row(int(row[step]), metrics, lines[i], i + 1)], i + 1
+    metrics = {
+        f"column {k + 1}": v for k, c in enumerate(row) if k != step and (v := _cell_number(c)) is not None
+    }
+    return [Row(_count(row[step]), metrics, lines[i], i + 1)], i + 1
 
 
 def _yolo_header(lines: list[str], i: int) -> bool:
