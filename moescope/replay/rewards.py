@@ -12,12 +12,13 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
+from moescope._util.numbers import DECIMAL
 from moescope.errors import MoescopeError
 from moescope.models.tasks import Example, score
 
 RewardFn = Callable[[Example, str], float]
 
-_NUMBER = re.compile(r"[-+]?(?:(?<!\d)\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")  # each digit read one way
+_NUMBER = re.compile(rf"[-+]?{DECIMAL}")
 
 
 def exact_match(example: Example, completion: str) -> float:

@@ -18,6 +18,7 @@ from itertools import compress, pairwise
 from pathlib import Path
 from typing import Any
 
+from moescope._util.numbers import DECIMAL
 from moescope.errors import MoescopeError
 
 SNIFF_BYTES = 256 * 1024
@@ -65,10 +66,6 @@ _INT = re.compile(r"^[-+]?\d{1,300}$")  # longer digit runs are read as floats (
 INT = r"\d{1,15}(?!\d)"
 # a tqdm bar up to the bracket after its count, the count captured: "14%|█▍ | 378/2724 ["
 BAR_HEAD = rf"(?<!\d)\d+%\|[^|\n]*\|\s*({INT})/{INT}\s*\["
-# a decimal number, digits then a point and more or a point and digits: written so that a digit is
-# matched one way only, never started within a run of digits (a search through a line of 4,000
-# digits, which "\d+\.?\d*" splits every way at every start, took minutes; now its length)
-DECIMAL = r"(?:(?<!\d)\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _FLOAT = re.compile(rf"^[-+]?{DECIMAL}$")
 # one number as the frameworks print it (Python's repr, E-notation, numpy>=2 reprs); callers build
 # their line patterns from it, and parse_number reads whatever it matches

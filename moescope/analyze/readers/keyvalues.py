@@ -71,8 +71,11 @@ def snapshot_field(line: str) -> tuple[str, Any] | None:
     """The field a line of a snapshot is: ``name: value``, or a table row ``name   value`` (after
     the prefix Python's logging puts before it, :data:`_LOGGED`: a ``name: value`` behind a logger
     is a record's, and the records reader reads it beside the logger's other lines)."""
+    found = line_field(line)
+    if found is not None:
+        return found
     logged = _LOGGED.match(line) if line[:1] in _LOGGED_STARTS else None
-    return line_field(line) or table_field(line[logged.end() :] if logged else line)
+    return table_field(line[logged.end() :] if logged else line)
 
 
 # Python's logging before a metric a line: a time stamp, the logger's names, then the level (flgo's

@@ -911,7 +911,7 @@ _JOINED_VALUES = re.compile(
 
 def _joined_names(line: str) -> str:
     """``line`` with ``a|b: 1|2`` written ``a: 1 | b: 2`` (:data:`_JOINED_NAMES`)."""
-    found = _JOINED_NAMES.search(line)
+    found = _JOINED_NAMES.search(line) if "/" in line or "|" in line else None
     if found is None:
         return line
     names = found["names"].split(found["sep"])
@@ -986,8 +986,7 @@ _REWRITES: tuple[tuple[str, re.Pattern[str] | None, Any], ...] = (
     (":", _COUNTER_VALUE, _counter_value),
     (" : ", _LABELLED_PAIRS, _labelled_pairs),
     (" | ", None, _names_then_values),  # a function of the line: its names are walked back
-    ("/", None, _joined_names),
-    ("|", None, _joined_names),
+    (":", None, _joined_names),  # names joined by "/" or "|" before a colon
     ("(", _TERMS, _terms),
     ("pisode ", _EPISODE_ENDED, r"episode_\1"),
     (" cost time:", _FORECAST_COST, "epoch time:"),

@@ -172,7 +172,8 @@ def headerless(lines: list[str]) -> tuple[int, int] | None:
         return None
     width = widths.pop()
     columns = [[row[column] for row in rows] for column in range(width)]
-    counts = [[_count(v) for v in values] if all(_counted(v) for v in values) else [] for values in columns]
+    counted = [[_count(v) for v in values] for values in columns]
+    counts = [c if None not in c else [] for c in counted]
     rising = next((k for k, c in enumerate(counts) if c and all(a < b for a, b in pairwise(c))), None)
     if rising is not None:
         return width, rising
@@ -203,15 +204,10 @@ def _cell_number(cell: str) -> float | int | None:
     return int(count[1]) if count else _number(cell)
 
 
-def _counted(cell: str) -> bool:
-    """Whether a cell is a whole number, or a count over its total."""
-    return _STEP.match(cell) is not None or _COUNT_OF.fullmatch(cell) is not None
-
-
-def _count(cell: str) -> int:
-    """A whole-number cell's value, or a count over its total's count."""
+def _count(cell: str) -> int | None:
+    """A whole-number cell's value, or a count over its total's count; ``None`` for any other cell."""
     count = _COUNT_OF.fullmatch(cell)
-    return int(count[1] if count else cell)
+    return int(count[1]) if count else int(cell) if _STEP.match(cell) else None
 
 
 def _headerless_rows(lines: list[str], i: int, shape: tuple[int, int]) -> tuple[list[Row], int] | None:
@@ -221,12 +217,13 @@ def _headerless_rows(lines: list[str], i: int, shape: tuple[int, int]) -> tuple[
         return None
     row = _unruled_cells(lines[i])
     width, step = shape
-    if len(row) != width or not _counted(row[step]):
+    count = _count(row[step]) if len(row) == width else None
+    if count is None:
         return None
     metrics = {
         f"column {k + 1}": v for k, c in enumerate(row) if k != step and (v := _cell_number(c)) is not None
     }
-    return [Row(_count(row[step]), metrics, lines[i], i + 1)], i + 1
+    return [Row(count, metrics, lines[i], i + 1)], i + 1
 
 
 def _yolo_header(lines: list[str], i: int) -> bool:

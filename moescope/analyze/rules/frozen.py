@@ -11,8 +11,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from moescope import schema as S
+from moescope._util.numbers import DECIMAL
 from moescope.analyze.findings import Finding
-from moescope.analyze.readers._text import DECIMAL
 from moescope.analyze.rules.losses import (
     HELD_OUT_KEY,
     held_out_losses,
@@ -119,10 +119,10 @@ def _term_pinned(trace: Trace) -> list[Finding]:
         if not values:
             continue
         start = run_from_end(values, lambda v, last=values[-1]: v == last)
+        if len(values) - start < REPLAYED_RUN or not values[-1] or not math.isfinite(values[-1]):
+            continue
         steps = [s for s, _ in points[start:]]
         beside = [moving[s] for s in steps if s in moving]
-        if len(steps) < REPLAYED_RUN or not values[-1] or not math.isfinite(values[-1]):
-            continue
         if len(beside) < len(steps) or len(set(beside)) < len(beside) or not 0 < values[-1] <= min(beside):
             continue  # the total must move on each record, and hold the term: a part never exceeds its sum
         printed = printed_in_text(trace, points[-WINDOW:])
