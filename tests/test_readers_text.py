@@ -473,6 +473,35 @@ def test_a_value_said_on_its_iteration_and_darts_unnamed_reports_are_read(tmp_pa
     assert steps[1]["valid loss"] == 6.901
 
 
+def test_an_epochs_opening_line_of_its_rate_is_a_banner_not_a_step(tmp_path: Path) -> None:
+    """DARTS opens each epoch with ``epoch 49 lr 1.023679e-03`` and counts its reports from 000
+    again under it: one run, counted on across the epoch, the rate on the epoch's first record (read
+    as a step of its own, the 49 split the paste into two runs); a 12-hour clock's ``AM`` is not
+    part of the next name. Flair's ``EPOCH 1: lr 0.1000 - bad epochs 0`` closes its epoch: a step."""
+    stamp = "07/08 05:56:51 AM"
+    path = tmp_path / "paste.log"
+    path.write_text(
+        f"{stamp} train 300 1.792845e-02 99.667774 100.000000\n"
+        f"{stamp} train 350 1.800602e-02 99.675036 100.000000\n"
+        f"{stamp} train_acc 99.684000\n"
+        f"{stamp} epoch 49 lr 1.023679e-03\n"
+        f"{stamp} genotype = Genotype(normal=[('skip_connect', 0)], normal_concat=[2, 3, 4, 5])\n"
+        f"{stamp} train 000 7.202163e-03 100.000000 100.000000\n"
+        f"{stamp} train 050 1.612345e-02 99.750000 100.000000\n"
+    )
+    runs = read_runs(path)
+    assert len(runs) == 1
+    steps = runs[0].steps
+    assert [(s["step"], s["epoch"]) for s in steps] == [(300, 48), (350, 48), (351, 49), (401, 49)]
+    assert steps[1]["train_acc"] == 99.684 and steps[2][S.LR] == 1.023679e-03
+    assert not any(key.startswith("AM") for s in steps for key in s)
+    path.write_text(
+        "epoch 1 - iter 0/1076 - loss 45.75755310\nepoch 1 - iter 107/1076 - loss 8.66741825\n"
+        "EPOCH 1: lr 0.1000 - bad epochs 0\nepoch 2 - iter 0/1076 - loss 7.1\n"
+    )
+    assert any(s["step"] == 1 and s[S.LR] == 0.1 for s in read_runs(path)[0].steps)
+
+
 def test_a_metric_a_line_behind_pythons_logging_is_a_snapshot(tmp_path: Path) -> None:
     """flgo's logger (easyFL#39): ``2023-08-11 12:35:17,211 simple_logger.py log_once [line:28] INFO
     test_loss                     nan``, one metric a line behind the paste's ``- > ``; the

@@ -476,7 +476,9 @@ def _normal(key: str) -> str:
 _SCORES = frozenset({"accuracy", "acc", "ppl", "perplexity", "wer", "cer", "bleu", "auc", "f1", "score"})
 
 
-_NETWORK_METRIC = re.compile(r"[A-Z]\w{0,2} ([A-Za-z_]\w*)")
+# a network's metric: "D loss"; not a 12-hour clock's half of the day before a name (DARTS's "07/08
+# 05:56:20 AM train_acc 99.684000")
+_NETWORK_METRIC = re.compile(r"(?![AP]M )[A-Z]\w{0,2} ([A-Za-z_]\w*)")
 
 
 _SPLIT_PREFIX = re.compile(r"(?:train|training|val|valid|validation|eval|test|dev)_")
@@ -1107,6 +1109,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
 
     fast = _template.bulk(log.lines, parse_at, template, took=frameworks.extend) if bulk else parse_at
     parsed = scan(log.lines, fast)
+    _epochs_opened(parsed.rows)
     if epoch is None:
         _bars_as_epochs(parsed.rows)
     parsed.rows = [r for r in _merge_runs(parsed.rows) if r.metrics]
@@ -1308,6 +1311,48 @@ def _epochs_printed_within(parsed: Parsed) -> None:
         f"the epoch repeats on records of the same metrics (a loop that prints several lines an epoch): "
         f"its {len(stepped)} records are indexed in order, each keeping its epoch"
     )
+
+
+def _epochs_opened(rows: list[Row]) -> None:
+    """A loop that opens each epoch with a line of its learning rate alone (DARTS's ``epoch 49 lr
+    1.023679e-03``) and then counts its reports within the epoch (``train 000 …``, ``train 050
+    …``): such a line is a banner, not a step. Each stepped record is read in the epoch of the
+    opening line above it (one above the first opening: a paste that starts within an epoch), and
+    the opening's rate joins the first record under it; the counter that starts over is then
+    counted on across epochs, not read as a second run. Not where another record's step is an
+    epoch too (NeRF's ``==> Start Training Epoch 9, lr=…`` before its ``Finished Epoch 9, loss=…``)."""
+    openings = [i for i, row in enumerate(rows) if row.step is not None and _opens_epoch(row)]
+    others = [row for row in rows if row.step is not None and not _opens_epoch(row)]
+    if not openings or not others or any(_epoch_marked(row.raw) for row in others):
+        return
+    first = rows[openings[0]].step
+    epoch, rate = (first - 1 if first else None), {}
+    for row in rows:
+        if row.step is None:
+            continue
+        if _opens_epoch(row):
+            epoch, rate = row.step, row.metrics
+            continue
+        if epoch is not None:
+            row.metrics.setdefault("epoch", epoch)
+        row.metrics, rate = {**rate, **row.metrics}, {}
+    rows[:] = [row for row in rows if row.step is None or not _opens_epoch(row)]
+
+
+def _opens_epoch(row: Row) -> bool:
+    """Whether a record is an epoch's line that ends on its learning rate and says nothing else
+    (not flair's ``EPOCH 1: lr 0.1000 - bad epochs 0``, which closes the epoch)."""
+    if len(row.metrics) != 1 or canonical("generic", next(iter(row.metrics))) != S.LR:
+        return False
+    found = marker(row.raw)
+    return (
+        found is not None
+        and found[2].re is _EPOCH_LINE
+        and _RATE_ALONE.fullmatch(row.raw, found[2].end()) is not None
+    )
+
+
+_RATE_ALONE = re.compile(rf"\W*(?:lr|learning[ _]rate)\W*(?:{NUMBER})\W*", re.IGNORECASE)
 
 
 def _epoch_marked(raw: str) -> bool:
