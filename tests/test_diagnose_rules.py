@@ -1330,3 +1330,99 @@ def test_kpconvs_loss_held_at_zero_is_zero_grad(tmp_path: Path) -> None:
     line = "e001-i{i:04d} => L=0.000 acc= {a}% / t(ms):  38.8  35.4  38.7)\n"
     text = "".join(line.format(i=607 + 10 * k, a=a) for k, a in enumerate((82, 89, 95, 76, 83, 90, 85)))
     assert findings_of(tmp_path, text)["zero_grad"].step == 607
+
+
+@pytest.mark.parametrize(("accuracy_after", "found"), [("0.076458", True), ("0.402111", False)])
+def test_a_two_record_paste_whose_loss_doubles_as_its_accuracy_halves_diverges(
+    tmp_path: Path, accuracy_after: str, found: bool
+) -> None:
+    """fastai#1736: a Transformer-XL's ``fit_one_cycle`` table, epoch 1 at ``2.760716 … 0.442434``,
+    epoch 2 at ``6.228361 … 0.076458``: too short for thirds, the last jump says it; a loss that
+    doubles while the accuracy holds may be a harder stretch of data."""
+    text = (
+        "epoch\ttrain_loss\tvalid_loss\taccuracy\n1\t2.760716\t2.756633\t0.442434\n"
+        f"2\t6.228361\t6.220452\t{accuracy_after}\n"
+    )
+    worse = findings_of(tmp_path, text).get("loss_divergence")
+    assert (worse is not None) == found
+    if found:
+        assert worse.step == 2 and "lost what it had learned" in worse.message
+
+
+@pytest.mark.parametrize(("held", "found"), [("0.2000", True), ("0.2173", False)])
+def test_a_held_out_loss_held_at_a_round_value_while_the_loss_moves_is_zero_grad(
+    tmp_path: Path, held: str, found: bool
+) -> None:
+    """FaceNet#3 (Keras): ``val_loss: 0.2000``, the triplet margin, epoch after epoch while the
+    training loss creeps down: every embedding one point. A held-out loss held at digits of its
+    own is a logger repeating its last evaluation, no bound."""
+    epochs = "".join(
+        f"Epoch {e}/15\n1539/1539 [==============================] - 3427s 2s/step - loss: {x} - "
+        f"val_loss: {held}\n"
+        for e, x in enumerate(("0.1902", "0.1872", "0.1844", "0.1820", "0.1794", "0.1777"), 2)
+    )
+    zero = findings_of(tmp_path, epochs).get("zero_grad")
+    assert (zero is not None) == found
+    if found:
+        assert zero.evidence["key"] == "val_loss" and "round value" in zero.message
+
+
+def test_an_accuracy_fallen_from_learned_to_zero_is_zero_grad_unless_the_loss_went_nan(
+    tmp_path: Path,
+) -> None:
+    """CnOCR#46: MXNet's Speedometer, ``accuracy=0.96`` batch after batch, then 0.4258, then
+    0.000000 to the end, no loss logged; where the loss beside the zeros is NaN, ``nonfinite`` says
+    why and the accuracy adds nothing."""
+    line = "Epoch[0] Batch [{0}-{1}]\tSpeed: 336.10 samples/sec\taccuracy={2}\n"
+    values = ("0.964531", "0.963750", "0.968594", "0.425781", "0.000000", "0.000000", "0.000000")
+    text = "".join(line.format(10350 + 50 * i, 10400 + 50 * i, v) for i, v in enumerate(values))
+    zero = findings_of(tmp_path, text)["zero_grad"]
+    assert zero.step == 10600 and zero.evidence["key"] == "accuracy"
+    keras = "".join(
+        f"Epoch {e}/5\n100/100 [==============================] - 2s - loss: {x} - acc: {a}\n"
+        for e, (x, a) in enumerate(
+            (("0.6242", "0.6295"), ("nan", "0.0000"), ("nan", "0.0000"), ("nan", "0.0000"))
+        )
+    )
+    assert "zero_grad" not in findings_of(tmp_path, keras)
+
+
+def test_a_top_1_accuracy_at_one_in_k_beside_a_top_5_at_five_in_k_is_a_guess(tmp_path: Path) -> None:
+    """FixMatch-pytorch#54: one evaluation, ``top-1 acc: 10.00`` and ``top-5 acc: 50.00`` behind
+    Python's logging (HF's ``%m/%d/%Y`` date): two numbers naming the uniform guess among 10
+    classes; a top-1 at 10.00 beside a top-5 of 61.20 is one record of a model that may yet learn."""
+    line = "09/02/2024 16:49:42 - INFO - __main__ -   {0}: {1}\n"
+    guess = line.format("top-1 acc", "10.00") + line.format("top-5 acc", "50.00")
+    zero = findings_of(tmp_path, guess)["zero_grad"]
+    assert zero.evidence["classes"] == 10 and "top-5 acc is 5/10" in zero.message
+    learning = line.format("top-1 acc", "10.00") + line.format("top-5 acc", "61.20")
+    assert "zero_grad" not in findings_of(tmp_path, learning)
+
+
+def test_paddles_and_apexs_overflow_lines_leave_the_last_scale_they_name(tmp_path: Path) -> None:
+    """PaddleOCR#10365: Paddle's AMP scaler, ``Found inf or nan, current scale is: 0.001953125,
+    decrease to: 0.001953125*0.5`` three times after a record; CVPR2021_PLOP#15: apex's ``reducing
+    loss scale to 1.0``, then to 0.5, before one record. The scale is the last one named, below 1:
+    an error."""
+    paddle = (
+        "[2023/07/12 16:23:54] ppocr INFO: epoch: [1/500], global_step: 80, lr: 0.000007, loss: 18.245018\n"
+        + "".join(
+            f"Found inf or nan, current scale is: {s}, decrease to: {s}*0.5\n"
+            for s in ("0.001953125", "0.0009765625", "0.00048828125")
+        )
+    )
+    overflow = findings_of(tmp_path, paddle)["overflow"]
+    assert overflow.severity == "error" and overflow.evidence["lowest_scale"] == 0.000244140625
+    # a record line as long as the one before reads as wrapped at that width: a warning is no piece of it
+    path = tmp_path / "paddle.log"
+    path.write_text(paddle + paddle.splitlines(keepends=True)[0].replace("step: 80", "step: 90"))
+    steps = read_log(path).steps
+    assert [s["step"] for s in steps] == [80, 90] and "current scale" not in steps[0]
+    apex = (
+        "".join(
+            f"Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {s}\n"
+            for s in ("1.0", "0.5")
+        )
+        + "INFO:rank0: Epoch 28, Batch 10/22, Loss=4.541375775728374\n"
+    )
+    assert findings_of(tmp_path, apex)["overflow"].evidence["lowest_scale"] == 0.5

@@ -180,7 +180,7 @@ FRAMEWORKS = [
         "memory: 30.00GiB(40.00%)  tps: 1,000  tflops: 100.00  mfu: 30.00%"
     ),
     "iter {j}: loss {v}, time 100.00ms, mfu 30.00%",
-    "step {j}: train loss {v}, val loss 4.6000",
+    "step {j}: train loss {v}, val loss 4.6104",
     "iter {j} | step {i}: loss {v}, iter time: 100.00 ms",
     (
         " samples/sec: 10.000 | iteration {j:8d}/  320000 | elapsed time per iteration (ms): "
@@ -267,7 +267,7 @@ FRAMEWORKS = [
         "mem: 5000Mb, iter_time: 0.500s, data_time: 0.010s, total_loss: {v}, iou_loss: 3.0, "
         "l1_loss: 0.0, conf_loss: 5.0, cls_loss: 2.5, lr: 1.000e-04, size: 640, ETA: 1 day, 0:00:00"
     ),
-    "[{j}/300000] Train loss: {v}, Valid loss: 0.40000, Elapsed_time: 100.00000",
+    "[{j}/300000] Train loss: {v}, Valid loss: 0.41235, Elapsed_time: 100.00000",
     (
         "Epoch 0: {i}%|█         | {j}/10000 [00:10<01:30, 10.00it/s, v_num=0, "
         "reduced_train_loss={v}, global_step={j}.0, consumed_samples=800.0, train_step_timing in "

@@ -1879,3 +1879,55 @@ def test_a_headerless_table_behind_a_logger_with_counts_over_totals_is_read(tmp_
         f"batch: {b} {v} 0.6280691 0.7282944\n" for b, v in ((385, "0.62"), (386, "0.69"), (387, "nan"))
     )
     assert [f.step for f in diagnose(read_text(tmp_path, text)) if f.type == "nonfinite"] == [387]
+
+
+def test_chainers_log_report_is_read_on_its_iteration_with_blank_columns_left_blank(tmp_path: Path) -> None:
+    """see#67: Chainer's ``PrintReport``, ``epoch  iteration  main/loss …`` over rows that leave
+    the validation columns blank between evaluations: the iteration is the step (the epoch repeats
+    across its rows), and a value sits under the column it is printed below, not the next free one."""
+    head = (
+        "epoch       iteration   main/loss   main/accuracy  lr          fast_validation/main/loss  "
+        "validation/main/loss  validation/main/accuracy\n"
+    )
+    text = head + (
+        "0           100         2.77838     0              3.08566e-05\n"
+        "0           200         2.3851      0              4.25853e-05\n"
+        "1           300         2.25634     0              6.27392e-05"
+        "                                        2.26484               0\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert trace.header["format"] == "step-table"
+    assert [(s["step"], s["epoch"]) for s in trace.steps] == [(100, 0), (200, 0), (300, 1)]
+    assert (
+        trace.steps[2]["validation/main/loss"] == 2.26484
+        and "fast_validation/main/loss" not in trace.steps[2]
+    )
+
+
+def test_a_headerless_table_of_bracketed_arrays_is_read(tmp_path: Path) -> None:
+    """deepxde#2073: DeepXDE's rows pasted without their ``Step  Train loss  Test loss  Test metric``
+    header, each loss an array in brackets: one cell each, read as its mean."""
+    row = "{0}      [1.22e-03, 2.16e-04]    [1.26e-03, 3.89e-01]    [1.03e-02, {1}]    \n"
+    trace = read_text(
+        tmp_path, "".join(row.format(3000 + 200 * i, v) for i, v in enumerate(("3.66e-02",) * 3))
+    )
+    assert [s["step"] for s in trace.steps] == [3000, 3200, 3400]
+    assert trace.steps[0]["column 2"] == pytest.approx(7.18e-04)
+
+
+def test_a_config_dict_is_no_record_and_an_epochs_mean_grad_norm_is_the_grad_norm(tmp_path: Path) -> None:
+    """ConsistentTeacher#7: mmengine's ``initialize ResNet with init_cfg {'type': 'Pretrained', …}``
+    lines above two iteration lines are a config, no dict records of a trainer; wandb/senpai#2761's
+    results table names an epoch's ``grad_norm_mean``."""
+    init = (
+        "2023-04-23 12:49:26,187 - mmdet.ssod - INFO - initialize ResNet with init_cfg "
+        "{'type': 'Pretrained', 'checkpoint': 'torchvision://resnet50'}\n"
+    )
+    iteration = (
+        "2023-04-23 12:50:24,305 - mmdet.ssod - INFO - Iter [{0}/20000]\tlr: 9.890e-04, eta: 4:02:58, "
+        "time: 0.731, loss: 0.0000, grad_norm: 0.0000\n"
+    )
+    trace = read_text(tmp_path, init * 4 + iteration.format(50) + iteration.format(100))
+    assert trace.header["format"] == "records" and [s["step"] for s in trace.steps] == [50, 100]
+    table = "| Epoch | grad_norm_mean |\n|---|---|\n| 85 | 0.48 |\n| 86 | 0.45 |\n"
+    assert read_text(tmp_path, table).steps[1][S.GRAD_NORM] == 0.45

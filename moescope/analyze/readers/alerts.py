@@ -68,6 +68,11 @@ _COUNTER = re.compile(rf"number of (skipped|nan) iterations\s*:\s*({INT})", re.I
 # PaddleNLP's trainer, an update its scaler dropped:
 # "optimizer not run, scale_before: 0.25, scale_after: 0.125"
 _NOT_RUN = re.compile(rf"optimizer not run, scale_before:\s*({NUMBER}),\s*scale_after:\s*({NUMBER})")
+# Paddle's AMP scaler (PaddleOCR, PaddleDetection), an update it dropped: "Found inf or nan, current
+# scale is: 0.001953125, decrease to: 0.001953125*0.5"
+_PADDLE_SCALER = re.compile(
+    rf"Found inf or nan, current scale is:\s*({NUMBER}),\s*decrease to:\s*({NUMBER})\s*\*\s*({NUMBER})"
+)
 # OpenAI's improved- and guided-diffusion (and the trainers built on them) keep log2 of the fp16 scale:
 # "Found NaN, decreased lg_loss_scale to 16.929000000013357"
 _LG_SCALE = re.compile(rf"Found NaN, decreased lg_loss_scale to ({NUMBER})")
@@ -101,6 +106,12 @@ def _overflow(match: re.Match[str], line: str) -> dict[str, Any]:
 
 def _not_run(match: re.Match[str], line: str) -> dict[str, Any]:
     return {**_skipped(match.group(2)), S.LOSS_SCALE_TRIED: parse_number(match.group(1))}
+
+
+def _paddle_scaler(match: re.Match[str], line: str) -> dict[str, Any]:
+    """A skipped update, the scale it tried and the one it fell to (``X*0.5``)."""
+    tried, base, factor = (parse_number(g) for g in match.groups())
+    return {S.SKIPPED: 1, S.LOSS_SCALE: base * factor, S.LOSS_SCALE_TRIED: tried}
 
 
 def _lg_scale(match: re.Match[str], line: str) -> dict[str, Any]:
@@ -163,6 +174,7 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     (_SPIKE_GUARD, _spike_guard),
     (OVERFLOW, _overflow),
     (_NOT_RUN, _not_run),
+    (_PADDLE_SCALER, _paddle_scaler),
     (_LG_SCALE, _lg_scale),
     (_SCALE_FLOOR, _scale_floor),
     (_SMALL_SCALE, lambda match, line: {S.LOSS_SCALE: parse_number(match.group(1))}),
@@ -225,13 +237,17 @@ def fold(parsed: Parsed, lines: list[str]) -> Parsed:
     starts = [r.line for r in records]
     table = parsed.keymap or parsed.framework
     bars = _bar_steps(alerts, records)
+    scaled: set[int] = set()  # the records whose loss scale an alert gave: a later alert's replaces it
     for number, text, found in alerts:
         own = STEP_IN_LINE.search(text)
         step = int(own.group(1)) if own else bars.get(number)
         later = bisect_right(starts, number)  # the first record printed after the line
         after = records[later] if later < len(records) else records[-1] if records else None
         if step is None and after is not None:
-            _add(after, found, text, table, later=later >= len(records))
+            replace = later >= len(records) or id(after) in scaled
+            if S.LOSS_SCALE in found and not any(canonical(table, k) == S.LOSS_SCALE for k in after.metrics):
+                scaled.add(id(after))
+            _add(after, found, text, table, later=replace)
             continue
         parsed.rows.append(Row(step, {**found, S.ALERTS: text}, text, number))
     folded = pieces.union(a[0] for a in alerts)  # once: a long log skips many lines
@@ -261,14 +277,19 @@ def _bar_steps(alerts: list[tuple[int, str, dict[str, Any]]], records: list[Row]
     return counts
 
 
+_LEVELS = (S.LOSS_SCALE, S.LOSS_SCALE_TRIED)  # what an alert sets, not counts
+
+
 def _add(row: Row, found: dict[str, Any], text: str, table: str | None, later: bool = False) -> None:
     """Fold one alert into a record: counts add to the record's own counter (under the
-    framework's name when it logs one); a reduced loss scale is kept if none is logged, and
-    replaces the logged one when the alert came ``later`` than the record (the log's last lines:
-    fairseq's scale falling to its minimum after the last record it printed)."""
+    framework's name when it logs one); a reduced loss scale (and the scale tried) is kept if none
+    is logged, and replaces the one there when the alert came ``later`` than the record (the log's
+    last lines: fairseq's scale falling to its minimum after the last record it printed) or an
+    earlier alert gave it (apex's scale halved four times before one record: the last is the
+    scale)."""
     for key, value in found.items():
         name = next((k for k in row.metrics if canonical(table, k) == key), key)
-        if key == S.LOSS_SCALE:
+        if key in _LEVELS:
             row.metrics[name] = value if later else row.metrics.get(name, value)
         else:
             logged = row.metrics.get(name, 0)

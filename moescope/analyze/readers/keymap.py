@@ -222,6 +222,9 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `gnorm` | `actor/grad_norm` |
 | generic | `gradnorm` | `actor/grad_norm` |
 | generic | `total_grad_norm` | `actor/grad_norm` |
+| generic | `grad_norm_mean` | `actor/grad_norm` |
+| generic | `mean_grad_norm` | `actor/grad_norm` |
+| generic | `avg_grad_norm` | `actor/grad_norm` |
 | generic | `reduced_train_loss` | `actor/loss` |
 | generic | `total_loss` | `actor/loss` |
 | generic | `training_loss` | `actor/loss` |
@@ -572,6 +575,9 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "gnorm": S.GRAD_NORM,
         "gradnorm": S.GRAD_NORM,  # minFM's step line: "Step   1560 | Loss: 0.5275 | GradNorm: 2.29"
         "total_grad_norm": S.GRAD_NORM,
+        "grad_norm_mean": S.GRAD_NORM,  # an epoch's mean of its steps' norms (a PR's results table)
+        "mean_grad_norm": S.GRAD_NORM,
+        "avg_grad_norm": S.GRAD_NORM,
         "reduced_train_loss": S.ACTOR_LOSS,
         "total_loss": S.ACTOR_LOSS,
         "training_loss": S.ACTOR_LOSS,  # Lasagne's examples: "  training loss:\t\t2.471961"

@@ -482,6 +482,8 @@ _NETWORK_METRIC = re.compile(r"(?![AP]M )[A-Z]\w{0,2} ([A-Za-z_]\w*)")
 
 
 _SPLIT_PREFIX = re.compile(r"(?:train|training|val|valid|validation|eval|test|dev)_")
+# a top-k accuracy, whatever words come before it: FixMatch's "top-1 acc: 10.00", "Mean top-1 acc", "val_top5"
+_TOP_K = re.compile(r"(?:[a-z]+_)*top_?\d+(?:_acc(?:uracy)?)?")
 
 
 # a loss named in camel case: a C or Java loop's "TotalLoss nan", "trainLoss"
@@ -497,7 +499,7 @@ def is_metric(key: str) -> bool:
     if key in known or normal in known or normal in _SCORES or key.removeprefix("train/") in known:
         return True
     split = _SPLIT_PREFIX.match(normal)  # a split's score: "train_acc", "test_acc" (a Keras GCN's print)
-    if split and normal[split.end() :] in _SCORES:
+    if (split and normal[split.end() :] in _SCORES) or _TOP_K.fullmatch(normal):
         return True
     net = _NETWORK_METRIC.fullmatch(key)  # a GAN's "D loss", "G loss", "D acc"
     if net and (net.group(1).lower() == "loss" or is_metric(net.group(1))):
@@ -1222,6 +1224,7 @@ def unwrap(lines: list[str], i: int, width: int | None) -> int:
         and _rest_of(lines[end - 1], lines[end])
         and not _KERAS_EPOCH.fullmatch(lines[end])  # a header of the records below, no piece
         and not megatron.is_overflow(lines[end])  # DeepSpeed's line between two records
+        and not said(lines[end])  # a framework's warning (Paddle's "Found inf or nan, current scale is: …")
         and not _DATED.match(lines[end])  # a logger's next line (mmengine's "… INFO - Exp name: …")
     ):
         end += 1

@@ -45,6 +45,7 @@ every row its step; no metric is named, so only a non-finite cell is judged.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from itertools import pairwise
 from typing import Any
 
@@ -65,6 +66,7 @@ _RULE = re.compile(r"^[\s|:\-=+]+$")
 _EPOCH_HEADER = re.compile(r"^\s*epoch\s{2,}[A-Za-z_]", re.IGNORECASE)
 _EPOCH_ROW = re.compile(rf"^\s*({INT})/{INT}\s+([^:]*?)\s*(?::|$)")
 _STEP = re.compile(rf"^{INT}$")
+_FINER_STEP = re.compile(r"iteration|iter|steps?|global_step|updates?", re.IGNORECASE)
 _RENAMED = {"training loss": "loss", "validation loss": "eval_loss"}
 _LETTER = re.compile(r"[A-Za-z_]")
 
@@ -98,9 +100,32 @@ def header(lines: list[str]) -> int | None:
         rows = (
             _clock_cut(cells(x), len(names)) for x in lines[i + 1 : i + 4] if x.strip() and not _RULE.match(x)
         )
-        if len(names) >= 2 and any(len(r) == len(names) and _fits(r, stepped) for r in rows):
+        if len(names) >= 2 and any(_fits(r, stepped) and _width_fits(r, names, stepped) for r in rows):
             return i
     return None
+
+
+def _width_fits(row: list[str], names: list[str], stepped: bool) -> bool:
+    """A row as wide as its header, or, under a step's header, narrower by the columns it does not
+    log (Chainer's ``LogReport`` leaves its validation columns blank between evaluations)."""
+    return len(row) == len(names) or (stepped and 2 <= len(row) < len(names))
+
+
+def _aligned(header: str, line: str, width: int) -> list[str] | None:
+    """The cells of a whitespace-aligned row that leaves some columns blank, each under the header
+    column it starts below (Chainer prints every value from its column's first character); ``None``
+    where two cells would fall under one column."""
+    starts = [m.start() for m in _ALIGNED_CELL.finditer(header)]
+    row = [""] * width
+    for m in _ALIGNED_CELL.finditer(line):
+        column = bisect_right(starts, m.start()) - 1
+        if column < 0 or column >= width or row[column]:
+            return None
+        row[column] = m.group()
+    return row
+
+
+_ALIGNED_CELL = re.compile(r"\S+(?: \S+)*")  # a cell of a table aligned with spaces: two or more end it
 
 
 def _transposed(lines: list[str], i: int) -> tuple[list[Row], int] | None:
@@ -189,11 +214,13 @@ def _unruled_cells(line: str) -> list[str]:
     its logger's prefix passed over)."""
     if "|" in line:
         return _sideways_cells(line[line.index("|") :])
-    cells = line.split()
+    cells = _BRACKETED_OR_WORD.findall(line) if "[" in line else line.split()
     first = next((k for k, cell in enumerate(cells) if _cell_number(cell) is not None), len(cells))
     return cells[first:]
 
 
+# a cell split at whitespace, an array printed in brackets one (DeepXDE's "[1.22e-03, 2.16e-04]")
+_BRACKETED_OR_WORD = re.compile(r"\[[^\]]*\]|\S+")
 # a count over its total in a headerless row: JDE's epoch "2/272" and batch "400/1963", the count read
 _COUNT_OF = re.compile(rf"({INT})/{INT}")
 
@@ -326,8 +353,11 @@ def read(log: LogFile) -> Parsed:
     names: list[str] = _epoch_names(log.lines[first]) if yolo else []
     stepped = True
 
+    heading = ""  # the header line, where a row leaves columns blank
+    step_column = 0  # Chainer's "epoch  iteration": the iteration is the step, the epoch a metric
+
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
-        nonlocal names, stepped, yolo
+        nonlocal names, stepped, yolo, heading, step_column
         if unnamed is not None:
             return _headerless_rows(lines, i, unnamed)
         if _yolo_header(lines, i):
@@ -340,18 +370,25 @@ def read(log: LogFile) -> Parsed:
             return sideways
         if _HEADER.match(lines[i]) or _names_only(lines[i]):
             names, stepped = [_name(c) for c in cells(lines[i])], _HEADER.match(lines[i]) is not None
+            heading = lines[i]
+            finer = stepped and len(names) > 2 and names[0].lower() == "epoch"
+            step_column = 1 if finer and _FINER_STEP.fullmatch(names[1]) else 0
             return [], i + 1
         if _RULE.match(lines[i]):
             return [], i + 1
         row = _clock_cut(cells(lines[i]), len(names))
         if stepped and 2 <= len(row) < len(names) and not _csv(lines[i]):
-            row += [""] * (len(names) - len(row))  # the last columns not logged on this row (DeepXDE's
-            # test loss and metric between its evaluations)
+            plain = "|" not in lines[i] and "\t" not in lines[i]
+            row = (plain and _aligned(heading, lines[i], len(names))) or row + [""] * (len(names) - len(row))
+            # the columns not logged on this row (DeepXDE's test loss and metric between its evaluations)
         if not names or len(row) != len(names) or not _fits(row, stepped):
             return None
-        if not stepped or _STEP.match(row[0]) is None:
+        step = row[step_column]
+        if not stepped or _STEP.match(step) is None:
             return [Row(None, _logged(names, row), lines[i], i + 1)], i + 1
-        return [Row(int(row[0]), _logged(names[1:], row[1:]), lines[i], i + 1)], i + 1
+        others = [k for k in range(len(names)) if k != step_column]
+        metrics = _logged([names[k] for k in others], [row[k] for k in others])
+        return [Row(int(step), metrics, lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
     if unnamed is not None:

@@ -105,8 +105,16 @@ def _skip(text: str, pos: int, chars: str) -> int:
 
 def is_record(line: str) -> bool:
     """A console line that holds (the start of) a Python-dict log record, or is one without its
-    braces."""
-    return DICT_START.search(line) is not None or BARE_DICT.match(line) is not None
+    braces; not a dict that closes on the line without a number among its values (mmengine's
+    ``initialize ResNet with init_cfg {'type': 'Pretrained', 'checkpoint': …}``: a config)."""
+    start = DICT_START.search(line)
+    if start is None:
+        return BARE_DICT.match(line) is not None
+    return "}" not in line[start.end() :] or _NUMBER_VALUE.search(line, start.start()) is not None
+
+
+# a value that is a number: "'loss': 0.5", "'loss': '0.5'", "'loss': nan", "'loss': tensor(0.5)"
+_NUMBER_VALUE = re.compile(r"""['"]\s*:\s*(?:tensor\(\s*)?['"]?[-+]?(?:\d|\.\d|nan|inf)""", re.IGNORECASE)
 
 
 def read_console(log: LogFile) -> Parsed:

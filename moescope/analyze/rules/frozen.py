@@ -52,8 +52,9 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
     values there, one held at the loss of a uniform guess, or an accuracy held at 0 beside a loss
     that does not fall."""
     held = _at_clamp(trace) or _pinned(trace) or _replayed(trace) or _recycled(trace)
-    held = held or _at_chance(trace) or _guessing(trace) or _nothing_right(trace)
-    return held or _one_class(trace) or _lm_plateau(trace) or _term_pinned(trace)
+    held = held or _at_chance(trace) or _guessing(trace) or _nothing_right(trace) or _fell_to_nothing(trace)
+    held = held or _one_class(trace) or _lm_plateau(trace) or _term_pinned(trace)
+    return held or _held_out_at_bound(trace)
 
 
 def _pinned(trace: Trace) -> list[Finding]:
@@ -108,35 +109,79 @@ def _term_pinned(trace: Trace) -> list[Finding]:
     88.0000`` batch after batch, its triplet distances clamped at 88, beside a total that moves in
     the second decimal). A running mean or a regulariser that holds at its fourth digit is no
     bound; a scale, weight or coefficient is no term."""
+    total, moving = _moving_loss(trace)
     totals = lm_losses(trace)
-    total = next((key for key in totals if series(trace, key)), None)
-    moving = dict(series(trace, total)) if total else {}
     for key in own_losses(trace) if moving else ():
         if key in totals or any(word in key.lower() for word in _NOT_A_TERM):
             continue
-        points = series(trace, key)
-        values = [v for _, v in points]
-        if not values:
+        held = _held_beside_moving(trace, key, moving)
+        if held is None:
             continue
-        start = run_from_end(values, lambda v, last=values[-1]: v == last)
-        if len(values) - start < REPLAYED_RUN or not values[-1] or not math.isfinite(values[-1]):
-            continue
-        steps = [s for s, _ in points[start:]]
-        beside = [moving[s] for s in steps if s in moving]
-        if len(beside) < len(steps) or len(set(beside)) < len(beside) or not 0 < values[-1] <= min(beside):
-            continue  # the total must move on each record, and hold the term: a part never exceeds its sum
-        printed = printed_in_text(trace, points[-WINDOW:])
+        steps, value, beside, printed = held
         # a whole number printed with its decimals, all 0: a bound; a half-precision term repeats by
         # chance, and the total beside it, printed off that grid, says it is not one
-        if not values[-1].is_integer() or printed[1] < 2 or _printing(beside[-WINDOW:])[2]:
+        if not 0 < value <= min(beside) or not value.is_integer() or printed[1] < 2:
             continue
         message = (
-            f"{key} is exactly {values[-1]:.{printed[1]}f} on {_records(len(steps), len(values))}, "
+            f"{key} is exactly {value:.{printed[1]}f} on {_records(len(steps), len(series(trace, key)))}, "
             f"from step {steps[0]}, while {total} moves on every one: a term of the loss held at a "
             "bound (a clamp) gives no gradient, and the rest trains without it."
         )
-        return [zero_grad(steps, message, key=key, value=values[-1], total=total)]
+        return [zero_grad(steps, message, key=key, value=value, total=total)]
     return []
+
+
+def _held_out_at_bound(trace: Trace) -> list[Finding]:
+    """A held-out loss held at a round value, printed with two zeros or more past its own digits, on
+    the ``REPLAYED_RUN`` or more records a log ends on while the training loss moves on each: the
+    held-out data's outputs no longer change, the loss at the bound a collapsed model gives (a
+    Keras FaceNet's ``val_loss: 0.2000`` epoch after epoch, its triplet margin: every embedding one
+    point). A held-out loss that moves, or one held at a value of its own digits (a logger that
+    repeats the last evaluation on each step), is not one."""
+    total, moving = _moving_loss(trace)
+    for key in held_out_losses(trace) if moving else ():
+        held = _held_beside_moving(trace, key, moving)
+        if held is None:
+            continue
+        steps, value, _, printed = held
+        own = 0 if value.is_integer() else _decimals(value)
+        if printed[1] < own + 2:
+            continue
+        message = (
+            f"{key} is exactly {value:.{printed[1]}f} on {_records(len(steps), len(series(trace, key)))}, "
+            f"from step {steps[0]}, while {total} moves on every one: a held-out loss at a round value "
+            "(a margin, a clamp) is a model whose outputs no update changes (embeddings collapsed to "
+            "one point, a saturated output layer)."
+        )
+        return [zero_grad(steps, message, key=key, value=value, total=total)]
+    return []
+
+
+def _moving_loss(trace: Trace) -> tuple[str | None, dict[int, float]]:
+    """The training loss a log logs first, and its values by step."""
+    total = next((key for key in lm_losses(trace) if series(trace, key)), None)
+    return total, dict(series(trace, total)) if total else {}
+
+
+def _held_beside_moving(
+    trace: Trace, key: str, moving: dict[int, float]
+) -> tuple[list[int], float, list[float], tuple[int, int]] | None:
+    """The run of one exact value other than 0 that ``key`` ends on, ``REPLAYED_RUN`` records or
+    more, where the loss beside it (``moving``) is logged on each and moves on each, printed off a
+    half-precision grid: the run's steps, its value, the loss's values beside it, and how the log
+    prints ``key``; ``None`` where there is none."""
+    points = series(trace, key)
+    values = [v for _, v in points]
+    if not values or not values[-1] or not math.isfinite(values[-1]):
+        return None
+    start = run_from_end(values, lambda v, last=values[-1]: v == last)
+    steps = [s for s, _ in points[start:]]
+    beside = [moving[s] for s in steps if s in moving]
+    if len(steps) < REPLAYED_RUN or len(beside) < len(steps) or len(set(beside)) < len(beside):
+        return None
+    if _printing(beside[-WINDOW:])[2]:  # a half-precision loss beside: the value repeats by chance
+        return None
+    return steps, values[-1], beside, printed_in_text(trace, points[-WINDOW:])
 
 
 _NOT_A_TERM = ("scale", "weight", "coef")
@@ -278,6 +323,35 @@ def _nothing_right(trace: Trace) -> list[Finding]:
     return []
 
 
+def _fell_to_nothing(trace: Trace) -> list[Finding]:
+    """An accuracy that had reached one half or more and then sits at exactly 0 on the ``SUSTAIN``
+    or more records a log ends on: a model that had learned gets nothing right any more, whatever
+    loss it logs, or none (CnOCR#46's MXNet Speedometer, ``accuracy=0.96`` batch after batch, then
+    0.4258, then 0.000000 to the end). Not in RL, where an accuracy of 0 is the rewards', nor
+    beside a loss gone non-finite (``nonfinite``'s, which says why)."""
+    if is_rl(trace):
+        return []
+    loss = next((key for key in lm_losses(trace) if series(trace, key, finite=False)), None)
+    logged = dict(series(trace, loss, finite=False)) if loss else {}
+    for key in accuracies(trace):
+        points = series(trace, key)
+        held = _held_at_end(points, 0.0) if points and points[-1][1] == 0 else 0
+        earlier = [v for _, v in points[: len(points) - held]]
+        if held < SUSTAIN or not any(_share(v) >= 0.5 for v in earlier):
+            continue
+        steps = [s for s, _ in points[len(points) - held :]]
+        if not all(math.isfinite(logged.get(s, 0.0)) for s in steps):
+            continue
+        message = (
+            f"{key} falls from {max(earlier):.4g} to exactly 0 and stays there on "
+            f"{_records(held, len(points))}, from step {steps[0]}: a model that had learned gets nothing "
+            "right any more (weights gone non-finite or blown up: a learning rate too high, an fp16 "
+            "overflow)."
+        )
+        return [zero_grad(steps, message, key=key)]
+    return []
+
+
 _ERROR_RATE = re.compile(r"(?:^|[\W_])(?:cer|wer)$")  # a character or word error rate: "Tr.CER", "val_wer"
 
 
@@ -300,7 +374,9 @@ def _one_class(trace: Trace) -> list[Finding]:
     scores (a link predictor's ``train acc: 0.5000 val acc: 0.5000`` epoch after epoch while its
     loss wanders). A model that learns moves its accuracy in the third decimal. Not in RL, nor a
     run's best so far, nor a preference run's reward accuracy (the share of a batch of two pairs
-    ranked right is 0, 0.5 or 1)."""
+    ranked right is 0, 0.5 or 1). One record is enough where a top-k accuracy beside it is exactly
+    k/K (FixMatch#54's CIFAR-10 model at ``top-1 acc: 10.00`` and ``top-5 acc: 50.00``: two numbers
+    that name the same uniform guess)."""
     if is_rl(trace):
         return []
     for key in accuracies(trace):
@@ -309,21 +385,41 @@ def _one_class(trace: Trace) -> list[Finding]:
         held = _held_at_end(points, value)
         share = _share(value)
         classes = round(1 / share) if 0 < share <= 0.5 else 0
+        if not 2 <= classes <= 10 or abs(share * classes - 1) > 1e-9:
+            continue
         fell = held >= SUSTAIN and any(v >= 2 * value for _, v in points[: len(points) - held])
-        if (held < REPLAYED_RUN and not fell) or not 2 <= classes <= 10 or abs(share * classes - 1) > 1e-9:
+        top = _top_k_beside(trace, key, points[-1][0], classes)
+        if held < REPLAYED_RUN and not fell and top is None:
             continue
         _, decimals, _ = _printing([value], printed_in_text(trace, points[-WINDOW:]))
         if decimals < (1 if value > 1 else 3):  # 0.500 as a share, 50.0 as a percentage
             continue
         steps = [s for s, _ in points[len(points) - held :]]
+        beside = f", where {top}" if top else ""
         message = (
             f"{key} is exactly {value:.{decimals}f} = 1/{classes} on {_records(held, len(points))}, "
-            f"from step {steps[0]}: the "
-            f"share of one class among {classes}, what a model that gives one answer whatever its input "
-            "scores; no update changes it."
+            f"from step {steps[0]}{beside}: the share of one class among {classes}, what a model that "
+            "gives one answer whatever its input scores; no update changes it."
         )
         return [zero_grad(steps, message, key=key, classes=classes)]
     return []
+
+
+_TOP_K = re.compile(r"top[\s_-]?(\d+)", re.IGNORECASE)
+
+
+def _top_k_beside(trace: Trace, key: str, step: int, classes: int) -> str | None:
+    """A top-k accuracy (k of 2 or more) logged at ``step`` beside ``key``, a top-1 or plain
+    accuracy, as exactly k/``classes``: what a uniform guess among ``classes`` scores, said of it."""
+    named = _TOP_K.search(key)
+    if named is not None and named[1] != "1":
+        return None
+    for other in accuracies(trace):
+        k = int(found[1]) if (found := _TOP_K.search(other)) else 0
+        value = dict(series(trace, other)).get(step) if 2 <= k < classes else None
+        if value is not None and abs(_share(value) * classes - k) <= 1e-9:
+            return f"{other} is {k}/{classes}"
+    return None
 
 
 def _lm_plateau(trace: Trace) -> list[Finding]:

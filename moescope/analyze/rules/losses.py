@@ -200,6 +200,9 @@ def _worse_at_its_data(trace: Trace) -> list[Finding]:
         both = [(step, value, right[step]) for step, value in series(trace, loss) if step in right]
         third = len(both) // 3
         if third < SUSTAIN:
+            found = _worse_at_the_last(loss, key, both[-2:]) if len(both) >= 2 else []
+            if found:
+                return found
             continue
         before = statistics.median(v for _, v, _ in both[:third])
         after = statistics.median(v for _, v, _ in both[-third:])
@@ -219,6 +222,21 @@ def _worse_at_its_data(trace: Trace) -> list[Finding]:
         )
         return _diverged(step, message, loss, before)
     return []
+
+
+def _worse_at_the_last(loss: str, key: str, pair: list[tuple[int, float, float]]) -> list[Finding]:
+    """:func:`_worse_at_its_data` in a paste too short for thirds: the loss at least doubles from its
+    last record but one to its last while the accuracy beside it falls to half or less (fastai#1736:
+    a Transformer-XL's ``2.760716 … 0.442434`` then ``6.228361 … 0.076458``, epoch to epoch)."""
+    (_, before, right_before), (step, after, right_after) = pair
+    if not (before > 0 and after >= 2 * before and 0 <= right_after <= right_before / 2 and right_before > 0):
+        return []
+    message = (
+        f"{loss} jumps from {before:.3g} to {after:.3g} ({after / before:.1f}x) at step {step} while {key} "
+        f"falls from {right_before:.3g} to {right_after:.3g}: the model lost what it had learned (a learning "
+        "rate too high for the run, a data stream that changed)."
+    )
+    return _diverged(step, message, loss, before)
 
 
 def _perplexity_risen(trace: Trace) -> list[Finding]:
