@@ -1079,6 +1079,11 @@ def test_a_detectors_regression_loss_at_zero_beside_its_class_loss_is_zero_grad(
     assert found.step == 69983 and "Reg loss" in found.message
     alone = "".join(f"step {i} | loss 0.{40 - i} | reg_loss 0.0\n" for i in range(5))
     assert "zero_grad" not in findings_of(tmp_path, alone)
+    # two records, each a mean over its logging interval (PaddleDetection's GFL at iterations 60 and 80)
+    gfl = (
+        "Epoch: [0] [ {0}/605] learning_rate: 0.028 loss_vfl: 0.{1} loss_bbox: 0.000000 loss_dfl: 0.000000\n"
+    )
+    assert findings_of(tmp_path, gfl.format(60, 187070) + gfl.format(80, 120860))["zero_grad"].step == 60
 
 
 def test_a_loss_under_its_own_name_that_diverges_is_judged_once(tmp_path: Path) -> None:
@@ -1426,3 +1431,118 @@ def test_paddles_and_apexs_overflow_lines_leave_the_last_scale_they_name(tmp_pat
         + "INFO:rank0: Epoch 28, Batch 10/22, Loss=4.541375775728374\n"
     )
     assert findings_of(tmp_path, apex)["overflow"].evidence["lowest_scale"] == 0.5
+
+
+def test_a_flows_bits_per_dim_is_its_loss_and_a_test_loss_keeps_its_split(tmp_path: Path) -> None:
+    """survae_flows: ``Training. Epoch: 1/10, Datapoint: 320/50000, Bits/dim: 1161562190115273424502784.000``
+    after 8.7 (the loss itself, far past any healthy value); flows_ood: ``train loss 10171.217 bpd
+    4.777 test loss 552956.313 bpd 259.683``, the test loss its own, not a second ``loss``."""
+    line = "Training. Epoch: 1/10, Datapoint: {0}/50000, Bits/dim: {1}\n"
+    values = ("9.041", "8.964", "8.857", "1161562190115273424502784.000")
+    found = findings_of(tmp_path, "".join(line.format(64 * (i + 1), v) for i, v in enumerate(values)))
+    assert found["loss_divergence"].severity == "error"
+    path = tmp_path / "flow.log"
+    path.write_text("Epoch 0 train loss 10171.217 bpd 4.777 test loss 552956.313 bpd 259.683\n")
+    step = read_log(path).steps[0]
+    assert step[S.ACTOR_LOSS] == 10171.217 and step["test loss"] == 552956.313
+
+
+def test_a_loss_held_to_its_last_digit_after_a_small_climb_is_zero_grad(tmp_path: Path) -> None:
+    """Pokemon-Generator: a VAE's ``loss: 335.504883`` at epoch 1, then 335.553253, 335.553284 and
+    335.553345 to the end, epoch after epoch: not held within the spread from its start, and not a
+    climb either, held to the last digit."""
+    values = ("335.504883", "335.553253", "335.553284", *["335.553345"] * 6)
+    text = "".join(f"Epoch: {200 * i or 1:04d}   loss: {v}\n" for i, v in enumerate(values))
+    zero = findings_of(tmp_path, text)["zero_grad"]
+    assert zero.step == 600 and "exactly 335.553345" in zero.message
+
+
+def test_a_gan_whose_every_loss_holds_its_value_is_zero_grad(tmp_path: Path) -> None:
+    """Social GAN#63: ``t = 71 / 4200`` then ``[D] D_data_loss: 1.386`` and ``[G] G_discriminator_loss:
+    0.693`` behind the logger's ``[INFO: train.py:  280]:`` at every report (the file and line no
+    metric); a GAN at its balance swings about those values, and is no finding."""
+
+    def text(d: list[str], g: list[str]) -> str:
+        return "".join(
+            f"[INFO: train.py:  278]: t = {71 + 5 * i} / 4200\n"
+            f"[INFO: train.py:  280]:   [D] D_data_loss: {a}\n"
+            f"[INFO: train.py:  283]:   [G] G_discriminator_loss: {b}\n"
+            for i, (a, b) in enumerate(zip(d, g, strict=True))
+        )
+
+    frozen = findings_of(tmp_path, text(["1.386"] * 5, ["0.693"] * 5))
+    assert frozen["zero_grad"].step == 71 and "both networks" in frozen["zero_grad"].message
+    path = tmp_path / "sgan.log"
+    path.write_text(text(["1.386"] * 2, ["0.693"] * 2))
+    assert list(read_log(path).steps[0]) == ["step", "D_data_loss", "G_discriminator_loss", "raw"]
+    swinging = text(
+        ["1.386", "1.391", "1.379", "1.388", "1.383"], ["0.693", "0.701", "0.688", "0.690", "0.697"]
+    )
+    assert "zero_grad" not in findings_of(tmp_path, swinging)
+
+
+def test_a_loss_at_zero_beside_a_norm_that_never_moves_is_zero_grad(tmp_path: Path) -> None:
+    """DiffusionVL#7: ``{'loss': 16.2405, 'grad_norm': 2.0, …}`` then ``'loss': 0.0`` on every record
+    with the norm still 2.0: a norm that does not move while the loss goes from 16 to 0 measures no
+    gradient, so the loss at 0 is judged alone."""
+    line = "{{'loss': {0}, 'grad_norm': 2.0, 'learning_rate': {1}, 'epoch': 0.0}}\n"
+    text = line.format(16.2405, 0.0) + "".join(line.format(0.0, 2.88e-08 * i) for i in range(1, 6))
+    zero = findings_of(tmp_path, text)["zero_grad"]
+    assert zero.step == 1 and zero.evidence["loss_zero"]
+
+
+@pytest.mark.parametrize(
+    ("start", "spread", "found"),
+    [(54000, 0.012, True), (0, 0.012, False), (54000, 0.06, False)],
+)
+def test_a_loss_that_wanders_about_ln_k_past_the_runs_start_is_zero_grad(
+    tmp_path: Path, start: int, spread: float, found: bool
+) -> None:
+    """DeepRobust#106: PGD training at ``Loss: 2.310779`` … ``2.288609`` batch after batch (ln 10 =
+    2.3026) from 90 % into epoch 1 on; the same at the run's first records is a model yet to learn,
+    and a loss that strays a quarter of the way to ln 9 or ln 11 is no guess's."""
+    line = "Train Epoch: {e} [{i}/60000 ({p}%)]\tLoss: {v:.6f}\tAccuracy:11.00%\n"
+    text = "".join(
+        line.format(
+            e=1 + (start + 2000 * k) // 60000,
+            i=(start + 2000 * k) % 60000,
+            p=(start + 2000 * k) % 60000 * 100 // 60000,
+            v=math.log(10) + spread * math.sin(1.7 * k),
+        )
+        for k in range(16)
+    )
+    zero = findings_of(tmp_path, text).get("zero_grad")
+    assert (zero is not None) == found
+    if found:
+        assert zero.evidence["classes"] == 10
+
+
+def test_an_evaluation_score_alone_gone_nan_is_a_warning(tmp_path: Path) -> None:
+    """PaddleSeg: ``[EVAL] #Images: 200 mIoU: 0.5000 Acc: 1.0000 Kappa: nan`` beside a finite training
+    loss: Cohen's kappa of predictions all of one class is 0/0, which says what the model predicts,
+    not that its updates broke; a loss gone NaN stays an error."""
+    text = (
+        "[TRAIN] epoch: 7, iter: 1300/90000, loss: 0.1503, lr: 0.001296\n"
+        "[EVAL] #Images: 200 mIoU: 0.5000 Acc: 1.0000 Kappa: nan\n"
+        "[TRAIN] epoch: 8, iter: 1400/90000, loss: {0}, lr: 0.001265\n"
+    )
+    undefined = findings_of(tmp_path, text.format("0.1503"))["nonfinite"]
+    assert undefined.severity == "warning" and undefined.evidence["evaluation_only"]
+    assert findings_of(tmp_path, text.format("nan"))["nonfinite"].severity == "error"
+
+
+def test_a_learning_rate_printed_0_after_one_already_vanished_is_zero_grad(tmp_path: Path) -> None:
+    """ParlAI (PR 2547): Adafactor's relative step drives the rate to ``1.565e-31``, then the table
+    prints ``0``, its ``gnorm`` and ``lr`` columns one space apart; its ``total_train_updates`` is
+    the step. A coarse ``0`` alone may be a small rate rounded."""
+    block = (
+        "[ time:37.0s total_exs:25222 epochs:2.8 time_left:30.0s ]\n"
+        "    clip  exs  gnorm        lr  mean_loss  total_train_updates  tpb  updates\n"
+        "       1   22  {g} {lr}      {x}                   {n}    1       22\n\n"
+    )
+    rows = (("404.1", "1.565e-31", "7.839"), ("419.0", "0", "7.894"), ("400.0", "0", "6.12"))
+    text = "".join(block.format(g=g, lr=lr, x=x, n=22 * (i + 1)) for i, (g, lr, x) in enumerate(rows))
+    zero = findings_of(tmp_path, text)["zero_grad"]
+    assert zero.step == 22 and zero.evidence["key"] == S.LR
+    coarse = "".join(block.format(g=g, lr="0", x=x, n=22 * (i + 1)) for i, (g, _, x) in enumerate(rows))
+    assert "zero_grad" not in findings_of(tmp_path, coarse)

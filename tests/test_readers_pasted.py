@@ -1931,3 +1931,24 @@ def test_a_config_dict_is_no_record_and_an_epochs_mean_grad_norm_is_the_grad_nor
     assert trace.header["format"] == "records" and [s["step"] for s in trace.steps] == [50, 100]
     table = "| Epoch | grad_norm_mean |\n|---|---|\n| 85 | 0.48 |\n| 86 | 0.45 |\n"
     assert read_text(tmp_path, table).steps[1][S.GRAD_NORM] == 0.45
+
+
+def test_a_csv_table_with_a_clock_column_and_a_trailing_comma_is_read(tmp_path: Path) -> None:
+    """AdaAD#2: ``epoch, train_loss, test_loss, …, time`` over ``0, 26.00907, 158.20959, …,
+    Aug16-15:41:04,``: the clock, a date glued to it, is no number and no reason to skip the row,
+    and the comma that ends each row opens no column."""
+    text = "epoch, train_loss, test_loss, test_clean_acc, time\n" + "".join(
+        f"{e}, {26 - e:.5f}, {158 - e:.5f}, {45 + e:.5f}, Aug16-1{5 + e}:41:04,\n" for e in range(3)
+    )
+    trace = read_text(tmp_path, text)
+    assert [s["step"] for s in trace.steps] == [0, 1, 2] and trace.steps[2][S.ACTOR_LOSS] == 24.0
+
+
+def test_an_epoch_over_its_total_printed_on_every_line_of_the_epoch_is_indexed_in_order(
+    tmp_path: Path,
+) -> None:
+    """OneFlow's quick start prints ``Epoch [19/20], Loss: 2.2955`` on every report of the epoch: the
+    records keep their order and their epoch, not merged into one a later value replaces."""
+    text = "".join(f"Epoch [{e}/20], Loss: {2.3 + 0.001 * k:.4f}\n" for e in (19, 20) for k in range(3))
+    trace = read_text(tmp_path, text)
+    assert len(trace.steps) == 6 and [s["epoch"] for s in trace.steps] == [19, 19, 19, 20, 20, 20]

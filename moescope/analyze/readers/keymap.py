@@ -225,6 +225,9 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `grad_norm_mean` | `actor/grad_norm` |
 | generic | `mean_grad_norm` | `actor/grad_norm` |
 | generic | `avg_grad_norm` | `actor/grad_norm` |
+| generic | `bits/dim` | `actor/loss` |
+| generic | `bits_per_dim` | `actor/loss` |
+| generic | `bpd` | `actor/loss` |
 | generic | `reduced_train_loss` | `actor/loss` |
 | generic | `total_loss` | `actor/loss` |
 | generic | `training_loss` | `actor/loss` |
@@ -578,6 +581,9 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "grad_norm_mean": S.GRAD_NORM,  # an epoch's mean of its steps' norms (a PR's results table)
         "mean_grad_norm": S.GRAD_NORM,
         "avg_grad_norm": S.GRAD_NORM,
+        "bits/dim": S.ACTOR_LOSS,  # a flow's or a VAE's negative log-likelihood in bits a dimension
+        "bits_per_dim": S.ACTOR_LOSS,
+        "bpd": S.ACTOR_LOSS,
         "reduced_train_loss": S.ACTOR_LOSS,
         "total_loss": S.ACTOR_LOSS,
         "training_loss": S.ACTOR_LOSS,  # Lasagne's examples: "  training loss:\t\t2.471961"

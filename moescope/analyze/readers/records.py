@@ -115,6 +115,11 @@ _EPOCH_LINE = re.compile(
 )
 
 
+# an epoch over the run's epochs, as the PyTorch tutorials' loop prints it once an epoch (or on every
+# line within it: OneFlow's quick start, "Epoch [19/20], Loss: 2.2955")
+_EPOCH_OUT_OF = re.compile(rf"(?<![\w/])Epoch\s*\[{_I}/\s*{INT}\s*\](?=\s*[,:|]|{_NAME_THEN_VALUE})", re.I)
+
+
 def _epoch_from_one(match: re.Match[str]) -> int:
     """``(epoch, i, per_epoch)`` groups, epochs counted from 1 (mmengine) → a global step."""
     epoch, i, per = (int(g) for g in match.groups())
@@ -226,6 +231,9 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"(?<![\w/])Epoch:{_I}/\s*{INT}\s*\|\s*Batch{_I}/{_I}"), _epoch_from_one),
     # icefall (k2), the batch counted within the epoch: "Epoch 1, batch 14300, loss[loss=0.6675, …]"
     (None, re.compile(rf"(?<![\w/])Epoch\s+{INT},\s*batch\s+({INT})(?=,)"), lambda m: int(m[1])),
+    # Social GAN's iteration over its total on a line of its own, behind its logger's prefix:
+    # "[INFO: train.py:  278]: t = 71 / 4200"
+    (None, re.compile(rf"(?<![\w.])t = ({INT}) / {INT}\s*$"), lambda m: int(m[1])),
     # Raissi's physics-informed networks and the many loops copied from them: "It: 240, Loss: 8.126e+00"
     (None, re.compile(rf"^\s*It:?\s*({INT})(?=[,:])"), lambda m: int(m[1])),
     # an epoch's (or an episode's) line, where no step is named: "===> Epoch 162 Complete: Avg. Loss:
@@ -246,11 +254,7 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
         _epoch_from_one,
     ),
     # and its loop that logs once an epoch: "Epoch [3/20], Loss: 2.1"
-    (
-        None,
-        re.compile(rf"(?<![\w/])Epoch\s*\[{_I}/\s*{INT}\s*\](?=\s*[,:|]|{_NAME_THEN_VALUE})", re.I),
-        lambda m: int(m[1]),
-    ),
+    (None, _EPOCH_OUT_OF, lambda m: int(m[1])),
     # YOLACT: "[  1]    1510 || B: 5.515 | C: 3.088 | M: 7.223 | S: 1.564 | T: 17.647 || ETA: …"
     (None, re.compile(rf"^\s*\[\s*{INT}\]\s+({INT})\s*\|\|"), lambda m: int(m[1])),
     # without a step word, a home-made loop's counter opening the line: "268/446 (epoch 0),
@@ -366,6 +370,8 @@ def pairs(text: str) -> dict[str, Any]:
             out[simple.group("key")] = number
         else:
             out.update(_piece_fields(piece))
+    if ".py" in text:  # a logger's source file and line ("[INFO: train.py:  280]:") names no metric
+        out = {key: value for key, value in out.items() if key[-3:] != ".py"}
     return out
 
 
@@ -399,10 +405,11 @@ _WORD_BEFORE = re.compile(r"([A-Za-z]+)\s+$")
 def _with_word_before(piece: str, match: re.Match[str]) -> str:
     """A bare name with the word before it where the two name a metric a key map knows (an RL
     tutorial's ``episode 6264 score -73.42 average score -178.85``: the average, not a second
-    ``score`` over the first)."""
+    ``score`` over the first), or a held-out split's (RealNVP's ``train loss 10171.217 bpd 4.777
+    test loss 552956.313``: the test loss, not a second ``loss``)."""
     before = _WORD_BEFORE.search(piece, 0, match.start())
     longer = f"{before.group(1)} {match.group('key')}" if before else ""
-    return longer if before and is_metric(longer) else match.group("key")
+    return longer if before and (is_metric(longer) or _held_out_metric(longer)) else match.group("key")
 
 
 # an epoch counted out of the run's epochs in a bar's postfix: GluonTS's "epoch=1/10,
@@ -1267,8 +1274,16 @@ def _marks_only(line: str, match: re.Match[str]) -> bool:
 
 # the row a logger's boxed table gives its step in, among the metrics (OpenAI baselines' and
 # guided-diffusion's "| step | 1.53e+05 |", baselines' DQN "| steps | 4008662 |", SB3's
-# "|    total_timesteps  | 2048 |")
-TABLE_STEPS = ("step", "steps", "total_timesteps", "timesteps", "nupdates", "global_step")
+# "|    total_timesteps  | 2048 |"), or its column (ParlAI's "total_train_updates")
+TABLE_STEPS = (
+    "step",
+    "steps",
+    "total_timesteps",
+    "timesteps",
+    "nupdates",
+    "global_step",
+    "total_train_updates",
+)
 
 
 def steps_in_tables(parsed: Parsed) -> None:
@@ -1359,9 +1374,9 @@ _RATE_ALONE = re.compile(rf"\W*(?:lr|learning[ _]rate)\W*(?:{NUMBER})\W*", re.IG
 
 
 def _epoch_marked(raw: str) -> bool:
-    """Whether the record's step came from an epoch's own line."""
+    """Whether the record's step came from an epoch's own line (``Epoch 3: …``, ``Epoch [3/20], …``)."""
     found = marker(raw)
-    return found is not None and found[2].re is _EPOCH_LINE
+    return found is not None and (found[2].re is _EPOCH_LINE or found[2].re is _EPOCH_OUT_OF)
 
 
 def _merge_runs(rows: list[Row]) -> list[Row]:

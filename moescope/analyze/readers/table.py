@@ -97,12 +97,24 @@ def header(lines: list[str]) -> int | None:
         if not stepped and not _names_only(line):
             continue
         names = cells(line)
-        rows = (
-            _clock_cut(cells(x), len(names)) for x in lines[i + 1 : i + 4] if x.strip() and not _RULE.match(x)
-        )
+        rows = (_row_cells(x, len(names)) for x in lines[i + 1 : i + 4] if x.strip() and not _RULE.match(x))
         if len(names) >= 2 and any(_fits(r, stepped) and _width_fits(r, names, stepped) for r in rows):
             return i
     return None
+
+
+def _row_cells(line: str, width: int) -> list[str]:
+    """The cells of a row under a header ``width`` names wide: without the clock printed after
+    them or a comma ending a CSV row, and, aligned with spaces, split at every space where that
+    gives the header's width (two columns one space apart: ParlAI's ``404.1 1.565e-31`` under
+    ``gnorm        lr``)."""
+    row = _clock_cut(cells(line), width)
+    if _csv(line) and len(row) == width + 1 and not row[-1]:
+        return row[:-1]  # a comma that ends every row opens no column (AdaAD's "…, Aug16-15:41:04,")
+    plain = "|" not in line and "\t" not in line and not _csv(line)
+    if plain and len(row) != width and len(split := line.split()) == width:
+        return split
+    return row
 
 
 def _width_fits(row: list[str], names: list[str], stepped: bool) -> bool:
@@ -300,7 +312,10 @@ def _numbers_only(row: list[str]) -> bool:
     )
 
 
-_TIME_STAMP = re.compile(r"\d{4}-\d\d-\d\d(?:[ T]\d\d:\d\d(?::\d\d(?:\.\d+)?)?)?")
+# a date, or a clock time with whatever date the logger glued to it (AdaAD's "Aug16-15:41:04")
+_TIME_STAMP = re.compile(
+    r"\d{4}-\d\d-\d\d(?:[ T]\d\d:\d\d(?::\d\d(?:\.\d+)?)?)?|[\w\-/.]*\d\d:\d\d:\d\d(?:\.\d+)?"
+)
 
 
 def _number(cell: str) -> float | int | None:
@@ -376,9 +391,9 @@ def read(log: LogFile) -> Parsed:
             return [], i + 1
         if _RULE.match(lines[i]):
             return [], i + 1
-        row = _clock_cut(cells(lines[i]), len(names))
+        row = _row_cells(lines[i], len(names))
+        plain = "|" not in lines[i] and "\t" not in lines[i] and not _csv(lines[i])
         if stepped and 2 <= len(row) < len(names) and not _csv(lines[i]):
-            plain = "|" not in lines[i] and "\t" not in lines[i]
             row = (plain and _aligned(heading, lines[i], len(names))) or row + [""] * (len(names) - len(row))
             # the columns not logged on this row (DeepXDE's test loss and metric between its evaluations)
         if not names or len(row) != len(names) or not _fits(row, stepped):

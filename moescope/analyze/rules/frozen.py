@@ -19,6 +19,8 @@ from moescope.analyze.rules.losses import (
     is_rl,
     lm_losses,
     names_a_loss,
+    network_losses,
+    network_of,
     own_losses,
 )
 from moescope.analyze.rules.nonfinite import clamped
@@ -52,9 +54,10 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
     values there, one held at the loss of a uniform guess, or an accuracy held at 0 beside a loss
     that does not fall."""
     held = _at_clamp(trace) or _pinned(trace) or _replayed(trace) or _recycled(trace)
-    held = held or _at_chance(trace) or _guessing(trace) or _nothing_right(trace) or _fell_to_nothing(trace)
+    held = held or _at_chance(trace) or _near_chance(trace) or _guessing(trace) or _nothing_right(trace)
+    held = held or _fell_to_nothing(trace)
     held = held or _one_class(trace) or _lm_plateau(trace) or _term_pinned(trace)
-    return held or _held_out_at_bound(trace)
+    return held or _held_out_at_bound(trace) or _networks_frozen(trace)
 
 
 def _pinned(trace: Trace) -> list[Finding]:
@@ -157,6 +160,33 @@ def _held_out_at_bound(trace: Trace) -> list[Finding]:
     return []
 
 
+def _networks_frozen(trace: Trace) -> list[Finding]:
+    """Both networks of a GAN with every loss held at one value, printed to three significant
+    digits or more, on the same ``REPLAYED_RUN`` or more records a log ends on: a GAN's losses swing
+    by design, around 2 ln 2 and ln 2 at its balance too, so losses that repeat to their last digit
+    are a discriminator that scores every sample alike, and no network learns (Social GAN#63:
+    ``D_data_loss: 1.386`` and ``G_discriminator_loss: 0.693`` at every report)."""
+    keys = network_losses(trace)
+    tails = {key: series(trace, key)[-REPLAYED_RUN:] for key in keys}
+    if len({network_of(key) for key in keys}) < 2 or any(
+        len(tail) < REPLAYED_RUN
+        or len({v for _, v in tail}) > 1
+        or not tail[-1][1]
+        or printed_in_text(trace, tail)[0] < 3
+        for tail in tails.values()
+    ):
+        return []
+    run = min(_held_at_end(series(trace, key), tail[-1][1]) for key, tail in tails.items())
+    steps = [s for s, _ in series(trace, keys[0])[-run:]]
+    shown = ", ".join(f"{key} {tail[-1][1]:g}" for key, tail in tails.items())
+    message = (
+        f"every loss of both networks holds one value on the last {run} records, from step {steps[0]} "
+        f"({shown}): a GAN's losses swing by design, so a discriminator that scores every sample alike "
+        "gives neither network a gradient (a dead discriminator: its activations saturated)."
+    )
+    return [zero_grad(steps, message, key=keys[0], value=tails[keys[0]][-1][1])]
+
+
 def _moving_loss(trace: Trace) -> tuple[str | None, dict[int, float]]:
     """The training loss a log logs first, and its values by step."""
     total = next((key for key in lm_losses(trace) if series(trace, key)), None)
@@ -241,6 +271,41 @@ def _at_chance(trace: Trace) -> list[Finding]:
             "its inputs, and no update changes that."
         )
         return [zero_grad(steps, message, key=key, value=values[-1], classes=classes)]
+    return []
+
+
+def _near_chance(trace: Trace) -> list[Finding]:
+    """A classification loss that wanders about ln K on the ``WINDOW`` or more records a log ends
+    on, every one within a quarter of the way to ln (K ± 1) and within 1 % of ln K, past the run's
+    start (its step 1,000 or later, or its second epoch): a batch's loss is noisy, but one that stays
+    this close to a uniform guess among K classes has learned nothing (OneFlow's MNIST quick start
+    at 2.2955 … 2.3072 in its 19th epoch; DeepRobust's PGD training at 2.288 … 2.311, ln 10 =
+    2.3026). The first records of a run sit there too, before it learns."""
+    if is_rl(trace):
+        return []
+    for key in lm_losses(trace):
+        points = series(trace, key)[-2 * WINDOW :]
+        values = [v for _, v in points]
+        if len(values) < WINDOW:
+            continue
+        middle = float(np.median(values))
+        classes = round(math.exp(middle)) if 0 < middle < _CHANCE_MAX else 0
+        if classes < 2:
+            continue
+        level = math.log(classes)
+        band = min(math.log1p(1 / classes) / 4, 0.01 * level)
+        wanted = {s for s, _ in points}
+        epochs = [rec.get("epoch") for rec in trace.steps if rec.get(STEP) in wanted]
+        started = points[0][0] >= 1000 or any(isinstance(e, int | float) and e >= 2 for e in epochs)
+        if not started or any(abs(v - level) > band for v in values):
+            continue
+        steps = [s for s, _ in points]
+        message = (
+            f"{key} stays within {band:.2g} of ln {classes} = {level:.4f}, the loss of a uniform guess "
+            f"among {classes} classes, on its last {len(values)} records, from step {steps[0]} (median "
+            f"{middle:.4f}): past the run's start, the model's outputs do not depend on its inputs."
+        )
+        return [zero_grad(steps, message, key=key, value=middle, classes=classes)]
     return []
 
 
@@ -573,19 +638,32 @@ def _held_from(
     if shown < digits:
         return None
     spread = abs(values[-1]) * PINNED_SPREAD if shown >= FINE_DIGITS else 0.0
+    start = _held_start(values, spread)
+    if spread and (len(values) - start < run or values[-1] > _ceiling(values[:start], spread)):
+        # not held within the spread long enough, or reached by a climb: held exactly still counts
+        # (a VAE's loss at 335.553345 epoch after epoch, 0.05 above its first record)
+        spread, start = 0.0, _held_start(values, 0.0)
+    if len(values) - start < run or values[-1] > _ceiling(values[:start], spread):
+        return None
+    return start
+
+
+def _held_start(values: list[float], spread: float) -> int:
+    """Where the run of values a series ends on, all within ``spread`` of each other, starts."""
     start, low, high = len(values) - 1, values[-1], values[-1]
     while start > 0 and max(high, values[start - 1]) - min(low, values[start - 1]) <= spread:
         start -= 1
         low, high = min(low, values[start]), max(high, values[start])
-    before = [v for v in values[:start] if math.isfinite(v)]
-    # held within a spread, a value above all before is a slow climb; held exactly, a hold after
-    # a rise, unless the rise is loss_divergence's jump
-    ceiling = (
-        (max(before) if spread else DIVERGENCE_FACTOR * float(np.median(before))) if before else math.inf
-    )
-    if len(values) - start < run or values[-1] > ceiling:
-        return None
     return start
+
+
+def _ceiling(before: list[float], spread: float) -> float:
+    """The highest a held value may be: held within a spread, a value above all before is a slow
+    climb; held exactly, a hold after a rise, unless the rise is loss_divergence's jump."""
+    finite = [v for v in before if math.isfinite(v)]
+    if not finite:
+        return math.inf
+    return max(finite) if spread else DIVERGENCE_FACTOR * float(np.median(finite))
 
 
 def _replayed(trace: Trace) -> list[Finding]:

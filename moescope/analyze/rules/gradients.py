@@ -312,16 +312,17 @@ def _pair_at_zero(trace: Trace, family: str, least: int = 1) -> tuple[str, str, 
 
 def _norm_frozen(trace: Trace, norm: str) -> bool:
     """A gradient norm that holds one value to its seventh digit or beyond on every record, three
-    or more, whatever the loss: no measure of a gradient (Qwen3-VL under ZeRO-2, ``grad_norm:
-    1.4142135381698608`` beside a loss of 1.502 and then 0.0), so it says nothing of one."""
+    or more, whatever the loss, or to any digit while the loss beside it halves or more: no
+    measure of a gradient (Qwen3-VL under ZeRO-2, ``grad_norm: 1.4142135381698608`` beside a loss
+    of 1.502 and then 0.0; DiffusionVL's ``grad_norm: 2.0`` beside 16.24, then 0.0), so it says
+    nothing of one."""
     values = [v for _, v in series(trace, norm)]
-    return (
-        len(values) >= SUSTAIN
-        and len(values) == len(trace.steps)
-        and len(set(values)) == 1
-        and values[0] != 0
-        and significant_digits(values[0]) >= FINE_DIGITS
-    )
+    if len(values) < SUSTAIN or len(values) != len(trace.steps) or len(set(values)) != 1 or values[0] == 0:
+        return False
+    loss = next((key for key in lm_losses(trace) if series(trace, key)), None)
+    losses = [abs(v) for _, v in series(trace, loss)] if loss else []
+    moved = bool(losses) and max(losses) > 0 and max(losses) >= 2 * min(losses)
+    return significant_digits(values[0]) >= FINE_DIGITS or moved
 
 
 def _zero_with_a_small_norm(rec: dict[str, Any], loss: str, norm: str | None) -> bool:

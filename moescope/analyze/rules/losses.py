@@ -56,7 +56,13 @@ def is_rl(trace: Trace) -> bool:
 
 
 # a GAN's network named in a loss's key ("G loss", "loss_D", "Gen_loss"): its losses swing by design
-_NETWORK = re.compile(r"(?:^|[\W_])(?:d|g|dis|disc|gen|generator|discriminator)(?:[\W_]|$)", re.I)
+_NETWORK = re.compile(r"(?:^|[\W_])(d|g|dis|disc|gen|generator|discriminator)(?:[\W_]|$)", re.I)
+
+
+def network_of(key: str) -> str | None:
+    """The GAN network a loss's key names: ``"d"`` (the discriminator) or ``"g"`` (the generator)."""
+    named = _NETWORK.search(key)
+    return named[1][0].lower() if named else None
 
 
 def own_losses(trace: Trace) -> tuple[str, ...]:
@@ -70,6 +76,11 @@ def own_losses(trace: Trace) -> tuple[str, ...]:
         for key in logged_keys(trace)
         if names_a_loss(key) and not HELD_OUT_KEY.match(key.lower()) and not _NETWORK.search(key)
     )
+
+
+def network_losses(trace: Trace) -> tuple[str, ...]:
+    """A GAN's losses, each named for its network (``D_data_loss``, ``G_total_loss``, ``loss_D``)."""
+    return tuple(key for key in logged_keys(trace) if names_a_loss(key) and network_of(key))
 
 
 def level_losses(trace: Trace) -> tuple[str, ...]:

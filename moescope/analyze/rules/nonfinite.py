@@ -202,7 +202,15 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
         if no_data
         else ""
     )
-    empty = not no_data and _empty_statistics(trace, bad_steps)
+    undefined = not no_data and all(_evaluation_score(k) for _, bad in bad_steps for k in bad)
+    where += (
+        "; only an evaluation score went non-finite, no loss or gradient did: a score undefined on "
+        "its data (a ratio of 0 to 0: every prediction one class), which says what the model "
+        "predicts, not that the updates broke"
+        if undefined
+        else ""
+    )
+    empty = not no_data and not undefined and _empty_statistics(trace, bad_steps)
     where += (
         "; every number of the log's first records is NaN, and the same metrics are finite after: "
         "statistics of nothing (a mean over an empty buffer before the first update), not values the "
@@ -214,7 +222,7 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
     return Finding(
         "nonfinite",
         step,
-        "warning" if recovered or no_data or empty else "error",
+        "warning" if recovered or no_data or undefined or empty else "error",
         f"First non-finite value at step {step} in {', '.join(named)} "
         f"({', '.join(sorted(keys)[:4])}){where}; {'persistent' if persistent else 'isolated'}: "
         f"{len(bad_steps)} step(s) with non-finite values.",
@@ -229,6 +237,7 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
             "skipped_update": skipped,
             "recovered": recovered,
             "rewards_only": no_data,
+            "evaluation_only": undefined,
             "empty_statistics": empty,
             "alerts": alerts,
         },
@@ -267,6 +276,16 @@ def _reward_statistic(key: str) -> bool:
     return key in _REWARD_STATISTICS or (episodic and "loss" not in low)
 
 
+def _evaluation_score(key: str) -> bool:
+    """A key that scores predictions against labels (``Kappa``, ``mIoU``, ``f1``, ``precision``,
+    ``AUC``, ``mAP``): a ratio whose denominator is 0 where every prediction is one class
+    (PaddleSeg's ``Kappa: nan`` beside ``mIoU: 0.5000``)."""
+    return _SCORE_NAME.search(key) is not None and not names_a_loss(key)
+
+
+_SCORE_NAME = re.compile(
+    r"kappa|iou|f1|precision|recall|auc|(?:^|[\W_])m?ap(?:[\W_\d]|$)|dice", re.IGNORECASE
+)
 _EPISODE_LENGTH = re.compile(r"ep(?:isode)?_?len")  # eplenmean, ep_len_mean, episode_len_mean
 
 

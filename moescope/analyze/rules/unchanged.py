@@ -159,11 +159,12 @@ _DECIMAL = re.compile(r"(?<![\w.])[-+]?\d*\.\d+(?:[eE][-+]?\d+)?")
 
 
 def boxes_unmatched(trace: Trace) -> list[Finding]:
-    """A detector's box-regression loss at exactly 0 on every record, ``SUSTAIN`` or more, while
-    a classification loss beside it is not: no proposal or anchor was matched to a ground-truth
-    box, so the box heads learn nothing (mmdetection#2744's ``loss_rpn_bbox: 0.0000, loss_bbox:
-    0.0000`` from the first record on a custom dataset; PaddleDetection's ``loss_bbox_reg``;
-    Yet-Another-EfficientDet's ``Reg loss`` beside its ``Cls loss``)."""
+    """A detector's box-regression loss at exactly 0 on every record, two or more (each a mean over
+    a logging interval), while a classification loss beside it is not: no proposal or anchor was
+    matched to a ground-truth box, so the box heads learn nothing (mmdetection#2744's
+    ``loss_rpn_bbox: 0.0000, loss_bbox: 0.0000`` from the first record on a custom dataset;
+    PaddleDetection's ``loss_bbox_reg``, GFL's ``loss_bbox: 0.000000 loss_dfl: 0.000000`` at
+    iterations 60 and 80; Yet-Another-EfficientDet's ``Reg loss`` beside its ``Cls loss``)."""
     losses = [key for key in logged_keys(trace) if names_a_loss(key)]
     paired = any(_CLS_LOSS.fullmatch(key) for key in losses)
     boxes = [
@@ -174,7 +175,7 @@ def boxes_unmatched(trace: Trace) -> list[Finding]:
     others = [key for key in losses if key not in boxes]
     for key in boxes:
         values = column(trace, key)
-        if len(values) < SUSTAIN or any(v != 0 for v in values):
+        if len(values) < 2 or any(v != 0 for v in values):
             continue
         if not any(isinstance(v, int | float) and v > 0 for other in others for v in column(trace, other)):
             continue
@@ -207,11 +208,14 @@ def learning_rate_zero(trace: Trace) -> list[Finding]:
     decimals or more, or as a repr, ``{'learning_rate': 0.0}``), or one below ``VANISHED_LR``: no
     update changes the weights, whatever the loss does (PaddleSpeech#675: ``lr: 0.00000000`` from
     the second epoch on, the loss bouncing about 15; Informer2020#469: 7e-280, halved each epoch).
-    A rate printed ``0.00000`` may be 4e-6; a held-out record's rate is no step's."""
+    A rate printed ``0.00000`` may be 4e-6, but not after a rate already vanished (ParlAI's table,
+    ``1.565e-31`` and then ``0``, Adafactor's relative step driven to nothing); a held-out record's
+    rate is no step's."""
     values, logged = column(trace, S.LR), finite_rows(trace, S.LR)
     rows = logged[run_from_end(logged, lambda i: 0 <= values[i] < VANISHED_LR) :]
-    zeros = [i for i in rows if values[i] == 0]
-    if len(rows) < SUSTAIN or not all(_zero_printed_finely(trace.steps[i].get(RAW)) for i in zeros):
+    vanished = next((k for k, i in enumerate(rows) if values[i] > 0), len(rows))  # a zero after it is one
+    unsure = [i for i in rows[:vanished] if values[i] == 0]
+    if len(rows) < SUSTAIN or not all(_zero_printed_finely(trace.steps[i].get(RAW)) for i in unsure):
         return []
     every = steps_of(trace)
     steps = [every[i] for i in rows]
