@@ -1546,3 +1546,22 @@ def test_a_learning_rate_printed_0_after_one_already_vanished_is_zero_grad(tmp_p
     assert zero.step == 22 and zero.evidence["key"] == S.LR
     coarse = "".join(block.format(g=g, lr="0", x=x, n=22 * (i + 1)) for i, (g, _, x) in enumerate(rows))
     assert "zero_grad" not in findings_of(tmp_path, coarse)
+
+
+def test_a_short_paste_whose_loss_doubles_from_its_best_as_its_accuracy_halves_diverges(
+    tmp_path: Path,
+) -> None:
+    """keras#7603: a CIFAR-10 CNN at ``loss: 0.8906 - acc: 0.6864`` in epoch 16, ``1.5519 - acc:
+    0.4880`` in epoch 380 and ``1.8483 - acc: 0.3402`` in epoch 800: the last record against the
+    best, not the one before it."""
+    line = "Epoch {0}/800\n1562/1562 [==============================] - 49s - loss: {1} - acc: {2}\n"
+    rows = (
+        (15, "0.9050", "0.6827"),
+        (16, "0.8906", "0.6864"),
+        (380, "1.5519", "0.4880"),
+        (381, "1.5416", "0.4897"),
+    )
+    text = "".join(line.format(*row) for row in rows)
+    assert "loss_divergence" not in findings_of(tmp_path, text)
+    worse = findings_of(tmp_path, text + line.format(800, "1.8483", "0.3402"))["loss_divergence"]
+    assert worse.step == 800 * 1562 and "from 0.891 to 1.85" in worse.message

@@ -211,7 +211,7 @@ def _worse_at_its_data(trace: Trace) -> list[Finding]:
         both = [(step, value, right[step]) for step, value in series(trace, loss) if step in right]
         third = len(both) // 3
         if third < SUSTAIN:
-            found = _worse_at_the_last(loss, key, both[-2:]) if len(both) >= 2 else []
+            found = _worse_at_the_last(loss, key, both)
             if found:
                 return found
             continue
@@ -235,15 +235,25 @@ def _worse_at_its_data(trace: Trace) -> list[Finding]:
     return []
 
 
-def _worse_at_the_last(loss: str, key: str, pair: list[tuple[int, float, float]]) -> list[Finding]:
-    """:func:`_worse_at_its_data` in a paste too short for thirds: the loss at least doubles from its
-    last record but one to its last while the accuracy beside it falls to half or less (fastai#1736:
-    a Transformer-XL's ``2.760716 … 0.442434`` then ``6.228361 … 0.076458``, epoch to epoch)."""
-    (_, before, right_before), (step, after, right_after) = pair
-    if not (before > 0 and after >= 2 * before and 0 <= right_after <= right_before / 2 and right_before > 0):
+def _worse_at_the_last(loss: str, key: str, both: list[tuple[int, float, float]]) -> list[Finding]:
+    """:func:`_worse_at_its_data` in a paste too short for thirds: the loss at its last record at
+    least twice its lowest before while the accuracy beside it falls to half of its own there or
+    less (fastai#1736: a Transformer-XL's ``2.760716 … 0.442434`` then ``6.228361 … 0.076458``,
+    epoch to epoch; keras#7603: ``0.8906 - acc: 0.6864`` at epoch 16, ``1.8483 - acc: 0.3402`` at
+    800). Dated at the first record after the lowest that is so."""
+    if len(both) < 2:
         return []
+    best = min(range(len(both) - 1), key=lambda i: both[i][1])
+    _, before, right_before = both[best]
+
+    def worse(row: tuple[int, float, float]) -> bool:
+        return before > 0 and row[1] >= 2 * before and 0 <= row[2] <= right_before / 2 and right_before > 0
+
+    if not worse(both[-1]):
+        return []
+    step, after, right_after = next(row for row in both[best + 1 :] if worse(row))
     message = (
-        f"{loss} jumps from {before:.3g} to {after:.3g} ({after / before:.1f}x) at step {step} while {key} "
+        f"{loss} rises from {before:.3g} to {after:.3g} ({after / before:.1f}x) by step {step} while {key} "
         f"falls from {right_before:.3g} to {right_after:.3g}: the model lost what it had learned (a learning "
         "rate too high for the run, a data stream that changed)."
     )
