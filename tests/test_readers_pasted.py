@@ -1952,3 +1952,11 @@ def test_an_epoch_over_its_total_printed_on_every_line_of_the_epoch_is_indexed_i
     text = "".join(f"Epoch [{e}/20], Loss: {2.3 + 0.001 * k:.4f}\n" for e in (19, 20) for k in range(3))
     trace = read_text(tmp_path, text)
     assert len(trace.steps) == 6 and [s["epoch"] for s in trace.steps] == [19, 19, 19, 20, 20, 20]
+
+
+def test_a_pretty_printed_json_dicts_lines_are_read_as_metrics(tmp_path: Path) -> None:
+    """Open-GroundingDino#98: two lines of the epoch logs' pretty-printed JSON, ``"train_loss":
+    6.058688819752953,`` and the next epoch's, pasted alone: a number attached to a metric's name on
+    each, read as a series, not "no step recognised"."""
+    trace = read_text(tmp_path, ' "train_loss": 6.058688819752953, \n"train_loss": 6.067786134047315,\n')
+    assert [s[S.ACTOR_LOSS] for s in trace.steps] == [6.058688819752953, 6.067786134047315]

@@ -57,8 +57,16 @@ _FRAMEWORKS = tuple(name for name in KEY_MAP if name not in ("moescope", "generi
 
 
 def line_field(line: str) -> tuple[str, Any] | None:
-    """The ``name: value`` a line is (after a bullet), or ``None``."""
+    """The ``name: value`` a line is (after a bullet; a pretty-printed JSON dict's ``"train_loss":
+    6.0587,``, its quotes and comma passed over), or ``None``."""
+    quoted = _QUOTED_LINE.fullmatch(line) if line.lstrip()[:1] in ("'", '"') else None
+    if quoted is not None:
+        return field(f"{quoted['key']}: {quoted['value']}", labelled=True)
     return field(line[_BULLET.match(line).end() :], labelled=True)
+
+
+# a pretty-printed JSON (or Python) dict's line: Open-GroundingDino's ' "train_loss": 6.0587, '
+_QUOTED_LINE = re.compile(r"""\s*(["'])(?P<key>[^"'\n]{1,128})\1\s*:\s*(?P<value>[^,\s]+)\s*,?\s*""")
 
 
 def table_field(line: str) -> tuple[str, Any] | None:
