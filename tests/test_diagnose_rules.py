@@ -1565,3 +1565,74 @@ def test_a_short_paste_whose_loss_doubles_from_its_best_as_its_accuracy_halves_d
     assert "loss_divergence" not in findings_of(tmp_path, text)
     worse = findings_of(tmp_path, text + line.format(800, "1.8483", "0.3402"))["loss_divergence"]
     assert worse.step == 800 * 1562 and "from 0.891 to 1.85" in worse.message
+
+
+def test_rllibs_results_with_no_episode_finished_are_no_signal(tmp_path: Path) -> None:
+    """ray#10416: RLlib's result printed as YAML, ``episode_reward_mean: .nan`` beside
+    ``episodes_total: 0``: no episode ever finished (an environment that never says done), so
+    nothing is scored; YAML's ``.nan`` is a NaN."""
+    text = "episode_len_mean: .nan\nepisode_reward_mean: .nan\nepisodes_this_iter: 0\nepisodes_total: 0\n"
+    found = findings_of(tmp_path, text)
+    assert found["no_signal"].evidence["key"] == "episodes_this_iter"
+    assert found["nonfinite"].evidence["rewards_only"]
+    finished = text.replace(
+        "episodes_this_iter: 0\nepisodes_total: 0", "episodes_this_iter: 3\nepisodes_total: 3"
+    )
+    assert "no_signal" not in findings_of(tmp_path, finished)
+
+
+@pytest.mark.parametrize(
+    ("entropies", "found"), [(("0.0051370724", "2.776626e-09"), True), (("0.66", "0.0"), False)]
+)
+def test_a_policy_entropy_near_zero_is_a_collapse_but_one_of_exactly_zero_is_not_judged(
+    tmp_path: Path, entropies: tuple[str, str], found: bool
+) -> None:
+    """RLTrader#130: stable-baselines' PPO2 table, ``policy_entropy`` 0.0051 then 2.8e-09 beside
+    ``approxkl`` 0: one action every time; an entropy of exactly 0 is a statistic of no sample.
+    ``explained_variance | nan`` (every return the same) is a warning, not a broken update."""
+    table = (
+        "--------------------------------------\n| approxkl           | 0.0           |\n"
+        "| explained_variance | {ev}           |\n| nupdates           | {n}            |\n"
+        "| policy_entropy     | {e}  |\n| policy_loss        | 7.4659073e-07 |\n"
+        "--------------------------------------\n"
+    )
+    text = "".join(table.format(ev="nan", n=16 + k, e=e) for k, e in enumerate(entropies))
+    result = findings_of(tmp_path, text)
+    assert ("entropy_collapse" in result) is found
+    assert result["nonfinite"].severity == "warning" and result["nonfinite"].evidence["evaluation_only"]
+
+
+def test_every_score_held_leaves_out_one_the_last_record_has_not_printed_yet(tmp_path: Path) -> None:
+    """DeepLung: ``ep 136 tracc 0.560175054705 lr 0.1 gbtacc 0.890590809628`` and the same epoch after
+    epoch, its ``teacc`` line not yet printed for the last epoch: the held scores are read (names
+    glued to their split, ``tracc``, are accuracies)."""
+    text = "".join(
+        f"INFO:root:ep {e} tracc 0.560175054705 lr 0.1 gbtacc 0.890590809628\n"
+        + ("INFO:root:teacc 46.6666666667 bestacc 57.7777777778\n" if e < 140 else "")
+        for e in range(136, 141)
+    )
+    zero = findings_of(tmp_path, text)["zero_grad"]
+    assert zero.step == 136 and "tracc" in zero.message
+
+
+def test_an_accuracy_that_collapses_on_one_record_is_zero_grad(tmp_path: Path) -> None:
+    """A BERT tagger's ``val_acc=99.718%`` in epoch 7 and ``val_acc=0.030%`` in epoch 8: every token
+    one class (a percentage's series read as one); a fall to half is no collapse."""
+    line = "Epoch {0}/10: 150.57s/it, val_acc={1}% (53391/53542), val_f1={2}%\n"
+    collapsed = line.format(7, "99.718", "71.366") + line.format(8, "0.030", "0.060")
+    assert findings_of(tmp_path, collapsed)["zero_grad"].step == 8
+    assert "zero_grad" not in findings_of(
+        tmp_path, line.format(7, "99.718", "71.366") + line.format(8, "49.0", "30.1")
+    )
+
+
+def test_a_loss_at_ln_10_under_epoch_and_batch_counts_is_a_guess(tmp_path: Path) -> None:
+    """A BERT run_classifier's fp16 bug: ``Epoch 1 - Batch 1600/287417 - Training Acc. 0.106250 -
+    Training Loss 2.295977`` and on, the batch the step: past the run's start, at ln 10."""
+    text = "".join(
+        f"Epoch 1 - Batch {1600 * k}/287417 - Training Acc. 0.09{k % 10} - "
+        f"Training Loss {2.3026 + 0.005 * math.sin(k):.6f}\n"
+        for k in range(1, 13)
+    )
+    zero = findings_of(tmp_path, text)["zero_grad"]
+    assert zero.step == 1600 and zero.evidence["classes"] == 10

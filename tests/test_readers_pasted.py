@@ -1960,3 +1960,43 @@ def test_a_pretty_printed_json_dicts_lines_are_read_as_metrics(tmp_path: Path) -
     each, read as a series, not "no step recognised"."""
     trace = read_text(tmp_path, ' "train_loss": 6.058688819752953, \n"train_loss": 6.067786134047315,\n')
     assert [s[S.ACTOR_LOSS] for s in trace.steps] == [6.058688819752953, 6.067786134047315]
+
+
+def test_a_validation_line_names_its_split_for_every_metric_on_it(tmp_path: Path) -> None:
+    """A COVID X-ray loop: ``train loss: 6.1543, acc: 0.1207`` then ``validation loss: 6.2869, acc:
+    0.1163``: the second accuracy is the validation's, and the two lines one record."""
+    text = "".join(
+        f"Epoch {e}/50\n----------\ntrain loss: 6.15{e}, acc: 0.12{e}\n"
+        f"validation loss: 6.28{e}, acc: 0.11{e}\n"
+        for e in (47, 48)
+    )
+    trace = read_text(tmp_path, text)
+    assert (
+        len(trace.steps) == 2
+        and trace.steps[0]["validation acc"] == 0.1147
+        and trace.steps[0]["acc"] == 0.1247
+    )
+
+
+def test_one_name_over_a_column_of_numbers_is_a_table_but_nan_is_no_name(tmp_path: Path) -> None:
+    """vision#2110: ResNeXt-50's top-1 per epoch pasted under ``Top-1``; a column of ``Nan`` lines is
+    values, not a name over them."""
+    trace = read_text(tmp_path, "Top-1\n16.894\n32.488\n36.116\n40.272\n")
+    assert trace.header["format"] == "step-table" and [s["Top-1"] for s in trace.steps][-1] == 40.272
+    assert read_text(tmp_path, "- inf\nNan\nNan\nNan\nNan\n").header["format"] != "step-table"
+
+
+def test_spacys_e_and_hash_columns_are_its_epoch_and_step(tmp_path: Path) -> None:
+    """spaCy 3's ``E    #       LOSS TRANS...  LOSS NER  ENTS_F …`` table: ``#`` the step, ``E`` the
+    epoch (read as an entropy log's columns before)."""
+    text = (
+        "E    #       LOSS TRANS...  LOSS NER  ENTS_F  ENTS_P  ENTS_R  SCORE \n"
+        "---  ------  -------------  --------  ------  ------  ------  ------\n"
+        "  0       0         179.58    273.93    0.00    0.00    0.00    0.00\n"
+        "  2     200      124605.61  17320.93    0.00    0.00    0.00    0.00\n"
+    )
+    trace = read_text(tmp_path, text)
+    assert [(s["step"], s["epoch"]) for s in trace.steps] == [
+        (0, 0),
+        (200, 2),
+    ] and S.ENTROPY not in trace.steps[0]

@@ -50,6 +50,10 @@ _WORDS: dict[str, float | bool | None] = {
     "+infinity": math.inf,
     "-inf": -math.inf,
     "-infinity": -math.inf,
+    ".nan": math.nan,  # YAML's spellings: RLlib's results as it prints them ("episode_reward_mean: .nan")
+    ".inf": math.inf,
+    "+.inf": math.inf,
+    "-.inf": -math.inf,
     "none": None,
     "null": None,
     "true": True,
@@ -72,7 +76,7 @@ _FLOAT = re.compile(rf"^[-+]?{DECIMAL}$")
 # (Lightning's progress bar, as NeMo runs it, prints a NaN as "nan.0": NeMo#5928; PaddleOCR formats
 # its values "{:x<6f}", so a NaN fills to six characters with x: "loss: nanxxx")
 _PLAIN = (
-    r"[-+]?(?:(?i:nan(?:\.0+|x+|\.?\d+)?|inf(?:inity|\.0+|x+)?)|1\.#[A-Z]+\d*"
+    r"[-+]?(?:(?i:\.?nan(?:\.0+|x+|\.?\d+)?|\.?inf(?:inity|\.0+|x+)?)|1\.#[A-Z]+\d*"
     rf"|{DECIMAL})"
 )
 NUMBER = rf"np\.[a-z]+\d*_?\(\s*{_PLAIN}\s*\)|np\.(?:True|False)_|{_PLAIN}"

@@ -268,6 +268,9 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `ep_rewmean` | `reward/mean` |
 | generic | `ep_rew_mean` | `reward/mean` |
 | generic | `mean_100_episode_reward` | `reward/mean` |
+| generic | `policy_entropy` | `actor/entropy` |
+| generic | `approxkl` | `actor/ppo_kl` |
+| generic | `approx_kl` | `actor/ppo_kl` |
 | generic | `kl_loss` | `actor/kl` |
 | generic | `aux_loss` | `moe/aux_loss` |
 | generic | `dead_expert_frac` | `moe/dead_expert_frac` |
@@ -624,6 +627,9 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "ep_rewmean": S.REWARD_MEAN,
         "ep_rew_mean": S.REWARD_MEAN,
         "mean_100_episode_reward": S.REWARD_MEAN,  # baselines' DQN table
+        "policy_entropy": S.ENTROPY,  # stable-baselines' PPO2 and A2C tables
+        "approxkl": S.PPO_KL,
+        "approx_kl": S.PPO_KL,  # Stable-Baselines3's and CleanRL's "train/approx_kl"
         "kl_loss": S.KL,
         "aux_loss": S.AUX_LOSS,
         "dead_expert_frac": S.DEAD_EXPERT_FRAC,

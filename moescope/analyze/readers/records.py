@@ -229,6 +229,8 @@ MARKS: tuple[tuple[str | None, re.Pattern[str], Callable[[re.Match[str]], int]],
     (None, re.compile(rf"(?<![\w/])Epoch\s++{_I},{_I}/{_I};"), _epoch_from_one),
     # rasbt's deeplearning-models notebooks, epochs from 1: "Epoch: 001/010 | Batch 0100/0391 | Cost: 2.3016"
     (None, re.compile(rf"(?<![\w/])Epoch:{_I}/\s*{INT}\s*\|\s*Batch{_I}/{_I}"), _epoch_from_one),
+    # a BERT classifier's loop, epochs from 1: "Epoch 1 - Batch 1600/287417 - Training Acc. 0.106250 - …"
+    (None, re.compile(rf"(?<![\w/])Epoch{_I}-\s*Batch{_I}/{_I}(?=\s*-)"), _epoch_from_one),
     # icefall (k2), the batch counted within the epoch: "Epoch 1, batch 14300, loss[loss=0.6675, …]"
     (None, re.compile(rf"(?<![\w/])Epoch\s+{INT},\s*batch\s+({INT})(?=,)"), lambda m: int(m[1])),
     # Social GAN's iteration over its total on a line of its own, behind its logger's prefix:
@@ -489,6 +491,8 @@ _NETWORK_METRIC = re.compile(r"(?![AP]M )[A-Z]\w{0,2} ([A-Za-z_]\w*)")
 
 
 _SPLIT_PREFIX = re.compile(r"(?:train|training|val|valid|validation|eval|test|dev)_")
+# an accuracy glued to its split's short name: DeepLung's "tracc", "teacc", "bestacc"
+_GLUED_ACC = re.compile(r"[a-z]{2,5}acc")
 # a top-k accuracy, whatever words come before it: FixMatch's "top-1 acc: 10.00", "Mean top-1 acc", "val_top5"
 _TOP_K = re.compile(r"(?:[a-z]+_)*top_?\d+(?:_acc(?:uracy)?)?")
 
@@ -506,13 +510,31 @@ def is_metric(key: str) -> bool:
     if key in known or normal in known or normal in _SCORES or key.removeprefix("train/") in known:
         return True
     split = _SPLIT_PREFIX.match(normal)  # a split's score: "train_acc", "test_acc" (a Keras GCN's print)
-    if (split and normal[split.end() :] in _SCORES) or _TOP_K.fullmatch(normal):
+    if (
+        (split and normal[split.end() :] in _SCORES)
+        or _TOP_K.fullmatch(normal)
+        or _GLUED_ACC.fullmatch(normal)
+    ):
         return True
     net = _NETWORK_METRIC.fullmatch(key)  # a GAN's "D loss", "G loss", "D acc"
     if net and (net.group(1).lower() == "loss" or is_metric(net.group(1))):
         return True
     coded = key.endswith("_loss") or key[:5].lower() == "loss_" or _CAMEL_LOSS.fullmatch(key) is not None
     return coded and " " not in key
+
+
+def _split_of_first(fields: dict[str, Any]) -> dict[str, Any]:
+    """A line that opens on a held-out split's metric: the names after it that name no split are
+    that split's too (a loop's ``validation loss: 6.2869, acc: 0.1163`` under its ``train loss:
+    6.1543, acc: 0.1207``: the validation accuracy, not a second training one)."""
+    first = next(iter(fields))
+    split = first.partition(" ")[0]
+    if " " not in first or split.lower() not in HELD_OUT or not _held_out_metric(first):
+        return fields
+    return {
+        key if key == first or " " in key or _SPLIT_PREFIX.match(_normal(key)) else f"{split} {key}": value
+        for key, value in fields.items()
+    }
 
 
 def _held_out_metric(key: str) -> bool:
@@ -1114,6 +1136,8 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         # loss (the literal first: a hot path)
         if ("valid on" in text and _HELD_OUT_LINE.search(text)) or _HELD_OUT_TAG.match(text):
             fields = {f"valid/{key}": value for key, value in fields.items()}
+        elif len(fields) > 1:
+            fields = _split_of_first(fields)
         return Row(_keras_step(text, epoch, step), fields, text, i + 1)
 
     fast = _template.bulk(log.lines, parse_at, template, took=frameworks.extend) if bulk else parse_at

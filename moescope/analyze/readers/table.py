@@ -50,15 +50,16 @@ from itertools import pairwise
 from typing import Any
 
 from moescope.analyze.readers._rows import Parsed, Row, scan
-from moescope.analyze.readers._text import INT, LogFile, number_or_none
+from moescope.analyze.readers._text import INT, NUMBER, LogFile, number_or_none
 from moescope.analyze.readers.keymap import guess_beyond_generic
 from moescope.analyze.readers.records import canonical_names, mean_of, steps_in_tables
 
 _CELLS = re.compile(r"\s*\|\s*|\t+|\s{2,}")
 # the step column's name: HF's "Step", chainerrl's "steps", a loop's "iteration" or "updates",
-# Chainer's PrintReport "epoch" (over rows of whole epochs, not YOLO's "e/E")
+# Chainer's PrintReport "epoch" (over rows of whole epochs, not YOLO's "e/E"), spaCy 3's "E" before
+# its "#" (the epoch, then the step)
 _HEADER = re.compile(
-    r"^\s*+(?:\|\s*+)?(?:steps?|global_step|total_timesteps|timesteps|iter|iterations?|updates?|epoch)"
+    r"^\s*+(?:\|\s*+)?(?:steps?|global_step|total_timesteps|timesteps|iter|iterations?|updates?|epoch|e(?=\s++#\s))"
     r"(?:\s*+[|,]|\s{2}|[^\S\t]*\t)",  # a bar or comma, two spaces, or a tab: each space read one way
     re.IGNORECASE,
 )
@@ -66,7 +67,7 @@ _RULE = re.compile(r"^[\s|:\-=+]+$")
 _EPOCH_HEADER = re.compile(r"^\s*epoch\s{2,}[A-Za-z_]", re.IGNORECASE)
 _EPOCH_ROW = re.compile(rf"^\s*({INT})/{INT}\s+([^:]*?)\s*(?::|$)")
 _STEP = re.compile(rf"^{INT}$")
-_FINER_STEP = re.compile(r"iteration|iter|steps?|global_step|updates?", re.IGNORECASE)
+_FINER_STEP = re.compile(r"iteration|iter|steps?|global_step|updates?|#", re.IGNORECASE)
 _RENAMED = {"training loss": "loss", "validation loss": "eval_loss"}
 _LETTER = re.compile(r"[A-Za-z_]")
 
@@ -91,7 +92,7 @@ def header(lines: list[str]) -> int | None:
     row over rows that start with a step, a ``|`` row of names over rows of numbers, or an
     ``Epoch`` header over ``e/E`` rows."""
     for i, line in enumerate(lines[:5000]):
-        if _yolo_header(lines, i) or _transposed(lines, i):
+        if _yolo_header(lines, i) or _transposed(lines, i) or _one_name_over_numbers(lines, i):
             return i
         stepped = _HEADER.match(line) is not None
         if not stepped and not _names_only(line):
@@ -101,6 +102,19 @@ def header(lines: list[str]) -> int | None:
         if len(names) >= 2 and any(_fits(r, stepped) and _width_fits(r, names, stepped) for r in rows):
             return i
     return None
+
+
+def _one_name_over_numbers(lines: list[str], i: int) -> bool:
+    """Whether line ``i`` names one column, a number a line below it, three or more (a paste of an
+    epoch's top-1 accuracies under ``Top-1``)."""
+    if not _ONE_NAME.fullmatch(lines[i]) or number_or_none(lines[i]) is not None:  # "Nan" is a value
+        return False
+    below = [x for x in lines[i + 1 : i + 8] if x.strip()][:3]
+    return len(below) == 3 and all(_ONE_NUMBER.fullmatch(x) for x in below)
+
+
+_ONE_NAME = re.compile(r"\s*[A-Za-z][\w@/.\-]*(?: [A-Za-z][\w@/.\-]*){0,2}\s*")
+_ONE_NUMBER = re.compile(rf"\s*(?:{NUMBER})\s*")
 
 
 def _row_cells(line: str, width: int) -> list[str]:
@@ -383,11 +397,12 @@ def read(log: LogFile) -> Parsed:
         sideways = _transposed(lines, i)
         if sideways:
             return sideways
-        if _HEADER.match(lines[i]) or _names_only(lines[i]):
+        if _HEADER.match(lines[i]) or _names_only(lines[i]) or _one_name_over_numbers(lines, i):
             names, stepped = [_name(c) for c in cells(lines[i])], _HEADER.match(lines[i]) is not None
             heading = lines[i]
-            finer = stepped and len(names) > 2 and names[0].lower() == "epoch"
+            finer = stepped and len(names) > 2 and names[0].lower() in ("epoch", "e")
             step_column = 1 if finer and _FINER_STEP.fullmatch(names[1]) else 0
+            names[0] = "epoch" if step_column and names[0] == "E" else names[0]  # spaCy's "E"
             return [], i + 1
         if _RULE.match(lines[i]):
             return [], i + 1

@@ -205,8 +205,8 @@ def _first_nonfinite(trace: Trace, bad_steps: list[tuple[int, list[str]]]) -> Fi
     undefined = not no_data and all(_evaluation_score(k) for _, bad in bad_steps for k in bad)
     where += (
         "; only an evaluation score went non-finite, no loss or gradient did: a score undefined on "
-        "its data (a ratio of 0 to 0: every prediction one class), which says what the model "
-        "predicts, not that the updates broke"
+        "its data (a ratio of 0 to 0: every prediction one class, every return the same), which "
+        "says what the model predicts, not that the updates broke"
         if undefined
         else ""
     )
@@ -278,13 +278,14 @@ def _reward_statistic(key: str) -> bool:
 
 def _evaluation_score(key: str) -> bool:
     """A key that scores predictions against labels (``Kappa``, ``mIoU``, ``f1``, ``precision``,
-    ``AUC``, ``mAP``): a ratio whose denominator is 0 where every prediction is one class
-    (PaddleSeg's ``Kappa: nan`` beside ``mIoU: 0.5000``)."""
+    ``AUC``, ``mAP``; an RL critic's ``explained_variance``): a ratio whose denominator is 0 where
+    every prediction is one class, or every return the same (PaddleSeg's ``Kappa: nan`` beside
+    ``mIoU: 0.5000``; stable-baselines' ``explained_variance | nan``)."""
     return _SCORE_NAME.search(key) is not None and not names_a_loss(key)
 
 
 _SCORE_NAME = re.compile(
-    r"kappa|iou|f1|precision|recall|auc|(?:^|[\W_])m?ap(?:[\W_\d]|$)|dice", re.IGNORECASE
+    r"kappa|iou|f1|precision|recall|auc|(?:^|[\W_])m?ap(?:[\W_\d]|$)|dice|explained_var", re.IGNORECASE
 )
 _EPISODE_LENGTH = re.compile(r"ep(?:isode)?_?len")  # eplenmean, ep_len_mean, episode_len_mean
 

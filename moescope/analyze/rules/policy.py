@@ -53,6 +53,8 @@ def check_entropy(trace: Trace) -> list[Finding]:
         )
         evidence = {"key": key, "baseline": low.base, "lowest": lowest, "floor": floor}
         out.append(low.finding("entropy_collapse", "warning", message, **evidence))
+    else:
+        out += _deterministic(key, points, trace.header.get("format"))
     high = shift(points, lambda v, base: v > max(3 * base, base + 0.5), gap=lambda base: max(2 * base, 0.5))
     if high is not None:
         highest = max(high.running)
@@ -64,6 +66,33 @@ def check_entropy(trace: Trace) -> list[Finding]:
             high.finding("entropy_surge", "warning", message, key=key, baseline=high.base, highest=highest)
         )
     return out
+
+
+DETERMINISTIC = 1e-4  # nats: a policy's entropy below this is one action (or token) taken every time
+
+
+def _deterministic(key: str, points: list[tuple[int, float]], trace_format: str | None) -> list[Finding]:
+    """An entropy above 0 and below ``DETERMINISTIC`` on the two or more records a log ends on, or
+    on its last after one a hundred times higher: a policy that takes one action every time, too
+    few records for a running mean (RLTrader's PPO2, ``policy_entropy`` 0.0051 then 2.8e-09, the
+    trial pruned for making no trade). An entropy of exactly 0 is a statistic not computed (a step
+    with no sample), and a column an ``entropy-log`` read by its shape alone may be another
+    quantity (DeePMD's learning curve): neither is judged here."""
+    if trace_format == "entropy-log":
+        return []
+    values = [v for _, v in points]
+    run = 0
+    while run < len(values) and 0 < values[-1 - run] < DETERMINISTIC:
+        run += 1
+    fell = run >= 1 and len(values) > run and values[-1 - run] >= 100 * max(values[-1], 1e-300)
+    if run < 2 and not fell:
+        return []
+    step = points[len(points) - run][0]
+    message = (
+        f"The policy's entropy is {values[-1]:.2g} from step {step}, below {DETERMINISTIC:g} nats: it "
+        "takes one action (or token) every time, so its samples teach it nothing new."
+    )
+    return [Finding("entropy_collapse", step, "warning", message, {"key": key, "lowest": min(values[-run:])})]
 
 
 REWARD_FALL = 0.2  # a running mean reward below this share of its early level, or of its peak
@@ -158,7 +187,29 @@ def _never_paid(rec: dict) -> bool | None:
 def check_no_signal(trace: Trace) -> list[Finding]:
     """No reward difference to learn from: every group's rewards equal (:func:`_no_signal`), no
     response ever paid (:func:`_never_paid`), or one mean reward on every record (:func:`_reward_held`)."""
-    return _groups_without_signal(trace) or _reward_held(trace)
+    return _groups_without_signal(trace) or _reward_held(trace) or _no_episode_finished(trace)
+
+
+# the episodes a result counts (RLlib's "episodes_total", "episodes_this_iter"; "episodes")
+_EPISODE_COUNTS = re.compile(r"(?:num_)?episodes(?:_total|_this_iter)?")
+
+
+def _no_episode_finished(trace: Trace) -> list[Finding]:
+    """No episode finished on any record a log holds, by its own count of them at 0, and no mean
+    reward logged but NaN: nothing was scored, so the updates learn from no return (RLlib#10416's
+    ``episodes_total: 0`` beside ``episode_reward_mean: .nan``: an environment that never says
+    ``done``)."""
+    counts = [key for key in logged_keys(trace) if _EPISODE_COUNTS.fullmatch(key.lower())]
+    rewards = series(trace, S.REWARD_MEAN)  # finite values only
+    if not counts or rewards or any(v != 0 for key in counts for _, v in series(trace, key)):
+        return []
+    steps = sorted({s for key in counts for s, _ in series(trace, key)})
+    message = (
+        f"{counts[0]} is 0 on {'every record' if len(steps) > 1 else 'its one record'} and no mean reward "
+        "is logged but NaN: no episode has finished, so nothing is scored and the updates have no return "
+        "to learn from (an environment that never returns done, an episode longer than the run)."
+    )
+    return [Finding("no_signal", steps[0], "warning", message, {"steps": steps, "key": counts[0]})]
 
 
 def _reward_held(trace: Trace) -> list[Finding]:

@@ -61,7 +61,9 @@ def every_score_held(trace: Trace) -> list[Finding]:
     loss must be among the others: an accuracy at 1 beside a loss at 0 is a model that has learned
     its training set. One score alone is :mod:`~moescope.analyze.rules.frozen`'s to judge, on more
     records."""
-    keys = _scores(trace)
+    # the scores the last record logs (a paste that ends before its epoch's test line: DeepLung's
+    # "tracc" and "gbtacc" held, its last "teacc" not printed yet)
+    keys = [key for key in _scores(trace) if column(trace, key)[-1] is not None]
     if len(keys) < 2:
         return []
     columns = [column(trace, key) for key in keys]
