@@ -398,8 +398,6 @@ def _fell_to_nothing(trace: Trace) -> list[Finding]:
     (``nonfinite``'s, which says why)."""
     if is_rl(trace):
         return []
-    losses = [key for key in logged_keys(trace) if names_a_loss(key) or key in lm_losses(trace)]
-    nonfinite = {s for key in losses for s, v in series(trace, key, finite=False) if not math.isfinite(v)}
     for key in accuracies(trace):
         points = series(trace, key)
         held = _held_at_end(points, 0.0) if points and points[-1][1] == 0 else 0
@@ -410,7 +408,7 @@ def _fell_to_nothing(trace: Trace) -> list[Finding]:
         if not held or not any(v / scale >= 0.5 for v in earlier):
             continue
         steps = [s for s, _ in points[len(points) - held :]]
-        if nonfinite.intersection(steps):
+        if _loss_nonfinite_at(trace, set(steps)):
             continue
         where = (
             f"at step {steps[0]}"
@@ -424,6 +422,14 @@ def _fell_to_nothing(trace: Trace) -> list[Finding]:
         )
         return [zero_grad(steps, message, key=key)]
     return []
+
+
+def _loss_nonfinite_at(trace: Trace, steps: set[int]) -> bool:
+    """Whether any loss the log names is non-finite at one of ``steps``."""
+    losses = [key for key in logged_keys(trace) if names_a_loss(key) or key in lm_losses(trace)]
+    return any(
+        s in steps and not math.isfinite(v) for key in losses for s, v in series(trace, key, finite=False)
+    )
 
 
 _ERROR_RATE = re.compile(r"(?:^|[\W_])(?:cer|wer)$")  # a character or word error rate: "Tr.CER", "val_wer"
