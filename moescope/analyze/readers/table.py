@@ -125,10 +125,14 @@ def _row_cells(line: str, width: int) -> list[str]:
     row = _clock_cut(cells(line), width)
     if _csv(line) and len(row) == width + 1 and not row[-1]:
         return row[:-1]  # a comma that ends every row opens no column (AdaAD's "…, Aug16-15:41:04,")
-    plain = "|" not in line and "\t" not in line and not _csv(line)
-    if plain and len(row) != width and len(split := line.split()) == width:
+    if _space_aligned(line) and len(row) != width and len(split := line.split()) == width:
         return split
     return row
+
+
+def _space_aligned(line: str) -> bool:
+    """Whether a table's line is aligned with spaces alone (no bars, tabs or commas cut it)."""
+    return "|" not in line and "\t" not in line and not _csv(line)
 
 
 def _width_fits(row: list[str], names: list[str], stepped: bool) -> bool:
@@ -407,10 +411,11 @@ def read(log: LogFile) -> Parsed:
         if _RULE.match(lines[i]):
             return [], i + 1
         row = _row_cells(lines[i], len(names))
-        plain = "|" not in lines[i] and "\t" not in lines[i] and not _csv(lines[i])
         if stepped and 2 <= len(row) < len(names) and not _csv(lines[i]):
-            row = (plain and _aligned(heading, lines[i], len(names))) or row + [""] * (len(names) - len(row))
-            # the columns not logged on this row (DeepXDE's test loss and metric between its evaluations)
+            # the columns not logged on this row: under the header's columns it is printed below, or
+            # the last ones (DeepXDE's test loss and metric between its evaluations)
+            aligned = _aligned(heading, lines[i], len(names)) if _space_aligned(lines[i]) else None
+            row = aligned or row + [""] * (len(names) - len(row))
         if not names or len(row) != len(names) or not _fits(row, stepped):
             return None
         step = row[step_column]

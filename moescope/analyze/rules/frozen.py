@@ -294,10 +294,7 @@ def _near_chance(trace: Trace) -> list[Finding]:
             continue
         level = math.log(classes)
         band = min(math.log1p(1 / classes) / 4, 0.01 * level)
-        wanted = {s for s, _ in points}
-        epochs = [rec.get("epoch") for rec in trace.steps if rec.get(STEP) in wanted]
-        started = points[0][0] >= 1000 or any(isinstance(e, int | float) and e >= 2 for e in epochs)
-        if not started or any(abs(v - level) > band for v in values):
+        if any(abs(v - level) > band for v in values) or not _past_the_start(trace, points):
             continue
         steps = [s for s, _ in points]
         message = (
@@ -386,6 +383,15 @@ def _nothing_right(trace: Trace) -> list[Finding]:
         )
         return [zero_grad(steps, message, key=key, loss=loss)]
     return []
+
+
+def _past_the_start(trace: Trace, points: list[tuple[int, float]]) -> bool:
+    """Whether ``points`` lie past a run's start: from step 1,000 on, or in its second epoch or later."""
+    if points[0][0] >= 1000:
+        return True
+    wanted = {s for s, _ in points}
+    epochs = (rec.get("epoch") for rec in trace.steps if rec.get(STEP) in wanted)
+    return any(isinstance(e, int | float) and e >= 2 for e in epochs)
 
 
 def _fell_to_nothing(trace: Trace) -> list[Finding]:

@@ -211,7 +211,7 @@ def _worse_at_its_data(trace: Trace) -> list[Finding]:
         both = [(step, value, right[step]) for step, value in series(trace, loss) if step in right]
         third = len(both) // 3
         if third < SUSTAIN:
-            found = _worse_at_the_last(loss, key, both)
+            found = _worse_since_its_best(loss, key, both)
             if found:
                 return found
             continue
@@ -235,7 +235,7 @@ def _worse_at_its_data(trace: Trace) -> list[Finding]:
     return []
 
 
-def _worse_at_the_last(loss: str, key: str, both: list[tuple[int, float, float]]) -> list[Finding]:
+def _worse_since_its_best(loss: str, key: str, both: list[tuple[int, float, float]]) -> list[Finding]:
     """:func:`_worse_at_its_data` in a paste too short for thirds: the loss at its last record at
     least twice its lowest before while the accuracy beside it falls to half of its own there or
     less (fastai#1736: a Transformer-XL's ``2.760716 … 0.442434`` then ``6.228361 … 0.076458``,

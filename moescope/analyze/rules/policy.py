@@ -76,8 +76,8 @@ def _deterministic(key: str, points: list[tuple[int, float]], trace_format: str 
     on its last after one a hundred times higher: a policy that takes one action every time, too
     few records for a running mean (RLTrader's PPO2, ``policy_entropy`` 0.0051 then 2.8e-09, the
     trial pruned for making no trade). An entropy of exactly 0 is a statistic not computed (a step
-    with no sample), and a column an ``entropy-log`` read by its shape alone may be another
-    quantity (DeePMD's learning curve): neither is judged here."""
+    with no sample), and the last column of an ``entropy-log`` may be another quantity (DeePMD's
+    learning curve, its numbers read by their shape): neither is judged here."""
     if trace_format == "entropy-log":
         return []
     values = [v for _, v in points]
