@@ -1636,3 +1636,15 @@ def test_a_loss_at_ln_10_under_epoch_and_batch_counts_is_a_guess(tmp_path: Path)
     )
     zero = findings_of(tmp_path, text)["zero_grad"]
     assert zero.step == 1600 and zero.evidence["classes"] == 10
+
+
+def test_a_success_rate_said_to_be_0_on_every_epoch_is_no_signal(tmp_path: Path) -> None:
+    """DDPG with HER on FetchPush: ``epoch is: 1, eval success rate is: 0.000`` epoch after epoch
+    (the sentence's ``is`` no part of the names): no episode reached its goal; one success in
+    the run is a signal."""
+    line = "[2021-02-08 11:06:21.069528] epoch is: {0}, eval success rate is: {1}\n"
+    never = "".join(line.format(e, "0.000") for e in range(1, 7))
+    found = findings_of(tmp_path, never)["no_signal"]
+    assert found.evidence["key"] == "eval success rate" and found.step == 1
+    once = "".join(line.format(e, "0.100" if e == 4 else "0.000") for e in range(1, 7))
+    assert "no_signal" not in findings_of(tmp_path, once)

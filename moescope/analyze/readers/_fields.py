@@ -39,6 +39,9 @@ HELD_OUT = frozenset({"val", "valid", "validation", "eval", "evaluation", "test"
 _SPLIT_LABEL = re.compile(r"\s*(?P<split>[A-Za-z]+)\s*:\s*(?=[A-Za-z_])")
 
 
+_COPULA = re.compile(r"(?<=\w) +(?:is|was|are|were)$", re.IGNORECASE)
+
+
 def field(piece: str, labelled: bool = False) -> tuple[str, Any] | None:
     """The one ``(name, value)`` field ``piece`` is, or ``None``; ``labelled``: only with a
     ``:`` or ``=`` between them (a line of prose is not a field then). A name with a number among
@@ -48,7 +51,8 @@ def field(piece: str, labelled: bool = False) -> tuple[str, Any] | None:
     if match and _NUMBER_WORD.search(match.group("key")):
         match = None
     if match and not (match.group("unit") and match.group("value")[-1].isalpha()):  # "info" is no inf + "o"
-        return match.group("key").strip(), parse_number(match.group("value"))
+        # a sentence's verb before the colon is no part of the name: "eval success rate is: 0.000"
+        return _COPULA.sub("", match.group("key").strip()), parse_number(match.group("value"))
     grouped = _GROUPED_FIELD.fullmatch(piece)  # "kl_divergence_mean: 1,568,987.96" (torchforge#664)
     if grouped:
         return grouped.group("key").strip(), grouped_number(grouped.group("value"))

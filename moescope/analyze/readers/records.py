@@ -482,7 +482,21 @@ def _normal(key: str) -> str:
 
 # scores no rule reads under a canonical name, but that only a metrics line prints (a loop's
 # "(Training) ppl: 69.9, accuracy: 48.1 %")
-_SCORES = frozenset({"accuracy", "acc", "ppl", "perplexity", "wer", "cer", "bleu", "auc", "f1", "score"})
+_SCORES = frozenset(
+    {
+        "accuracy",
+        "acc",
+        "ppl",
+        "perplexity",
+        "wer",
+        "cer",
+        "bleu",
+        "auc",
+        "f1",
+        "score",
+        "success_rate",
+    }
+)
 
 
 # a network's metric: "D loss"; not a 12-hour clock's half of the day before a name (DARTS's "07/08

@@ -187,7 +187,29 @@ def _never_paid(rec: dict) -> bool | None:
 def check_no_signal(trace: Trace) -> list[Finding]:
     """No reward difference to learn from: every group's rewards equal (:func:`_no_signal`), no
     response ever paid (:func:`_never_paid`), or one mean reward on every record (:func:`_reward_held`)."""
-    return _groups_without_signal(trace) or _reward_held(trace) or _no_episode_finished(trace)
+    found = _groups_without_signal(trace) or _reward_held(trace) or _no_episode_finished(trace)
+    return found or _never_succeeded(trace)
+
+
+_SUCCESS = re.compile(r"success[\s_]?rate", re.IGNORECASE)
+
+
+def _never_succeeded(trace: Trace) -> list[Finding]:
+    """A success rate of exactly 0 on every record, ``REPLAYED_RUN`` or more: no episode reached
+    its goal, so a sparse reward scored every one the same and the updates have nothing to tell
+    apart (DDPG with HER on FetchPush, ``eval success rate is: 0.000`` epoch after epoch)."""
+    for key in (key for key in logged_keys(trace) if _SUCCESS.search(key)):
+        points = series(trace, key)
+        if len(points) < REPLAYED_RUN or any(v != 0 for _, v in points):
+            continue
+        steps = [s for s, _ in points]
+        message = (
+            f"{key} is 0 on all {len(points)} records: no episode reached its goal, so a sparse reward "
+            "scores every one the same and no update has a better one to learn from (a goal never "
+            "reached by chance: hindsight relabelling, a shaped reward, an easier start)."
+        )
+        return [Finding("no_signal", steps[0], "warning", message, {"steps": steps, "key": key})]
+    return []
 
 
 # the episodes a result counts (RLlib's "episodes_total", "episodes_this_iter"; "episodes")
