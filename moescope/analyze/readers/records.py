@@ -1377,22 +1377,22 @@ def _epochs_opened(rows: list[Row]) -> None:
     the opening's rate joins the first record under it; the counter that starts over is then
     counted on across epochs, not read as a second run. Not where another record's step is an
     epoch too (NeRF's ``==> Start Training Epoch 9, lr=…`` before its ``Finished Epoch 9, loss=…``)."""
-    openings = [i for i, row in enumerate(rows) if row.step is not None and _opens_epoch(row)]
-    others = [row for row in rows if row.step is not None and not _opens_epoch(row)]
-    if not openings or not others or any(_epoch_marked(row.raw) for row in others):
+    opening = [row.step is not None and _opens_epoch(row) for row in rows]
+    if not any(opening):
         return
-    first = rows[openings[0]].step
+    others = [row for row, opens in zip(rows, opening, strict=True) if row.step is not None and not opens]
+    if not others or any(_epoch_marked(row.raw) for row in others):
+        return
+    first = rows[opening.index(True)].step
     epoch, rate = (first - 1 if first else None), {}
-    for row in rows:
-        if row.step is None:
-            continue
-        if _opens_epoch(row):
+    for row, opens in zip(rows, opening, strict=True):
+        if opens:
             epoch, rate = row.step, row.metrics
-            continue
-        if epoch is not None:
-            row.metrics.setdefault("epoch", epoch)
-        row.metrics, rate = {**rate, **row.metrics}, {}
-    rows[:] = [row for row in rows if row.step is None or not _opens_epoch(row)]
+        elif row.step is not None:
+            if epoch is not None:
+                row.metrics.setdefault("epoch", epoch)
+            row.metrics, rate = {**rate, **row.metrics}, {}
+    rows[:] = [row for row, opens in zip(rows, opening, strict=True) if not opens]
 
 
 def _opens_epoch(row: Row) -> bool:

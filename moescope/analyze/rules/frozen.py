@@ -249,7 +249,7 @@ def _at_chance(trace: Trace) -> list[Finding]:
         points = series(trace, key)
         values = [v for _, v in points]
         last = values[-1] if values else 0.0
-        classes = round(math.exp(last)) if 0 < last < _CHANCE_MAX else 0
+        classes = _classes_at(last)
         if classes < 2:
             continue
         level, gap = math.log(classes), math.log1p(1 / classes)
@@ -289,7 +289,7 @@ def _near_chance(trace: Trace) -> list[Finding]:
         if len(values) < WINDOW:
             continue
         middle = float(np.median(values))
-        classes = round(math.exp(middle)) if 0 < middle < _CHANCE_MAX else 0
+        classes = _classes_at(middle)
         if classes < 2:
             continue
         level = math.log(classes)
@@ -304,6 +304,11 @@ def _near_chance(trace: Trace) -> list[Finding]:
         )
         return [zero_grad(steps, message, key=key, value=middle, classes=classes)]
     return []
+
+
+def _classes_at(loss: float) -> int:
+    """K, where ``loss`` is nearest ln K, the loss of a uniform guess among K classes (0 for none)."""
+    return round(math.exp(loss)) if 0 < loss < _CHANCE_MAX else 0
 
 
 def _guessing(trace: Trace) -> list[Finding]:
@@ -432,7 +437,8 @@ def _fell_to_nothing(trace: Trace) -> list[Finding]:
 
 def _loss_nonfinite_at(trace: Trace, steps: set[int]) -> bool:
     """Whether any loss the log names is non-finite at one of ``steps``."""
-    losses = [key for key in logged_keys(trace) if names_a_loss(key) or key in lm_losses(trace)]
+    scored = lm_losses(trace)
+    losses = [key for key in logged_keys(trace) if names_a_loss(key) or key in scored]
     return any(
         s in steps and not math.isfinite(v) for key in losses for s, v in series(trace, key, finite=False)
     )
