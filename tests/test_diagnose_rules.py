@@ -1648,3 +1648,119 @@ def test_a_success_rate_said_to_be_0_on_every_epoch_is_no_signal(tmp_path: Path)
     assert found.evidence["key"] == "eval success rate" and found.step == 1
     once = "".join(line.format(e, "0.100" if e == 4 else "0.000") for e in range(1, 7))
     assert "no_signal" not in findings_of(tmp_path, once)
+
+
+def test_a_critics_loss_that_runs_away_while_the_reward_holds_diverges(tmp_path: Path) -> None:
+    """mbrl-lib#137: MBPO's SAC on Humanoid, ``CLOSS`` climbing a millionfold while its batch and
+    episode rewards hold (the Q-values feed on their own targets); a critic's loss that climbs with
+    its reward is learning."""
+    line = "| train | E: {0} | S: {0}000 | R: {1:.1f} | BR: {2:.4f} | ALOSS: {3:.4f} | CLOSS: {4:.4f} |\n"
+    closs = [1.91, 5.2, 140.8, 6120.0, 198400.0, 2.3e6]
+    held = "".join(
+        line.format(k, 120.0 + k, 3.51 + 0.001 * k, -5.0 * 3**k, c) for k, c in enumerate(closs, 1)
+    )
+    found = findings_of(tmp_path, held)["loss_divergence"]
+    assert found.step == 2000 and found.evidence["key"] == "critic_loss"
+    rising = "".join(line.format(k, 30.0 * 4**k, 0.3 * 4**k, -5.0 * 3**k, c) for k, c in enumerate(closs, 1))
+    assert "loss_divergence" not in findings_of(tmp_path, rising)
+
+
+def test_episodes_that_never_end_are_no_signal_by_a_sentence_or_a_nan_length(tmp_path: Path) -> None:
+    """AnimalAI-Olympics#4 (ML-Agents' ``No episode was completed since last summary``, summary after
+    summary) and MARLlib#239 (Tune's table, ``episode_len_mean`` and ``reward`` NaN)."""
+    said = "".join(
+        f"INFO:mlagents.trainers: run-0: Learner: Step: {k}000. No episode was completed since last summary. "
+        "Training.\n"
+        for k in range(1, 4)
+    )
+    assert findings_of(tmp_path, said)["no_signal"].step == 1000
+    table = (
+        "| Trial name          | status   | loc           |   iter |   reward |   episode_len_mean |\n"
+        "|---------------------+----------+---------------+--------+----------+--------------------|\n"
+        "| PPO_env_1a2b3_00000 | RUNNING  | 10.0.0.7:4242 |      1 |      nan |                {0} |\n"
+    )
+    found = findings_of(tmp_path, table.format("nan"))
+    assert found["no_signal"].evidence["key"] == "episode_len_mean"
+    assert found["nonfinite"].severity == "warning"
+    assert "no_signal" not in findings_of(tmp_path, table.format("88.1"))
+
+
+def test_a_loss_of_exactly_zero_beside_an_accuracy_short_of_one_is_zero_grad(tmp_path: Path) -> None:
+    """farizrahman4u/seq2seq#189: Keras's ``val_loss: 0.0000e+00`` beside ``val_acc: 0.3672``, then
+    ``loss: 0.0000e+00`` beside ``acc: 0.3610``: no loss of the predictions. A loss of 0 beside an
+    accuracy of 1 is a task learned."""
+    line = "{n}/{n} [=======] - 700s - loss: {0} - acc: {1} - val_loss: {2} - val_acc: {3}\n"
+    rows = [("1.4557", "0.5114", "1.4287", "0.5372"), ("0.6278", "0.4339", "0.0000e+00", "0.3672")]
+    text = "".join(f"Epoch {e}/100\n" + line.format(*r, n=20455) for e, r in enumerate(rows, 3))
+    zero = findings_of(tmp_path, text)["zero_grad"]
+    assert (
+        zero.evidence["key"] == "val_loss" and zero.step == 4 * 20455
+    )  # epoch 4 ends, its bar counted on across epochs
+    learned = text.replace("0.3672", "1.0000")
+    assert "zero_grad" not in findings_of(tmp_path, learned)
+
+
+def test_a_jump_to_the_softmax_clamp_diverges_on_two_records(tmp_path: Path) -> None:
+    """video-caffe#11: the test loss 3.31, then 87.3366 (-ln FLT_MIN, averaged over batches) with
+    the top-1 accuracy fallen: read by neither rule before (a jump to the clamp was left to the
+    divergence rule, which needs three records)."""
+    block = (
+        "Iteration {0}, Testing net (#0)\nTest net output #0: accuracy/top-1 = {1}\n"
+        "Test net output #1: loss = {2} (* 1 = {2} loss)\n"
+    )
+    text = block.format(8000, "0.31", "2.91004") + block.format(9000, "0.004", "87.3366")
+    found = findings_of(tmp_path, text)["loss_divergence"]
+    assert found.step == 9000 and found.severity == "error"
+
+
+@pytest.mark.parametrize(
+    ("tail", "found"), [((-61.2, -88.0, -97.5, -120.4), True), ((-61.2, -8.0, 1.5, 9.3), False)]
+)
+def test_a_negative_reward_that_falls_fivefold_and_stays_there_collapses(
+    tmp_path: Path, tail: tuple[float, ...], found: bool
+) -> None:
+    """mbrl-lib#97: MBPO's episode reward, -0.85 at first, falling to -180 (a CSV logger's rows);
+    a dip below zero that the log sees recover is exploration."""
+    rewards = (-0.91, -0.77, -0.83, -0.95, -0.8, -3.4, -7.1, -19.9, -35.0, -50.2, *tail)
+    text = "env_step,episode_reward,step\n" + "".join(
+        f"{999 + 1000 * i},{r},{i + 1}\n" for i, r in enumerate(rewards)
+    )
+    assert ("reward_collapse" in findings_of(tmp_path, text, "log.csv")) is found
+
+
+def test_a_loss_at_ln_k_on_two_records_past_the_start_beside_a_guessing_accuracy_is_zero_grad(
+    tmp_path: Path,
+) -> None:
+    """A Keras Tuner trial on MNIST (ey's autokeras thread): ``loss: 2.3015 - accuracy: 0.1122`` in
+    both epochs of 1875 steps, the most frequent digit's share; an accuracy that learned is not."""
+    line = "1875/1875 [==============================] - 80s 43ms/step - loss: {0} - accuracy: {1}\n"
+    text = "".join(
+        f"Epoch {e}/2\n" + line.format(loss, acc)
+        for e, (loss, acc) in enumerate([("2.3016", "0.1119"), ("2.3014", "0.1123")], 1)
+    )
+    assert findings_of(tmp_path, text)["zero_grad"].evidence["classes"] == 10
+    assert "zero_grad" not in findings_of(tmp_path, text.replace("0.1123", "0.9123"))
+
+
+def test_a_training_and_a_held_out_loss_that_leap_together_diverge_on_two_records(tmp_path: Path) -> None:
+    """braindecode#4: ``train_loss 0.10569`` and ``valid_loss 0.15377`` in epoch 0, 19.9 and 19.8 in
+    epoch 1, one metric a line; the training loss alone leaping is no verdict on two records."""
+    line = "2017-10-19 10:41:27,791 INFO : {0:<24}{1:.5f}\n"
+    text = "".join(
+        line.format("train_loss", t) + line.format("valid_loss", v)
+        for t, v in ((0.10412, 0.15266), (18.4511, 18.9032))
+    )
+    assert findings_of(tmp_path, text)["loss_divergence"].step == 1
+    assert "loss_divergence" not in findings_of(tmp_path, text.replace("18.9032", "0.16011"))
+
+
+def test_a_reward_held_at_a_floor_with_no_spread_on_three_summaries_is_no_signal(tmp_path: Path) -> None:
+    """ml-agents#1877: ``Mean Reward: -5.000. Std of Reward: 0.000`` summary after summary (a car
+    that never moves forward); one episode a summary, its mean moving, is a healthy run."""
+    line = (
+        "INFO:mlagents.trainers: race-0: Brain: Step: {0}. Mean Reward: {1}. Std of Reward: 0.000. Training\n"
+    )
+    held = "".join(line.format(1000 * k, "-5.000") for k in range(21, 25))
+    assert findings_of(tmp_path, held)["no_signal"].step == 21000
+    moving = "".join(line.format(1000 * k, f"{-41.1 + 3.5 * k:.3f}") for k in range(21, 25))
+    assert "no_signal" not in findings_of(tmp_path, moving)

@@ -526,3 +526,86 @@ def test_3dspeakers_epoch_and_hsnets_batch_lines_name_their_step(line: str, step
     """3D-Speaker's ``epoch: 3 - train Avg_loss: 8.34, …`` (the epoch the step) and HSNet's logger as
     LSeg prints it, ``[Epoch: 01] [Batch: 0651/1425]`` (the batch counted on across epochs)."""
     assert records.marker(line)[1] == step
+
+
+@pytest.mark.parametrize(
+    ("text", "steps", "values"),
+    [
+        (  # pytorch_sac / DrQ / CURL's MetersGroup: abbreviations under their names, S the step
+            "| train | E: 2 | S: 1000 | R: 12.5000 | D: 3.1 s | BR: 0.0812 | ALOSS: -1.2034 | CLOSS: 0.4117 |"
+            " TLOSS: 0.3310 | TVAL: 0.0998 | AENT: 2.8140\n| eval | S: 1000 | ER: 15.2500\n",
+            [1000],
+            {
+                "critic_loss": 0.4117,
+                "actor_entropy": 2.814,
+                "eval/episode_reward": 15.25,
+                S.REWARD_MEAN: 12.5,
+            },
+        ),
+        (  # a GAN loop's glued losses, tab-separated: its epoch the step
+            "Epoch: 7\tT_gloss: 2.518290\tT_closs: 0.611404\n"
+            "Epoch: 8\tT_gloss: 2.734412\tT_closs: 0.590221\n",
+            [7, 8],
+            {"T_gloss": 2.51829, "T_closs": 0.611404},
+        ),
+        (  # a summarizer's checkpoint sweep: one ROUGE score a checkpoint
+            "0001000.tar rouge_1: 0.2871\n0002000.tar rouge_1: 0.2935\n",
+            [0, 1],
+            {"rouge_1": 0.2871},
+        ),
+        (  # SheepRL: one environment's episode reward, of a vector of them
+            "Rank-0: policy_step=40960, reward_env_3=-21.0\nRank-0: policy_step=41472, reward_env_0=-20.0\n",
+            [0, 1],
+            {S.REWARD_MEAN: -21.0},
+        ),
+        (  # Lightning's ModelCheckpoint: the monitored value on its global step
+            "Epoch 0, global step 12: 'val_acc' reached 0.71250 (best 0.71250), saving model to "
+            "'/tmp/ckpt/epoch=0-step=12.ckpt' as top 3\nEpoch 1, global step 24: 'val_acc' was not in top 3\n"
+            "Epoch 2, global step 36: 'val_acc' reached 0.74375 (best 0.74375), saving model to "
+            "'/tmp/ckpt/epoch=2-step=36.ckpt' as top 3\n",
+            [12, 36],
+            {"val_acc": 0.7125, "epoch": 0},
+        ),
+        (  # caffe's outputs named with a hyphen: each its value
+            "Iteration 2000, Testing net (#0)\nTest net output #0: accuracy/top-1 = 0.312\n"
+            "Test net output #1: loss = 2.91004 (* 1 = 2.91004 loss)\n",
+            [2000],
+            {"valid/accuracy/top-1": 0.312, "valid/loss": 2.91004},
+        ),
+    ],
+)
+def test_more_loggers_lines_are_read_on_their_steps(
+    tmp_path: Path, text: str, steps: list[int], values: dict[str, float]
+) -> None:
+    """mbrl-lib#137 (MetersGroup), EEG2Image#18, Text-Summarizer-Pytorch#26, sheeprl#330, a
+    Lightning ModelCheckpoint run and video-caffe#11: no step recognised, or a metric missed,
+    before."""
+    path = tmp_path / "paste.log"
+    path.write_text(text)
+    trace = read_log(path)
+    assert [s[S.STEP] for s in trace.steps] == steps
+    assert {k: trace.steps[0][k] for k in values} == values
+
+
+def test_ray_tunes_status_table_is_read_a_row_a_trial_on_its_iteration(tmp_path: Path) -> None:
+    """MARLlib#239: Tune's ``| Trial name | status | loc | iter | … |`` table, a trial's name, status
+    and address no metrics; read as plain NaN text before. A second trial is another run, not a
+    later step of the first."""
+    rule = "+------------------+----------+-----------------+--------+----------+--------------------+\n"
+    row = (
+        "| PPO_env_1a2b3_0000{0} | RUNNING  | 10.0.0.7:424{0}   |      {1} |   {2}   |               {3} |\n"
+    )
+    path = tmp_path / "paste.log"
+    for trials, notes in (([(0, 3, 12.5, 88.1)], 0), ([(0, 3, 12.5, 88.1), (1, 5, 3.5, 20.4)], 1)):
+        path.write_text(
+            rule
+            + "| Trial name       | status   | loc             |   iter |   reward |   episode_len_mean |\n"
+            "|------------------+----------+-----------------+--------+----------+--------------------|\n"
+            + "".join(row.format(*trial) for trial in trials)
+            + rule
+        )
+        trace = read_log(path)
+        assert trace.header["format"] == "step-table" and len(trace.notes) == notes
+        assert trace.steps == [
+            {S.STEP: 3, S.REWARD_MEAN: 12.5, "episode_len_mean": 88.1, "raw": trace.steps[0]["raw"]}
+        ]

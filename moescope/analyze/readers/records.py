@@ -509,6 +509,11 @@ _SPLIT_PREFIX = re.compile(r"(?:train|training|val|valid|validation|eval|test|de
 _GLUED_ACC = re.compile(r"[a-z]{2,5}acc")
 # a top-k accuracy, whatever words come before it: FixMatch's "top-1 acc: 10.00", "Mean top-1 acc", "val_top5"
 _TOP_K = re.compile(r"(?:[a-z]+_)*top_?\d+(?:_acc(?:uracy)?)?")
+# a loss glued to a network's one or two letters: a GAN's "T_gloss" and "T_closs" (generator,
+# critic), SAC's "ALOSS", "CLOSS"
+_GLUED_LOSS = re.compile(r"(?:[a-z]+_)*[a-z]{1,2}loss")
+# a summary's overlap score: "rouge_1", "rouge-L", "rougeLsum", "val_rouge2"
+_ROUGE = re.compile(r"(?:[a-z]+_)*rouge_?(?:[12l]|lsum)")
 
 
 # a loss named in camel case: a C or Java loop's "TotalLoss nan", "trainLoss"
@@ -528,6 +533,8 @@ def is_metric(key: str) -> bool:
         (split and normal[split.end() :] in _SCORES)
         or _TOP_K.fullmatch(normal)
         or _GLUED_ACC.fullmatch(normal)
+        or _GLUED_LOSS.fullmatch(normal)
+        or _ROUGE.fullmatch(normal)
     ):
         return True
     net = _NETWORK_METRIC.fullmatch(key)  # a GAN's "D loss", "G loss", "D acc"
@@ -662,7 +669,7 @@ _GLOG_PREFIX = re.compile(_GLOG_TIME + r"\d+\s+\d+\s+[\w.\-]+:\d+\]\s*")
 # 12:12:42 90 dinov2 helpers.py:102] Training  [   1250/2500000]  eta: …"
 _GLOG_NAMED_PREFIX = re.compile(r"[IWEF]\d{8} \d\d:\d\d:\d\d \d+ [\w.\-]+ [\w.\-]+:\d+\]\s*")
 _CAFFE_OUTPUT = re.compile(
-    rf"\s*(?P<net>Train|Test) net output #\d+:\s*(?P<key>[\w/.]+)\s*=\s*(?P<value>{NUMBER})"
+    rf"\s*(?P<net>Train|Test) net output #\d+:\s*(?P<key>[\w/.\-]+)\s*=\s*(?P<value>{NUMBER})"
 )
 # PyTorch-YOLOv3's loss terms, one word each: "[Losses: x 0.1, y 0.2, …, cls 0.5, total 3.2]"
 _LOSSES = re.compile(r"\[Losses:\s*([^\]]*)\]")
@@ -760,6 +767,60 @@ def _darts(match: re.Match[str]) -> str:
     step = "" if held_out else f"step {match['step']} | "
     top = f"{held_out}top1: {match['top1']} | {held_out}top5: {match['top5']}"
     return f"{step}{held_out}loss: {match['loss']} | {top}"
+
+
+# the console of the MetersGroup logger many continuous-control codebases share (pytorch_sac, DrQ,
+# CURL, SAC-AE): "| train | E: 2 | S: 1000 | R: 305.9 | BR: 4.79 | ALOSS: -6.88 | CLOSS: 2.33 |",
+# each name an abbreviation its format table defines
+_METERS_GROUP = re.compile(
+    r"^\s*\|\s*(?P<group>[a-z]+)\s*(?P<fields>(?:\|\s*[A-Z][A-Z0-9]*:\s*[^|]*)+)\|?\s*$"
+)
+_METERS_FIELD = re.compile(r"\|\s*(?P<key>[A-Z][A-Z0-9]*):\s*(?P<value>[^|]*?)\s*(?=\||$)")
+_METERS_NAMES = {
+    "E": "episode",
+    "F": "frame",
+    "L": "episode_length",
+    "R": "episode_reward",
+    "ER": "episode_reward",
+    "TR": "true_episode_reward",
+    "SR": "success_rate",
+    "BR": "batch_reward",
+    "ALOSS": "actor_loss",
+    "CLOSS": "critic_loss",
+    "TLOSS": "alpha_loss",
+    "TVAL": "alpha_value",
+    "AENT": "actor_entropy",
+    "RLOSS": "ae_loss",
+    "BCLOSS": "bc_loss",
+    "BS": "buffer_size",
+    "FPS": "fps",
+}
+
+
+def _meters_group(match: re.Match[str]) -> str:
+    """A MetersGroup line at its step ``S``, each abbreviation under its name; an evaluation's
+    under ``eval/`` (its episodes are scored apart from training's); durations and clocks dropped."""
+    fields = {m["key"]: m["value"] for m in _METERS_FIELD.finditer(match["fields"])}
+    split = "eval/" if match["group"] == "eval" else ""
+    step = f"step {fields.pop('S')} | " if "S" in fields else ""
+    named = (f"{split}{_METERS_NAMES[key]}: {value}" for key, value in fields.items() if key in _METERS_NAMES)
+    return step + " | ".join(named)
+
+
+# one environment's episode reward, of a vector of them (SheepRL's "reward_env_1=4.0"): the reward
+_ENV_REWARD = re.compile(r"\breward_env_\d+\b")
+
+
+# Lightning's ModelCheckpoint saying a monitored metric's value: "Epoch 2, global step 21:
+# 'val_roc_auc' reached 0.95089 (best 0.95089), saving model to …" (the best so far is no record)
+_CHECKPOINT_REACHED = re.compile(
+    rf"Epoch (?P<epoch>{INT}), global step (?P<step>{INT}): '(?P<key>[^']+)' reached (?P<value>(?>{NUMBER}))"
+)
+
+
+# ML-Agents' summary of a period in which no episode ended: "Step: 1000. No episode was completed
+# since last summary." (an episode count of 0, which its summaries otherwise leave unsaid)
+_NO_EPISODE = re.compile(rf"Step: (?P<step>{INT})\. No episode was completed since last summary")
 
 
 # LightGBM's evaluation lines name each metric after its data set: "[4]\ttraining's binary_logloss:
@@ -1022,6 +1083,10 @@ _REWRITES: tuple[tuple[str, re.Pattern[str] | None, Any], ...] = (
     ("] Evaluating ", _SPLAT_EVAL, r"step \1 | \2/L1: \3 | \2/PSNR: \4"),
     ("] Batch", _SPEEDOMETER, r"epoch: \1 | step \2 |"),
     (" => L=", _KPCONV, r"epoch: \1 | step \2 | loss="),
+    ("| S: ", _METERS_GROUP, _meters_group),
+    ("reward_env_", _ENV_REWARD, "reward"),
+    ("No episode was completed", _NO_EPISODE, r"step \g<step> | episodes: 0"),
+    ("' reached ", _CHECKPOINT_REACHED, r"epoch: \g<epoch> | step \g<step> | \g<key>: \g<value>"),
     ("train ", _DARTS, _darts),
     ("valid ", _DARTS, _darts),
     ("iters:", _FORECAST_ITERS, r"epoch: \2 | step \1 |"),

@@ -98,8 +98,12 @@ def header(lines: list[str]) -> int | None:
         if not stepped and not _names_only(line):
             continue
         names = cells(line)
+        trial = _trial_step(names)
+        stepped, column = stepped or trial is not None, trial or 0
         rows = (_row_cells(x, len(names)) for x in lines[i + 1 : i + 4] if x.strip() and not _RULE.match(x))
-        if len(names) >= 2 and any(_fits(r, stepped) and _width_fits(r, names, stepped) for r in rows):
+        if len(names) >= 2 and any(
+            _fits(r, stepped, column) and _width_fits(r, names, stepped) for r in rows
+        ):
             return i
     return None
 
@@ -343,12 +347,19 @@ def _number(cell: str) -> float | int | None:
     return mean_of(cell[1:-1]) if bracketed else number_or_none(cell)
 
 
-def _fits(row: list[str], stepped: bool) -> bool:
+def _fits(row: list[str], stepped: bool, step_column: int = 0) -> bool:
     """Whether ``row`` is a data row under a header with (``stepped``) or without a step column;
     under a header that opens with a step's name, a row of numbers whose first is no whole number
     is read as one without (torchmd-net's ``metrics.csv``: ``epoch,lr,step,…`` over ``20.0,…``, its
     ``step`` column found among the others)."""
-    return _numbers_only(row) or (stepped and _STEP.match(row[0]) is not None)
+    return _numbers_only(row) or (stepped and _STEP.match(row[step_column]) is not None)
+
+
+def _trial_step(names: list[str]) -> int | None:
+    """The column of the step in Ray Tune's status table (``| Trial name | status | loc | iter | … |``,
+    a row a trial, its name, status and address no metrics), else ``None``."""
+    lowered = [name.lower() for name in names]
+    return lowered.index("iter") if lowered[:1] == ["trial name"] and "iter" in lowered else None
 
 
 def _name(cell: str) -> str:
@@ -387,10 +398,12 @@ def read(log: LogFile) -> Parsed:
     stepped = True
 
     heading = ""  # the header line, where a row leaves columns blank
+    trials: list[str] = []  # the trials of a Ray Tune status table, in the order of their rows
+    by_trial = False  # a Ray Tune status table's rows: a trial each
     step_column = 0  # Chainer's "epoch  iteration": the iteration is the step, the epoch a metric
 
     def parse_at(lines: list[str], i: int) -> tuple[list[Row], int] | None:
-        nonlocal names, stepped, yolo, heading, step_column
+        nonlocal names, stepped, yolo, heading, step_column, by_trial
         if unnamed is not None:
             return _headerless_rows(lines, i, unnamed)
         if _yolo_header(lines, i):
@@ -406,6 +419,10 @@ def read(log: LogFile) -> Parsed:
             heading = lines[i]
             finer = stepped and len(names) > 2 and names[0].lower() in ("epoch", "e")
             step_column = 1 if finer and _FINER_STEP.fullmatch(names[1]) else 0
+            trial = _trial_step(names)
+            by_trial = trial is not None
+            if trial is not None:
+                stepped, step_column = True, trial
             names[0] = "epoch" if step_column and names[0] == "E" else names[0]  # spaCy's "E"
             return [], i + 1
         if _RULE.match(lines[i]):
@@ -416,9 +433,14 @@ def read(log: LogFile) -> Parsed:
             # the last ones (DeepXDE's test loss and metric between its evaluations)
             aligned = _aligned(heading, lines[i], len(names)) if _space_aligned(lines[i]) else None
             row = aligned or row + [""] * (len(names) - len(row))
-        if not names or len(row) != len(names) or not _fits(row, stepped):
+        if not names or len(row) != len(names) or not _fits(row, stepped, step_column):
             return None
         step = row[step_column]
+        if by_trial:  # a trial a row: the first trial's are read
+            if row[0] not in trials:
+                trials.append(row[0])
+            if row[0] != trials[0]:
+                return [], i + 1
         if not stepped or _STEP.match(step) is None:
             return [Row(None, _logged(names, row), lines[i], i + 1)], i + 1
         others = [k for k in range(len(names)) if k != step_column]
@@ -426,6 +448,11 @@ def read(log: LogFile) -> Parsed:
         return [Row(int(step), metrics, lines[i], i + 1)], i + 1
 
     parsed = scan(log.lines, parse_at)
+    if len(trials) > 1:
+        parsed.notes.append(
+            f"a Ray Tune status table of {len(trials)} trials, a row each: the first, {trials[0]}, is read; "
+            "the others are runs of their own (diagnose each trial's result log)"
+        )
     if unnamed is not None:
         steps = [row.step for row in parsed.rows]
         rising = "rising on every row" if len(set(steps)) == len(steps) else "never falling from row to row"

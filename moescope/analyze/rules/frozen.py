@@ -15,6 +15,7 @@ from moescope._util.numbers import DECIMAL
 from moescope.analyze.findings import Finding
 from moescope.analyze.rules.losses import (
     HELD_OUT_KEY,
+    clamped,
     held_out_losses,
     is_rl,
     lm_losses,
@@ -23,9 +24,9 @@ from moescope.analyze.rules.losses import (
     network_of,
     own_losses,
 )
-from moescope.analyze.rules.nonfinite import clamped
-from moescope.analyze.rules.series import accuracies, logged_keys, run_from_end, series
+from moescope.analyze.rules.series import accuracies, is_number, logged_keys, run_from_end, series, step_of
 from moescope.analyze.rules.thresholds import (
+    CERTAIN_SHARE,
     CHANCE_RESOLUTION,
     CHANCE_SPREAD,
     DIVERGENCE_FACTOR,
@@ -55,7 +56,7 @@ def unmoved_loss(trace: Trace) -> list[Finding]:
     that does not fall."""
     held = _at_clamp(trace) or _pinned(trace) or _replayed(trace) or _recycled(trace)
     held = held or _at_chance(trace) or _near_chance(trace) or _guessing(trace) or _nothing_right(trace)
-    held = held or _fell_to_nothing(trace)
+    held = held or _fell_to_nothing(trace) or _zero_loss_beside_misses(trace)
     held = held or _one_class(trace) or _lm_plateau(trace) or _term_pinned(trace)
     return held or _held_out_at_bound(trace) or _networks_frozen(trace)
 
@@ -244,7 +245,9 @@ def _at_chance(trace: Trace) -> list[Finding]:
     6.90776 iteration after iteration, a four-way VCR model at ln 4 = 1.3863 epoch after epoch,
     moving in the fifth decimal). Held within :data:`CHANCE_SPREAD` of ln K, printed finely enough
     to tell K from K ± 1 and not from a half-precision number (1/64 apart near 3 in bfloat16): a
-    language model's ln 50,304 is :func:`_pinned`'s to judge, being ln of any vocabulary's size."""
+    language model's ln 50,304 is :func:`_pinned`'s to judge, being ln of any vocabulary's size.
+    Two records past the run's start are enough beside an accuracy no better than a guess
+    (:func:`_accuracy_below_two_in`)."""
     for key in (*lm_losses(trace), *held_out_losses(trace)):
         points = series(trace, key)
         values = [v for _, v in points]
@@ -260,11 +263,17 @@ def _at_chance(trace: Trace) -> list[Finding]:
         near = min(CHANCE_SPREAD * level, CHANCE_RESOLUTION * gap) + half_unit
         start = run_from_end(values, lambda v, level=level, near=near: abs(v - level) <= near)
         accuracy = _accuracy_of_one_in(trace, points[-1][0], classes) if start < len(values) else None
+        beside = f", where {accuracy} is 1/{classes} too" if accuracy else ""
         if len(values) - start < SUSTAIN and accuracy is None:
-            continue
+            held = len(values) - start >= 2 and _past_the_start(trace, points[start:])
+            accuracy = _accuracy_below_two_in(trace, points[-1][0], classes) if held else None
+            if accuracy is None:
+                continue
+            beside = (
+                f", where {accuracy} is below 2/{classes}, no better than guessing its most frequent class"
+            )
         steps = [s for s, _ in points[start:]]
         where = _records(len(steps), len(values))
-        beside = f", where {accuracy} is 1/{classes} too" if accuracy else ""
         message = (
             f"{key} sits at ln {classes} = {level:.5g}, the loss of a uniform guess among {classes} "
             f"classes, on {where}, from step {steps[0]}{beside}: the model's outputs do not depend on "
@@ -355,6 +364,18 @@ def _accuracy_of_one_in(trace: Trace, step: int, classes: int) -> str | None:
     return None
 
 
+def _accuracy_below_two_in(trace: Trace, step: int, classes: int) -> str | None:
+    """An accuracy (not RL's, not a best so far) logged at ``step`` above 0 and below 2/``classes``:
+    beside a loss held at ln ``classes`` past a run's start, a model that guesses, the most frequent
+    class at best (a Keras MNIST model at ``loss: 2.3013 - accuracy: 0.1124``, the share of its most
+    frequent digit, in its second epoch)."""
+    for key in accuracies(trace):
+        value = dict(series(trace, key)).get(step)
+        if value is not None and 0 < _share(value) * classes < 2:
+            return key
+    return None
+
+
 def _nothing_right(trace: Trace) -> list[Finding]:
     """An accuracy of exactly 0, or an error rate of exactly 1 (100 %), on the ``REPLAYED_RUN`` or
     more records a log ends on (``SUSTAIN`` where a second such score holds with it: a character
@@ -433,6 +454,36 @@ def _fell_to_nothing(trace: Trace) -> list[Finding]:
         )
         return [zero_grad(steps, message, key=key)]
     return []
+
+
+def _zero_loss_beside_misses(trace: Trace) -> list[Finding]:
+    """A run's loss at exactly 0 on a record whose accuracy of the same split is above 0 and below
+    ``CERTAIN_SHARE``: a loss of 0 scores every sample certain and right, which an accuracy short
+    of one says it is not, so the loss is not computed from the predictions and gives them no
+    gradient (a Keras model whose ``val_loss: 0.0000e+00`` and then ``loss`` sit beside an accuracy
+    falling from 0.51 to 0.36). Only the loss itself (``loss``, ``val_loss``), not a term of it,
+    which may be 0 by design."""
+    for i, rec in enumerate(trace.steps):
+        for loss in (k for k, v in rec.items() if v == 0 and type(v) is float and _whole_loss(k)):
+            held_out = HELD_OUT_KEY.match(loss.lower()) is not None
+            for key in accuracies(trace):
+                share = _share(v) if is_number(v := rec.get(key)) else 0.0
+                if (HELD_OUT_KEY.match(key.lower()) is not None) == held_out and 0 < share < CERTAIN_SHARE:
+                    step = step_of(rec, i)
+                    message = (
+                        f"{loss} is exactly 0 at step {step} while {key} is {v:.4g} on the same record: a "
+                        "loss of 0 scores every sample as certain and right, which that accuracy says it is "
+                        "not, so the loss is not computed from the predictions and gives no gradient (a "
+                        "loss over an empty mask, a NaN replaced by 0, labels the loss never sees)."
+                    )
+                    return [zero_grad([step], message, key=loss)]
+    return []
+
+
+def _whole_loss(key: str) -> bool:
+    """The loss a run trains on, by its name alone (``loss``, ``val_loss``, ``train loss``)."""
+    low = key.lower().rsplit("/", 1)[-1] if key != S.ACTOR_LOSS else "loss"
+    return re.sub(r"^(?:train|training|val|valid|validation|eval|test|dev)[\s_]", "", low) == "loss"
 
 
 def _loss_nonfinite_at(trace: Trace, steps: set[int]) -> bool:

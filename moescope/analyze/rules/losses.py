@@ -33,6 +33,7 @@ from moescope.analyze.rules.thresholds import (
     LOSS_CEILING,
     PAIRED_CLIMB,
     PERPLEXITY_CEILING,
+    RUNAWAY,
     STEADY_CLIMB,
     SUSTAIN,
     WINDOW,
@@ -130,7 +131,8 @@ def check_loss_divergence(trace: Trace) -> list[Finding]:
         out = _one_of_own(trace, out)
     found = out or _any_loss_absurd(trace) or _perplexity_overflowed(trace) or _perplexity_risen(trace)
     found = found or _worse_at_its_data(trace) or _held_out_jump(trace)
-    return found or _far_above_its_best(trace) or _guard_stopped(trace)
+    found = found or _far_above_its_best(trace) or _guard_stopped(trace)
+    return found or _values_run_away(trace) or _jump_to_clamp(trace) or _jump_with_held_out(trace)
 
 
 def _one_of_own(trace: Trace, found: list[Finding]) -> list[Finding]:
@@ -145,6 +147,44 @@ def _one_of_own(trace: Trace, found: list[Finding]) -> list[Finding]:
 
 def _holds_nonfinite(record: dict) -> bool:
     return any(isinstance(v, float) and not math.isfinite(v) for v in record.values())
+
+
+def _values_run_away(trace: Trace) -> list[Finding]:
+    """A critic's loss that climbs on every record to the end of the log, ``SUSTAIN`` rises or more,
+    to ``RUNAWAY`` times its lowest, while every reward logged beside it on two of those records or
+    more holds within a factor of two: a temporal-difference loss grows with the values it learns,
+    and these values grow from no reward, so they feed on their own targets (SAC on Humanoid,
+    MBPO's ``CLOSS`` 2.33 to 2.6e7 while its batch reward stays at 4.79: the Q-values ran away)."""
+    rewards = [key for key in logged_keys(trace) if "reward" in key.lower()]
+    critics = [k for k in logged_keys(trace) if names_a_loss(k) and ("critic" in k.lower() or k == S.VF_LOSS)]
+    for key in critics if rewards else []:
+        points = series(trace, key)
+        start = len(points) - 1
+        while start > 0 and 0 < points[start - 1][1] < points[start][1]:
+            start -= 1
+        trough, last = points[start][1] if points else 0.0, points[-1][1] if points else 0.0
+        if len(points) - 1 - start < SUSTAIN or trough <= 0 or last < RUNAWAY * trough:
+            continue
+        steps = {s for s, _ in points[start:]}
+        beside = [
+            values for r in rewards if len(values := [v for s, v in series(trace, r) if s in steps]) > 1
+        ]
+        if beside and all(map(_holds_within_twice, beside)):
+            message = (
+                f"{key} climbs on every record from step {points[start + 1][0]}, {trough:.3g} to {last:.3g} "
+                f"({last / trough:.3g}x), while the reward beside it holds: the values it learns grow from "
+                "no reward, on their own targets (lower the learning rate, a slower target update, clipped "
+                "or smaller rewards)."
+            )
+            return _diverged(points[start + 1][0], message, key, trough)
+    return []
+
+
+def _holds_within_twice(values: list[float]) -> bool:
+    """Values of one sign, the largest in size at most twice the smallest."""
+    sizes = [abs(v) for v in values]
+    one_sign = all(v > 0 for v in values) or all(v < 0 for v in values)
+    return one_sign and max(sizes) <= 2 * min(sizes)
 
 
 def _guard_stopped(trace: Trace) -> list[Finding]:
@@ -420,6 +460,70 @@ def _loss_jump(key: str, points: list[tuple[int, float]]) -> list[Finding]:
             severity = "error" if frozen else "warning"
             return _diverged(step, message, key, before, severity)
     return _last_record_jump(key, points) or _jump_below_zero(key, points)
+
+
+# -ln of the smallest normal float32 / float64: a softmax loss that clamps the label's probability
+# there instead of taking log(0) (caffe's SoftmaxWithLoss prints "loss = 87.3365")
+CLAMPED_LOSSES = (-math.log(1.1754943508222875e-38), -math.log(2.2250738585072014e-308))
+
+
+def clamped(value: float) -> bool:
+    """Whether a loss is printed at a softmax's clamp (:data:`CLAMPED_LOSSES`)."""
+    return any(math.isclose(value, clamp, rel_tol=1e-5) for clamp in CLAMPED_LOSSES)  # as printed
+
+
+def _jump_to_clamp(trace: Trace) -> list[Finding]:
+    """A loss that jumps to a softmax's clamp (:func:`clamped`) from ``DIVERGENCE_FACTOR`` times
+    below it, however few records came before: the clamp is an infinite loss, so one record at it
+    after a level is the divergence itself (video-caffe's test loss 3.31, then 87.3366 with the
+    top-1 accuracy fallen from 0.24 to 0.008)."""
+    for key in filter(names_a_loss, logged_keys(trace)):
+        points = series(trace, key)
+        at = next((i for i, (_, v) in enumerate(points) if clamped(v)), 0)
+        before = statistics.median(v for _, v in points[:at]) if at else 0.0
+        if at and 0 < DIVERGENCE_FACTOR * before < points[at][1]:
+            step, value = points[at]
+            message = (
+                f"{key} jumps at step {step} from {before:.3g} to {value:g}, -ln of the smallest float, "
+                "where a softmax loss clamps a probability of 0: the loss is infinite, the run diverged "
+                "(logits blown up: a learning rate too high, no gradient clipping)."
+            )
+            return _diverged(step, message, key, before, "error")
+    return []
+
+
+def _jump_with_held_out(trace: Trace) -> list[Finding]:
+    """A training loss and a held-out loss that both jump ``DIVERGENCE_FACTOR``² times or more
+    from one record to the next: a paste of two records has no level to leave, but two losses
+    scored on different data that leap together are the weights, not a batch (braindecode on
+    seizure data, ``train_loss`` 0.106 and ``valid_loss`` 0.154 in epoch 0, 19.9 and 19.8 in
+    epoch 1)."""
+    held_out = held_out_losses(trace)
+    factor = DIVERGENCE_FACTOR**2
+    for key in (k for k in level_losses(trace) if k not in held_out):
+        jumps = _jumps(series(trace, key), factor)
+        for other in held_out:
+            both = sorted(jumps & _jumps(series(trace, other), factor))
+            if both:
+                step, (before, after) = both[0], _jumps_at(series(trace, key), both[0])
+                message = (
+                    f"{key} jumps at step {step} from {before:.3g} to {after:.3g} ({after / before:.0f}x), "
+                    f"and {other} with it: two losses scored on different data leap together, the weights "
+                    "diverged (a learning rate too high, inputs out of scale, no gradient clipping)."
+                )
+                return _diverged(step, message, key, before)
+    return []
+
+
+def _jumps(points: list[tuple[int, float]], factor: float) -> set[int]:
+    """The steps at which a positive value is ``factor`` times or more the one before it."""
+    return {b[0] for a, b in itertools.pairwise(points) if a[1] > 0 and b[1] >= factor * a[1]}
+
+
+def _jumps_at(points: list[tuple[int, float]], step: int) -> tuple[float, float]:
+    """The value before ``step`` and the value at it."""
+    at = next(i for i, (s, _) in enumerate(points) if s == step)
+    return points[at - 1][1], points[at][1]
 
 
 def _held_out_jump(trace: Trace) -> list[Finding]:

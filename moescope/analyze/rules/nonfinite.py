@@ -16,7 +16,7 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers._rows import wholly_skipped
-from moescope.analyze.rules.losses import is_rl, names_a_loss, overflowed_loss
+from moescope.analyze.rules.losses import clamped, is_rl, names_a_loss, overflowed_loss
 from moescope.analyze.rules.series import (
     column,
     is_number,
@@ -55,11 +55,6 @@ def check_nonfinite(trace: Trace) -> list[Finding]:
     return findings + vanished + _unlogged_losses(trace, seen)
 
 
-# -ln of the smallest normal float32 / float64: a softmax loss that clamps the label's probability
-# there instead of taking log(0) (caffe's SoftmaxWithLoss prints "loss = 87.3365")
-CLAMPED_LOSSES = (-math.log(1.1754943508222875e-38), -math.log(2.2250738585072014e-308))
-
-
 def _clamped_loss(trace: Trace) -> list[Finding]:
     """A loss at -ln(FLT_MIN) = 87.3365 (or -ln(DBL_MIN) = 708.396): the label's probability
     underflowed to 0 on every sample, and the clamp printed in place of an infinite loss (a
@@ -78,11 +73,6 @@ def _clamped_loss(trace: Trace) -> list[Finding]:
         )
         return [Finding("nonfinite", step, "error", message, {"key": key, "value": value, "clamped": True})]
     return []
-
-
-def clamped(value: float) -> bool:
-    """Whether a loss is printed at a softmax's clamp (:data:`CLAMPED_LOSSES`)."""
-    return any(math.isclose(value, clamp, rel_tol=1e-5) for clamp in CLAMPED_LOSSES)  # as printed
 
 
 def _bad(value: Any) -> bool:

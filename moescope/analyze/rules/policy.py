@@ -10,6 +10,8 @@ from moescope.analyze.findings import Finding
 from moescope.analyze.rules.frozen import printed_in_text
 from moescope.analyze.rules.losses import HELD_OUT_KEY, names_a_loss
 from moescope.analyze.rules.series import (
+    Shift,
+    baseline,
     column,
     fall_from_peak,
     first_logged,
@@ -123,6 +125,8 @@ def _collapse(key: str, points: list[tuple[int, float]]) -> list[Finding]:
     if fall is None:
         fall, against = fall_from_peak(points, REWARD_FALL), "a peak"
     if fall is None:
+        fall, against = _fall_below_zero(points), "an early level"
+    if fall is None:
         return []
     lowest = min(fall.running)
     what = "Reward" if key == S.REWARD_MEAN else key
@@ -131,6 +135,22 @@ def _collapse(key: str, points: list[tuple[int, float]]) -> list[Finding]:
         f"{fall.base:.3g}."
     )
     return [fall.finding("reward_collapse", "error", message, key=key, baseline=fall.base, lowest=lowest)]
+
+
+def _fall_below_zero(points: list[tuple[int, float]]) -> Shift | None:
+    """A reward whose early level is below 0 (a cost: control penalties, a distance) and whose
+    running mean falls to ``1 / REWARD_FALL`` times that level or lower, and ends there: the
+    collapse of a reward that has no positive level to fall to a fifth of (MBPO on HalfCheetah,
+    an episode reward of -0.85 falling to -180 and not coming back). A dip that recovers within
+    the log is exploration, not a collapse."""
+    values = [v for _, v in points]
+    base = baseline(values) if len(values) >= SUSTAIN + 3 else 0.0
+    if not base < 0:
+        return None
+    fall = shift(
+        points, lambda v, level: v < level / REWARD_FALL, gap=lambda level: -level * (1 / REWARD_FALL - 1)
+    )
+    return fall if fall is not None and fall.running[-1] < base / REWARD_FALL else None
 
 
 # what an RL run scores beside its training reward: an evaluation's reward or return, a win or success rate
@@ -214,24 +234,40 @@ def _never_succeeded(trace: Trace) -> list[Finding]:
 
 # the episodes a result counts (RLlib's "episodes_total", "episodes_this_iter"; "episodes")
 _EPISODE_COUNTS = re.compile(r"(?:num_)?episodes(?:_total|_this_iter)?")
+# the mean length of the episodes a result saw end (RLlib's and Tune's "episode_len_mean", SB3's
+# "ep_len_mean")
+_EPISODE_LENGTHS = re.compile(r"(?:\w+/)?(?:episode_len(?:gth)?_mean|ep_len_mean)")
 
 
 def _no_episode_finished(trace: Trace) -> list[Finding]:
-    """No episode finished on any record a log holds, by its own count of them at 0, and no mean
-    reward logged but NaN: nothing was scored, so the updates learn from no return (RLlib#10416's
-    ``episodes_total: 0`` beside ``episode_reward_mean: .nan``: an environment that never says
-    ``done``)."""
-    counts = [key for key in logged_keys(trace) if _EPISODE_COUNTS.fullmatch(key.lower())]
-    rewards = series(trace, S.REWARD_MEAN)  # finite values only
-    if not counts or rewards or any(v != 0 for key in counts for _, v in series(trace, key)):
+    """No episode finished on any record a log holds, by its own count of them at 0 or, without
+    a count, by the mean length of the episodes that ended logged NaN, and no mean reward logged
+    but NaN: nothing was scored, so the updates learn from no return (RLlib#10416's
+    ``episodes_total: 0`` beside ``episode_reward_mean: .nan``; a Tune table's ``episode_len_mean``
+    and ``reward`` both ``nan``: an environment that never says ``done``)."""
+    if series(trace, S.REWARD_MEAN):  # finite values only
         return []
-    steps = sorted({s for key in counts for s, _ in series(trace, key)})
+    counts = [key for key in logged_keys(trace) if _EPISODE_COUNTS.fullmatch(key.lower())]
+    lengths = [key for key in logged_keys(trace) if _EPISODE_LENGTHS.fullmatch(key.lower())]
+    if counts:
+        if any(v != 0 for key in counts for _, v in series(trace, key)):
+            return []
+        key, steps = counts[0], sorted({s for key in counts for s, _ in series(trace, key)})
+        said = "is 0"
+    elif lengths and not any(series(trace, key) for key in lengths):
+        key = lengths[0]
+        steps = [step_of(rec, i) for i, rec in enumerate(trace.steps) if rec.get(key) is not None]
+        said = "(a mean over the episodes that ended) is NaN"
+    else:
+        return []
+    if not steps:
+        return []
     message = (
-        f"{counts[0]} is 0 on {'every record' if len(steps) > 1 else 'its one record'} and no mean reward "
+        f"{key} {said} on {'every record' if len(steps) > 1 else 'its one record'} and no mean reward "
         "is logged but NaN: no episode has finished, so nothing is scored and the updates have no return "
         "to learn from (an environment that never returns done, an episode longer than the run)."
     )
-    return [Finding("no_signal", steps[0], "warning", message, {"steps": steps, "key": counts[0]})]
+    return [Finding("no_signal", steps[0], "warning", message, {"steps": steps, "key": key})]
 
 
 def _reward_held(trace: Trace) -> list[Finding]:
@@ -246,14 +282,15 @@ def _reward_held(trace: Trace) -> list[Finding]:
     maximum, is the same episode played again and again (a Q-learner's ``Total rewards in episode 73
     is 3.799999999999999``, episode after episode)."""
     points = series(trace, S.REWARD_MEAN)
-    if len(points) < REPLAYED_RUN or any(v != points[0][1] for _, v in points):
+    spread = len(points) >= SUSTAIN and _no_spread_at_floor(trace, points)
+    if (len(points) < REPLAYED_RUN and not spread) or any(v != points[0][1] for _, v in points):
         return []  # the common case, told from the first value that differs
     if len(points) < sum(v is not None for v in column(trace, S.REWARD_MEAN)):
         return []  # a NaN among them: no held value
     digits, decimals = printed_in_text(trace, points)
-    if digits < FINE_DIGITS and not any(map(names_a_loss, logged_keys(trace))):
+    if digits < FINE_DIGITS and not spread and not any(map(names_a_loss, logged_keys(trace))):
         return []  # without a loss, no update is logged: an evaluation's episodes (a solved CartPole's 500)
-    if decimals < HELD_DECIMALS and digits < PINNED_DIGITS:
+    if decimals < HELD_DECIMALS and digits < PINNED_DIGITS and not spread:
         return []
     value, steps = points[0][1], [s for s, _ in points]
     message = (
@@ -263,6 +300,16 @@ def _reward_held(trace: Trace) -> list[Finding]:
         "If it is the task's highest reward, the task is solved instead."
     )
     return [Finding("no_signal", steps[0], "warning", message, {"steps": steps, "value": value})]
+
+
+def _no_spread_at_floor(trace: Trace, points: list[tuple[int, float]]) -> bool:
+    """Whether the episodes' reward spread is logged as exactly 0 on every record of a mean reward
+    of 0 or below: every episode of every period scored the same, and no better than nothing, a
+    floor rather than a solved task's maximum (ML-Agents' ``Mean Reward: -5.000. Std of Reward:
+    0.000`` summary after summary: a car that never moves forward)."""
+    spreads = [key for key in logged_keys(trace) if "std" in (low := key.lower()) and "reward" in low]
+    logged = {s: v for key in spreads for s, v in series(trace, key)}
+    return bool(spreads) and points[0][1] <= 0 and all(logged.get(s) == 0 for s, _ in points)
 
 
 def _groups_without_signal(trace: Trace) -> list[Finding]:

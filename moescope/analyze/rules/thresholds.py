@@ -27,6 +27,9 @@ CLIMB_OVER_RANGE = 1.5
 # orders n records rising with a chance of 1/n!, 2.5e-5 for eight (CoTNet's loss, 22.9 to 39.5 at a
 # fixed learning rate, 100 iterations a record)
 STEADY_CLIMB = 8
+# ...or, a critic's, one that climbs to this many times its lowest while the reward holds: a TD loss
+# grows with the values it learns, and values grown 100-fold from a reward that holds ran away
+RUNAWAY = 100.0
 # ...or one that rises on this many records in a row while an accuracy logged beside it falls on every
 # one of them: two measures ordered against each other by noise with a chance of 1/(n!)^2, 6.9e-5 for
 # five (Keras#932, rmsprop: the loss 1.89 to 2.16 while the accuracy falls from 0.42 to 0.34)
@@ -94,6 +97,9 @@ FLAT_SHARE = 0.01  # a loss that moves by less than this share of itself over so
 # that emits only blanks creeps down while every word stays wrong (SpeechBrain's wav2vec2 at 3.11 to
 # 2.89 over four epochs, fairseq's valid_loss 898 to 885, both at a WER of 100)
 STUCK_SHARE = 0.05
+# a loss of exactly 0 scores every sample certain and right: beside an accuracy below this, of the
+# same split, it is no loss of the predictions (Keras's val_loss 0.0000e+00 beside val_acc 0.37)
+CERTAIN_SHARE = 0.95
 # a language model's perplexity held at or above PLATEAU_PPL (a unigram model's level, or worse) on
 # PLATEAU_RECORDS or more records a log ends on, within PLATEAU_SPREAD of its mean in loss and
 # without falling by FLAT_SHARE / 2 from the first third of them to the last: no update improves it
