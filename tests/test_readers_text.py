@@ -609,3 +609,18 @@ def test_ray_tunes_status_table_is_read_a_row_a_trial_on_its_iteration(tmp_path:
         assert trace.steps == [
             {S.STEP: 3, S.REWARD_MEAN: 12.5, "episode_len_mean": 88.1, "raw": trace.steps[0]["raw"]}
         ]
+
+
+def test_an_old_keras_epoch_line_is_its_epoch_and_a_callbacks_message_no_marker(tmp_path: Path) -> None:
+    """pose-regression#3: old Keras's ``verbose=2`` line (`` - 1782s - loss: …``, no batch count)
+    under ``Epoch 44/120``, then ModelCheckpoint's ``Epoch 00044: val_acc did not improve``: each
+    record on its epoch; the callback's line had opened a step of its own, each epoch's record
+    read into the epoch before."""
+    text = "".join(
+        f"Epoch {e}/120\n - 178{e % 10}s - loss: {4.5 - e / 1000:.4f} - acc: 0.4487\n\n"
+        f"Epoch {e:05d}: val_acc did not improve\n"
+        for e in (44, 45, 46)
+    )
+    path = tmp_path / "paste.log"
+    path.write_text(text + "Epoch 00047: val_loss improved from 0.52 to 0.49, saving model to m.h5\n")
+    assert [s[S.STEP] for s in read_log(path).steps] == [44, 45, 46]

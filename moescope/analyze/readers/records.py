@@ -1191,7 +1191,7 @@ def _read(log: LogFile, bulk: bool) -> Parsed:
         found = record(text)
         if found is None:
             mark = marker(text)  # "Train step 5/1000 done.": the step the lines below belong to
-            if not (mark and _marks_only(text, mark[2])):
+            if not (mark and _marks_only(text, mark[2])) or _KERAS_CALLBACK.match(text):
                 return None
             # MetricLogger's "Epoch: [3] Total time: …" over its epoch's averages: their step only
             # where no iteration line gave one (else they join the epoch's last iteration)
@@ -1246,9 +1246,16 @@ _HELD_OUT_TAG = re.compile(
     re.IGNORECASE,
 )
 _KERAS_EPOCH = re.compile(rf"\s*Epoch\s+({INT})(/{INT})?\s*")
+# a Keras callback's message after its epoch's record ("Epoch 00044: val_acc did not improve",
+# "Epoch 7: val_loss improved from 0.52 to 0.49, saving model to …"): no marker of the lines below
+_KERAS_CALLBACK = re.compile(
+    r"\s*Epoch\s+\d+: (?:\S+ (?:did not improve|improved from)|early stopping|ReduceLROnPlateau|saving model)"
+)
 _KERAS_INTERVAL = re.compile(rf"\s*Interval\s+({INT})\s+\({INT} steps performed\)\s*")
 # Keras's bar, or its verbose=2 line without one: "100/100 - 3s - loss: 0.49 - accuracy: 0.80"
 _KERAS_BAR = re.compile(rf"\s*({INT})/({INT})\s+(?:\[[=>.]*\]|-\s+\d+m?s\b)")
+# an old Keras's verbose=2 line, its time alone before the metrics: " - 1782s - loss: 4.63 - …"
+_KERAS_TIMED = re.compile(r"\s*-\s+\d+m?s\s+-\s")
 # EDSR's epoch header, "[Epoch 26]\tLearning rate: 1.00e-4", over its "[1600/16000]\t[L1: 5.96]" lines
 _SR_EPOCH = re.compile(rf"\s*\[Epoch\s+({INT})\](?=\s*(?:Learning rate:|$))")
 _SR_COUNTER = re.compile(rf"\s*{_SR_COUNT}")
@@ -1272,9 +1279,11 @@ def _keras_step(text: str, epoch: tuple[int, bool] | None, step: int | None) -> 
     counts them from 1; keras-rl's ``Interval 5 (40000 steps performed)`` and EDSR's ``[Epoch 26]``
     over its ``[1600/16000]`` lines alike), as each epoch's
     counter starts over; under an old Keras's bare ``Epoch e`` header (epochs from 0, one line an
-    epoch: its sample counter, the same every epoch, is no step) the epoch itself; ``step`` for
-    any other line."""
+    epoch: its sample counter, the same every epoch, is no step), or for a line with no counter,
+    its time alone (`` - 1782s - loss: …``), the epoch itself; ``step`` for any other line."""
     bar = (_KERAS_BAR.match(text) or _SR_COUNTER.match(text)) if epoch is not None else None
+    if bar is None and epoch is not None and step is None and _KERAS_TIMED.match(text):
+        return epoch[0]
     if bar is None or epoch is None:
         return step
     number, counted = epoch
