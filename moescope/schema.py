@@ -291,6 +291,12 @@ GRAD_SPIKES = _declare(
     "gradient (norm=2.19); skipping optimizer step')",
     source="readers",
 )
+GRAD_NORM_WINDOW_MAX = _declare(
+    "optim/grad_norm_window_max",
+    "the largest gradient norm of the optimizer's recent steps, beside their median as the step's "
+    "actor/grad_norm (icefall's ScaledAdam: 'grad-norm quartiles … 1.745e+00')",
+    source="readers",
+)
 DIVERGED = _declare(
     "health/diverged",
     "1 where the trainer's own guard says the loss is exploding and stops (karpathy's neuraltalk: "

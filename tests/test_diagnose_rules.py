@@ -1501,13 +1501,14 @@ def test_a_loss_that_wanders_about_ln_k_past_the_runs_start_is_zero_grad(
     """DeepRobust#106: PGD training at ``Loss: 2.310779`` … ``2.288609`` batch after batch (ln 10 =
     2.3026) from 90 % into epoch 1 on; the same at the run's first records is a model yet to learn,
     and a loss that strays a quarter of the way to ln 9 or ln 11 is no guess's."""
-    line = "Train Epoch: {e} [{i}/60000 ({p}%)]\tLoss: {v:.6f}\tAccuracy:11.00%\n"
+    line = "Train Epoch: {e} [{i}/60000 ({p}%)]\tLoss: {v:.6f}\tAccuracy:{a:.2f}%\n"
     text = "".join(
         line.format(
             e=1 + (start + 2000 * k) // 60000,
             i=(start + 2000 * k) % 60000,
             p=(start + 2000 * k) % 60000 * 100 // 60000,
             v=math.log(10) + spread * math.sin(1.7 * k),
+            a=10.5 + 0.03 * (k % 4),  # an accuracy held to its last digit would be one class's
         )
         for k in range(16)
     )
@@ -1764,3 +1765,37 @@ def test_a_reward_held_at_a_floor_with_no_spread_on_three_summaries_is_no_signal
     assert findings_of(tmp_path, held)["no_signal"].step == 21000
     moving = "".join(line.format(1000 * k, f"{-41.1 + 3.5 * k:.3f}") for k in range(21, 25))
     assert "no_signal" not in findings_of(tmp_path, moving)
+
+
+def test_an_accuracy_held_at_a_small_share_for_ten_epochs_is_one_class(tmp_path: Path) -> None:
+    """mlx#188: MLX's MNIST example at a learning rate of 0.1, ``Epoch N: Test accuracy 0.113`` ten
+    epochs running, the share of its most frequent digit (no 1/K: classes are not balanced); nine
+    epochs, or a share
+    above a fifth, are no verdict."""
+    line = "Epoch {0}: Test accuracy {1}\n"
+    held = "".join(line.format(e, "0.113") for e in range(10))
+    assert findings_of(tmp_path, held)["zero_grad"].evidence["key"] == "Test accuracy"
+    assert "zero_grad" not in findings_of(tmp_path, "".join(line.format(e, "0.113") for e in range(9)))
+    assert "zero_grad" not in findings_of(tmp_path, held.replace("0.113", "0.413"))
+
+
+def test_scaledadams_norm_quartiles_and_scaled_steps_show_a_spike(tmp_path: Path) -> None:
+    """ZipVoice#49: icefall's ScaledAdam warnings alone, the quartiles of its recent gradient norms
+    (the largest 49 times the median), or a step it scaled by 0.073 (a norm 14 times the threshold,
+    27 times the median); quartiles whose largest is twice the median, and a step scaled by 0.4 (a
+    norm five times the median), are a healthy run's clipping."""
+    head = "2025-07-16 15:27:26,157 WARNING [optim.py:{0}] (0/2) "
+    quartiles = "Clipping_scale=2.0, grad-norm quartiles 2.485e-02 3.150e-02 3.570e-02 4.058e-02 {0}, "
+    quartiles += "threshold=7.139e-02, percent-clipped=10.0\n"
+    scaled = "Scaling gradients by {0}, model_norm_threshold=0.0713903084397316\n"
+    text = head.format(600) + quartiles.format("1.745e+00")
+    found = findings_of(tmp_path, text)["grad_spike"]
+    assert found.evidence["baseline"] == 0.0357 and found.evidence["value"] == 1.745
+    healthy = head.format(600) + quartiles.format("7.100e-02")
+    assert "grad_spike" not in findings_of(tmp_path, healthy)
+    later = healthy + head.format(616) + scaled.format("0.4")
+    assert "grad_spike" not in findings_of(tmp_path, later)
+    found = findings_of(tmp_path, later.replace("by 0.4,", "by 0.07326850295066833,"))["grad_spike"]
+    assert found.step == 1 and round(found.evidence["value"], 3) == 0.974
+    # a factor of 0: the optimizer zeroed a gradient whose norm was NaN or Inf
+    assert findings_of(tmp_path, later.replace("by 0.4,", "by 0.0,"))["nonfinite"].step == 1

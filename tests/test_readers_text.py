@@ -624,3 +624,17 @@ def test_an_old_keras_epoch_line_is_its_epoch_and_a_callbacks_message_no_marker(
     path = tmp_path / "paste.log"
     path.write_text(text + "Epoch 00047: val_loss improved from 0.52 to 0.49, saving model to m.h5\n")
     assert [s[S.STEP] for s in read_log(path).steps] == [44, 45, 46]
+
+
+def test_julias_show_of_a_counter_and_a_loss_is_read_on_its_counter(tmp_path: Path) -> None:
+    """Flux.jl#798: ``@show (i, loss(dataset[1]...))`` prints ``(3, 0.29602579662457984 (tracked))``:
+    no step recognised before."""
+    path = tmp_path / "paste.log"
+    path.write_text(
+        "".join(f"    (i, loss(dataset[1]...)) = ({i}, 0.{4 - i}71 (tracked))\n" for i in (1, 2, 3))
+    )
+    assert [(s[S.STEP], s[S.ACTOR_LOSS]) for s in read_log(path).steps] == [
+        (1, 0.371),
+        (2, 0.271),
+        (3, 0.171),
+    ]

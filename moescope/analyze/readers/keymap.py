@@ -225,6 +225,7 @@ the framework logs bare (HF Trainer's TensorBoard callback adds one) is ignored.
 | generic | `grad_norm_mean` | `actor/grad_norm` |
 | generic | `mean_grad_norm` | `actor/grad_norm` |
 | generic | `avg_grad_norm` | `actor/grad_norm` |
+| generic | `grad_norm_window_max` | `optim/grad_norm_window_max` |
 | generic | `bits/dim` | `actor/loss` |
 | generic | `bits_per_dim` | `actor/loss` |
 | generic | `bpd` | `actor/loss` |
@@ -584,6 +585,7 @@ KEY_MAP: dict[str, dict[str, str]] = {
         "grad_norm_mean": S.GRAD_NORM,  # an epoch's mean of its steps' norms (a PR's results table)
         "mean_grad_norm": S.GRAD_NORM,
         "avg_grad_norm": S.GRAD_NORM,
+        "grad_norm_window_max": S.GRAD_NORM_WINDOW_MAX,  # icefall's ScaledAdam: its quartiles' largest
         "bits/dim": S.ACTOR_LOSS,  # a flow's or a VAE's negative log-likelihood in bits a dimension
         "bits_per_dim": S.ACTOR_LOSS,
         "bpd": S.ACTOR_LOSS,

@@ -68,6 +68,7 @@ names the framework's table lacks are read through the ``generic`` one.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -811,6 +812,29 @@ def _meters_group(match: re.Match[str]) -> str:
 _ENV_REWARD = re.compile(r"\breward_env_\d+\b")
 
 
+# icefall's ScaledAdam (k2, Zipformer, ZipVoice): the quartiles of the recent steps' gradient norms,
+# "Clipping_scale=2.0, grad-norm quartiles 2.485e-02 3.150e-02 3.570e-02 4.058e-02 1.745e+00,
+# threshold=7.139e-02, percent-clipped=10.0" (the median the norm, the largest the window's), and
+# "Scaling gradients by 0.0732, model_norm_threshold=0.0714" for a step whose norm passed twice the
+# threshold (the norm the threshold over the factor; a factor of 0 a norm that was NaN or Inf)
+_NORM_QUARTILES = re.compile(
+    rf"Clipping_scale=(?>{NUMBER}), grad-norm quartiles (?>{NUMBER}) (?>{NUMBER}) (?P<median>(?>{NUMBER})) "
+    rf"(?>{NUMBER}) (?P<max>(?>{NUMBER})), threshold=(?>{NUMBER}), percent-clipped=(?>{NUMBER})"
+)
+_NORM_SCALED = re.compile(
+    rf"Scaling gradients by (?P<factor>(?>{NUMBER})), model_norm_threshold=(?P<threshold>(?>{NUMBER}))"
+)
+
+
+def _norm_scaled(match: re.Match[str]) -> str:
+    factor, threshold = float(match["factor"]), float(match["threshold"])
+    return f"grad_norm: {threshold / factor if factor > 0 else math.nan!r}"
+
+
+# Julia's @show of a counter and a call: "(i, loss(dataset[1]...)) = (3, 0.2960257966 (tracked))"
+_SHOWN_PAIR = re.compile(rf"\(\w+, (?P<name>\w+)\(.*\)\) = \((?P<step>{INT}), (?P<value>(?>{NUMBER}))")
+
+
 # Lightning's ModelCheckpoint saying a monitored metric's value: "Epoch 2, global step 21:
 # 'val_roc_auc' reached 0.95089 (best 0.95089), saving model to …" (the best so far is no record)
 _CHECKPOINT_REACHED = re.compile(
@@ -1085,6 +1109,9 @@ _REWRITES: tuple[tuple[str, re.Pattern[str] | None, Any], ...] = (
     (" => L=", _KPCONV, r"epoch: \1 | step \2 | loss="),
     ("| S: ", _METERS_GROUP, _meters_group),
     ("reward_env_", _ENV_REWARD, "reward"),
+    ("grad-norm quartiles", _NORM_QUARTILES, r"grad_norm: \g<median> | grad_norm_window_max: \g<max>"),
+    ("Scaling gradients by", _NORM_SCALED, _norm_scaled),
+    (")) = (", _SHOWN_PAIR, r"step \g<step> | \g<name>: \g<value>"),
     ("No episode was completed", _NO_EPISODE, r"step \g<step> | episodes: 0"),
     ("' reached ", _CHECKPOINT_REACHED, r"epoch: \g<epoch> | step \g<step> | \g<key>: \g<value>"),
     ("train ", _DARTS, _darts),

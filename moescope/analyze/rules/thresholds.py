@@ -100,6 +100,9 @@ STUCK_SHARE = 0.05
 # a loss of exactly 0 scores every sample certain and right: beside an accuracy below this, of the
 # same split, it is no loss of the predictions (Keras's val_loss 0.0000e+00 beside val_acc 0.37)
 CERTAIN_SHARE = 0.95
+# an accuracy held to its third decimal on WINDOW records or more at this share or less is one
+# class's, balanced or not (MNIST's most frequent digit is 11.35 % of its test set)
+ONE_CLASS_SHARE = 0.2
 # a language model's perplexity held at or above PLATEAU_PPL (a unigram model's level, or worse) on
 # PLATEAU_RECORDS or more records a log ends on, within PLATEAU_SPREAD of its mean in loss and
 # without falling by FLAT_SHARE / 2 from the first third of them to the last: no update improves it
