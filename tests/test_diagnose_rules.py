@@ -1770,8 +1770,7 @@ def test_a_reward_held_at_a_floor_with_no_spread_on_three_summaries_is_no_signal
 def test_an_accuracy_held_at_a_small_share_for_ten_epochs_is_one_class(tmp_path: Path) -> None:
     """mlx#188: MLX's MNIST example at a learning rate of 0.1, ``Epoch N: Test accuracy 0.113`` ten
     epochs running, the share of its most frequent digit (no 1/K: classes are not balanced); nine
-    epochs, or a share
-    above a fifth, are no verdict."""
+    epochs, or a share above a fifth, are no verdict."""
     line = "Epoch {0}: Test accuracy {1}\n"
     held = "".join(line.format(e, "0.113") for e in range(10))
     assert findings_of(tmp_path, held)["zero_grad"].evidence["key"] == "Test accuracy"
