@@ -24,7 +24,15 @@ from moescope.analyze.rules.losses import (
     network_of,
     own_losses,
 )
-from moescope.analyze.rules.series import accuracies, is_number, logged_keys, run_from_end, series, step_of
+from moescope.analyze.rules.series import (
+    accuracies,
+    column,
+    is_number,
+    logged_keys,
+    run_from_end,
+    series,
+    step_of,
+)
 from moescope.analyze.rules.thresholds import (
     CERTAIN_SHARE,
     CHANCE_RESOLUTION,
@@ -464,21 +472,31 @@ def _zero_loss_beside_misses(trace: Trace) -> list[Finding]:
     gradient (a Keras model whose ``val_loss: 0.0000e+00`` and then ``loss`` sit beside an accuracy
     falling from 0.51 to 0.36). Only the loss itself (``loss``, ``val_loss``), not a term of it,
     which may be 0 by design."""
-    for i, rec in enumerate(trace.steps):
-        for loss in (k for k, v in rec.items() if v == 0 and type(v) is float and _whole_loss(k)):
-            held_out = HELD_OUT_KEY.match(loss.lower()) is not None
-            for key in accuracies(trace):
-                share = _share(v) if is_number(v := rec.get(key)) else 0.0
-                if (HELD_OUT_KEY.match(key.lower()) is not None) == held_out and 0 < share < CERTAIN_SHARE:
-                    step = step_of(rec, i)
-                    message = (
-                        f"{loss} is exactly 0 at step {step} while {key} is {v:.4g} on the same record: a "
-                        "loss of 0 scores every sample as certain and right, which that accuracy says it is "
-                        "not, so the loss is not computed from the predictions and gives no gradient (a "
-                        "loss over an empty mask, a NaN replaced by 0, labels the loss never sees)."
-                    )
-                    return [zero_grad([step], message, key=loss)]
-    return []
+    scores = accuracies(trace)
+    found = []  # (record, loss, accuracy, its value): the earliest is the finding
+    for loss in [key for key in logged_keys(trace) if _whole_loss(key)] if scores else []:
+        held_out = HELD_OUT_KEY.match(loss.lower()) is not None
+        beside = [key for key in scores if (HELD_OUT_KEY.match(key.lower()) is not None) == held_out]
+        zeros = (
+            [i for i, v in enumerate(column(trace, loss)) if v == 0 and type(v) is float] if beside else []
+        )
+        found += [
+            (i, loss, key, v)
+            for i in zeros
+            for key in beside
+            if is_number(v := trace.steps[i].get(key)) and 0 < _share(v) < CERTAIN_SHARE
+        ][:1]
+    if not found:
+        return []
+    i, loss, key, v = min(found)
+    step = step_of(trace.steps[i], i)
+    message = (
+        f"{loss} is exactly 0 at step {step} while {key} is {v:.4g} on the same record: a loss of 0 scores "
+        "every sample as certain and right, which that accuracy says it is not, so the loss is not computed "
+        "from the predictions and gives no gradient (a loss over an empty mask, a NaN replaced by 0, labels "
+        "the loss never sees)."
+    )
+    return [zero_grad([step], message, key=loss)]
 
 
 def _whole_loss(key: str) -> bool:

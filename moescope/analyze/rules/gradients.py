@@ -94,7 +94,7 @@ def _window_spikes(trace: Trace) -> list[Finding]:
     gradients by 0.026`` for a norm 38 times the threshold): the window is the history a paste of a
     few such lines does not show."""
     median = None
-    for i, rec in enumerate(trace.steps):
+    for i, rec in enumerate(trace.steps if S.GRAD_NORM_WINDOW_MAX in logged_key_set(trace) else ()):
         norm, largest = rec.get(S.GRAD_NORM), rec.get(S.GRAD_NORM_WINDOW_MAX)
         if is_number(largest) and is_number(norm) and norm > 0:
             median, value = float(norm), float(largest)

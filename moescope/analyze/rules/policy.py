@@ -282,9 +282,11 @@ def _reward_held(trace: Trace) -> list[Finding]:
     maximum, is the same episode played again and again (a Q-learner's ``Total rewards in episode 73
     is 3.799999999999999``, episode after episode)."""
     points = series(trace, S.REWARD_MEAN)
-    spread = len(points) >= SUSTAIN and _no_spread_at_floor(trace, points)
-    if (len(points) < REPLAYED_RUN and not spread) or any(v != points[0][1] for _, v in points):
+    if len(points) < SUSTAIN or any(v != points[0][1] for _, v in points):
         return []  # the common case, told from the first value that differs
+    spread = _no_spread_at_floor(trace, points)
+    if len(points) < REPLAYED_RUN and not spread:
+        return []
     if len(points) < sum(v is not None for v in column(trace, S.REWARD_MEAN)):
         return []  # a NaN among them: no held value
     digits, decimals = printed_in_text(trace, points)
