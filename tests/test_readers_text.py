@@ -638,3 +638,19 @@ def test_julias_show_of_a_counter_and_a_loss_is_read_on_its_counter(tmp_path: Pa
         (2, 0.271),
         (3, 0.171),
     ]
+
+
+def test_records_before_the_first_step_are_said_to_join_it(tmp_path: Path) -> None:
+    """A ScaledAdam warning before icefall's first train line joins that line's step: the note
+    said they joined the step before them, which there was none of."""
+    path = tmp_path / "paste.log"
+    path.write_text(
+        "grad_norm: 0.0357\nEpoch 1, batch 1150, loss: 0.1201\nEpoch 1, batch 1200, loss: 0.1187\n"
+    )
+    trace = read_log(path)
+    assert trace.steps[0][S.STEP] == 1150 and trace.steps[0][S.GRAD_NORM] == 0.0357
+    assert any("the first step where none came before" in note for note in trace.notes)
+    path.write_text(
+        "Epoch 1, batch 1150, loss: 0.1201\ngrad_norm: 0.0357\nEpoch 1, batch 1200, loss: 0.1187\n"
+    )
+    assert not any("none came before" in note for note in read_log(path).notes)

@@ -346,7 +346,8 @@ def _assign_steps(rows: list[Row], path: Path, notes: list[str]) -> list[int]:
             f"{path.name} gives no step numbers; its {len(rows)} records are indexed in order from 0"
         )
         return list(range(len(rows)))
-    last = next(row.step for row in rows if row.step is not None)
+    leading = next(i for i, row in enumerate(rows) if row.step is not None)  # rows before any step
+    last = rows[leading].step
     out, orphans = [], []
     for row in rows:
         if row.step is None:
@@ -356,10 +357,8 @@ def _assign_steps(rows: list[Row], path: Path, notes: list[str]) -> list[int]:
         out.append(last)
     if orphans:
         where = listing([n for n in orphans if n is not None]) or "?"
-        notes.append(
-            f"{len(orphans)} records without a step number (line {where}) were merged into "
-            "the step before them"
-        )
+        into = "the step before them" + (", or the first step where none came before" if leading else "")
+        notes.append(f"{len(orphans)} records without a step number (line {where}) were merged into {into}")
     return out
 
 
