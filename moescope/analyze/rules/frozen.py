@@ -501,7 +501,7 @@ def _zero_loss_beside_misses(trace: Trace) -> list[Finding]:
 
 def _whole_loss(key: str) -> bool:
     """The loss a run trains on, by its name alone (``loss``, ``val_loss``, ``train loss``)."""
-    low = key.lower().rsplit("/", 1)[-1] if key != S.ACTOR_LOSS else "loss"
+    low = key.lower().rsplit("/", 1)[-1]  # "actor/loss", a plain loss's canonical name, too
     return re.sub(r"^(?:train|training|val|valid|validation|eval|test|dev)[\s_]", "", low) == "loss"
 
 

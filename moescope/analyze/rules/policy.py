@@ -280,7 +280,9 @@ def _reward_held(trace: Trace) -> list[Finding]:
     learning; a reward held at the maximum during training is a solved task, as the message says.
     Without one, a reward printed unrounded to ``FINE_DIGITS`` significant digits or more, no task's
     maximum, is the same episode played again and again (a Q-learner's ``Total rewards in episode 73
-    is 3.799999999999999``, episode after episode)."""
+    is 3.799999999999999``, episode after episode). Where the spread of the episodes' rewards is
+    logged as exactly 0 beside a mean of 0 or below, ``SUSTAIN`` records suffice, however printed
+    (:func:`_no_spread_at_floor`)."""
     points = series(trace, S.REWARD_MEAN)
     if len(points) < SUSTAIN or any(v != points[0][1] for _, v in points):
         return []  # the common case, told from the first value that differs
