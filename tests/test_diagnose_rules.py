@@ -1318,12 +1318,14 @@ def test_a_loss_term_held_at_a_bound_while_the_loss_moves_is_zero_grad(
         "/site-packages/pyro/infer/traceenum_elbo.py:419: UserWarning: Encountered NaN: loss",
         "NaN detected in gradient of embedding.weight",
         "Stopping epoch because loss is NaN",
+        "terminate called recursively\n  what():  Encountered NaN.terminate called recursively",
     ],
 )
 def test_pyros_and_a_loops_own_nan_check_are_nonfinite_alerts(tmp_path: Path, said: str) -> None:
     """CellBender#52: Pyro's ``UserWarning: Encountered NaN: loss`` after the last finite epoch;
     PyxLSTM#26: a loop's own check, ``NaN detected in gradient of embedding.weight``; CIBHash#7: the
-    trainer's ``Stopping epoch because loss is NaN``."""
+    trainer's ``Stopping epoch because loss is NaN``; fastText#385: its ``Encountered NaN.`` thrown as
+    it aborts."""
     line = "cellbender:remove-background: [epoch {e:03d}]  average training loss: {v}\n"
     text = "".join(line.format(e=e, v=v) for e, v in ((33, 1531.2), (34, 1529.0032))) + said + "\n"
     assert findings_of(tmp_path, text)["nonfinite"].step == 34

@@ -14,7 +14,7 @@ step's ``health/alerts`` (and its raw text), for the diagnosis to quote as evide
   Training has diverged.``), NeMo 1.x's ``Loss is NaN or inf.`` and TensorFlow's NaN hook
   (``ERROR:tensorflow:Model diverged with loss = NaN.``) and CheckNumerics op (``LossTensor is inf
   or nan. : Tensor had NaN values``), a trainer's ``Stopping epoch because loss is NaN``, Pyro's
-  ``Encountered NaN: loss``, a loop's ``NaN detected in
+  ``Encountered NaN: loss`` and fastText's ``what():  Encountered NaN.``, a loop's ``NaN detected in
   gradient of embedding.weight`` and deepspeech.pytorch's ``WARNING: received
   a nan loss, setting loss value to 0`` (the loss then printed 0) → ``health/nonfinite``;
 - PaddleNLP's ``optimizer not run, scale_before: 0.25, scale_after: 0.125`` → ``optim/skipped``,
@@ -161,9 +161,11 @@ ALERTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], dict[str, An
     # its CheckNumerics op (the Object Detection API's trainer): "LossTensor is inf or nan. : Tensor
     # had NaN values"
     (re.compile(r"Tensor had (?:NaN|Inf) values"), _count(S.NONFINITE)),
-    # Pyro's ELBO (CellBender): "UserWarning: Encountered NaN: loss"; a loop's own check: "NaN detected
-    # in gradient of embedding.weight" (PyxLSTM), "NaN detected in model output"
-    (re.compile(r"\bEncountered (?:NaN|Inf): loss\b"), _count(S.NONFINITE)),
+    # Pyro's ELBO (CellBender): "UserWarning: Encountered NaN: loss"; fastText's guard, thrown as it
+    # aborts: "what():  Encountered NaN."
+    (re.compile(r"\bEncountered (?:NaN|Inf)(?:: loss\b|\.)"), _count(S.NONFINITE)),
+    # a loop's own check: "NaN detected in gradient of embedding.weight" (PyxLSTM), "NaN detected in
+    # model output"
     (
         re.compile(r"\b(?:NaN|Inf) detected in (?:the )?(?:gradient|parameter|model output|loss)\b"),
         _count(S.NONFINITE),
