@@ -22,6 +22,7 @@ from moescope.analyze.rules.series import (
     logged_keys,
     run_from_end,
     series,
+    shared,
     shift,
     step_of,
 )
@@ -473,14 +474,22 @@ def clamped(value: float) -> bool:
     return near and any(math.isclose(value, clamp, rel_tol=1e-5) for clamp in CLAMPED_LOSSES)  # as printed
 
 
+def first_clamped(trace: Trace, key: str) -> int | None:
+    """The index in ``series(trace, key)`` of its first value at a softmax's clamp, or ``None``;
+    found once for the rules that read it (a pass over every value of every loss: the range
+    tested before a call)."""
+    points = series(trace, key)
+    scan = (i for i, (_, v) in enumerate(points) if 87 < v < 709 and clamped(v))
+    return shared(trace, ("clamped", key), lambda: next(scan, None))
+
+
 def _jump_to_clamp(trace: Trace) -> list[Finding]:
     """A loss that jumps to a softmax's clamp (:func:`clamped`) from ``DIVERGENCE_FACTOR`` times
     below it, however few records came before: the clamp is an infinite loss, so one record at it
     after a level is the divergence itself (video-caffe's test loss 3.31, then 87.3366 with the
     top-1 accuracy fallen from 0.24 to 0.008)."""
     for key in filter(names_a_loss, logged_keys(trace)):
-        points = series(trace, key)
-        at = next((i for i, (_, v) in enumerate(points) if clamped(v)), 0)
+        points, at = series(trace, key), first_clamped(trace, key)
         before = statistics.median(v for _, v in points[:at]) if at else 0.0
         if at and 0 < DIVERGENCE_FACTOR * before < points[at][1]:
             step, value = points[at]

@@ -16,7 +16,7 @@ from typing import Any
 from moescope import schema as S
 from moescope.analyze.findings import Finding
 from moescope.analyze.readers._rows import wholly_skipped
-from moescope.analyze.rules.losses import clamped, is_rl, names_a_loss, overflowed_loss
+from moescope.analyze.rules.losses import first_clamped, is_rl, names_a_loss, overflowed_loss
 from moescope.analyze.rules.series import (
     column,
     is_number,
@@ -61,8 +61,7 @@ def _clamped_loss(trace: Trace) -> list[Finding]:
     softmax whose logits blew up: caffe's well-known 87.3365). Reached by a jump from a level the
     log shows, it is ``loss_divergence``'s."""
     for key in filter(names_a_loss, logged_keys(trace)):
-        points = series(trace, key)
-        at = next((i for i, (_, v) in enumerate(points) if clamped(v)), None)
+        points, at = series(trace, key), first_clamped(trace, key)
         before = [v for _, v in points[:at]] if at is not None else []
         if at is None or (before and points[at][1] > DIVERGENCE_FACTOR * statistics.median(before)):
             continue  # none, or a jump to the clamp: loss_divergence's, which dates and explains it
