@@ -654,3 +654,18 @@ def test_records_before_the_first_step_are_said_to_join_it(tmp_path: Path) -> No
         "Epoch 1, batch 1150, loss: 0.1201\ngrad_norm: 0.0357\nEpoch 1, batch 1200, loss: 0.1187\n"
     )
     assert not any("none came before" in note for note in read_log(path).notes)
+
+
+def test_a_keras_line_wrapped_into_several_pieces_is_one_record(tmp_path: Path) -> None:
+    """pose-regression#3: an old Keras's ``verbose=2`` line of a model with many outputs, wrapped by
+    the terminal at a fixed width into four pieces, one epoch pasted: its pieces had been dropped
+    and a name cut at the wrap read as a metric of its own (``b_acc_7``)."""
+    names = [f"out{k}_acc_{j}" for k in (1, 2) for j in range(8)]
+    record = " - 1782s - loss: 4.5771 - " + " - ".join(f"{name}: 0.4487" for name in names)
+    width = 90
+    pieces = [record[i : i + width] for i in range(0, len(record), width)]
+    path = tmp_path / "paste.log"
+    path.write_text("Epoch 44/120\n" + "\n".join(pieces) + "\n\nEpoch 00044: val_acc did not improve\n")
+    steps = read_log(path).steps
+    assert len(pieces) >= 4 and len(steps) == 1
+    assert {k for k in steps[0] if "acc" in k} == set(names)

@@ -1334,20 +1334,36 @@ def _bars_as_epochs(rows: list[Row]) -> None:
 
 def wrap_width(lines: list[str]) -> int | None:
     """The width a terminal wrapped the log's lines at: a length of 60 or more that several lines
-    with a step marker share exactly while others are shorter, and that half of them or more are
-    followed by a line without one (its rest), else ``None``: records of one fixed width, line
-    after line (LightGBM's ``[2]\ttraining's binary_logloss: 0.732192\t…``), were not wrapped."""
+    with a step marker (or Keras's progress lines, which count within an epoch) share exactly while
+    others are shorter, and that half of them or more are followed by a line without one (its
+    rest), else ``None``: records of one fixed width, line after line (LightGBM's ``[2]\ttraining's
+    binary_logloss: 0.732192\t…``), were not wrapped. One such line is enough where the line after
+    it is a rest of that width too (a record cut in three pieces or more: a paste of one epoch of
+    a Keras model with many outputs)."""
     head = lines[:5000]
-    marked = [i for i, line in enumerate(head) if len(line) >= 60 and marker(line)]
+    marked = [i for i, line in enumerate(head) if len(line) >= 60 and (marker(line) or _keras_line(line))]
     lengths = Counter(len(head[i]) for i in marked)
     if not lengths:
         return None
     width, n = lengths.most_common(1)[0]
-    if n < 2 or width != max(len(line) for line in head):
+    if width != max(len(line) for line in head):
         return None
     full = [i for i in marked if len(head[i]) == width]
+    if n < 2:  # one: a wrap where the next line is a rest of the same width
+        i = full[0]
+        return (
+            width
+            if i + 1 < len(head) and len(head[i + 1]) == width and _rest_of(head[i], head[i + 1])
+            else None
+        )
     rests = sum(1 for i in full if i + 1 < len(head) and _rest_of(head[i], head[i + 1]))
     return width if 2 * rests >= len(full) else None
+
+
+def _keras_line(line: str) -> bool:
+    """A Keras progress line (``1875/1875 [====] - 5s - loss: …``, an old one's `` - 1782s - loss:
+    …``): a record's head, though it names no step."""
+    return _KERAS_BAR.match(line) is not None or _KERAS_TIMED.match(line) is not None
 
 
 def _rest_of(piece: str, after: str) -> bool:
