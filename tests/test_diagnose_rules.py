@@ -1798,5 +1798,6 @@ def test_scaledadams_norm_quartiles_and_scaled_steps_show_a_spike(tmp_path: Path
     assert "grad_spike" not in findings_of(tmp_path, later)
     found = findings_of(tmp_path, later.replace("by 0.4,", "by 0.07326850295066833,"))["grad_spike"]
     assert found.step == 1 and round(found.evidence["value"], 3) == 0.974
-    # a factor of 0: the optimizer zeroed a gradient whose norm was NaN or Inf
+    # a factor of 0: the optimizer zeroed a gradient whose norm was NaN or Inf; a NaN's fill is a NaN
     assert findings_of(tmp_path, later.replace("by 0.4,", "by 0.0,"))["nonfinite"].step == 1
+    assert findings_of(tmp_path, later.replace("by 0.4,", "by nan07,"))["nonfinite"].step == 1

@@ -12,6 +12,7 @@ import pytest
 from moescope import schema as S
 from moescope.analyze.readers import _text, keymap, megatron, read_log, read_runs, records, steplines, verl
 from moescope.analyze.readers._text import INT, NUMBER, LogFile, parse_number, plain_number, plain_numbers
+from moescope.errors import MoescopeError
 
 
 def _line_at_a_time(path: Path, cap: int) -> tuple[list[str], int]:
@@ -669,3 +670,15 @@ def test_a_keras_line_wrapped_into_several_pieces_is_one_record(tmp_path: Path) 
     steps = read_log(path).steps
     assert len(pieces) >= 4 and len(steps) == 1
     assert {k for k in steps[0] if "acc" in k} == set(names)
+
+
+def test_a_tune_table_cut_inside_its_first_row_is_no_crash(tmp_path: Path) -> None:
+    """A paste that ends in the first cell of a Tune table's first row: a row narrower than its
+    step column (an index out of range before)."""
+    path = tmp_path / "paste.log"
+    path.write_text(
+        "| Trial name          | status   | loc           |   iter |   reward |\n"
+        "|---------------------+----------+---------------+--------+----------|\n| MA"
+    )
+    with pytest.raises(MoescopeError, match="no step"):
+        read_log(path)

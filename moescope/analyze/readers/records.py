@@ -827,8 +827,8 @@ _NORM_SCALED = re.compile(
 
 
 def _norm_scaled(match: re.Match[str]) -> str:
-    factor, threshold = float(match["factor"]), float(match["threshold"])
-    return f"grad_norm: {threshold / factor if factor > 0 else math.nan!r}"
+    factor, threshold = parse_number(match["factor"]), parse_number(match["threshold"])
+    return f"grad_norm: {threshold / factor if factor > 0 else math.nan!r}"  # NaN over a NaN factor too
 
 
 # Julia's @show of a counter and a call: "(i, loss(dataset[1]...)) = (3, 0.2960257966 (tracked))"

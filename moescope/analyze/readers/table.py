@@ -352,7 +352,8 @@ def _fits(row: list[str], stepped: bool, step_column: int = 0) -> bool:
     under a header that opens with a step's name, a row of numbers whose first is no whole number
     is read as one without (torchmd-net's ``metrics.csv``: ``epoch,lr,step,…`` over ``20.0,…``, its
     ``step`` column found among the others)."""
-    return _numbers_only(row) or (stepped and _STEP.match(row[step_column]) is not None)
+    step = row[step_column] if step_column < len(row) else ""  # a row cut short: no step
+    return _numbers_only(row) or (stepped and _STEP.match(step) is not None)
 
 
 def _trial_step(names: list[str]) -> int | None:
