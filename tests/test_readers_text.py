@@ -670,6 +670,10 @@ def test_a_keras_line_wrapped_into_several_pieces_is_one_record(tmp_path: Path) 
     steps = read_log(path).steps
     assert len(pieces) >= 4 and len(steps) == 1
     assert {k for k in steps[0] if "acc" in k} == set(names)
+    before = "Epoch 43/120\n - 1781s - loss: 4.5800 - out1_acc_0: 0.4487 - out1_acc_1: 0.4487\n"
+    path.write_text(before + path.read_text())  # an epoch's shorter line first: the wrap still found
+    steps = read_log(path).steps
+    assert [s[S.STEP] for s in steps] == [43, 44] and {k for k in steps[1] if "acc" in k} == set(names)
 
 
 def test_a_tune_table_cut_inside_its_first_row_is_no_crash(tmp_path: Path) -> None:

@@ -1346,6 +1346,7 @@ def wrap_width(lines: list[str]) -> int | None:
     if not lengths:
         return None
     width, n = lengths.most_common(1)[0]
+    width = width if n > 1 else max(lengths)  # no length shared: the longest may be a wrap's
     if width != max(len(line) for line in head):
         return None
     full = [i for i in marked if len(head[i]) == width]
