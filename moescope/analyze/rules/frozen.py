@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -366,21 +367,22 @@ def _accuracy_of_one_in(trace: Trace, step: int, classes: int) -> str | None:
     share or a percentage: with a loss at ln ``classes`` on that record, two numbers that name the
     same uniform guess, which one record shows (flower#1398: a federated CIFAR-10 model evaluated at
     ``loss: 2.3026 - accuracy: 0.1000``)."""
-    for key in accuracies(trace):
-        value = dict(series(trace, key)).get(step)
-        if value is not None and abs(_share(value) * classes - 1) <= 1e-9:
-            return key
-    return None
+    return _accuracy_at(trace, step, lambda guesses: abs(guesses * classes - 1) <= 1e-9)
 
 
 def _accuracy_below_two_in(trace: Trace, step: int, classes: int) -> str | None:
-    """An accuracy (not RL's, not a best so far) logged at ``step`` above 0 and below 2/``classes``:
-    beside a loss held at ln ``classes`` past a run's start, a model that guesses, the most frequent
-    class at best (a Keras MNIST model at ``loss: 2.3013 - accuracy: 0.1124``, the share of its most
-    frequent digit, in its second epoch)."""
+    """An accuracy logged at ``step`` above 0 and below 2/``classes``: beside a loss held at ln
+    ``classes`` past a run's start, a model that guesses, the most frequent class at best (a Keras
+    MNIST model at ``loss: 2.3013 - accuracy: 0.1124``, the share of its most frequent digit, in
+    its second epoch)."""
+    return _accuracy_at(trace, step, lambda guesses: 0 < guesses * classes < 2)
+
+
+def _accuracy_at(trace: Trace, step: int, test: Callable[[float], bool]) -> str | None:
+    """The first accuracy (not RL's, not a best so far) logged at ``step`` whose share passes ``test``."""
     for key in accuracies(trace):
         value = dict(series(trace, key)).get(step)
-        if value is not None and 0 < _share(value) * classes < 2:
+        if value is not None and test(_share(value)):
             return key
     return None
 
@@ -480,12 +482,16 @@ def _zero_loss_beside_misses(trace: Trace) -> list[Finding]:
         zeros = (
             [i for i, v in enumerate(column(trace, loss)) if v == 0 and type(v) is float] if beside else []
         )
-        found += [
-            (i, loss, key, v)
-            for i in zeros
-            for key in beside
-            if is_number(v := trace.steps[i].get(key)) and 0 < _share(v) < CERTAIN_SHARE
-        ][:1]
+        first = next(
+            (
+                (i, loss, key, v)
+                for i in zeros
+                for key in beside
+                if is_number(v := trace.steps[i].get(key)) and 0 < _share(v) < CERTAIN_SHARE
+            ),
+            None,
+        )
+        found += [first] if first else []
     if not found:
         return []
     i, loss, key, v = min(found)

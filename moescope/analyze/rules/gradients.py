@@ -93,8 +93,10 @@ def _window_spikes(trace: Trace) -> list[Finding]:
     4.058e-02 1.745e+00``), or a later step's norm against the last median it gave (its ``Scaling
     gradients by 0.026`` for a norm 38 times the threshold): the window is the history a paste of a
     few such lines does not show."""
+    if S.GRAD_NORM_WINDOW_MAX not in logged_key_set(trace):
+        return []
     median = None
-    for i, rec in enumerate(trace.steps if S.GRAD_NORM_WINDOW_MAX in logged_key_set(trace) else ()):
+    for i, rec in enumerate(trace.steps):
         norm, largest = rec.get(S.GRAD_NORM), rec.get(S.GRAD_NORM_WINDOW_MAX)
         if is_number(largest) and is_number(norm) and norm > 0:
             median, value = float(norm), float(largest)

@@ -160,12 +160,13 @@ def _values_run_away(trace: Trace) -> list[Finding]:
     critics = [k for k in logged_keys(trace) if names_a_loss(k) and ("critic" in k.lower() or k == S.VF_LOSS)]
     for key in critics if rewards else []:
         points = series(trace, key)
-        start = len(points) - 1
-        while start > 0 and 0 < points[start - 1][1] < points[start][1]:
-            start -= 1
-        trough, last = points[start][1] if points else 0.0, points[-1][1] if points else 0.0
-        if len(points) - 1 - start < SUSTAIN or trough <= 0 or last < RUNAWAY * trough:
+        values = [v for _, v in points]
+        start = _climb_start(values)
+        while start < len(values) - 1 and values[start] <= 0:  # the climb from its first positive value
+            start += 1
+        if len(values) - 1 - start < SUSTAIN or values[start] <= 0 or values[-1] < RUNAWAY * values[start]:
             continue
+        trough, last = values[start], values[-1]
         steps = {s for s, _ in points[start:]}
         beside = [
             values for r in rewards if len(values := [v for s, v in series(trace, r) if s in steps]) > 1
@@ -478,9 +479,11 @@ def first_clamped(trace: Trace, key: str) -> int | None:
     """The index in ``series(trace, key)`` of its first value at a softmax's clamp, or ``None``;
     found once for the rules that read it (a pass over every value of every loss: the range
     tested before a call)."""
-    points = series(trace, key)
-    scan = (i for i, (_, v) in enumerate(points) if 87 < v < 709 and clamped(v))
-    return shared(trace, ("clamped", key), lambda: next(scan, None))
+
+    def scan() -> int | None:
+        return next((i for i, (_, v) in enumerate(series(trace, key)) if 87 < v < 709 and clamped(v)), None)
+
+    return shared(trace, ("clamped", key), scan)
 
 
 def _jump_to_clamp(trace: Trace) -> list[Finding]:
@@ -513,9 +516,9 @@ def _jump_with_held_out(trace: Trace) -> list[Finding]:
     for key in (k for k in level_losses(trace) if k not in held_out):
         jumps = _jumps(series(trace, key), factor)
         for other in held_out:
-            both = sorted(jumps & _jumps(series(trace, other), factor))
+            both = sorted(jumps.keys() & _jumps(series(trace, other), factor).keys())
             if both:
-                step, (before, after) = both[0], _jumps_at(series(trace, key), both[0])
+                step, (before, after) = both[0], jumps[both[0]]
                 message = (
                     f"{key} jumps at step {step} from {before:.3g} to {after:.3g} ({after / before:.0f}x), "
                     f"and {other} with it: two losses scored on different data leap together, the weights "
@@ -525,15 +528,10 @@ def _jump_with_held_out(trace: Trace) -> list[Finding]:
     return []
 
 
-def _jumps(points: list[tuple[int, float]], factor: float) -> set[int]:
-    """The steps at which a positive value is ``factor`` times or more the one before it."""
-    return {b[0] for a, b in itertools.pairwise(points) if a[1] > 0 and b[1] >= factor * a[1]}
-
-
-def _jumps_at(points: list[tuple[int, float]], step: int) -> tuple[float, float]:
-    """The value before ``step`` and the value at it."""
-    at = next(i for i, (s, _) in enumerate(points) if s == step)
-    return points[at - 1][1], points[at][1]
+def _jumps(points: list[tuple[int, float]], factor: float) -> dict[int, tuple[float, float]]:
+    """Each step at which a positive value is ``factor`` times or more the one before it: the
+    value before and the value at it."""
+    return {b[0]: (a[1], b[1]) for a, b in itertools.pairwise(points) if a[1] > 0 and b[1] >= factor * a[1]}
 
 
 def _held_out_jump(trace: Trace) -> list[Finding]:
@@ -619,6 +617,14 @@ def _falls_on(trace: Trace, steps: list[int]) -> str | None:
     return None
 
 
+def _climb_start(values: list[float]) -> int:
+    """Where the rises in a row that ``values`` end on begin (its last index where it ends on none)."""
+    start = len(values) - 1
+    while start > 0 and values[start - 1] < values[start]:
+        start -= 1
+    return start
+
+
 def _climb_to_end(trace: Trace, key: str, points: list[tuple[int, float]]) -> list[Finding]:
     """A paste that ends on ``SUSTAIN`` or more rises in a row from the lowest loss of the log to
     ``DIVERGENCE_FACTOR`` times it: a language-modelling loss that learned, then climbs back
@@ -634,9 +640,7 @@ def _climb_to_end(trace: Trace, key: str, points: list[tuple[int, float]]) -> li
     values = [v for _, v in points]
     if len(values) <= SUSTAIN:
         return []
-    start = len(values) - 1
-    while start > 0 and values[start - 1] < values[start]:
-        start -= 1
+    start = _climb_start(values)
     if len(values) - 1 - start < SUSTAIN:
         return []
     trough, before, rises = values[start], values[:start], len(values) - 1 - start
